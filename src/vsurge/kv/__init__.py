@@ -1,0 +1,10 @@
+"""Key/value caches. Each is a pytree with one method the model calls per layer:
+
+    out, cache = cache.attend(layer, q, k, v, positions)
+
+so the model never knows how keys and values are stored.
+"""
+
+from .dense import DenseKVCache, NoCache
+
+__all__ = ["DenseKVCache", "NoCache"]

@@ -1,0 +1,1 @@
+"""Pure JAX building blocks of the model: no state, no engine knowledge."""

@@ -1,0 +1,12 @@
+"""RMSNorm, computed in float32 like the HF reference, cast back to the input dtype."""
+
+import jax
+import jax.numpy as jnp
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """x: (..., D), weight: (D,) -> (..., D) in x.dtype."""
+    x32 = x.astype(jnp.float32)
+    variance = jnp.mean(x32 * x32, axis=-1, keepdims=True)
+    normed = x32 * jax.lax.rsqrt(variance + eps)
+    return (normed.astype(x.dtype) * weight.astype(x.dtype)).astype(x.dtype)
