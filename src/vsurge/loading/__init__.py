@@ -1,0 +1,59 @@
+"""Loading models and processors from HF directories, GGUF files, or the embedded default."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from ..devices import default_dtype
+from ..errors import ModelLoadError
+from ..tokenizer import Processor
+from .default_model import DEFAULT_MODEL_NAME, default_model_path
+from .gguf import GGUFSource, config_from_gguf, open_gguf
+from .hf import SafetensorsSource, load_hf_config
+from .weights import assemble_weights, build_model
+
+log = logging.getLogger(__name__)
+
+__all__ = ["load", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
+
+
+def resolve_model_path(path: str | Path | None = "default") -> Path:
+    if path is None or str(path) == "default":
+        return default_model_path()
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ModelLoadError(f"model path {str(p)!r} does not exist (give an HF model directory, a .gguf file or 'default')")
+    return p
+
+
+def load(path: str | Path | None = "default", dtype=None, *, progress: bool = True, load_processor: bool = True):
+    """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
+
+    dtype: weights/compute dtype; default float32 on CPU, bfloat16 on GPU/TPU.
+    progress: show a progress bar while reading weights.
+    """
+    p = resolve_model_path(path)
+    dtype = default_dtype() if dtype is None else dtype
+    start = time.perf_counter()
+    if p.is_dir():
+        config = load_hf_config(p)
+        source = SafetensorsSource(p)
+        processor = Processor.from_dir(p, extra_eos_token_ids=config.eos_token_ids) if load_processor else None
+    elif p.suffix.lower() == ".gguf" or p.is_file():
+        reader = open_gguf(p)
+        config = config_from_gguf(reader, p)
+        source = GGUFSource(reader, config, p)
+        processor = None
+        if load_processor:
+            fields = {k: f.contents() for k, f in reader.fields.items()
+                      if k.startswith("tokenizer.")}
+            processor = Processor.from_gguf_metadata(fields, name_or_path=str(p))
+    else:
+        raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
+    weights = assemble_weights(config, source, dtype, progress=progress)
+    model = build_model(config, weights, dtype)
+    log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,
+             config.num_params / 1e6, time.perf_counter() - start)
+    return model, processor
