@@ -1,0 +1,74 @@
+"""Render a model's Jinja chat template the way transformers does (sandboxed, trimmed blocks)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class ChatTemplateError(ValueError):
+    """The messages or the template cannot be rendered."""
+
+
+def _raise(message):
+    raise ChatTemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateSyntaxError as e:
+        raise ChatTemplateError(f"the chat template does not parse: {e}") from None
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Check OpenAI-style messages; flatten text-part lists into one string."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise ChatTemplateError("messages must be a non-empty list of {'role', 'content'} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m:
+            raise ChatTemplateError(f"messages[{i}] must be an object with 'role' and 'content'")
+        if m["role"] not in VALID_ROLES:
+            raise ChatTemplateError(f"messages[{i}].role {m['role']!r} is not one of {', '.join(VALID_ROLES)}")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ChatTemplateError(f"messages[{i}].content[{j}] must be a text part {{'type': 'text', 'text': ...}}")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise ChatTemplateError(f"messages[{i}].content must be a string or a list of text parts")
+        out.append({**m, "content": content})
+    return out
+
+
+def render_chat_template(template: str, messages, add_generation_prompt: bool = True, **variables) -> str:
+    try:
+        return _compile(template).render(
+            messages=normalize_messages(messages), add_generation_prompt=add_generation_prompt, **variables
+        )
+    except ChatTemplateError:
+        raise
+    except jinja2.TemplateError as e:
+        raise ChatTemplateError(f"the chat template failed to render: {e}") from None
