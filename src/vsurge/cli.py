@@ -1,0 +1,117 @@
+"""Command line: `vsurge generate PROMPT` and `vsurge chat` on any supported model."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="weights/compute dtype (default: float32 on CPU, bfloat16 on GPU/TPU)")
+    p.add_argument("--max-tokens", type=int, default=256, help="most new tokens to generate")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--max-length", type=int, default=2048, help="context length of the KV cache")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vsurge", description="Run Llama-family models with JAX.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate a reply to one prompt, streamed to stdout")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    _add_model_args(gen)
+    chat = sub.add_parser("chat", help="interactive chat with streaming replies")
+    chat.add_argument("--system", default=None, help="system prompt")
+    _add_model_args(chat)
+    return parser
+
+
+def _validate(args) -> None:
+    if args.max_tokens < 1:
+        raise SystemExit("vsurge: error: --max-tokens must be at least 1")
+    if args.temperature < 0:
+        raise SystemExit("vsurge: error: --temperature must be non-negative")
+
+
+def _load(args):
+    from .loading import load
+    from .errors import ModelLoadError
+
+    print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
+    try:
+        return load(args.model, dtype=args.dtype)
+    except ModelLoadError as e:
+        raise SystemExit(f"vsurge: error: {e}") from None
+
+
+def _stream_reply(generator, processor, prompt_ids, args, out=sys.stdout) -> str:
+    """Generate, printing text as it completes; returns the full reply."""
+    detok = processor.incremental_detokenizer(prompt_ids=prompt_ids)
+    stops = processor.eos_token_ids
+    start, first, count = time.perf_counter(), None, 0
+    for token in generator.stream(prompt_ids, args.max_tokens, temperature=args.temperature,
+                                  seed=args.seed, stop_token_ids=stops):
+        first = first or time.perf_counter()
+        count += 1
+        if token in stops:
+            break
+        out.write(detok.add([token]))
+        out.flush()
+    out.write(detok.flush() + "\n")
+    out.flush()
+    if count > 1:
+        rate = (count - 1) / max(time.perf_counter() - first, 1e-9)
+        print(f"[{count} tokens, first after {first - start:.2f}s, then {rate:.1f} tok/s]",
+              file=sys.stderr, flush=True)
+    return detok.text
+
+
+def cmd_generate(args) -> int:
+    from .generation import Generator
+
+    _validate(args)
+    model, processor = _load(args)
+    if args.raw:
+        prompt_ids = processor.encode(args.prompt)
+    else:
+        prompt_ids = processor.apply_chat_template([{"role": "user", "content": args.prompt}])
+    print("Compiling ...", file=sys.stderr, flush=True)
+    _stream_reply(Generator(model, max_length=args.max_length), processor, prompt_ids, args)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from .generation import Generator
+
+    _validate(args)
+    model, processor = _load(args)
+    generator = Generator(model, max_length=args.max_length)
+    history = [{"role": "system", "content": args.system}] if args.system else []
+    print("Chat with the model. Empty line or Ctrl-D to quit.", file=sys.stderr, flush=True)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        history.append({"role": "user", "content": line})
+        prompt_ids = processor.apply_chat_template(history)
+        reply = _stream_reply(generator, processor, prompt_ids, args)
+        history.append({"role": "assistant", "content": reply})
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"generate": cmd_generate, "chat": cmd_chat}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
