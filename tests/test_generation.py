@@ -22,10 +22,15 @@ def tiny_model():
 
 
 def uncached_greedy(model, prompt, steps):
+    from flax import nnx
+
+    forward = nnx.jit(lambda m, ids: m(ids)[0])
     ids = list(prompt)
-    for _ in range(steps):
-        logits, _ = model(jnp.asarray([ids], jnp.int32))
-        ids.append(int(np.argmax(np.asarray(logits)[0, -1])))
+    for _ in range(steps):  # causal: right padding to one width does not change earlier logits
+        padded = np.zeros((1, 64), np.int32)
+        padded[0, : len(ids)] = ids
+        logits = forward(model, jnp.asarray(padded))
+        ids.append(int(np.argmax(np.asarray(logits)[0, len(ids) - 1])))
     return ids[len(prompt):]
 
 
