@@ -4,7 +4,16 @@ from .config import ModelConfig, RopeScaling
 from .errors import ModelLoadError, UnsupportedModelError, VsurgeError
 from .loading import load
 from .models import LlamaForCausalLM
+from .sampling_params import SamplingParams
 from .tokenizer import Processor
+from .vinference import (
+    PromptOutput,
+    SampleState,
+    vInference,
+    vInferenceConfig,
+    vInferenceMetaData,
+    vInferencePreCompileConfig,
+)
 
 __version__ = "0.1.0"
 
@@ -14,6 +23,13 @@ __all__ = [
     "ModelConfig",
     "RopeScaling",
     "Processor",
+    "SamplingParams",
+    "PromptOutput",
+    "SampleState",
+    "vInference",
+    "vInferenceConfig",
+    "vInferenceMetaData",
+    "vInferencePreCompileConfig",
     "ModelLoadError",
     "UnsupportedModelError",
     "VsurgeError",

@@ -1,0 +1,101 @@
+"""Prometheus metrics, named like vLLM's under a `vsurge:` prefix.
+
+Each engine owns a CollectorRegistry (several engines in one process must not
+collide); the server exposes them all.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_COMPILE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class EngineMetrics:
+    """Counters and histograms of one engine; `model_name` is a label on every series."""
+
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self._requests = Counter("vsurge:request_success", "Finished requests by finish reason",
+                                 labels + ["finished_reason"], registry=r)
+        self._failures = Counter("vsurge:request_failure", "Requests that failed with an error", labels, registry=r)
+        self._prompt_tokens = Counter("vsurge:prompt_tokens", "Prompt tokens processed", labels, registry=r)
+        self._generation_tokens = Counter("vsurge:generation_tokens", "Tokens generated", labels, registry=r)
+        self._ttft = Histogram("vsurge:time_to_first_token_seconds", "Time to first token", labels,
+                               buckets=_LATENCY_BUCKETS, registry=r)
+        self._itl = Histogram("vsurge:inter_token_latency_seconds", "Time between tokens", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self._e2e = Histogram("vsurge:e2e_request_latency_seconds", "Request latency", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self._queue = Histogram("vsurge:request_queue_time_seconds", "Time waiting for a slot", labels,
+                                buckets=_LATENCY_BUCKETS, registry=r)
+        self._stage = Histogram("vsurge:stage_latency_seconds", "Device time per stage", labels + ["stage"],
+                                buckets=_LATENCY_BUCKETS, registry=r)
+        self._compile = Histogram("vsurge:compile_seconds", "Compilation time", labels,
+                                  buckets=_COMPILE_BUCKETS, registry=r)
+        self._running = Gauge("vsurge:num_requests_running", "Requests being generated", labels, registry=r)
+        self._waiting = Gauge("vsurge:num_requests_waiting", "Requests waiting for a slot", labels, registry=r)
+        self._kv_usage = Gauge("vsurge:kv_cache_usage_perc", "Fraction of KV cache in use", labels, registry=r)
+        self._preemptions = Counter("vsurge:num_preemptions", "Preempted requests", labels, registry=r)
+        self._prefix_queries = Counter("vsurge:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                       labels, registry=r)
+        self._prefix_hits = Counter("vsurge:prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                                    labels, registry=r)
+
+    def _l(self, metric, **extra):
+        return metric.labels(model_name=self.model_name, **extra)
+
+    # -- recording
+    def request_finished(self, finish_reason: str, prompt_tokens: int, generated_tokens: int, e2e: float):
+        self._l(self._requests, finished_reason=finish_reason).inc()
+        self._l(self._prompt_tokens).inc(prompt_tokens)
+        self._l(self._generation_tokens).inc(generated_tokens)
+        self._l(self._e2e).observe(e2e)
+
+    def request_failed(self):
+        self._l(self._failures).inc()
+
+    def first_token(self, seconds: float):
+        self._l(self._ttft).observe(seconds)
+
+    def inter_token(self, seconds: float, count: int = 1):
+        for _ in range(count):
+            self._l(self._itl).observe(seconds)
+
+    def queued(self, seconds: float):
+        self._l(self._queue).observe(seconds)
+
+    def stage(self, name: str, seconds: float):
+        self._l(self._stage, stage=name).observe(seconds)
+
+    def compiled(self, seconds: float):
+        self._l(self._compile).observe(seconds)
+
+    def set_running(self, n: int):
+        self._l(self._running).set(n)
+
+    def set_waiting(self, n: int):
+        self._l(self._waiting).set(n)
+
+    def set_kv_usage(self, fraction: float):
+        self._l(self._kv_usage).set(fraction)
+
+    def preempted(self, n: int = 1):
+        self._l(self._preemptions).inc(n)
+
+    def prefix_cache(self, queried: int, hit: int):
+        self._l(self._prefix_queries).inc(queried)
+        self._l(self._prefix_hits).inc(hit)
+
+    # -- reading
+    def value(self, name: str, **labels) -> float:
+        """Current value of a series, e.g. value("vsurge:generation_tokens_total")."""
+        v = self.registry.get_sample_value(name, {"model_name": self.model_name, **labels})
+        return 0.0 if v is None else v
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

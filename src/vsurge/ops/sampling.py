@@ -1,0 +1,132 @@
+"""Token sampling inside the compiled step, every knob a per-row array.
+
+Order (as vLLM/HF): logit bias -> repetition penalty (prompt + generated,
+HF semantics) -> frequency/presence penalties (generated only) -> greedy
+argmax if temperature == 0, else temperature -> top-k -> top-p -> min-p ->
+Gumbel-max sampling with each row's own key. Changing any value never
+recompiles; the sort behind top-k/top-p/min-p only runs when a row needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_NEG_INF = -jnp.inf
+TOP_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's limit)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SamplingArrays:
+    """Per-row sampling parameters, each (B,) unless noted."""
+
+    temperature: jax.Array  # f32, 0 = greedy
+    top_p: jax.Array  # f32 in (0, 1]
+    top_k: jax.Array  # i32, 0 = off
+    min_p: jax.Array  # f32 in [0, 1]
+    presence_penalty: jax.Array  # f32
+    frequency_penalty: jax.Array  # f32
+    repetition_penalty: jax.Array  # f32, 1 = off
+    key_data: jax.Array  # (B, 2) uint32: the row's base PRNG key (from its seed)
+
+    @classmethod
+    def from_params(cls, params_list, seeds) -> "SamplingArrays":
+        """params_list: SamplingParams per row; seeds: int per row (64-bit ok)."""
+        def col(name, dtype):
+            return np.asarray([getattr(p, name) for p in params_list], dtype)
+
+        return cls(
+            temperature=col("temperature", np.float32),
+            top_p=col("top_p", np.float32),
+            top_k=col("top_k", np.int32),
+            min_p=col("min_p", np.float32),
+            presence_penalty=col("presence_penalty", np.float32),
+            frequency_penalty=col("frequency_penalty", np.float32),
+            repetition_penalty=col("repetition_penalty", np.float32),
+            key_data=seed_key_data(seeds),
+        )
+
+    @classmethod
+    def neutral(cls, batch: int) -> "SamplingArrays":
+        """Greedy rows with no penalties (padding rows of a bucket)."""
+        return cls(
+            temperature=np.zeros(batch, np.float32), top_p=np.ones(batch, np.float32),
+            top_k=np.zeros(batch, np.int32), min_p=np.zeros(batch, np.float32),
+            presence_penalty=np.zeros(batch, np.float32), frequency_penalty=np.zeros(batch, np.float32),
+            repetition_penalty=np.ones(batch, np.float32), key_data=np.zeros((batch, 2), np.uint32),
+        )
+
+
+def seed_key_data(seeds) -> np.ndarray:
+    """64-bit seeds -> (B, 2) uint32 threefry key data (the same seed always gives the same key)."""
+    seeds = [int(s) & 0xFFFFFFFFFFFFFFFF for s in seeds]
+    return np.asarray([[s >> 32, s & 0xFFFFFFFF] for s in seeds], np.uint32).reshape(len(seeds), 2)
+
+
+def apply_penalties(logits, counts, prompt_mask, p: SamplingArrays):
+    """logits (B, V) f32; counts (B, V) i32 generated-token counts; prompt_mask (B, V) bool."""
+    generated = counts > 0
+    seen = prompt_mask | generated
+    rep = p.repetition_penalty[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / rep, logits * rep), logits)
+    logits = logits - p.frequency_penalty[:, None] * counts.astype(logits.dtype)
+    return logits - p.presence_penalty[:, None] * generated.astype(logits.dtype)
+
+
+def _filter_sorted(scaled, p: SamplingArrays):
+    """Mask tokens outside top-k / top-p / min-p. scaled: (B, V) temperature-scaled logits."""
+    vocab = scaled.shape[-1]
+    desc = -jnp.sort(-scaled, axis=-1)  # (B, V) descending values
+    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, vocab), vocab)  # (B,)
+    ranks = jnp.arange(vocab)[None, :]
+    desc = jnp.where(ranks < k[:, None], desc, _NEG_INF)  # top-k
+    probs = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
+    keep = (before < p.top_p[:, None]) | (ranks == 0)  # top-p, always keep the best
+    keep &= probs >= p.min_p[:, None] * probs[:, :1]  # min-p, relative to the top token
+    kept = jnp.where(keep, desc, _NEG_INF)
+    threshold = jnp.min(jnp.where(keep, kept, jnp.inf), axis=-1, keepdims=True)  # smallest kept value
+    return jnp.where(scaled >= threshold, scaled, _NEG_INF)
+
+
+def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
+    """Pick one token per row.
+
+    logits (B, V) f32, counts (B, V) i32, prompt_mask (B, V) bool, steps (B,) i32
+    (tokens generated so far; folded into the row key), bias (B, V) f32 or None.
+    Returns tokens (B,) i32.
+    """
+    if bias is not None:
+        logits = logits + bias
+    logits = apply_penalties(logits, counts, prompt_mask, p)
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+    def draw(logits):
+        scaled = logits / jnp.where(p.temperature > 0, p.temperature, 1.0)[:, None]
+        needs_filter = jnp.any((p.temperature > 0) & ((p.top_k > 0) | (p.top_p < 1.0) | (p.min_p > 0)))
+        scaled = jax.lax.cond(needs_filter, _filter_sorted, lambda s, _: s, scaled, p)
+
+        def gumbel(key_data, step):
+            key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), step)
+            return jax.random.gumbel(key, (logits.shape[-1],), jnp.float32)
+
+        noise = jax.vmap(gumbel)(p.key_data, steps)  # (B, V)
+        return jnp.argmax(scaled + noise, axis=-1).astype(jnp.int32)
+
+    # An all-greedy batch skips the sort and the noise entirely.
+    sampled = jax.lax.cond(jnp.any(p.temperature > 0), draw, lambda _: greedy, logits)
+    return jnp.where(p.temperature > 0, sampled, greedy)
+
+
+def token_logprobs(logits, tokens, num_top: int = TOP_LOGPROBS):
+    """Log-probabilities of the model's own distribution (before penalties/temperature).
+
+    logits (B, V), tokens (B,) -> chosen (B,), top_ids (B, K), top_values (B, K)."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    top_values, top_ids = jax.lax.top_k(logp, num_top)
+    return chosen, top_ids.astype(jnp.int32), top_values

@@ -1,0 +1,33 @@
+"""Helpers that work on our Processor and on an HF tokenizer alike (users may pass either)."""
+
+from __future__ import annotations
+
+from .chat_template import normalize_messages
+
+
+def chat_prompt_ids(processor, messages) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, ready for generation."""
+    text = processor.apply_chat_template(normalize_messages(messages), tokenize=False, add_generation_prompt=True)
+    return list(processor.encode(text, add_special_tokens=False))
+
+
+def text_prompt_ids(processor, text: str) -> list[int]:
+    if not isinstance(text, str):
+        raise TypeError(f"prompt must be a str, got {type(text).__name__}")
+    return list(processor.encode(text))
+
+
+def eos_token_ids(processor) -> list[int]:
+    ids = getattr(processor, "eos_token_ids", None)
+    if ids:
+        return list(ids)
+    eos = getattr(processor, "eos_token_id", None)
+    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+
+
+def pad_token_id(processor) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(processor, name, None)
+        if isinstance(value, int):
+            return value
+    return 0

@@ -1,0 +1,79 @@
+"""save_inference / load_inference: readable JSON metadata + JAX's persistent compilation cache.
+
+A loaded instance compiles its buckets from the on-disk cache, so it serves
+without running the XLA compiler again.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+
+from .config import vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
+
+METADATA_FILE = "vinference_metadata.json"
+CACHE_DIR = "xla_cache"
+
+
+def use_compilation_cache(directory: Path) -> None:
+    """Point JAX's persistent compilation cache at `directory`, caching every executable."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    compilation_cache.reset_cache()  # the cache binds its directory on first use
+
+
+def stop_using_compilation_cache() -> None:
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_compilation_cache_dir", None)
+    compilation_cache.reset_cache()
+
+
+def metadata_of(inference) -> vInferenceMetaData:
+    return vInferenceMetaData(
+        inference_name=inference.inference_name,
+        generation_config=inference.generation_config,
+        precompiled_configs=dict(inference.precompiled_configs),
+        in_compiling_process=set(),
+        input_partition_spec=None if inference.input_partition_spec is None else str(inference.input_partition_spec),
+        uuid4=inference.uuid4,
+    )
+
+
+def save_inference(inference, path) -> None:
+    path = Path(path)
+    use_compilation_cache(path / CACHE_DIR)
+    inference._buckets.buckets.clear()  # compile again, now writing every executable to the cache
+    for config in inference.precompiled_configs.values():
+        for batch, length in config.combinations():
+            inference._buckets.get(batch, length)
+    meta = metadata_of(inference)
+    data = {
+        "inference_name": meta.inference_name,
+        "generation_config": meta.generation_config.to_json_dict(),
+        "precompiled_configs": {str(k): v.model_dump() for k, v in meta.precompiled_configs.items()},
+        "input_partition_spec": meta.input_partition_spec,
+        "uuid4": meta.uuid4,
+    }
+    (path / METADATA_FILE).write_text(json.dumps(data, indent=2))
+
+
+def load_inference(cls, path, model, processor_class):
+    path = Path(path)
+    meta_file = path / METADATA_FILE
+    if not meta_file.exists():
+        raise FileNotFoundError(f"{meta_file} is missing: not a directory written by save_inference")
+    data = json.loads(meta_file.read_text())
+    use_compilation_cache(path / CACHE_DIR)
+    inference = cls(model, processor_class, generation_config=vInferenceConfig.from_json_dict(data["generation_config"]),
+                    inference_name=data["inference_name"])
+    inference.uuid4 = data["uuid4"]
+    for _, config in sorted(data["precompiled_configs"].items(), key=lambda kv: int(kv[0])):
+        inference.precompile(vInferencePreCompileConfig(**config))
+    return inference

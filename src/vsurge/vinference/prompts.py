@@ -1,0 +1,197 @@
+"""Prompt-level API of vInference: text/messages in, text (whole or streamed) out.
+
+`events()` is the one loop every API here builds on: it runs a batch of rows,
+turns each row's tokens into text through a TextStream (UTF-8-safe, stop
+strings cut across chunks), tells the device which rows the host stopped, and
+yields (row, "text" | "final", data) events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
+
+from ..sampling_params import SamplingParams
+from ..tokenizer.compat import chat_prompt_ids, text_prompt_ids
+from ..tokenizer.text_stream import TextStream
+from .config import PromptOutput
+
+
+def is_messages(prompt) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(m, dict) for m in prompt)
+
+
+class PromptMixin:
+    """Mixed into vInference; relies on its make_rows / run_rows / resolve_params / processor / metrics."""
+
+    # ------------------------------------------------------------ core loop
+    def prompt_ids(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return text_prompt_ids(self.processor, prompt)
+        if is_messages(prompt):
+            return chat_prompt_ids(self.processor, prompt)
+        raise TypeError("a prompt must be a string or a list of OpenAI chat messages ({'role', 'content'} dicts)")
+
+    def events(self, rows) -> Iterator[tuple[int, str, Any]]:
+        """Run `rows` as one batch; yield (row, "text", delta) and (row, "final", PromptOutput)."""
+        start = time.perf_counter()
+        streams = [TextStream(self.processor, r.params.stop, r.eos, r.params.skip_special_tokens, r.prompt_ids)
+                   for r in rows]
+        done = [False] * len(rows)
+        gen = self.run_rows(rows)
+        snapshot = next(gen)
+        self.metrics.first_token(time.perf_counter() - start)
+        try:
+            while True:
+                host_stopped = []
+                for i, stream in enumerate(streams):
+                    if done[i]:
+                        continue
+                    tokens = snapshot.row_tokens(i)[len(stream.token_ids):]
+                    delta = stream.add(tokens)
+                    if stream.finished and not snapshot.is_sequence_finished[i]:
+                        host_stopped.append(i)  # a stop string: free the row on the device
+                    if snapshot.is_sequence_finished[i] or stream.finished:
+                        delta += stream.finish("length")
+                    if delta:
+                        yield i, "text", delta
+                    if stream.finished:
+                        done[i] = True
+                        yield i, "final", self._final_output(rows[i], stream, start)
+                if all(done):
+                    return snapshot
+                snapshot = gen.send(host_stopped)
+        finally:
+            gen.close()
+
+    def _final_output(self, row, stream: TextStream, start: float) -> PromptOutput:
+        elapsed = max(time.perf_counter() - start, 1e-9)
+        count = len(stream.token_ids)
+        self.metrics.request_finished(stream.finish_reason, len(row.prompt_ids), count, elapsed)
+        return PromptOutput(text=stream.text, generated_tokens=count, tokens_per_second=count / elapsed,
+                            finish_reason=stream.finish_reason)
+
+    def collect(self, rows) -> list[PromptOutput]:
+        outputs: list[PromptOutput | None] = [None] * len(rows)
+        for i, kind, data in self.events(rows):
+            if kind == "final":
+                outputs[i] = data
+        return outputs
+
+    # ------------------------------------------------------------ process_prompt
+    def process_prompt(self, prompt, sampling_params: SamplingParams | dict | None = None, stream: bool = False):
+        """str or chat messages -> PromptOutput (a list when n > 1), or a generator of text deltas
+        whose return value is the final SampleState. list[str] -> one result per string."""
+        params = self.resolve_params(sampling_params)
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if stream:
+                return [self.process_prompt(p, params, stream=True) for p in prompt]
+            rows = [row for p in prompt for row in self.make_rows(self.prompt_ids(p), params)]
+            outputs = self.collect(rows)
+            return outputs if params.n == 1 else [outputs[i:i + params.n] for i in range(0, len(outputs), params.n)]
+        rows = self.make_rows(self.prompt_ids(prompt), params)
+        if stream:
+            if params.n != 1:
+                raise ValueError("stream=True yields one sequence: use n=1 (vSurge streams n > 1 by index)")
+            return self._text_deltas(rows)
+        outputs = self.collect(rows)
+        return outputs[0] if params.n == 1 else outputs
+
+    def _text_deltas(self, rows):
+        """Yield the row's text as it completes; return the final SampleState."""
+        gen = self.events(rows)
+        while True:
+            try:
+                _, kind, data = next(gen)
+            except StopIteration as end:
+                return end.value
+            if kind == "text":
+                yield data
+
+    # ------------------------------------------------------------ concurrency
+    async def process_prompts_concurrently(
+        self,
+        prompts: list,
+        max_concurrent_requests: int,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        stream: bool = False,
+        progress_callback: Callable[[int, int], None] | None = None,
+    ):
+        """Run prompts in device batches of up to `max_concurrent_requests` rows.
+
+        Non-stream: a list of PromptOutput in input order (errors as PromptOutput(error=...)).
+        Stream: an async generator of (index, "text" | "error" | "final", data).
+        """
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError("prompts must be a list")
+        if isinstance(sampling_params, (list, tuple)) and len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        events = self._concurrent_events(list(prompts), max(1, max_concurrent_requests), sampling_params,
+                                         progress_callback)
+        if stream:
+            return events
+        results: list[PromptOutput | None] = [None] * len(prompts)
+        async for index, kind, data in events:
+            if kind == "final":
+                results[index] = data
+            elif kind == "error":
+                results[index] = PromptOutput(error=data)
+        return results
+
+    def _prepare(self, prompts, sampling_params):
+        """-> (rows with their prompt index, errors by prompt index)."""
+        prepared, errors = [], {}
+        for index, prompt in enumerate(prompts):
+            try:
+                params = sampling_params[index] if isinstance(sampling_params, (list, tuple)) else sampling_params
+                params = self.resolve_params(params)
+                if params.n != 1:
+                    raise ValueError("process_prompts_concurrently generates one sequence per prompt (n must be 1)")
+                (row,) = self.make_rows(self.prompt_ids(prompt), params)
+                prepared.append((index, row))
+            except Exception as e:  # one bad prompt never sinks the others
+                self.metrics.request_failed()
+                errors[index] = f"{type(e).__name__}: {e}"
+        return prepared, errors
+
+    async def _concurrent_events(self, prompts, batch_size, sampling_params, progress_callback
+                                 ) -> AsyncGenerator[tuple[int, str, Any], None]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        total, completed = len(prompts), 0
+        prepared, errors = await asyncio.to_thread(self._prepare, prompts, sampling_params)
+
+        def worker():  # device work off the event loop; events come back through the queue
+            for start in range(0, len(prepared), batch_size):
+                batch = prepared[start:start + batch_size]
+                try:
+                    for row, kind, data in self.events([r for _, r in batch]):
+                        loop.call_soon_threadsafe(queue.put_nowait, (batch[row][0], kind, data))
+                except Exception as e:
+                    for index, _ in batch:
+                        self.metrics.request_failed()
+                        loop.call_soon_threadsafe(queue.put_nowait, (index, "error", f"{type(e).__name__}: {e}"))
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        for index, message in sorted(errors.items()):
+            completed += 1
+            if progress_callback:
+                progress_callback(completed, total)
+            yield index, "error", message
+        task = loop.run_in_executor(None, worker)
+        finished: set[int] = set()
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            index, kind, data = item
+            if index in finished:
+                continue  # a batch that failed after some rows had finished
+            if kind in ("final", "error"):
+                finished.add(index)
+                completed += 1
+                if progress_callback:
+                    progress_callback(completed, total)
+            yield index, kind, data
+        await task

@@ -1,0 +1,169 @@
+"""Every sampling knob against a NumPy implementation of its formula, on fixed logits."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vsurge.ops.sampling import SamplingArrays, _filter_sorted, apply_penalties, sample, seed_key_data
+from vsurge.sampling_params import SamplingParams
+
+V = 12
+
+
+def arrays(**overrides) -> SamplingArrays:
+    """Per-row arrays for 3 rows; overrides give per-row lists."""
+    rows = 3
+    base = dict(temperature=[1.0] * rows, top_p=[1.0] * rows, top_k=[0] * rows, min_p=[0.0] * rows,
+                presence_penalty=[0.0] * rows, frequency_penalty=[0.0] * rows, repetition_penalty=[1.0] * rows)
+    base.update(overrides)
+    params = [SamplingParams(**{k: v[i] for k, v in base.items()}) for i in range(rows)]
+    return SamplingArrays.from_params(params, seeds=[11, 22, 33])
+
+
+def fixed_logits(rows=3):
+    rng = np.random.default_rng(0)
+    return rng.normal(0, 2, (rows, V)).astype(np.float32)
+
+
+# ---------------------------------------------------------------- NumPy references
+def np_penalties(logits, counts, prompt_mask, rep, freq, pres):
+    out = logits.copy()
+    seen = prompt_mask | (counts > 0)
+    for b in range(logits.shape[0]):
+        for v in range(logits.shape[1]):
+            if seen[b, v]:  # HF RepetitionPenaltyLogitsProcessor
+                out[b, v] = out[b, v] / rep[b] if out[b, v] > 0 else out[b, v] * rep[b]
+            out[b, v] -= freq[b] * counts[b, v] + pres[b] * (counts[b, v] > 0)
+    return out
+
+
+def np_keep_mask(scaled, top_k, top_p, min_p):
+    """Which tokens survive top-k, then top-p (over the top-k renormalized), then min-p."""
+    keep = np.zeros_like(scaled, bool)
+    for b, row in enumerate(scaled):
+        order = np.argsort(-row, kind="stable")
+        k = top_k[b] if top_k[b] > 0 else len(row)
+        allowed = order[:k]
+        probs = np.exp(row[allowed] - row[allowed].max())
+        probs /= probs.sum()
+        cum_before = np.cumsum(probs) - probs
+        allowed = [t for t, c, p in zip(allowed, cum_before, probs) if (c < top_p[b] or t == order[0])
+                   and p >= min_p[b] * probs[0]]
+        keep[b, allowed] = True
+    return keep
+
+
+# ---------------------------------------------------------------- tests
+def test_penalties_match_formula_over_whole_history():
+    logits = fixed_logits()
+    counts = np.zeros((3, V), np.int32)
+    counts[0, [1, 2, 2]] = [1, 3, 3]
+    counts[1, 5] = 2
+    counts[2, [0, 7]] = 1
+    prompt = np.zeros((3, V), bool)
+    prompt[:, [3, 4]] = True  # prompt tokens count for repetition only
+    p = arrays(repetition_penalty=[1.3, 1.0, 0.8], frequency_penalty=[0.5, -0.4, 0.0],
+               presence_penalty=[0.0, 1.5, -1.0])
+    got = apply_penalties(jnp.asarray(logits), jnp.asarray(counts), jnp.asarray(prompt), p)
+    want = np_penalties(logits, counts, prompt, [1.3, 1.0, 0.8], [0.5, -0.4, 0.0], [0.0, 1.5, -1.0])
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_k,top_p,min_p", [
+    ([0, 3, 1], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]),
+    ([0, 0, 0], [0.5, 0.9, 0.05], [0.0, 0.0, 0.0]),
+    ([0, 0, 0], [1.0, 1.0, 1.0], [0.1, 0.5, 0.9]),
+    ([4, 6, 2], [0.7, 0.3, 1.0], [0.2, 0.0, 0.3]),
+])
+def test_filters_keep_exactly_the_reference_set(top_k, top_p, min_p):
+    scaled = fixed_logits() / 0.7
+    p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
+    got = np.isfinite(np.asarray(_filter_sorted(jnp.asarray(scaled), p)))
+    np.testing.assert_array_equal(got, np_keep_mask(scaled, top_k, top_p, min_p))
+
+
+def test_greedy_is_exact_argmax_with_penalties():
+    logits = fixed_logits()
+    counts = np.zeros((3, V), np.int32)
+    best = logits.argmax(-1)
+    counts[np.arange(3), best] = 1
+    p = arrays(temperature=[0.0, 0.0, 0.0], repetition_penalty=[1.0, 3.0, 1.0], presence_penalty=[0.0, 0.0, 2.0])
+    tokens = sample(jnp.asarray(logits), jnp.asarray(counts), jnp.zeros((3, V), bool), p, jnp.zeros(3, jnp.int32))
+    want = np_penalties(logits, counts, np.zeros((3, V), bool), [1.0, 3.0, 1.0], [0, 0, 0], [0, 0, 2.0]).argmax(-1)
+    np.testing.assert_array_equal(np.asarray(tokens), want)
+    assert tokens[0] == best[0]  # no penalty: the plain argmax
+
+
+def test_sampled_frequencies_follow_the_filtered_softmax():
+    logits = fixed_logits(1)
+    p = SamplingArrays.from_params([SamplingParams(temperature=0.8, top_k=5, top_p=0.9)], seeds=[7])
+    draws = 6000
+    step = jax.jit(jax.vmap(lambda s: sample(jnp.asarray(logits), jnp.zeros((1, V), jnp.int32),
+                                             jnp.zeros((1, V), bool), p, s[None])[0]))
+    tokens = np.asarray(step(jnp.arange(draws, dtype=jnp.int32)))
+    scaled = logits / 0.8
+    keep = np_keep_mask(scaled, [5], [0.9], [0.0])[0]
+    probs = np.where(keep, np.exp(scaled[0] - scaled[0].max()), 0)
+    probs /= probs.sum()
+    freq = np.bincount(tokens, minlength=V) / draws
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(keep))
+    np.testing.assert_allclose(freq, probs, atol=0.025)  # ~4 sigma at 6000 draws
+
+
+def test_seeds_are_reproducible_and_per_row():
+    params = [SamplingParams(temperature=1.0)] * 3
+    p = SamplingArrays.from_params(params, seeds=[5, 5, 6])
+    # uniform logits: the row's key alone decides the token
+    run = jax.jit(lambda steps: sample(jnp.zeros((3, V)), jnp.zeros((3, V), jnp.int32), jnp.zeros((3, V), bool),
+                                       p, steps))
+    a = np.asarray([run(jnp.full((3,), s, jnp.int32)) for s in range(20)])
+    b = np.asarray([run(jnp.full((3,), s, jnp.int32)) for s in range(20)])
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a[:, 0], a[:, 1])  # same seed, same stream
+    assert (a[:, 0] != a[:, 2]).any()  # another seed, another stream
+    assert seed_key_data([2**63 - 1]).shape == (1, 2)  # int64 seeds fit
+
+
+def test_changing_parameters_does_not_recompile():
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *_, **__: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    run = jax.jit(sample)
+    logits = jnp.asarray(fixed_logits())
+    zeros, mask = jnp.zeros((3, V), jnp.int32), jnp.zeros((3, V), bool)
+    run(logits, zeros, mask, arrays(), jnp.zeros(3, jnp.int32)).block_until_ready()
+    before = len(compiles)
+    for kw in [dict(temperature=[0.0, 0.5, 2.0]), dict(top_k=[1, 2, 3], top_p=[0.5, 0.6, 0.7]),
+               dict(min_p=[0.5, 0.1, 0.0], repetition_penalty=[2.0, 1.1, 0.5]),
+               dict(presence_penalty=[1.0, -1.0, 2.0], frequency_penalty=[2.0, 0.3, -2.0])]:
+        run(logits, zeros, mask, arrays(**kw), jnp.ones(3, jnp.int32)).block_until_ready()
+    assert len(compiles) == before
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(temperature=-0.1), "temperature must be non-negative"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=-2), "top_k must be 0 \\(disable\\), or at least 1"),
+    (dict(min_p=1.5), r"min_p must be in \[0, 1\]"),
+    (dict(presence_penalty=2.5), r"presence_penalty must be in \[-2, 2\]"),
+    (dict(frequency_penalty=-3), r"frequency_penalty must be in \[-2, 2\]"),
+    (dict(repetition_penalty=0.0), "repetition_penalty must be in"),
+    (dict(max_tokens=0), "max_tokens must be at least 1"),
+    (dict(stop=["ok", ""]), "stop cannot contain an empty string"),
+    (dict(seed=2**64), "seed must be an integer in"),
+    (dict(n=0), "n must be at least 1"),
+    (dict(logprobs=21), r"logprobs must be in \[0, 20\]"),
+    (dict(temperature=float("nan")), "temperature must be non-negative"),
+])
+def test_invalid_values_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_top_k_minus_one_means_off_and_stop_string_is_listified():
+    p = SamplingParams(top_k=-1, stop="END")
+    assert p.top_k == 0 and p.stop == ["END"]

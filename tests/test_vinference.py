@@ -1,0 +1,245 @@
+"""vInference on the real default model: greedy parity, streaming, stops, buckets, batching, persistence."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+from conftest import CHAT_PROMPT
+from vsurge import PromptOutput, SamplingParams, vInference, vInferenceConfig, vInferencePreCompileConfig
+from vsurge.generation import greedy_generate
+from vsurge.vinference.persistence import stop_using_compilation_cache
+
+GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
+
+
+class CompileCounter:
+    """Counts XLA backend compilations and persistent-cache hits/misses while active."""
+
+    def __init__(self):
+        self.active = False
+        self.counts = {"compile": 0, "hit": 0, "miss": 0}
+        names = {"/jax/core/compile/backend_compile_duration": "compile"}
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda name, *_, **__: self._bump(names.get(name)))
+        events = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
+        jax.monitoring.register_event_listener(lambda name, **__: self._bump(events.get(name)))
+
+    def _bump(self, key):
+        if self.active and key:
+            self.counts[key] += 1
+
+    def __enter__(self):
+        self.counts = dict.fromkeys(self.counts, 0)
+        self.active = True
+        return self.counts
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+@pytest.fixture(scope="session")
+def compile_counter():
+    return CompileCounter()
+
+
+@pytest.fixture(scope="module")
+def vinf(default_model):
+    model, processor = default_model
+    inference = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=64, streaming_chunks=4),
+                           seed=0)
+    assert inference.precompile(vInferencePreCompileConfig(batch_size=[1, 8], prefill_length=64))
+    return inference
+
+
+def chat(text):
+    return [{"role": "user", "content": text}]
+
+
+def test_greedy_equals_foundation_path_and_transformers(vinf, default_model, hf_reference):
+    model, processor = default_model
+    prompt = processor.apply_chat_template(CHAT_PROMPT)
+    params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
+    out = vinf.process_prompt(CHAT_PROMPT, params)
+    tokens = list(vinf.generate([prompt], sampling_params=params))[-1].row_tokens(0)
+    foundation = greedy_generate(model, prompt, max_new_tokens=32)
+    with torch.no_grad():
+        hf = hf_reference[0].generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32, do_sample=False,
+                                      eos_token_id=None, pad_token_id=2)[0, len(prompt):].tolist()
+    assert tokens == foundation == hf
+    assert out.text == processor.decode(hf, skip_special_tokens=True)
+    assert out.generated_tokens == 32 and out.finish_reason == "length"
+    first = vinf.process_prompt(CHAT_PROMPT, GREEDY)
+    assert first.text == "The capital of France is Paris." and first.finish_reason == "stop"
+
+
+def test_generate_yields_sample_states_per_chunk(vinf, default_model):
+    processor = default_model[1]
+    ids = processor(["Hi", "What is the capital of France?"], return_tensors="np")  # left-padded
+    states = list(vinf.generate(ids["input_ids"], ids["attention_mask"],
+                                sampling_params=SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)))
+    assert len(states) == 1 + 9 // 4 + 1  # prefill, then chunks of 4 steps
+    final = states[-1]
+    assert final.is_sequence_finished[:2].all() and final.generated_tokens == 10
+    assert final.sequences.shape[1] == 64 and final.padded_length == 64
+    np.testing.assert_array_equal(final.current_length[:2], final.prompt_lengths[:2] + 10)
+    alone = greedy_generate(default_model[0], processor.encode("What is the capital of France?"), 10)
+    assert final.row_tokens(1) == alone
+
+
+@pytest.mark.parametrize("prompt", ["Reply with three emoji and the Japanese word for cat.",
+                                    "Translate 'good morning' into Chinese, Japanese and Korean."])
+def test_stream_chunks_join_to_the_non_stream_text(vinf, prompt):
+    params = SamplingParams(max_tokens=48, temperature=0.0)
+    pieces = list(vinf.process_prompt(chat(prompt), params, stream=True))
+    full = vinf.process_prompt(chat(prompt), params).text
+    assert "".join(pieces) == full
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(ord(ch) > 0x2E80 for ch in full), full  # the reply really has CJK or emoji
+
+
+def test_stop_string_across_a_chunk_boundary_is_cut(vinf, default_model):
+    processor = default_model[1]
+    tokens = processor.encode(vinf.process_prompt(CHAT_PROMPT, GREEDY).text)
+    words = [processor.decode([t]) for t in tokens]
+    assert words[4:6] == [" is", " Paris"]  # prefill gives token 0, chunks of 4 give 1-4 and 5-8
+    params = SamplingParams(max_tokens=32, temperature=0.0, stop=["is Paris"])
+    out = vinf.process_prompt(CHAT_PROMPT, params)
+    assert out.text == "The capital of France " and out.finish_reason == "stop"
+    assert "".join(vinf.process_prompt(CHAT_PROMPT, params, stream=True)) == out.text
+
+
+def test_stop_token_ids_and_max_tokens(vinf, default_model):
+    processor = default_model[1]
+    comma = processor.encode(",")[0]
+    out = vinf.process_prompt(chat("List three colors, separated by commas."),
+                              SamplingParams(max_tokens=40, temperature=0.0, stop_token_ids=[comma]))
+    assert out.finish_reason == "stop" and "," not in out.text
+    out = vinf.process_prompt(CHAT_PROMPT, SamplingParams(max_tokens=3, temperature=0.0))
+    assert out.generated_tokens == 3 and out.finish_reason == "length" and out.text == "The capital of"
+
+
+def test_long_prompts_error_or_keep_the_end(default_model):
+    model, processor = default_model
+    small = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8000, streaming_chunks=4))
+    assert small.model_prefill_length == 8192 - 8000
+    long_prompt = "word " * 400 + "What is the capital of France?"
+    with pytest.raises(ValueError, match="more than the 192 this vInference can prefill"):
+        small.process_prompt(long_prompt, GREEDY)
+    small.generation_config.truncate_prompt = True
+    ids = processor.encode(long_prompt)
+    (row,) = small.make_rows(ids, GREEDY)
+    assert row.prompt_ids == ids[-192:]  # the end is kept
+    with pytest.raises(ValueError, match="no room for a prompt"):
+        vInference(model, processor, max_new_tokens=9000).model_prefill_length
+
+
+def test_bad_prompts_raise_clear_errors(vinf):
+    with pytest.raises(TypeError, match="string or a list of OpenAI chat messages"):
+        vinf.process_prompt(123, GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        vinf.generate(np.zeros((1, 0), np.int32)).__next__()
+    with pytest.raises(ValueError, match="out of range for the vocabulary"):
+        next(vinf.generate([[1, 2, 10**6]]))
+    with pytest.raises(ValueError, match="exceeds this vInference's max_new_tokens"):
+        vinf.process_prompt("hi", SamplingParams(max_tokens=65))
+    with pytest.raises(ValueError, match="role 'robot'"):
+        vinf.process_prompt([{"role": "robot", "content": "x"}], GREEDY)
+
+
+def test_no_recompilation_after_precompile(vinf, compile_counter):
+    variants = [
+        ("Hi", SamplingParams(max_tokens=5, temperature=0.0)),
+        (chat("Tell me a story about a fox."), SamplingParams(max_tokens=9, temperature=0.9, top_p=0.8, seed=1)),
+        ("A somewhat longer prompt " * 4, SamplingParams(max_tokens=7, temperature=1.2, top_k=5, min_p=0.1,
+                                                         repetition_penalty=1.3, presence_penalty=0.5,
+                                                         frequency_penalty=0.5, stop=["x"])),
+    ]
+    with compile_counter as counts:
+        for prompt, params in variants:
+            vinf.process_prompt(prompt, params)
+        vinf.process_prompt(["a", "b c", "d e f"], SamplingParams(max_tokens=4, temperature=0.5))  # batch bucket 8
+    assert counts["compile"] == 0, counts
+
+
+def test_same_seed_same_text(vinf):
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=1234)
+    a = vinf.process_prompt(chat("Invent a name for a cat."), params).text
+    b = vinf.process_prompt(chat("Invent a name for a cat."), params).text
+    c = vinf.process_prompt(chat("Invent a name for a cat."), params.replace(seed=99)).text
+    assert a == b and a != c
+
+
+def test_n_samples_and_count_tokens(vinf, default_model):
+    outs = vinf.process_prompt(chat("Say a random word."), SamplingParams(max_tokens=8, temperature=1.5, seed=3, n=3))
+    assert len(outs) == 3 and all(isinstance(o, PromptOutput) for o in outs)
+    assert len({o.text for o in outs}) > 1
+    processor = default_model[1]
+    assert vinf.count_tokens("hello world") == len(processor.encode("hello world"))
+    assert vinf.count_tokens(CHAT_PROMPT) == len(processor.apply_chat_template(CHAT_PROMPT))
+
+
+def test_concurrent_prompts_share_the_device_and_isolate_errors(vinf):
+    prompts = [chat(f"Name a fruit that starts with the letter {c}.") for c in "ABCDEF"] + [12345, "Hello"]
+    params = [SamplingParams(max_tokens=12, temperature=0.0)] * 4 + [
+        SamplingParams(max_tokens=6, temperature=0.7, seed=5), SamplingParams(max_tokens=10, top_k=3, seed=1),
+        GREEDY, SamplingParams(max_tokens=5, temperature=0.0, stop=["!"])]
+    progress = []
+    before = vinf.metrics.value("vsurge:stage_latency_seconds_count", stage="prefill")
+    results = asyncio.run(vinf.process_prompts_concurrently(prompts, 8, params, progress_callback=lambda d, t:
+                                                            progress.append((d, t))))
+    prefills = vinf.metrics.value("vsurge:stage_latency_seconds_count", stage="prefill") - before
+    assert prefills == 1  # the seven valid prompts ran as one device batch
+    assert results[6].error and "TypeError" in results[6].error
+    assert all(r.error is None and r.text for i, r in enumerate(results) if i != 6)
+    assert results[0].text == vinf.process_prompt(prompts[0], params[0]).text  # batched == alone
+    assert progress[-1] == (8, 8) and len(progress) == 8
+
+
+def test_concurrent_stream_events(vinf):
+    async def run():
+        events = await vinf.process_prompts_concurrently(["Hi", "", chat("Count to three.")], 2,
+                                                         SamplingParams(max_tokens=8, temperature=0.0), stream=True)
+        return [e async for e in events]
+
+    events = asyncio.run(run())
+    kinds = {(i, k) for i, k, _ in events}
+    assert (1, "error") in kinds and (0, "final") in kinds and (2, "final") in kinds
+    text = "".join(d for i, k, d in events if i == 2 and k == "text")
+    final = next(d for i, k, d in events if i == 2 and k == "final")
+    assert text == final.text
+
+
+def test_weights_swap_without_recompiling(vinf, compile_counter):
+    scaled = jax.tree.map(lambda w: w * 0.5, vinf.graphstate)
+    base = list(vinf.generate([[1, 2, 3]], sampling_params=GREEDY))[-1].row_tokens(0)
+    with compile_counter as counts:
+        swapped = list(vinf.generate([[1, 2, 3]], graphstate=scaled, sampling_params=GREEDY))[-1].row_tokens(0)
+    assert counts["compile"] == 0 and swapped != base
+
+
+def test_metrics_count_requests_and_tokens(vinf):
+    before = vinf.metrics.value("vsurge:generation_tokens_total")
+    out = vinf.process_prompt("Hello", SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))
+    assert vinf.metrics.value("vsurge:generation_tokens_total") - before == out.generated_tokens == 5
+    assert b"vsurge:time_to_first_token_seconds" in vinf.metrics.exposition()
+    assert vinf.metrics.value("vsurge:compile_seconds_count") >= 2
+
+
+def test_save_and_load_serve_without_compiling(vinf, default_model, tmp_path, compile_counter):
+    model, processor = default_model
+    try:
+        vinf.save_inference(tmp_path)
+        meta = (tmp_path / "vinference_metadata.json").read_text()
+        assert vinf.uuid4 in meta and '"max_new_tokens": 64' in meta
+        with compile_counter as counts:
+            loaded = vInference.load_inference(tmp_path, model, processor)
+        assert counts["miss"] == 0 and counts["hit"] >= 4, counts  # prefill + decode for each of 2 buckets
+        assert loaded.uuid4 == vinf.uuid4 and loaded.compiled_buckets == [(1, 64), (8, 64)]
+        assert loaded.process_prompt(CHAT_PROMPT, GREEDY).text == "The capital of France is Paris."
+    finally:
+        stop_using_compilation_cache()  # later tests compile without writing to tmp_path
