@@ -53,7 +53,7 @@ def bench_vsurge(tokens: int, reps: int, dtype: str):
         start = time.perf_counter()
         out = gen.generate(prompt, tokens)
         rates.append(len(out) / (time.perf_counter() - start))
-    return statistics.median(rates), model.weight_bytes, f"JAX {dtype}"
+    return statistics.median(rates), model.decode_bytes, f"JAX {dtype}"
 
 
 def bench_transformers(tokens: int, reps: int):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vsurge.ops.sampling import SamplingArrays, _filter_sorted, apply_penalties, sample, seed_key_data
+from vsurge.ops.sampling import SamplingArrays, _filter, _filter_sorted, apply_penalties, sample, seed_key_data
 from vsurge.sampling_params import SamplingParams
 
 V = 12
@@ -78,10 +78,22 @@ def test_penalties_match_formula_over_whole_history():
     ([0, 0, 0], [1.0, 1.0, 1.0], [0.1, 0.5, 0.9]),
     ([4, 6, 2], [0.7, 0.3, 1.0], [0.2, 0.0, 0.3]),
 ])
-def test_filters_keep_exactly_the_reference_set(top_k, top_p, min_p):
+@pytest.mark.parametrize("candidates", [None, 3, 6, V])  # full sort; partial sort with and without fallback
+def test_filters_keep_exactly_the_reference_set(top_k, top_p, min_p, candidates):
     scaled = fixed_logits() / 0.7
     p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
-    got = np.isfinite(np.asarray(_filter_sorted(jnp.asarray(scaled), p)))
+    filtered = _filter_sorted(jnp.asarray(scaled), p) if candidates is None else \
+        _filter(jnp.asarray(scaled), p, candidates=candidates)
+    np.testing.assert_array_equal(np.isfinite(np.asarray(filtered)), np_keep_mask(scaled, top_k, top_p, min_p))
+
+
+@pytest.mark.parametrize("scale", [4.0, 0.05])  # peaked: decided on the candidates; flat: full-sort fallback
+def test_partial_sort_filter_on_a_real_sized_vocabulary(scale):
+    rng = np.random.default_rng(1)
+    scaled = (rng.normal(0, scale, (3, 5000))).astype(np.float32)
+    top_k, top_p, min_p = [0, 300, 40], [0.9, 1.0, 0.95], [0.0, 0.05, 0.0]
+    p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
+    got = np.isfinite(np.asarray(jax.jit(_filter)(jnp.asarray(scaled), p)))
     np.testing.assert_array_equal(got, np_keep_mask(scaled, top_k, top_p, min_p))
 
 

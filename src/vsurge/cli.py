@@ -12,6 +12,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights/compute dtype (default: float32 on CPU, bfloat16 on GPU/TPU)")
+    p.add_argument("--quantization", default=None, choices=["int8"],
+                   help="int8: per-channel int8 weights, faster on CPU (slightly less exact)")
     p.add_argument("--max-tokens", type=int, default=256, help="most new tokens to generate")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -44,7 +46,7 @@ def _load(args):
 
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
-        return load(args.model, dtype=args.dtype)
+        return load(args.model, dtype=args.dtype, quantization=args.quantization)
     except ModelLoadError as e:
         raise SystemExit(f"vsurge: error: {e}") from None
 

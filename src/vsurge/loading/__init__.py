@@ -28,12 +28,17 @@ def resolve_model_path(path: str | Path | None = "default") -> Path:
     return p
 
 
-def load(path: str | Path | None = "default", dtype=None, *, progress: bool = True, load_processor: bool = True):
+def load(path: str | Path | None = "default", dtype=None, *, quantization: str | None = None,
+         progress: bool = True, load_processor: bool = True):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
     dtype: weights/compute dtype; default float32 on CPU, bfloat16 on GPU/TPU.
+    quantization: None (weights in `dtype`) or "int8" (per-channel int8 matrices; faster on CPU,
+        slightly less exact: see README).
     progress: show a progress bar while reading weights.
     """
+    if quantization not in (None, "int8"):
+        raise ValueError(f"unsupported quantization {quantization!r} (supported: int8)")
     p = resolve_model_path(path)
     dtype = default_dtype() if dtype is None else dtype
     start = time.perf_counter()
@@ -54,6 +59,8 @@ def load(path: str | Path | None = "default", dtype=None, *, progress: bool = Tr
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
     weights = assemble_weights(config, source, dtype, progress=progress)
     model = build_model(config, weights, dtype)
+    if quantization:
+        model.quantize(quantization)
     log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,
              config.num_params / 1e6, time.perf_counter() - start)
     return model, processor

@@ -23,6 +23,7 @@ from flax import nnx
 
 from ..config import ModelConfig
 from ..kv.dense import NoCache
+from ..ops.linear import linear, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, inverse_frequencies, rope_cos_sin
 
@@ -82,18 +83,58 @@ class LlamaForCausalLM(nnx.Module):
             self.lm_head = nnx.Param((0.02 * jax.random.normal(rngs.params(), shapes["lm_head"])).astype(self.dtype))
 
     # ---------------------------------------------------------------- weights
+    QUANTIZABLE = ("wqkv", "wo", "w_gate_up", "w_down")
+
+    @property
+    def quantization(self) -> str | None:
+        return "int8" if hasattr(self.layers, "wqkv_scale") else None
+
+    def quantize(self, kind: str = "int8") -> "LlamaForCausalLM":
+        """Replace the matrices by int8 + per-channel scales, in place (see ops/linear.py)."""
+        if kind != "int8":
+            raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
+        if self.quantization:
+            return self
+        for name in self.QUANTIZABLE:
+            q, scale = quantize_int8(getattr(self.layers, name)[...])
+            getattr(self.layers, name).set_value(q)
+            setattr(self.layers, name + "_scale", nnx.Param(scale))
+        head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
+        q, scale = quantize_int8(head)
+        if hasattr(self, "lm_head"):
+            self.lm_head.set_value(q)
+        else:
+            self.lm_head = nnx.Param(q)  # the float embedding stays for token lookups
+        self.lm_head_scale = nnx.Param(scale)
+        return self
+
     def named_weights(self) -> dict[str, jax.Array]:
         out = {"embed": self.embed[...], "final_norm": self.final_norm[...]}
         if hasattr(self, "lm_head"):
             out["lm_head"] = self.lm_head[...]
-        for name, _ in weight_shapes(self.config).items():
-            if name.startswith("layers."):
-                out[name] = getattr(self.layers, name.split(".", 1)[1])[...]
+        if hasattr(self, "lm_head_scale"):
+            out["lm_head_scale"] = self.lm_head_scale[...]
+        out.update({f"layers.{k}": v for k, v in self._layer_weights().items()})
         return out
+
+    def _layer_weights(self) -> dict[str, jax.Array]:
+        names = [n.split(".", 1)[1] for n in weight_shapes(self.config) if n.startswith("layers.")]
+        if self.quantization:
+            names += [n + "_scale" for n in self.QUANTIZABLE]
+        return {n: getattr(self.layers, n)[...] for n in names}
 
     @property
     def weight_bytes(self) -> int:
+        """Bytes of all weights held in memory."""
         return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in self.named_weights().values())
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads: the embedding table only when it is also the output head."""
+        weights = self.named_weights()
+        if "lm_head" in weights:
+            weights.pop("embed")
+        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in weights.values())
 
     # ---------------------------------------------------------------- forward
     def __call__(
@@ -119,8 +160,7 @@ class LlamaForCausalLM(nnx.Module):
         """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm."""
         c = self.config
         cos, sin = rope_cos_sin(positions, jnp.asarray(inverse_frequencies(c)))  # derived, not a weight
-        stacked = {name: getattr(self.layers, name.split(".", 1)[1])[...]
-                   for name in weight_shapes(c) if name.startswith("layers.")}
+        stacked = self._layer_weights()
 
         def layer(carry, xs):
             x, kv = carry
@@ -135,32 +175,33 @@ class LlamaForCausalLM(nnx.Module):
     def _layer(self, x, kv, w, index, positions, cos, sin):
         c = self.config
         b, t, _ = x.shape
-        h = rms_norm(x, w["layers.attn_norm"], c.rms_norm_eps)
-        qkv = h @ w["layers.wqkv"]  # (B, T, Q+2K)
+        h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+        qkv = linear(h, w["wqkv"], w.get("wqkv_scale"))  # (B, T, Q+2K)
         if c.qkv_bias:
-            qkv = qkv + w["layers.bqkv"]
+            qkv = qkv + w["bqkv"]
         q = qkv[..., : c.q_size].reshape(b, t, c.num_heads, c.head_dim)
         k = qkv[..., c.q_size : c.q_size + c.kv_size].reshape(b, t, c.num_kv_heads, c.head_dim)
         v = qkv[..., c.q_size + c.kv_size :].reshape(b, t, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
-            q = rms_norm(q, w["layers.q_norm"], c.rms_norm_eps)
-            k = rms_norm(k, w["layers.k_norm"], c.rms_norm_eps)
+            q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
+            k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         attn, kv = kv.attend(index, q, k, v, positions)  # (B, T, H, hd)
-        out = attn.reshape(b, t, c.q_size) @ w["layers.wo"]
+        out = linear(attn.reshape(b, t, c.q_size), w["wo"], w.get("wo_scale"))
         if c.o_bias:
-            out = out + w["layers.bo"]
+            out = out + w["bo"]
         x = x + out
-        h = rms_norm(x, w["layers.mlp_norm"], c.rms_norm_eps)
-        gate_up = h @ w["layers.w_gate_up"]  # (B, T, 2F)
+        h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+        gate_up = linear(h, w["w_gate_up"], w.get("w_gate_up_scale"))  # (B, T, 2F)
         gate, up = gate_up[..., : c.intermediate_size], gate_up[..., c.intermediate_size :]
-        x = x + (jax.nn.silu(gate) * up) @ w["layers.w_down"]
+        x = x + linear(jax.nn.silu(gate) * up, w["w_down"], w.get("w_down_scale"))
         return x, kv
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden: (..., D) -> (..., V) float32."""
         if hasattr(self, "lm_head"):
-            out = hidden @ self.lm_head[...]
+            scale = self.lm_head_scale[...] if hasattr(self, "lm_head_scale") else None
+            out = linear(hidden, self.lm_head[...], scale)
         else:
             out = hidden @ self.embed[...].T
         return out.astype(jnp.float32)

@@ -17,6 +17,7 @@ import numpy as np
 
 _NEG_INF = -jnp.inf
 TOP_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's limit)
+CANDIDATES = 256  # tokens the filters look at before falling back to a full sort
 
 
 @jax.tree_util.register_dataclass
@@ -77,20 +78,56 @@ def apply_penalties(logits, counts, prompt_mask, p: SamplingArrays):
     return logits - p.presence_penalty[:, None] * generated.astype(logits.dtype)
 
 
-def _filter_sorted(scaled, p: SamplingArrays):
-    """Mask tokens outside top-k / top-p / min-p. scaled: (B, V) temperature-scaled logits."""
-    vocab = scaled.shape[-1]
-    desc = -jnp.sort(-scaled, axis=-1)  # (B, V) descending values
-    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, vocab), vocab)  # (B,)
-    ranks = jnp.arange(vocab)[None, :]
-    desc = jnp.where(ranks < k[:, None], desc, _NEG_INF)  # top-k
-    probs = jax.nn.softmax(desc, axis=-1)
+def _keep_from_sorted(desc, p: SamplingArrays, log_norm):
+    """desc (B, K) descending candidate values -> keep mask (B, K) for top-k / top-p / min-p.
+
+    log_norm (B,): log of the softmax normalizer over the whole (top-k limited) distribution."""
+    ranks = jnp.arange(desc.shape[-1])[None, :]
+    k = jnp.where(p.top_k > 0, p.top_k, desc.shape[-1])
+    in_k = ranks < k[:, None]  # top-k
+    probs = jnp.where(in_k, jnp.exp(desc - log_norm[:, None]), 0.0)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-    keep = (before < p.top_p[:, None]) | (ranks == 0)  # top-p, always keep the best
+    keep = in_k & ((before < p.top_p[:, None]) | (ranks == 0))  # top-p, always keep the best
     keep &= probs >= p.min_p[:, None] * probs[:, :1]  # min-p, relative to the top token
-    kept = jnp.where(keep, desc, _NEG_INF)
-    threshold = jnp.min(jnp.where(keep, kept, jnp.inf), axis=-1, keepdims=True)  # smallest kept value
-    return jnp.where(scaled >= threshold, scaled, _NEG_INF)
+    return keep, probs
+
+
+def _threshold(desc, keep):
+    """Smallest kept value per row (B, 1)."""
+    return jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+
+
+def _filter_sorted(scaled, p: SamplingArrays):
+    """Exact filter over the fully sorted vocabulary (slow on CPU: the fallback path)."""
+    desc = -jnp.sort(-scaled, axis=-1)  # (B, V)
+    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, desc.shape[-1]), desc.shape[-1])
+    limited = jnp.where(jnp.arange(desc.shape[-1])[None, :] < k[:, None], desc, _NEG_INF)
+    keep, _ = _keep_from_sorted(desc, p, jax.nn.logsumexp(limited, axis=-1))
+    return jnp.where(scaled >= _threshold(desc, keep), scaled, _NEG_INF)
+
+
+def _filter(scaled, p: SamplingArrays, candidates: int = CANDIDATES):
+    """Mask tokens outside top-k / top-p / min-p. scaled: (B, V) temperature-scaled logits.
+
+    Decides on the `candidates` best tokens (a cheap partial sort); a row whose cut-off
+    falls beyond them (top_k > candidates, or a very flat distribution) sends the whole
+    batch through the exact full sort instead. Either way the kept set is exact."""
+    vocab = scaled.shape[-1]
+    if candidates >= vocab:
+        return _filter_sorted(scaled, p)
+    desc, _ = jax.lax.top_k(scaled, candidates)  # (B, C)
+    in_k = jnp.arange(candidates)[None, :] < jnp.where(p.top_k > 0, p.top_k, candidates)[:, None]
+    log_norm = jnp.where(p.top_k > 0, jax.nn.logsumexp(jnp.where(in_k, desc, _NEG_INF), axis=-1),
+                         jax.nn.logsumexp(scaled, axis=-1))
+    keep, probs = _keep_from_sorted(desc, p, log_norm)
+    small_k = (p.top_k > 0) & (p.top_k <= candidates)
+    cut_by_p = (p.top_p < 1.0) & (jnp.sum(probs, axis=-1) >= p.top_p)
+    cut_by_min_p = (p.min_p > 0) & (probs[:, -1] < p.min_p * probs[:, 0])
+    unfiltered = (p.top_k == 0) & (p.top_p >= 1.0) & (p.min_p <= 0)
+    exact = small_k | cut_by_p | cut_by_min_p | unfiltered | (p.temperature <= 0)
+    threshold = jnp.where(unfiltered[:, None], _NEG_INF, _threshold(desc, keep))
+    fast = jnp.where(scaled >= threshold, scaled, _NEG_INF)
+    return jax.lax.cond(jnp.all(exact), lambda: fast, lambda: _filter_sorted(scaled, p))
 
 
 def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
@@ -108,7 +145,7 @@ def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
     def draw(logits):
         scaled = logits / jnp.where(p.temperature > 0, p.temperature, 1.0)[:, None]
         needs_filter = jnp.any((p.temperature > 0) & ((p.top_k > 0) | (p.top_p < 1.0) | (p.min_p > 0)))
-        scaled = jax.lax.cond(needs_filter, _filter_sorted, lambda s, _: s, scaled, p)
+        scaled = jax.lax.cond(needs_filter, _filter, lambda s, _: s, scaled, p)
 
         def gumbel(key_data, step):
             key = jax.random.fold_in(jax.random.wrap_key_data(key_data, impl="threefry2x32"), step)

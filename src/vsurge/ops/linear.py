@@ -1,0 +1,50 @@
+"""Matrix multiply with float weights, or int8 weights with per-output-channel scales.
+
+The int8 path exists for XLA:CPU, where a float32 dot is bandwidth-bound at
+batch 1 and an int8 x int8 -> int32 dot is several times cheaper per weight.
+Activations are quantized per row in two passes (the value, then its
+rounding error), stacked as extra rows of one dot, so they keep ~15 bits
+while the weights are read once. Large inputs (prefill) dequantize the
+weights instead: there the dot is compute-bound and float is faster.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+INT8_ROWS_LIMIT = 64  # above this many rows, dequantize and use a float dot
+
+
+def quantize_int8(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """w (..., K, N) float -> (int8 (..., K, N), scale (..., N) float32), symmetric per output channel."""
+    w32 = w.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(w32), axis=-2) / 127.0
+    scale = jnp.where(scale > 0, scale, 1.0)
+    return jnp.round(w32 / scale[..., None, :]).astype(jnp.int8), scale
+
+
+def _quantize_rows(x):
+    """x (M, K) -> integer-valued float (M, K), per-row scale (M, 1)."""
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True) / 127.0
+    scale = jnp.where(scale > 0, scale, 1.0)
+    return jnp.round(x / scale), scale
+
+
+def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
+    """x (..., K) @ w (K, N) -> (..., N); w int8 with `scale` (N,) selects the quantized path."""
+    if scale is None:
+        return x @ w
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k).astype(jnp.float32)
+    m = rows.shape[0]
+    if m > INT8_ROWS_LIMIT:
+        out = rows @ (w.astype(jnp.float32) * scale[None, :])
+    else:
+        hi, s_hi = _quantize_rows(rows)
+        lo, s_lo = _quantize_rows(rows - hi * s_hi)
+        both = jnp.concatenate([hi, lo]).astype(jnp.int8)  # (2M, K): one pass over the weights
+        acc = jax.lax.dot_general(both, w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.int32)
+        acc = acc.astype(jnp.float32)
+        out = (acc[:m] * s_hi + acc[m:] * s_lo) * scale[None, :]
+    return out.reshape(*lead, w.shape[-1]).astype(x.dtype)

@@ -1,0 +1,54 @@
+"""int8 weight quantization: close to float32, same greedy answer on the default model."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import vsurge
+from conftest import CHAT_PROMPT
+from vsurge.config import ModelConfig
+from vsurge.generation import greedy_generate
+from vsurge.ops.linear import linear, quantize_int8
+
+
+def test_int8_linear_matches_float_within_quantization_error():
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.05, (96, 40)).astype(np.float32)
+    q, scale = quantize_int8(jnp.asarray(w))
+    dequantized = np.asarray(q, np.float32) * np.asarray(scale)[None]
+    assert np.abs(dequantized - w).max() <= np.abs(w).max(0).max() / 254 + 1e-7  # half a step
+    for rows in (1, 3, 200):  # the int8 dot path and the dequantize path
+        x = rng.normal(0, 1, (rows, 96)).astype(np.float32)
+        x[:, 5] *= 50  # an outlier channel, as real activations have
+        got = np.asarray(linear(jnp.asarray(x), q, scale))
+        np.testing.assert_allclose(got, x @ dequantized, rtol=1e-3, atol=1e-3 * np.abs(x @ dequantized).max())
+
+
+def test_quantize_rejects_unknown_kind():
+    cfg = ModelConfig(architecture="llama", vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1,
+                      num_heads=2, num_kv_heads=1, head_dim=8)
+    with pytest.raises(ValueError, match="unsupported quantization 'int4'"):
+        vsurge.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)).quantize("int4")
+    with pytest.raises(ValueError, match="unsupported quantization"):
+        vsurge.load("default", quantization="fp4")
+
+
+@pytest.fixture(scope="module")
+def int8_model():
+    return vsurge.load("default", dtype=jnp.float32, quantization="int8", progress=False)
+
+
+def test_int8_default_model_agrees_with_float32(int8_model, default_model):
+    model, processor = int8_model
+    assert model.quantization == "int8" and model.layers.wqkv[...].dtype == jnp.int8
+    assert model.decode_bytes < default_model[0].decode_bytes / 3.5
+    ids = processor.apply_chat_template(CHAT_PROMPT) + processor.encode(" The capital of France is Paris.")
+    ref = np.asarray(default_model[0](jnp.asarray([ids]))[0][0])
+    got = np.asarray(model(jnp.asarray([ids]))[0][0])
+    assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
+    prompt = processor.apply_chat_template(CHAT_PROMPT)
+    answer = greedy_generate(model, prompt, 16, stop_token_ids=processor.eos_token_ids)
+    assert processor.decode(answer, skip_special_tokens=True) == "The capital of France is Paris."
