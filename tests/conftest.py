@@ -9,7 +9,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import jax  # noqa: E402
+
 import pytest  # noqa: E402
+
 
 CHAT_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -49,3 +52,34 @@ def default_processor_dir(tmp_path_factory, default_model):
     folder = tmp_path_factory.mktemp("default_tokenizer")
     default_model[1].save_pretrained(folder)
     return folder
+
+
+class CompileCounter:
+    """Counts XLA backend compilations and persistent-cache hits/misses while active."""
+
+    def __init__(self):
+        self.active = False
+        self.counts = {"compile": 0, "hit": 0, "miss": 0}
+        names = {"/jax/core/compile/backend_compile_duration": "compile"}
+        jax.monitoring.register_event_duration_secs_listener(
+            lambda name, *_, **__: self._bump(names.get(name)))
+        events = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
+        jax.monitoring.register_event_listener(lambda name, **__: self._bump(events.get(name)))
+
+    def _bump(self, key):
+        if self.active and key:
+            self.counts[key] += 1
+
+    def __enter__(self):
+        self.counts = dict.fromkeys(self.counts, 0)
+        self.active = True
+        return self.counts
+
+    def __exit__(self, *exc):
+        self.active = False
+
+
+@pytest.fixture(scope="session")
+def compile_counter():
+    """Counts XLA compilations inside `with compile_counter as counts:` blocks."""
+    return CompileCounter()

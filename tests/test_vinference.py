@@ -17,36 +17,6 @@ from vsurge.vinference.persistence import stop_using_compilation_cache
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
 
 
-class CompileCounter:
-    """Counts XLA backend compilations and persistent-cache hits/misses while active."""
-
-    def __init__(self):
-        self.active = False
-        self.counts = {"compile": 0, "hit": 0, "miss": 0}
-        names = {"/jax/core/compile/backend_compile_duration": "compile"}
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda name, *_, **__: self._bump(names.get(name)))
-        events = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
-        jax.monitoring.register_event_listener(lambda name, **__: self._bump(events.get(name)))
-
-    def _bump(self, key):
-        if self.active and key:
-            self.counts[key] += 1
-
-    def __enter__(self):
-        self.counts = dict.fromkeys(self.counts, 0)
-        self.active = True
-        return self.counts
-
-    def __exit__(self, *exc):
-        self.active = False
-
-
-@pytest.fixture(scope="session")
-def compile_counter():
-    return CompileCounter()
-
-
 @pytest.fixture(scope="module")
 def vinf(default_model):
     model, processor = default_model

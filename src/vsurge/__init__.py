@@ -1,11 +1,13 @@
 """vsurge: run and serve Llama-family language models with JAX."""
 
 from .config import ModelConfig, RopeScaling
+from .engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnSample, vDriver, vEngine
 from .errors import ModelLoadError, UnsupportedModelError, VsurgeError
 from .loading import load
 from .models import LlamaForCausalLM
 from .sampling_params import SamplingParams
 from .tokenizer import Processor
+from .vsurge import vSurge, vSurgeRequest
 from .vinference import (
     PromptOutput,
     SampleState,
@@ -30,6 +32,14 @@ __all__ = [
     "vInferenceConfig",
     "vInferenceMetaData",
     "vInferencePreCompileConfig",
+    "vSurge",
+    "vSurgeRequest",
+    "vDriver",
+    "vEngine",
+    "ActiveRequest",
+    "ReturnSample",
+    "QueueFullError",
+    "DriverNotReadyError",
     "ModelLoadError",
     "UnsupportedModelError",
     "VsurgeError",

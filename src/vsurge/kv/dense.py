@@ -38,6 +38,9 @@ class DenseKVCache:
     # tokens only instead of the whole max_length region.
     fresh: bool = dataclasses.field(default=False, metadata=dict(static=True))
     sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    # Decode reads keys/values [0, window) only: every position the batch can attend to
+    # lies below it, so the rest of the region is never read. None = the whole region.
+    window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @classmethod
     def init(cls, config: ModelConfig, batch_size: int, max_length: int, dtype=jnp.float32):
@@ -59,6 +62,9 @@ class DenseKVCache:
     def with_mode(self, fresh: bool) -> "DenseKVCache":
         return dataclasses.replace(self, fresh=fresh)
 
+    def with_window(self, window: int | None) -> "DenseKVCache":
+        return dataclasses.replace(self, window=window)
+
     def attend(self, layer, q, k, v, positions):
         """q: (B, T, H, hd), k/v: (B, T, KVH, hd), positions: (B, T).
 
@@ -73,7 +79,10 @@ class DenseKVCache:
         cache = dataclasses.replace(self, k=new_k, v=new_v)
         if self.fresh:
             return attend(q, k, v, positions, positions, self.sliding_window), cache
-        layer_k = jax.lax.dynamic_index_in_dim(new_k, layer, 0, keepdims=False)  # (B, KVH, S, hd)
-        layer_v = jax.lax.dynamic_index_in_dim(new_v, layer, 0, keepdims=False)
-        key_pos = jnp.broadcast_to(jnp.arange(self.max_length, dtype=jnp.int32), (k.shape[0], self.max_length))
+        span = self.max_length if self.window is None else min(self.window, self.max_length)
+        start = (layer, 0, 0, 0, 0)
+        size = (1, *new_k.shape[1:3], span, new_k.shape[4])
+        layer_k = jax.lax.dynamic_slice(new_k, start, size)[0]  # (B, KVH, span, hd)
+        layer_v = jax.lax.dynamic_slice(new_v, start, size)[0]
+        key_pos = jnp.broadcast_to(jnp.arange(span, dtype=jnp.int32), (k.shape[0], span))
         return attend(q, layer_k, layer_v, positions, key_pos, self.sliding_window), cache

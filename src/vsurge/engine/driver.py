@@ -1,0 +1,329 @@
+"""vDriver: the host side of continuous batching, as threads joined by bounded queues.
+
+    submit_request -> prefill queue (FIFO)
+    prefill thread(s):   prompt -> engine.prefill_request -> Prefix
+    transfer thread:     Prefix -> the backlog of a decode engine (skipped in interleaved mode)
+    decode thread(s):    frees + inserts into free slots, then engine.decode; the step's tokens
+                         go to the detokenizer WITHOUT waiting for them (the host copy runs
+                         while the device computes the next step)
+    detokenize thread(s): host copy of tokens -> text, stop checks -> ReturnSamples; finished
+                         slots go back to the decode thread to be freed
+
+Slot activations and token batches travel in ONE queue to the detokenizer, so a
+slot never receives tokens before it is registered, and tokens still in flight
+for a freed slot are dropped. Idle threads block on their queues (no spinning).
+A thread that raises fails every live request with its error and marks the
+driver not ready; callers never hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+
+import jax
+import numpy as np
+
+from ..metrics import EngineMetrics
+from .outputs import SequenceOutput
+from .request import ActiveRequest, DriverNotReadyError, QueueFullError
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class _DecodeLane:
+    """One decode engine with its slots, backlog and detokenizer queue."""
+
+    def __init__(self, engine, index: int, detokenizing_blocks: int):
+        self.engine = engine
+        self.index = index
+        self.backlog: queue.Queue = queue.Queue(maxsize=max(1, engine.max_concurrent_decodes // 3))
+        self.releases: queue.Queue = queue.Queue()  # slots the detokenizer finished
+        self.detok: queue.Queue = queue.Queue(maxsize=detokenizing_blocks)
+        self.free_slots = list(range(engine.max_concurrent_decodes))[::-1]
+        self.active: dict[int, ActiveRequest] = {}  # the decode thread's view of busy slots
+        self.outputs: dict[int, SequenceOutput] = {}  # the detokenizer's view
+        self.wake = threading.Event()
+
+
+class AbstractDriver:
+    """What vSurge needs from a driver (vDriver and oDriver both provide it)."""
+
+    def submit_request(self, request: ActiveRequest) -> None: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 30.0) -> None: ...
+
+    def compile(self) -> None: ...
+
+
+class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
+    def __init__(self, prefill_engines=None, decode_engines=None, interleaved_mode: bool = False,
+                 detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None):
+        prefill_engines = _as_list(prefill_engines)
+        decode_engines = _as_list(decode_engines)
+        if not prefill_engines and not decode_engines:
+            raise ValueError("vDriver needs at least one engine")
+        self._prefill_engines = prefill_engines or decode_engines
+        self._decode_engines = decode_engines or prefill_engines
+        self._interleaved = interleaved_mode
+        self.max_queue = max_queue
+        self._prefill_queue: queue.Queue = queue.Queue()
+        self._transfer_queue: queue.Queue = queue.Queue(maxsize=4)
+        self._lanes = [_DecodeLane(e, i, detokenizing_blocks) for i, e in enumerate(self._decode_engines)]
+        self._next_lane = 0
+        self._live: set[ActiveRequest] = set()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._running = False
+        self._accepting = False
+        self._error: BaseException | None = None
+        name = getattr(self._decode_engines[0].model.config, "name", "") if hasattr(self._decode_engines[0], "model") \
+            else "engine"
+        self.metrics = metrics or EngineMetrics(name or "vsurge")
+
+    # ------------------------------------------------------------ public
+    @property
+    def processor(self):
+        return self._decode_engines[0].processor
+
+    @property
+    def driver_name(self) -> str:
+        return f"vDriver({self.metrics.model_name})"
+
+    @property
+    def ready(self) -> bool:
+        return self._running and self._accepting and self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def get_total_concurrent_requests(self) -> int:
+        return sum(e.max_concurrent_decodes for e in self._decode_engines)
+
+    @property
+    def num_used_slots(self) -> int:
+        return sum(len(lane.active) for lane in self._lanes)
+
+    @property
+    def num_waiting(self) -> int:
+        with self._lock:
+            return max(0, len(self._live) - self.num_used_slots)
+
+    def compile(self) -> None:
+        for engine in dict.fromkeys(self._prefill_engines + self._decode_engines):
+            engine.compile()
+
+    def start(self) -> None:
+        if self._running:
+            return
+        self._running = self._accepting = True
+        self._error = None
+        targets = [(f"prefill-{i}", self._prefill_loop, (e,)) for i, e in enumerate(self._prefill_engines)]
+        if not self._interleaved:
+            targets.append(("transfer", self._transfer_loop, ()))
+        for lane in self._lanes:
+            targets.append((f"decode-{lane.index}", self._decode_loop, (lane,)))
+            targets.append((f"detokenize-{lane.index}", self._detokenize_loop, (lane,)))
+        for name, target, args in targets:
+            thread = threading.Thread(target=self._guarded, args=(name, target, *args), name=f"vsurge-{name}",
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def submit_request(self, request) -> None:
+        if not isinstance(request, ActiveRequest):
+            raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
+        if not self.ready:
+            raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
+        with self._lock:
+            waiting = len(self._live) - self.num_used_slots
+            if self.max_queue is not None and waiting >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
+                                     f"retry later")
+            self._live.add(request)
+            self.metrics.set_waiting(waiting + 1)
+        self._prefill_queue.put(request)
+
+    def place_request_on_prefill_queue(self, request: ActiveRequest) -> None:
+        self.submit_request(request)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
+        threads; whatever is still unfinished is failed, never silently dropped."""
+        self._accepting = False
+        deadline = time.monotonic() + timeout
+        while self._live and self._error is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._shutdown(DriverNotReadyError("the driver stopped before this request finished"))
+
+    # ------------------------------------------------------------ thread plumbing
+    def _guarded(self, name, target, *args):
+        try:
+            target(*args)
+        except BaseException as exc:  # noqa: BLE001: any failure must reach the callers
+            log.exception("vDriver %s thread failed", name)
+            self._error = RuntimeError(f"vDriver {name} thread failed: {exc!r}")
+            self._shutdown(self._error)
+
+    def _shutdown(self, error: BaseException) -> None:
+        self._running = self._accepting = False
+        with self._lock:
+            live, self._live = list(self._live), set()
+        for request in live:
+            request.channel.put(error)
+        for _ in self._prefill_engines:
+            self._prefill_queue.put(_STOP)
+        _offer(self._transfer_queue, _STOP)
+        for lane in self._lanes:
+            lane.wake.set()
+            _offer(lane.detok, _STOP)
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(timeout=5)
+        self._threads = [t for t in self._threads if t.is_alive() and t is not current]
+
+    def _put(self, q: queue.Queue, item) -> bool:
+        """Put with backpressure, giving up if the driver stops meanwhile."""
+        while self._running:
+            try:
+                q.put(item, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _lane_for_next(self) -> _DecodeLane:
+        lane = min(self._lanes, key=lambda ln: (ln.backlog.qsize() - len(ln.free_slots), ln.index))
+        return lane
+
+    def _to_backlog(self, request, prefix) -> None:
+        lane = self._lane_for_next()
+        if self._put(lane.backlog, (request, prefix)):
+            lane.wake.set()
+
+    def _finish_unslotted(self, request: ActiveRequest, reason: str) -> None:
+        out = SequenceOutput(request, self.processor)
+        request.channel.put(out.abort(reason))
+        with self._lock:
+            self._live.discard(request)
+
+    # ------------------------------------------------------------ threads
+    def _prefill_loop(self, engine) -> None:
+        while self._running:
+            request = self._prefill_queue.get()
+            if request is _STOP:
+                return
+            if request.is_cancelled:
+                self._finish_unslotted(request, "abort")
+                continue
+            prefix = engine.prefill_request(request)
+            if self._interleaved:
+                self._to_backlog(request, prefix)
+            else:
+                self._put(self._transfer_queue, (request, prefix))
+
+    def _transfer_loop(self) -> None:
+        while self._running:
+            item = self._transfer_queue.get()
+            if item is _STOP:
+                return
+            self._to_backlog(*item)  # same device: nothing to copy
+
+    def _decode_loop(self, lane: _DecodeLane) -> None:
+        engine = lane.engine
+        state = engine.init_decode_state()
+        while self._running:
+            while not lane.releases.empty():
+                slot = lane.releases.get_nowait()
+                engine.free_resource(slot)
+                lane.active.pop(slot, None)
+                lane.free_slots.append(slot)
+            while lane.free_slots and not lane.backlog.empty():
+                request, prefix = lane.backlog.get_nowait()
+                if request.is_cancelled:
+                    self._finish_unslotted(request, "abort")
+                    continue
+                slot = lane.free_slots.pop()
+                state = engine.insert(prefix, state, slot)
+                engine.set_slot_position(slot, len(request.prompt_ids))
+                lane.active[slot] = request
+                self._put(lane.detok, ("activate", slot, request, prefix.first))
+            if not lane.active:
+                if lane.backlog.empty() and lane.releases.empty():
+                    lane.wake.wait()  # idle: blocked until a prefix, a release or stop arrives
+                lane.wake.clear()
+                continue
+            state, result = engine.decode(None, None, state)
+            for array in (result.tokens, result.valid):
+                if hasattr(array, "copy_to_host_async"):
+                    array.copy_to_host_async()  # the detokenizer reads it while the next step runs
+            self._put(lane.detok, ("result", result))
+
+    def _detokenize_loop(self, lane: _DecodeLane) -> None:
+        processor = self.processor
+        while self._running:
+            item = lane.detok.get()
+            if item is _STOP:
+                return
+            if item[0] == "activate":
+                _, slot, request, first = item
+                out = lane.outputs[slot] = SequenceOutput(request, processor)
+                self._update_gauges()
+                self.metrics.first_token(time.perf_counter() - request.submitted_at)
+                self._emit(lane, slot, out, out.add([int(np.asarray(first)[0])]))
+                continue
+            tokens, valid = jax.device_get((item[1].tokens, item[1].valid))
+            for slot, out in list(lane.outputs.items()):
+                if out.request.is_cancelled:
+                    self._emit(lane, slot, out, out.abort("abort"))
+                elif valid[slot]:
+                    previous = out.last_token_at
+                    sample = out.add([int(tokens[slot])])
+                    if previous is not None:
+                        self.metrics.inter_token(out.last_token_at - previous)
+                    self._emit(lane, slot, out, sample)
+
+    def _emit(self, lane: _DecodeLane, slot: int, out: SequenceOutput, sample) -> None:
+        if not out.finished:
+            if sample is not None:
+                out.request.channel.put(sample)
+            return
+        # finished: settle the books before the caller sees the last sample
+        lane.outputs.pop(slot, None)
+        request = out.request
+        with self._lock:
+            self._live.discard(request)
+        if out.finish_reason != "abort":
+            self.metrics.request_finished(out.finish_reason, len(request.prompt_ids), len(out.token_ids),
+                                          time.perf_counter() - request.submitted_at)
+        self._update_gauges()
+        if sample is not None:
+            request.channel.put(sample)
+        lane.releases.put(slot)
+        lane.wake.set()
+
+    def _update_gauges(self) -> None:
+        running = sum(len(lane.outputs) for lane in self._lanes)
+        self.metrics.set_running(running)
+        self.metrics.set_waiting(max(0, len(self._live) - running))
+
+
+def _as_list(engines) -> list:
+    if engines is None:
+        return []
+    return list(engines) if isinstance(engines, (list, tuple)) else [engines]
+
+
+def _offer(q: queue.Queue, item) -> None:
+    try:
+        q.put_nowait(item)
+    except queue.Full:
+        pass

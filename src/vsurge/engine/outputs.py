@@ -1,0 +1,85 @@
+"""Per-sequence output assembly on the detokenizer thread: tokens in, ReturnSamples out.
+
+Decides when a sequence is finished on the host side: an end token, a stop
+string (through TextStream), max_tokens, or cancellation.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from ..tokenizer.text_stream import TextStream
+from .request import ActiveRequest, ReturnSample
+
+
+class SequenceOutput:
+    def __init__(self, request: ActiveRequest, processor):
+        self.request = request
+        self.stream = (TextStream(processor, request.params.stop, request.eos_token_ids,
+                                  request.params.skip_special_tokens, request.prompt_ids)
+                       if request.detokenize else None)
+        self.stop_ids = set(request.eos_token_ids)
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.stop_reason = None
+        self.first_token_at: float | None = None
+        self.last_token_at: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def text(self) -> str:
+        return self.stream.text if self.stream else ""
+
+    def add(self, tokens: Sequence[int]) -> ReturnSample | None:
+        """Consume this step's tokens; returns the update to send (None if nothing new)."""
+        if self.finished:
+            return None
+        now = time.perf_counter()
+        self.first_token_at = self.first_token_at or now
+        self.last_token_at = now
+        new_ids: list[int] = []
+        text = ""
+        for token in tokens:
+            token = int(token)
+            new_ids.append(token)
+            self.token_ids.append(token)
+            if self.stream is not None:
+                text += self.stream.add([token])
+                if self.stream.finished:
+                    self.finish_reason, self.stop_reason = self.stream.finish_reason, self.stream.stop_reason
+                    break
+            elif token in self.stop_ids:
+                self.finish_reason, self.stop_reason = "stop", token
+                break
+            if len(self.token_ids) >= self.request.max_new_tokens:
+                self.finish_reason = "length"
+                if self.stream is not None:
+                    text += self.stream.finish("length")
+                break
+        return self._sample(text, new_ids)
+
+    def abort(self, reason: str = "abort") -> ReturnSample:
+        """End the sequence now (cancelled, or the driver is stopping)."""
+        text = self.stream.finish(reason) if self.stream is not None and not self.stream.finished else ""
+        self.finish_reason = self.finish_reason or reason
+        return self._sample(text, [])
+
+    def _sample(self, text: str, ids: list[int]) -> ReturnSample:
+        elapsed = time.perf_counter() - self.request.submitted_at
+        count = len(self.token_ids)
+        return ReturnSample(
+            text=text,
+            token_ids=ids,
+            accumulated_text=self.text,
+            tokens_per_second=count / max(elapsed, 1e-9),
+            num_generated_tokens=count,
+            time_spent_computing=elapsed,
+            finish_reason=self.finish_reason,
+            index=self.request.index,
+            prompt_tokens=len(self.request.prompt_ids),
+            stop_reason=self.stop_reason,
+        )

@@ -1,0 +1,221 @@
+"""vDriver's thread pipeline driven by a hand-computable mock engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mock_engine import MockEngine, expected_tokens
+from vsurge.engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnChannel, vDriver
+from vsurge.sampling_params import SamplingParams
+
+TIMEOUT = 20
+
+
+def make_request(prompt, max_tokens=5, eos=(), stop=None):
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
+    return ActiveRequest(list(prompt), params, seed=0, max_new_tokens=max_tokens, eos_token_ids=list(eos),
+                         channel=ReturnChannel())
+
+
+def drain(request, timeout=TIMEOUT):
+    """All items of one request until its final sample (or an exception)."""
+    items = []
+    while True:
+        item = request.channel.get(timeout=timeout)
+        items.append(item)
+        if isinstance(item, BaseException) or item.finish_reason is not None:
+            return items
+
+
+def tokens_of(items):
+    return [t for s in items for t in s.token_ids]
+
+
+@pytest.fixture
+def driver_factory():
+    drivers = []
+
+    def make(engine=None, **kwargs):
+        driver = vDriver(engine or MockEngine(), **kwargs)
+        driver.start()
+        drivers.append(driver)
+        return driver
+
+    yield make
+    for d in drivers:
+        d.stop(timeout=1)
+
+
+def test_tokens_arrive_in_order_and_complete(driver_factory):
+    driver = driver_factory()
+    requests = [make_request([i, i + 1], max_tokens=3 + i) for i in range(6)]
+    for r in requests:
+        driver.submit_request(r)
+    for i, r in enumerate(requests):
+        items = drain(r)
+        assert tokens_of(items) == expected_tokens([i, i + 1], 3 + i)
+        assert [s.num_generated_tokens for s in items] == list(range(1, 4 + i))
+        assert items[-1].finish_reason == "length"
+        assert items[-1].accumulated_text == "".join(s.text for s in items)
+
+
+def test_slots_are_reused_and_never_oversubscribed(driver_factory):
+    engine = MockEngine(slots=3, decode_delay=0.005)
+    driver = driver_factory(engine)
+    requests = [make_request([i], max_tokens=4) for i in range(10)]
+    for r in requests:
+        driver.submit_request(r)
+    for i, r in enumerate(requests):
+        assert tokens_of(drain(r)) == expected_tokens([i], 4)
+    assert engine.calls["insert"] == 10 and engine.max_busy == 3
+    assert sorted(set(engine.inserted_slots)) == [0, 1, 2]
+    deadline = time.time() + 5
+    while driver.num_used_slots and time.time() < deadline:
+        time.sleep(0.01)
+    assert driver.num_used_slots == 0
+
+
+def test_eos_and_stop_string(driver_factory):
+    driver = driver_factory()
+    first = 10 + sum([1, 2]) % 7
+    r1 = make_request([1, 2], max_tokens=50, eos=[first + 3])
+    r2 = make_request([1, 2], max_tokens=50, stop=[chr(97 + (first + 2) % 26)])
+    driver.submit_request(r1)
+    driver.submit_request(r2)
+    a, b = drain(r1), drain(r2)
+    assert tokens_of(a) == [first, first + 1, first + 2, first + 3] and a[-1].finish_reason == "stop"
+    assert b[-1].finish_reason == "stop" and b[-1].accumulated_text == "".join(
+        chr(97 + t % 26) for t in (first, first + 1))
+
+
+def test_cancellation_frees_the_slot_within_a_step(driver_factory):
+    engine = MockEngine(slots=2, decode_delay=0.01)
+    driver = driver_factory(engine)
+    long_one, other = make_request([1], max_tokens=10_000), make_request([2], max_tokens=20)
+    driver.submit_request(long_one)
+    driver.submit_request(other)
+    long_one.channel.get(timeout=TIMEOUT)
+    steps_at_cancel = engine.calls["decode"]
+    long_one.cancel()
+    items = drain(long_one)
+    assert items[-1].finish_reason == "abort"
+    assert engine.calls["decode"] - steps_at_cancel <= 3  # freed within a step or two of in-flight results
+    assert tokens_of(drain(other)) == expected_tokens([2], 20)
+    time.sleep(0.1)
+    assert driver.num_used_slots == 0
+
+
+def test_cancel_while_waiting_never_takes_a_slot(driver_factory):
+    engine = MockEngine(slots=1, decode_delay=0.01)
+    driver = driver_factory(engine)
+    busy, waiting = make_request([1], max_tokens=30), make_request([2], max_tokens=30)
+    driver.submit_request(busy)
+    driver.submit_request(waiting)
+    waiting.cancel()
+    assert drain(waiting)[-1].finish_reason == "abort"
+    assert tokens_of(drain(busy)) == expected_tokens([1], 30)
+
+
+@pytest.mark.parametrize("where", ["prefill", "insert", "decode", "detokenize", "transfer"])
+def test_a_crashing_thread_fails_requests_and_readiness(driver_factory, where):
+    engine = MockEngine(slots=2, decode_delay=0.005)
+    if where == "detokenize":
+        engine.processor.fail = True
+    elif where != "transfer":
+        engine.fail_on[where] = 2
+    driver = driver_factory(engine)
+    if where == "transfer":
+        driver._lane_for_next = lambda: (_ for _ in ()).throw(RuntimeError("injected transfer failure"))
+    requests = [make_request([i], max_tokens=50) for i in range(4)]
+    for r in requests:
+        driver.submit_request(r)
+    for r in requests:  # nobody hangs: each gets its final sample or the error
+        last = drain(r)[-1]
+        assert isinstance(last, RuntimeError) or last.finish_reason is not None
+    assert isinstance(driver.error, RuntimeError)
+    assert not driver.ready and where in str(driver.error)
+    with pytest.raises(DriverNotReadyError, match="injected"):
+        driver.submit_request(make_request([9]))
+
+
+def test_queue_limit_rejects_with_a_clear_error(driver_factory):
+    engine = MockEngine(slots=1, decode_delay=0.01)
+    driver = driver_factory(engine, max_queue=2)
+    requests = [make_request([i], max_tokens=40) for i in range(3)]
+    driver.submit_request(requests[0])
+    requests[0].channel.get(timeout=TIMEOUT)  # running in the slot
+    driver.submit_request(requests[1])
+    driver.submit_request(requests[2])
+    with pytest.raises(QueueFullError, match=r"queue is full \(2 waiting, limit 2\)"):
+        driver.submit_request(make_request([7]))
+    for r in requests:
+        assert drain(r)[-1].finish_reason == "length"
+
+
+def test_submit_type_check(driver_factory):
+    driver = driver_factory()
+    with pytest.raises(TypeError, match="ActiveRequest"):
+        driver.submit_request("not a request")
+
+
+def test_stop_drains_in_flight_work_then_refuses(driver_factory):
+    engine = MockEngine(slots=2, decode_delay=0.002)
+    driver = driver_factory(engine)
+    requests = [make_request([i], max_tokens=30) for i in range(4)]
+    for r in requests:
+        driver.submit_request(r)
+    driver.stop(timeout=TIMEOUT)
+    for i, r in enumerate(requests):
+        assert tokens_of(drain(r)) == expected_tokens([i], 30)  # nothing lost
+    with pytest.raises(DriverNotReadyError):
+        driver.submit_request(make_request([1]))
+
+
+def test_stop_with_a_short_deadline_fails_the_rest_loudly(driver_factory):
+    engine = MockEngine(slots=1, decode_delay=0.01)
+    driver = driver_factory(engine)
+    requests = [make_request([i], max_tokens=10_000) for i in range(3)]
+    for r in requests:
+        driver.submit_request(r)
+    driver.stop(timeout=0.2)
+    for r in requests:
+        assert isinstance(drain(r)[-1], DriverNotReadyError)
+
+
+def test_idle_driver_uses_no_cpu(driver_factory):
+    driver = driver_factory()
+    r = make_request([1], max_tokens=3)
+    driver.submit_request(r)
+    drain(r)
+    time.sleep(0.2)
+    start = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - start < 0.05  # threads are blocked on queues, not polling
+
+
+@pytest.mark.parametrize("kwargs", [dict(interleaved_mode=True), dict(detokenizing_blocks=1)])
+def test_modes(driver_factory, kwargs):
+    driver = driver_factory(**kwargs)
+    requests = [make_request([i], max_tokens=6) for i in range(5)]
+    for r in requests:
+        driver.submit_request(r)
+    for i, r in enumerate(requests):
+        assert tokens_of(drain(r)) == expected_tokens([i], 6)
+
+
+def test_several_decode_engines(driver_factory):
+    engines = [MockEngine(slots=2), MockEngine(slots=2)]
+    driver = vDriver(prefill_engines=engines[0], decode_engines=engines)
+    driver.start()
+    try:
+        requests = [make_request([i], max_tokens=8) for i in range(8)]
+        for r in requests:
+            driver.submit_request(r)
+        for i, r in enumerate(requests):
+            assert tokens_of(drain(r)) == expected_tokens([i], 8)
+        assert driver.get_total_concurrent_requests() == 4
+        assert engines[0].calls["insert"] > 0 and engines[1].calls["insert"] > 0
+    finally:
+        driver.stop(timeout=1)
