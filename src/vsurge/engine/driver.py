@@ -18,6 +18,7 @@ driver not ready; callers never hang.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import queue
 import threading
@@ -44,7 +45,10 @@ class _DecodeLane:
         self.backlog: queue.Queue = queue.Queue(maxsize=max(1, engine.max_concurrent_decodes // 3))
         self.releases: queue.Queue = queue.Queue()  # slots the detokenizer finished
         self.detok: queue.Queue = queue.Queue(maxsize=detokenizing_blocks)
-        self.free_slots = list(range(engine.max_concurrent_decodes))[::-1]
+        self.free_slots = list(range(engine.max_concurrent_decodes))  # a min-heap: lowest slot first
+        # Results the decode thread may run ahead of the detokenizer: one computing, one being
+        # copied. Deeper run-ahead only queues steps for slots that may already be finished.
+        self.inflight = threading.Semaphore(2)
         self.active: dict[int, ActiveRequest] = {}  # the decode thread's view of busy slots
         self.outputs: dict[int, SequenceOutput] = {}  # the detokenizer's view
         self.wake = threading.Event()
@@ -245,13 +249,13 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
                 slot = lane.releases.get_nowait()
                 engine.free_resource(slot)
                 lane.active.pop(slot, None)
-                lane.free_slots.append(slot)
+                heapq.heappush(lane.free_slots, slot)
             while lane.free_slots and not lane.backlog.empty():
                 request, prefix = lane.backlog.get_nowait()
                 if request.is_cancelled:
                     self._finish_unslotted(request, "abort")
                     continue
-                slot = lane.free_slots.pop()
+                slot = heapq.heappop(lane.free_slots)
                 state = engine.insert(prefix, state, slot)
                 engine.set_slot_position(slot, len(request.prompt_ids))
                 lane.active[slot] = request
@@ -261,6 +265,8 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
                     lane.wake.wait()  # idle: blocked until a prefix, a release or stop arrives
                 lane.wake.clear()
                 continue
+            if not lane.inflight.acquire(timeout=0.2):
+                continue  # re-check releases and the running flag while the detokenizer catches up
             state, result = engine.decode(None, None, state)
             for array in (result.tokens, result.valid):
                 if hasattr(array, "copy_to_host_async"):
@@ -281,6 +287,7 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
                 self._emit(lane, slot, out, out.add([int(np.asarray(first)[0])]))
                 continue
             tokens, valid = jax.device_get((item[1].tokens, item[1].valid))
+            lane.inflight.release()
             for slot, out in list(lane.outputs.items()):
                 if out.request.is_cancelled:
                     self._emit(lane, slot, out, out.abort("abort"))

@@ -104,17 +104,27 @@ def _insert(prefix: Prefix, state: SlotState, slot) -> SlotState:
     )
 
 
-def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, window: int):
-    """One token for every active slot; `release` (B,) bool deactivates freed slots first."""
+def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, window: int, width: int):
+    """One token for every active slot among the first `width`; `release` (B,) bool deactivates
+    freed slots first. Slots are handed out lowest-first, so `width` covers every busy one."""
     model = nnx.merge(graphdef, graphstate, graphother)
     active = state.active & ~release
+    head = lambda a: a[:width]  # noqa: E731
     token, generated, done, counts, cache = decode_step(
-        model, state.tokens, state.positions, active, state.generated, state.max_new, state.eos, state.counts,
-        state.prompt_mask, state.bias, state.sampling, state.cache.with_window(window))
-    state = dataclasses.replace(state, cache=cache.with_window(None), tokens=token,
-                                positions=state.positions + active, active=active & ~done,
-                                generated=generated, counts=counts)
-    return state, ResultTokens(token, active)
+        model, head(state.tokens), head(state.positions), head(active), head(state.generated), head(state.max_new),
+        head(state.eos), head(state.counts), head(state.prompt_mask), head(state.bias),
+        jax.tree.map(head, state.sampling), state.cache.with_window(window))
+
+    def put(full, part):
+        return full.at[:width].set(part)
+
+    step_active = head(active)
+    state = dataclasses.replace(
+        state, cache=cache.with_window(None), tokens=put(state.tokens, token),
+        positions=put(state.positions, head(state.positions) + step_active),
+        active=put(active, step_active & ~done), generated=put(state.generated, generated),
+        counts=put(state.counts, counts))
+    return state, ResultTokens(state.tokens, put(jnp.zeros_like(active), step_active))
 
 
 class vEngine:  # noqa: N801 (the seed's name)
@@ -136,6 +146,9 @@ class vEngine:  # noqa: N801 (the seed's name)
         self._max_concurrent_prefill = int(max_concurrent_prefill or 1)
         self._batch_size = batch_size
         self.decode_windows = sorted({w for w in _powers_of_two(256, self._max_length)} | {self._max_length})
+        # decode the first `width` slots only: 1, 4, 16, ... and all of them
+        self.decode_widths = sorted({w for w in _powers_of_four(self._max_concurrent_decodes)} |
+                                    {self._max_concurrent_decodes})
         self._rng = np.random.default_rng(seed)
         self._key = jax.random.PRNGKey(seed)
         self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
@@ -224,11 +237,11 @@ class vEngine:  # noqa: N801 (the seed's name)
 
         jobs = [("init", 0)] + [("prefill", n) for n in self._prefill_lengths]
         jobs += [("insert", n) for n in self._prefill_lengths]
-        jobs += [("decode", w) for w in self.decode_windows]
+        jobs += [("decode", (w, n)) for w in self.decode_windows for n in self.decode_widths]
         for job in tqdm(jobs, desc="Compiling vEngine", unit="program", disable=not progress):
             self._program(*job)
 
-    def _program(self, kind: str, size: int):
+    def _program(self, kind: str, size):
         key = (kind, size)
         with self._compile_lock:
             if key in self._compiled:
@@ -245,7 +258,8 @@ class vEngine:  # noqa: N801 (the seed's name)
                 exe = jax.jit(_insert, donate_argnums=(1,)).lower(
                     prefix, self._abstract_state(), jax.ShapeDtypeStruct((), jnp.int32)).compile()
             else:
-                fn = jax.jit(partial(_decode, self.graphdef, window=size), donate_argnums=(2,))
+                window, width = size
+                fn = jax.jit(partial(_decode, self.graphdef, window=window, width=width), donate_argnums=(2,))
                 exe = fn.lower(gs, go, self._abstract_state(),
                                jax.ShapeDtypeStruct((self._max_concurrent_decodes,), bool)).compile()
             self.compile_seconds += time.perf_counter() - start
@@ -335,17 +349,31 @@ class vEngine:  # noqa: N801 (the seed's name)
         needed = int(busy.max()) + 1 if busy.size else 1
         return next((w for w in self.decode_windows if w >= needed), self._max_length)
 
+    def width_for_next_step(self) -> int:
+        # slots being released this step are still active on the device until the step runs
+        busy = np.flatnonzero(self._slot_busy | self._pending_release)
+        needed = int(busy.max()) + 1 if busy.size else 1
+        return next(w for w in self.decode_widths if w >= needed)
+
     def decode(self, graphstate, graphothers, state: SlotState, rngs=None):
         """One decode step for all slots -> (state, ResultTokens). Applies pending frees first."""
+        width = self.width_for_next_step()
         release = self._pending_release.copy()
         self._pending_release[:] = False
-        window = self.window_for_next_step()
-        program = self._program("decode", window)
+        program = self._program("decode", (self.window_for_next_step(), width))
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphothers is None else graphothers
         state, result = program(gs, go, state, release)
         self._slot_position[self._slot_busy] += 1
         return state, result
+
+
+def _powers_of_four(stop: int) -> list[int]:
+    out, n = [], 1
+    while n < stop:
+        out.append(n)
+        n *= 4
+    return out
 
 
 def _powers_of_two(start: int, stop: int) -> list[int]:

@@ -68,7 +68,9 @@ class DenseKVCache:
     def attend(self, layer, q, k, v, positions):
         """q: (B, T, H, hd), k/v: (B, T, KVH, hd), positions: (B, T).
 
-        Positions >= max_length are dropped from the write (padding rows).
+        B may be smaller than the cache's batch: the call then works on the first B rows
+        only (an engine decoding just its busy slots). Positions >= max_length are dropped
+        from the write (padding rows).
         """
         k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)  # (B, KVH, T, hd)
         rows = jnp.arange(k.shape[0])[:, None, None]  # (B, 1, 1)
@@ -81,7 +83,7 @@ class DenseKVCache:
             return attend(q, k, v, positions, positions, self.sliding_window), cache
         span = self.max_length if self.window is None else min(self.window, self.max_length)
         start = (layer, 0, 0, 0, 0)
-        size = (1, *new_k.shape[1:3], span, new_k.shape[4])
+        size = (1, k.shape[0], new_k.shape[2], span, new_k.shape[4])
         layer_k = jax.lax.dynamic_slice(new_k, start, size)[0]  # (B, KVH, span, hd)
         layer_v = jax.lax.dynamic_slice(new_v, start, size)[0]
         key_pos = jnp.broadcast_to(jnp.arange(span, dtype=jnp.int32), (k.shape[0], span))
