@@ -1,4 +1,4 @@
-"""Command line: `vsurge generate PROMPT` and `vsurge chat` on any supported model."""
+"""Command line: `vsurge serve`, `vsurge generate PROMPT` and `vsurge chat` on any supported model."""
 
 from __future__ import annotations
 
@@ -30,7 +30,31 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="interactive chat with streaming replies")
     chat.add_argument("--system", default=None, help="system prompt")
     _add_model_args(chat)
+    serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_serve_args(serve)
     return parser
+
+
+def _add_serve_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quantization", default=None, choices=["int8"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=11556)
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--max-concurrent-decodes", type=int, default=16, help="decode slots")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 503")
+    p.add_argument("--max-length", type=int, default=2048, help="context length per slot")
+    p.add_argument("--max-prefill-length", type=int, default=1024, help="longest prompt")
+    p.add_argument("--prefill-lengths", default=None, help="comma-separated prompt buckets (default: powers of 2)")
+    p.add_argument("--compilation-cache", default="~/.cache/vsurge/xla",
+                   help="directory of compiled programs reused across restarts ('none' to disable)")
+    p.add_argument("--ssl-keyfile", default=None)
+    p.add_argument("--ssl-certfile", default=None)
+    p.add_argument("--log-level", default="warning")
 
 
 def _validate(args) -> None:
@@ -109,9 +133,42 @@ def cmd_chat(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import logging
+    from pathlib import Path
+
+    from .server import vSurgeApiServer
+    from .vsurge import vSurge
+
+    if args.max_concurrent_decodes < 1 or args.max_queue < 0 or args.max_length < 2:
+        raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if args.compilation_cache and args.compilation_cache.lower() != "none":
+        from .vinference.persistence import use_compilation_cache
+
+        use_compilation_cache(Path(args.compilation_cache).expanduser())
+    model, processor = _load(args)
+    buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
+    name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
+    surge = vSurge.create_vdriver(model, processor, max_concurrent_decodes=args.max_concurrent_decodes,
+                                  prefill_lengths=buckets, max_prefill_length=args.max_prefill_length,
+                                  max_length=args.max_length, vsurge_name=name, max_queue=args.max_queue)
+    server = vSurgeApiServer({name: surge}, api_key=args.api_key)
+    scheme = "https" if args.ssl_certfile else "http"
+    print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
+
+    def announce():
+        print(f"vsurge: serving {name} at {scheme}://{args.host}:{args.port}/v1 "
+              f"(metrics on port {args.metrics_port or args.port + 1})", file=sys.stderr, flush=True)
+
+    server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
+                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
+    return 0
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": cmd_generate, "chat": cmd_chat}
+    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
     return handlers[args.command](args)
 
 

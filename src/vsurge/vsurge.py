@@ -182,8 +182,10 @@ class vSurge:  # noqa: N801 (the seed's name)
                                              detokenize=not request.is_client_side_tokenization):
             yield samples
 
-    async def stream_ids(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True,
-                         metadata: Any = None) -> AsyncGenerator[list[ReturnSample], None]:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True) -> "Submission":
+        """Submit one prompt's n sequences now (raises if the driver refuses any of them).
+
+        Must be called from the event loop that will consume `Submission.updates()`."""
         channel = ReturnChannel(asyncio.get_running_loop())
         actives = self.make_requests(prompt_ids, params, channel, detokenize)
         submitted = []
@@ -191,17 +193,16 @@ class vSurge:  # noqa: N801 (the seed's name)
             for active in actives:
                 self._driver.submit_request(active)
                 submitted.append(active)
-            remaining = len(actives)
-            while remaining:
-                item = await channel.get_async()
-                if isinstance(item, BaseException):
-                    raise item
-                if item.finish_reason is not None:
-                    remaining -= 1
-                yield [item]
-        finally:  # the consumer went away or failed: free the slots
+        except BaseException:
             for active in submitted:
                 active.cancel()
+            raise
+        return Submission(actives, channel)
+
+    async def stream_ids(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True
+                         ) -> AsyncGenerator[list[ReturnSample], None]:
+        async for samples in self.submit(prompt_ids, params, detokenize).updates():
+            yield samples
 
     async def generate(self, prompts: str | Sequence[str], sampling_params=None, stream: bool = False):
         """Generate for one or several prompts concurrently.
@@ -266,3 +267,29 @@ class vSurge:  # noqa: N801 (the seed's name)
         finally:
             for task in tasks:
                 task.cancel()
+
+
+class Submission:
+    """The running sequences of one submitted prompt."""
+
+    def __init__(self, actives: list[ActiveRequest], channel: ReturnChannel):
+        self.actives = actives
+        self.channel = channel
+
+    def cancel(self) -> None:
+        for active in self.actives:
+            active.cancel()
+
+    async def updates(self) -> AsyncGenerator[list[ReturnSample], None]:
+        """[ReturnSample] per update until every sequence ended; leaving early cancels them."""
+        try:
+            remaining = len(self.actives)
+            while remaining:
+                item = await self.channel.get_async()
+                if isinstance(item, BaseException):
+                    raise item
+                if item.finish_reason is not None:
+                    remaining -= 1
+                yield [item]
+        finally:  # the consumer went away or failed: free the slots
+            self.cancel()

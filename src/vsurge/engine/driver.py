@@ -259,7 +259,7 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
                 state = engine.insert(prefix, state, slot)
                 engine.set_slot_position(slot, len(request.prompt_ids))
                 lane.active[slot] = request
-                self._put(lane.detok, ("activate", slot, request, prefix.first))
+                self._put(lane.detok, ("activate", slot, request, prefix.first, getattr(prefix, "logprobs", None)))
             if not lane.active:
                 if lane.backlog.empty() and lane.releases.empty():
                     lane.wake.wait()  # idle: blocked until a prefix, a release or stop arrives
@@ -280,20 +280,27 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
             if item is _STOP:
                 return
             if item[0] == "activate":
-                _, slot, request, first = item
+                _, slot, request, first, first_logprobs = item
                 out = lane.outputs[slot] = SequenceOutput(request, processor)
                 self._update_gauges()
                 self.metrics.first_token(time.perf_counter() - request.submitted_at)
-                self._emit(lane, slot, out, out.add([int(np.asarray(first)[0])]))
+                logprobs = None
+                if request.params.logprobs is not None and first_logprobs is not None:
+                    chosen, ids, values = jax.device_get(first_logprobs)
+                    logprobs = [(chosen[0], ids[0], values[0])]
+                self._emit(lane, slot, out, out.add([int(np.asarray(first)[0])], logprobs))
                 continue
-            tokens, valid = jax.device_get((item[1].tokens, item[1].valid))
+            result = item[1]
+            tokens, valid = jax.device_get((result.tokens, result.valid))
+            want = any(out.request.params.logprobs is not None for out in lane.outputs.values())
+            lp = jax.device_get((result.logprob, result.top_ids, result.top_logprobs)) if want else None
             lane.inflight.release()
             for slot, out in list(lane.outputs.items()):
                 if out.request.is_cancelled:
                     self._emit(lane, slot, out, out.abort("abort"))
                 elif valid[slot]:
                     previous = out.last_token_at
-                    sample = out.add([int(tokens[slot])])
+                    sample = out.add([int(tokens[slot])], [(lp[0][slot], lp[1][slot], lp[2][slot])] if lp else None)
                     if previous is not None:
                         self.metrics.inter_token(out.last_token_at - previous)
                     self._emit(lane, slot, out, sample)

@@ -34,18 +34,27 @@ class SequenceOutput:
     def text(self) -> str:
         return self.stream.text if self.stream else ""
 
-    def add(self, tokens: Sequence[int]) -> ReturnSample | None:
-        """Consume this step's tokens; returns the update to send (None if nothing new)."""
+    def add(self, tokens: Sequence[int], logprobs: Sequence | None = None) -> ReturnSample | None:
+        """Consume this step's tokens; returns the update to send (None if nothing new).
+
+        logprobs: per token (logprob, top_ids, top_values) when the request asked for them."""
         if self.finished:
             return None
         now = time.perf_counter()
         self.first_token_at = self.first_token_at or now
         self.last_token_at = now
         new_ids: list[int] = []
+        new_logprobs = []
         text = ""
-        for token in tokens:
+        want = self.request.params.logprobs
+        for i, token in enumerate(tokens):
             token = int(token)
             new_ids.append(token)
+            if want is not None and logprobs is not None:
+                chosen, top_ids, top_values = logprobs[i]
+                new_logprobs.append({"token_id": token, "logprob": float(chosen),
+                                     "top_logprobs": [(int(t), float(v)) for t, v in
+                                                      zip(top_ids[:want], top_values[:want])]})
             self.token_ids.append(token)
             if self.stream is not None:
                 text += self.stream.add([token])
@@ -60,7 +69,7 @@ class SequenceOutput:
                 if self.stream is not None:
                     text += self.stream.finish("length")
                 break
-        return self._sample(text, new_ids)
+        return self._sample(text, new_ids, new_logprobs if want is not None else None)
 
     def abort(self, reason: str = "abort") -> ReturnSample:
         """End the sequence now (cancelled, or the driver is stopping)."""
@@ -68,7 +77,7 @@ class SequenceOutput:
         self.finish_reason = self.finish_reason or reason
         return self._sample(text, [])
 
-    def _sample(self, text: str, ids: list[int]) -> ReturnSample:
+    def _sample(self, text: str, ids: list[int], logprobs=None) -> ReturnSample:
         elapsed = time.perf_counter() - self.request.submitted_at
         count = len(self.token_ids)
         return ReturnSample(
@@ -82,4 +91,5 @@ class SequenceOutput:
             index=self.request.index,
             prompt_tokens=len(self.request.prompt_ids),
             stop_reason=self.stop_reason,
+            logprobs=logprobs,
         )

@@ -45,6 +45,8 @@ class Prefix:
     prompt_mask: jax.Array  # (1, V) bool
     bias: jax.Array  # (1, V) f32
     sampling: SamplingArrays  # rows of 1
+    want_logprobs: jax.Array  # (1,) bool
+    logprobs: tuple  # the first token's (chosen (1,), top ids (1, K), top values (1, K))
 
 
 @jax.tree_util.register_dataclass
@@ -63,6 +65,7 @@ class SlotState:
     prompt_mask: jax.Array  # (B, V) bool
     bias: jax.Array  # (B, V) f32
     sampling: SamplingArrays
+    want_logprobs: jax.Array  # (B,) bool
 
 
 @jax.tree_util.register_dataclass
@@ -70,13 +73,18 @@ class SlotState:
 class ResultTokens:
     tokens: jax.Array  # (B,) the token each slot produced this step
     valid: jax.Array  # (B,) bool: the slot was active (its token is real)
+    logprob: jax.Array  # (B,) f32 log-probability of that token (0 unless requested)
+    top_ids: jax.Array  # (B, K) i32 most likely alternatives
+    top_logprobs: jax.Array  # (B, K) f32
 
 
-def _prefill(graphdef, graphstate, graphother, tokens, length, sampling, bias, eos, max_new) -> Prefix:
+def _prefill(graphdef, graphstate, graphother, tokens, length, sampling, bias, eos, max_new, want_logprobs) -> Prefix:
     model = nnx.merge(graphdef, graphstate, graphother)
-    first, _, prompt_mask, cache = prefill_first_token(model, tokens, length, sampling, bias, tokens.shape[1])
+    first, _, prompt_mask, cache, logprobs = prefill_first_token(model, tokens, length, sampling, bias,
+                                                                 tokens.shape[1], want_logprobs)
     done = is_eos(first, eos) | (max_new <= 1)
-    return Prefix(cache.k, cache.v, first, length, done, max_new, eos, prompt_mask, bias, sampling)
+    return Prefix(cache.k, cache.v, first, length, done, max_new, eos, prompt_mask, bias, sampling, want_logprobs,
+                  logprobs)
 
 
 def _insert(prefix: Prefix, state: SlotState, slot) -> SlotState:
@@ -101,6 +109,7 @@ def _insert(prefix: Prefix, state: SlotState, slot) -> SlotState:
         prompt_mask=put(state.prompt_mask, prefix.prompt_mask),
         bias=put(state.bias, prefix.bias),
         sampling=jax.tree.map(put, state.sampling, prefix.sampling),
+        want_logprobs=put(state.want_logprobs, prefix.want_logprobs),
     )
 
 
@@ -110,10 +119,10 @@ def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, wind
     model = nnx.merge(graphdef, graphstate, graphother)
     active = state.active & ~release
     head = lambda a: a[:width]  # noqa: E731
-    token, generated, done, counts, cache = decode_step(
+    token, generated, done, counts, cache, (logprob, top_ids, top_values) = decode_step(
         model, head(state.tokens), head(state.positions), head(active), head(state.generated), head(state.max_new),
         head(state.eos), head(state.counts), head(state.prompt_mask), head(state.bias),
-        jax.tree.map(head, state.sampling), state.cache.with_window(window))
+        jax.tree.map(head, state.sampling), state.cache.with_window(window), head(state.want_logprobs))
 
     def put(full, part):
         return full.at[:width].set(part)
@@ -124,7 +133,12 @@ def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, wind
         positions=put(state.positions, head(state.positions) + step_active),
         active=put(active, step_active & ~done), generated=put(state.generated, generated),
         counts=put(state.counts, counts))
-    return state, ResultTokens(state.tokens, put(jnp.zeros_like(active), step_active))
+    b = state.tokens.shape[0]
+    result = ResultTokens(
+        state.tokens, put(jnp.zeros_like(active), step_active), put(jnp.zeros((b,), jnp.float32), logprob),
+        put(jnp.zeros((b, top_ids.shape[1]), jnp.int32), top_ids),
+        put(jnp.zeros((b, top_values.shape[1]), jnp.float32), top_values))
+    return state, result
 
 
 class vEngine:  # noqa: N801 (the seed's name)
@@ -229,7 +243,7 @@ class vEngine:  # noqa: N801 (the seed's name)
         s = jax.ShapeDtypeStruct
         vocab = self.model.config.vocab_size
         return (s((1, length), jnp.int32), s((1,), jnp.int32), self._abstract(SamplingArrays.neutral(1)),
-                s((1, vocab), jnp.float32), s((1, EOS_WIDTH), jnp.int32), s((1,), jnp.int32))
+                s((1, vocab), jnp.float32), s((1, EOS_WIDTH), jnp.int32), s((1,), jnp.int32), s((1,), bool))
 
     def compile(self, progress: bool = True) -> None:
         """Compile every program the engine will run; nothing compiles after this."""
@@ -284,6 +298,7 @@ class vEngine:  # noqa: N801 (the seed's name)
             counts=jnp.zeros((b, vocab), jnp.int32), prompt_mask=jnp.zeros((b, vocab), bool),
             bias=jnp.zeros((b, vocab), jnp.float32),
             sampling=jax.tree.map(jnp.asarray, SamplingArrays.neutral(b)),
+            want_logprobs=jnp.zeros((b,), bool),
         )
 
     def prefill_request(self, request: ActiveRequest) -> Prefix:
@@ -301,7 +316,7 @@ class vEngine:  # noqa: N801 (the seed's name)
         sampling = SamplingArrays.from_params([request.params], [request.seed])
         return self._program("prefill", length)(
             self.graphstate, self.graphother, tokens, np.asarray([n], np.int32), sampling, bias, eos,
-            np.asarray([request.max_new_tokens], np.int32))
+            np.asarray([request.max_new_tokens], np.int32), np.asarray([request.params.logprobs is not None]))
 
     def prefill(self, graphstate, graphothers, tokens, valids, true_length: int, temperature=0.0, top_p=1.0,
                 top_k=0, rngs=None, max_new_tokens: int = 16):

@@ -23,7 +23,7 @@ def prefill(graphdef, graphstate, graphother, tokens, lengths, sampling: Samplin
     """tokens (B, T) right-padded, lengths (B,) -> state holding each row's first generated token."""
     model = nnx.merge(graphdef, graphstate, graphother)
     b = tokens.shape[0]
-    first, counts, prompt_mask, cache = prefill_first_token(model, tokens, lengths, sampling, bias, cache_length)
+    first, counts, prompt_mask, cache, _ = prefill_first_token(model, tokens, lengths, sampling, bias, cache_length)
     return DecodeState(
         sequences=jnp.zeros((b, max_new_cap), jnp.int32).at[:, 0].set(first),
         generated=jnp.ones((b,), jnp.int32),
@@ -53,7 +53,7 @@ def decode_chunk(graphdef, graphstate, graphother, state: DecodeState, *, num_st
     def one_step(carry):
         step, s = carry
         active = ~s.finished
-        token, generated, done, counts, cache = decode_step(
+        token, generated, done, counts, cache, _ = decode_step(
             model, s.running_token, s.position, active, s.generated, s.max_new, s.eos, s.counts, s.prompt_mask,
             s.bias, s.sampling, s.cache)
         write_at = jnp.where(active, s.generated, cap)  # out of range = dropped for finished rows

@@ -1,0 +1,128 @@
+"""vSurgeApiServer: serves one or more vSurge instances over HTTP (the seed's API).
+
+fire() starts uvicorn; the models compile and start in a background thread
+while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
+readiness flips to 503, in-flight requests finish, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+from ..vsurge import vSurge
+from .app import build_app
+
+log = logging.getLogger(__name__)
+
+
+class _EngineRegistries:
+    """A prometheus collector that yields every engine's own registry."""
+
+    def __init__(self, server):
+        self.server = server
+
+    def collect(self):
+        for surge in self.server.surges.values():
+            yield from surge.metrics.registry.collect()
+
+
+class vSurgeApiServer:  # noqa: N801 (the seed's name)
+    def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
+                 oai_like_processor: bool = True, api_key: str | None = None):
+        if vsurge_map is None:
+            raise ValueError("vSurgeApiServer needs at least one vSurge")
+        if isinstance(vsurge_map, vSurge):
+            vsurge_map = {vsurge_map.vsurge_name: vsurge_map}
+        if not vsurge_map:
+            raise ValueError("vSurgeApiServer needs at least one vSurge")
+        self.surges: dict[str, vSurge] = dict(vsurge_map)
+        self.max_workers = max_workers
+        self.oai_like_processor = oai_like_processor
+        self.api_key = api_key
+        self.draining = False
+        self.started_at = int(time.time())
+        self._startup_error: BaseException | None = None
+        self._starting = False
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineRegistries(self))
+        self.app = build_app(self)
+        self._uvicorn = None
+
+    # ------------------------------------------------------------ models
+    def get(self, model: str | None) -> vSurge | None:
+        if not model:
+            return next(iter(self.surges.values()))
+        return self.surges.get(model)
+
+    def name_of(self, surge: vSurge) -> str:
+        return next(name for name, s in self.surges.items() if s is surge)
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and all(s.ready for s in self.surges.values())
+
+    def not_ready_reason(self) -> str:
+        if self.draining:
+            return "the server is shutting down"
+        if self._startup_error is not None:
+            return f"start-up failed: {self._startup_error}"
+        broken = [f"{n}: {s.driver.error}" for n, s in self.surges.items() if getattr(s.driver, "error", None)]
+        if broken:
+            return "a model failed: " + "; ".join(broken)
+        return "the models are still loading or compiling"
+
+    def start_models(self) -> None:
+        """Compile and start every model that is not running yet (blocking)."""
+        try:
+            for name, surge in self.surges.items():
+                if not surge.ready:
+                    log.info("compiling %s", name)
+                    surge.compile()
+                    surge.start()
+        except BaseException as exc:  # noqa: BLE001: reported by /readiness
+            log.exception("start-up failed")
+            self._startup_error = exc
+
+    def stop_models(self, timeout: float = 30.0) -> None:
+        self.draining = True
+        for surge in self.surges.values():
+            surge.stop(timeout)
+
+    def metrics_text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ------------------------------------------------------------ serving
+    def fire(self, host: str = "0.0.0.0", port: int = 11556, metrics_port: int | None = None, log_level: str = "info",
+             ssl_keyfile: str | None = None, ssl_certfile: str | None = None, on_ready=None) -> None:
+        """Serve until SIGINT/SIGTERM. metrics_port: default port + 1; -1 disables it."""
+        import uvicorn
+
+        if metrics_port is None:
+            metrics_port = port + 1
+        if metrics_port != -1:
+            start_http_server(metrics_port, addr=host, registry=self.registry)
+        server_ref = self
+
+        class DrainingServer(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                server_ref.draining = True  # readiness -> 503 while uvicorn waits for in-flight requests
+                super().handle_exit(sig, frame)
+
+        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
+                                ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False)
+        self._uvicorn = DrainingServer(config)
+
+        def start_then_announce():
+            self.start_models()
+            if on_ready is not None and self._startup_error is None:
+                on_ready()
+
+        threading.Thread(target=start_then_announce, name="vsurge-startup", daemon=True).start()
+        try:
+            self._uvicorn.run()
+        finally:
+            self.stop_models()
