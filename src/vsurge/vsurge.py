@@ -148,10 +148,6 @@ class vSurge:  # noqa: N801 (the seed's name)
         if request.is_client_side_tokenization or isinstance(prompt, (list, tuple)):
             if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
                 raise TypeError("with client-side tokenization the prompt must be a list of token ids")
-            vocab = self._engine().model.config.vocab_size
-            bad = [t for t in prompt if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
             return list(prompt)
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")
@@ -164,6 +160,9 @@ class vSurge:  # noqa: N801 (the seed's name)
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_length - len(prompt_ids)
         self.validate_lengths(len(prompt_ids), max_tokens)
         vocab = self._engine().model.config.vocab_size
+        bad = [t for t in prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
         for token in (params.logit_bias or {}):
             if not 0 <= token < vocab:
                 raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")

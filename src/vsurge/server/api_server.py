@@ -111,6 +111,8 @@ class vSurgeApiServer:  # noqa: N801 (the seed's name)
             def handle_exit(self, sig, frame):
                 server_ref.draining = True  # readiness -> 503 while uvicorn waits for in-flight requests
                 super().handle_exit(sig, frame)
+                # uvicorn re-raises the signal after draining (exit 143); a drained server exits 0
+                self._captured_signals.clear()
 
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
                                 ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False)

@@ -118,7 +118,7 @@ def build_app(server) -> FastAPI:
         check_stream_options(body)
         surge = surge_for(body.model)
         if body.echo and body.logprobs is not None:
-            raise APIError(501, "echo together with logprobs (prompt logprobs) is not implemented", "echo")
+            raise APIError(400, "echo together with logprobs (prompt logprobs) is not supported", "echo")
         try:
             params = body.sampling_params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
             prompts = await prompt_token_lists(surge, body.prompt)

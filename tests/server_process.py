@@ -1,0 +1,68 @@
+"""Start `vsurge serve` as a real process on loopback and wait until it is ready."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model: str, *extra: str, cache_dir: str, scheme: str = "http", verify=True):
+        self.port, self.metrics_port = free_port(), free_port()
+        self.base = f"{scheme}://127.0.0.1:{self.port}"
+        self.verify = verify
+        cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--model", model, "--port", str(self.port),
+               "--metrics-port", str(self.metrics_port), "--compilation-cache", cache_dir, *extra]
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 300) -> "ServerProcess":
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(self.base + "/readiness", verify=self.verify, timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError("the server did not become ready")
+
+    def get(self, path, **kw):
+        return httpx.get(self.base + path, verify=self.verify, timeout=30, **kw)
+
+    def post(self, path, **kw):
+        return httpx.post(self.base + path, verify=self.verify, timeout=120, **kw)
+
+    def metric(self, name: str) -> float:
+        """Sum of a metric's samples from /metrics (all label values)."""
+        total = 0.0
+        for line in self.get("/metrics").text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

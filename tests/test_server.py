@@ -1,0 +1,318 @@
+"""The real `vsurge serve` process on loopback, driven by the official openai client and raw HTTP."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from server_process import ServerProcess
+from tiny_models import write_tiny_model
+
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+TINY_NAME = "tiny"
+API_KEY = "sk-test-123"
+FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+@pytest.fixture(scope="module")
+def default_server(cache_dir):
+    server = ServerProcess("default", "--max-concurrent-decodes", "8", "--max-length", "256",
+                           "--max-prefill-length", "128", "--prefill-lengths", "64,128", "--max-queue", "128",
+                           cache_dir=cache_dir).wait_ready()
+    yield server
+    assert server.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory, default_processor_dir):
+    folder = tmp_path_factory.mktemp("tiny_server_model")
+    write_tiny_model("llama", folder, default_processor_dir)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_dir, cache_dir):
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--api-key", API_KEY,
+                           "--max-concurrent-decodes", "16", "--max-length", "128", "--max-prefill-length", "64",
+                           "--prefill-lengths", "64", "--max-queue", "128", cache_dir=cache_dir).wait_ready()
+    yield server
+    assert server.stop() == 0
+
+
+def client_for(server, api_key="unused", **kw):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=api_key, max_retries=0, **kw)
+
+
+# ---------------------------------------------------------------- the default model, through openai
+def test_chat_whole_and_streamed(default_server):
+    client = client_for(default_server)
+    whole = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0)
+    assert whole.choices[0].message.content == "The capital of France is Paris."
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.usage.prompt_tokens == 37 and whole.usage.completion_tokens == 8
+    assert whole.usage.total_tokens == 45
+    chunks = list(client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_completions_prompt_forms_and_echo(default_server):
+    client = client_for(default_server)
+    one = client.completions.create(model=DEFAULT_NAME, prompt="The capital of France is", max_tokens=3,
+                                    temperature=0)
+    assert "Paris" in one.choices[0].text and one.choices[0].finish_reason == "length"
+    ids = default_server.post("/tokenize", json={"prompt": "The capital of France is"}).json()["tokens"]
+    by_ids = client.completions.create(model=DEFAULT_NAME, prompt=ids, max_tokens=3, temperature=0)
+    assert by_ids.choices[0].text == one.choices[0].text
+    many = client.completions.create(model=DEFAULT_NAME, prompt=["The capital of France is", "Hello"],
+                                     max_tokens=3, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1] and many.choices[0].text == one.choices[0].text
+    many_ids = client.completions.create(model=DEFAULT_NAME, prompt=[ids, ids], max_tokens=3, temperature=0)
+    assert [c.text for c in many_ids.choices] == [one.choices[0].text] * 2
+    echo = client.completions.create(model=DEFAULT_NAME, prompt="The capital of France is", max_tokens=3,
+                                     temperature=0, echo=True)
+    assert echo.choices[0].text == "The capital of France is" + one.choices[0].text
+
+
+def test_n_choices_stream_each_finish_once(default_server):
+    client = client_for(default_server)
+    chunks = list(client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, n=2, temperature=0.8,
+                                                 seed=3, max_tokens=12, stream=True))
+    finishes = {}
+    for c in chunks:
+        for choice in c.choices:
+            if choice.finish_reason:
+                finishes[choice.index] = finishes.get(choice.index, 0) + 1
+    assert finishes == {0: 1, 1: 1}
+    whole = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, n=2, max_tokens=12, seed=3,
+                                           temperature=0.8)
+    assert [c.index for c in whole.choices] == [0, 1]
+
+
+def test_stop_seed_and_logprobs(default_server):
+    client = client_for(default_server)
+    stopped = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0, stop=["Paris"])
+    assert stopped.choices[0].message.content == "The capital of France is "
+    assert stopped.choices[0].finish_reason == "stop"
+    a = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=1.0, seed=7, max_tokens=20)
+    b = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=1.0, seed=7, max_tokens=20)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    lp = client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0, logprobs=True,
+                                        top_logprobs=3, max_tokens=4)
+    content = lp.choices[0].logprobs.content
+    assert [c.token for c in content] == ["The", " capital", " of", " France"]
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+    assert all(c.logprob <= 0 and abs(c.logprob - c.top_logprobs[0].logprob) < 1e-5 for c in content)
+    comp = client.completions.create(model=DEFAULT_NAME, prompt="The capital of France is", max_tokens=2,
+                                     temperature=0, logprobs=2)
+    assert comp.choices[0].logprobs.tokens[0] == " Paris" and len(comp.choices[0].logprobs.top_logprobs[0]) == 2
+
+
+def test_models_tokenize_count(default_server):
+    models = client_for(default_server).models.list()
+    assert [m.id for m in models.data] == [DEFAULT_NAME]
+    tok = default_server.post("/tokenize", json={"messages": FRANCE}).json()
+    assert tok["count"] == 37 and tok["max_model_len"] == 256
+    assert default_server.post("/detokenize", json={"tokens": tok["tokens"][-4:]}).json()["prompt"] == \
+        "<|im_start|>assistant\n"
+    assert default_server.post("/v1/count_tokens", json={"messages": FRANCE}).json()["count"] == 37
+    assert default_server.get("/health").json()["status"] == "ok"
+    assert default_server.get("/liveness").status_code == 200
+
+
+# ---------------------------------------------------------------- errors and bad input
+BAD_BODIES = [
+    ({"model": "nope", "messages": FRANCE}, 404, "The model `nope` does not exist."),
+    ({"messages": FRANCE, "max_tokens": 250}, 400, "maximum context length is 256 tokens. However, you requested "
+                                                   "250 output tokens and your prompt contains 37 input tokens"),
+    ({"messages": FRANCE, "temperature": -1}, 400, "temperature"),
+    ({"messages": FRANCE, "top_p": 0}, 400, "top_p"),
+    ({"messages": FRANCE, "top_k": -5}, 400, "top_k"),
+    ({"messages": FRANCE, "max_tokens": 0}, 400, "max_tokens"),
+    ({"messages": FRANCE, "max_tokens": "ten"}, 400, "max_tokens"),
+    ({"messages": []}, 400, "messages"),
+    ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
+    ({"messages": FRANCE, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"messages": FRANCE, "tools": [{"type": "function"}]}, 501, "'tools' is not implemented"),
+    ({"messages": FRANCE, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ({"messages": FRANCE, "seed": 2**70}, 400, "seed"),
+    ({"messages": FRANCE, "stop": [""]}, 400, "stop cannot contain an empty string"),
+    ({"messages": FRANCE, "logit_bias": {"99999999": 5}}, 400, "logit_bias"),
+    ({"messages": FRANCE, "n": 1000}, 400, "n"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD_BODIES)
+def test_bad_chat_requests_get_openai_errors(default_server, body, status, message):
+    r = default_server.post("/v1/chat/completions", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert message in error["message"] and error["code"] == status and error["type"]
+
+
+def test_raw_garbage_then_a_good_request(default_server):
+    post = default_server.post
+    cases = [
+        post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}),
+        post("/v1/chat/completions", content=b'{"messages": "\xff\xfe"}', headers={"content-type":
+                                                                                    "application/json"}),
+        post("/v1/chat/completions", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}),
+        post("/v1/completions", json={"prompt": [10**9], "max_tokens": 2}),
+        post("/v1/completions", json={"prompt": "", "max_tokens": 2}),
+        post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}),
+        post("/detokenize", json={"tokens": [10**8]}),
+    ]
+    assert [c.status_code for c in cases] == [400, 400, 413, 400, 400, 400, 400]
+    assert all("error" in c.json() for c in cases)
+    ok = client_for(default_server).chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0)
+    assert ok.choices[0].message.content == "The capital of France is Paris."
+
+
+def test_openai_client_raises_typed_errors(default_server):
+    client = client_for(default_server)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="missing", messages=FRANCE)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=-2)
+
+
+# ---------------------------------------------------------------- tiny model: load, keys, protocol fuzzing
+def test_api_key_is_required(tiny_server):
+    r = tiny_server.post("/v1/chat/completions", json={"messages": FRANCE})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):
+        client_for(tiny_server, api_key="wrong").models.list()
+    assert client_for(tiny_server, api_key=API_KEY).models.list().data[0].id == TINY_NAME
+    assert tiny_server.get("/readiness").status_code == 200  # not under /v1: no key needed
+
+
+def test_64_concurrent_streams_all_complete_and_metrics_agree(tiny_server):
+    client = client_for(tiny_server, api_key=API_KEY)
+    before_tokens = tiny_server.metric("vsurge:generation_tokens_total")
+    before_requests = tiny_server.metric("vsurge:request_success_total")
+
+    def one(i):
+        chunks = list(client.completions.create(model=TINY_NAME, prompt=f"request {i}", max_tokens=12,
+                                                temperature=0.5, seed=i, stream=True,
+                                                stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        return finishes, chunks[-1].usage.completion_tokens, "".join(c.choices[0].text for c in chunks if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(one, range(64)))
+    assert all(f == ["length"] and n == 12 for f, n, _ in results)
+    assert tiny_server.metric("vsurge:generation_tokens_total") - before_tokens == 64 * 12
+    assert tiny_server.metric("vsurge:request_success_total") - before_requests == 64
+    # each stream's text is what the same seeded request returns whole: nothing lost or duplicated
+    whole = client.completions.create(model=TINY_NAME, prompt="request 5", max_tokens=12, temperature=0.5, seed=5,
+                                      extra_body={"ignore_eos": True})
+    assert whole.choices[0].text == results[5][2]
+
+
+def test_dropped_clients_free_their_slots(tiny_server):
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    body = {"model": TINY_NAME, "prompt": "go", "max_tokens": 120, "stream": True, "ignore_eos": True}
+
+    def drop_after_two_chunks(_):
+        with httpx.stream("POST", tiny_server.base + "/v1/completions", json=body, headers=headers,
+                          timeout=60) as r:
+            for i, _line in enumerate(r.iter_lines()):
+                if i >= 4:
+                    return True  # leaving the block closes the connection mid-stream
+        return False
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        assert all(pool.map(drop_after_two_chunks, range(16)))
+    deadline = time.time() + 10
+    while time.time() < deadline and tiny_server.metric("vsurge:num_requests_running") > 0:
+        time.sleep(0.1)
+    assert tiny_server.metric("vsurge:num_requests_running") == 0
+    ok = client_for(tiny_server, api_key=API_KEY).completions.create(model=TINY_NAME, prompt="hi", max_tokens=3)
+    assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def test_prometheus_port_serves_the_same_metrics(tiny_server):
+    r = httpx.get(f"http://127.0.0.1:{tiny_server.metrics_port}/metrics", timeout=10)
+    assert r.status_code == 200 and "vsurge:time_to_first_token_seconds" in r.text
+
+
+def test_schemathesis_finds_no_server_errors(tiny_server):
+    out = subprocess.run(
+        [sys.executable, "-m", "schemathesis.cli", "run", tiny_server.base + "/openapi.json", "--checks",
+         "not_a_server_error", "--max-examples", "25", "--header", f"Authorization: Bearer {API_KEY}",
+         "--generation-deterministic", "--request-timeout", "30", "--exclude-path", "/metrics"],
+        capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- TLS and draining
+def test_tls_with_a_self_signed_certificate(tiny_dir, cache_dir, tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
+                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
+                           "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), cache_dir=cache_dir,
+                           scheme="https", verify=str(cert)).wait_ready()
+    try:
+        client = client_for(server, http_client=httpx.Client(verify=str(cert)))
+        out = client.completions.create(model=TINY_NAME, prompt="hello", max_tokens=4)
+        assert out.usage.completion_tokens >= 1
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(server.base + "/health", verify=True)  # not trusted without the certificate
+    finally:
+        assert server.stop() == 0
+
+
+def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
+                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
+                           cache_dir=cache_dir).wait_ready()
+    received = {}
+
+    def long_stream():
+        body = {"model": TINY_NAME, "prompt": "go", "max_tokens": 60, "stream": True, "ignore_eos": True}
+        lines = []
+        with httpx.stream("POST", server.base + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+        received["lines"] = lines
+
+    thread = threading.Thread(target=long_stream)
+    thread.start()
+    time.sleep(1.0)
+    server.proc.send_signal(15)
+    readiness = None
+    for _ in range(20):
+        try:
+            readiness = httpx.get(server.base + "/readiness", timeout=1).status_code
+            break
+        except httpx.HTTPError:  # uvicorn may already refuse new connections
+            readiness = "refused"
+            break
+    thread.join(timeout=60)
+    assert server.proc.wait(timeout=60) == 0
+    assert readiness in (503, "refused")
+    lines = received["lines"]
+    assert lines[-1] == "data: [DONE]"
+    finals = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-1]]
+    assert finals.count("length") == 1  # the in-flight request finished completely
