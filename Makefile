@@ -1,15 +1,17 @@
 # Two commands do all the set-up on a fresh clone:
-#   make run    generate an answer with the embedded default model
+#   make run    serve the embedded default model (OpenAI-compatible API, http://127.0.0.1:11556/v1)
 #   make test   run the whole test suite (what CI runs)
+# make generate PROMPT="..." answers one question, make chat starts a chat.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROMPT ?= What is the capital of France?
+SERVE_ARGS ?=
 
 BASE_STAMP := $(VENV)/.stamp-base
 TEST_STAMP := $(VENV)/.stamp-test
 
-.PHONY: install run chat test bench clean
+.PHONY: install run serve generate chat test bench clean
 
 $(BASE_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,7 +27,12 @@ $(TEST_STAMP): $(BASE_STAMP)
 
 install: $(BASE_STAMP)
 
-run: $(BASE_STAMP)
+run: serve
+
+serve: $(BASE_STAMP)
+	$(BIN)/vsurge serve $(SERVE_ARGS)
+
+generate: $(BASE_STAMP)
 	$(BIN)/vsurge generate "$(PROMPT)"
 
 chat: $(BASE_STAMP)

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -27,13 +28,20 @@ class ServerProcess:
         self.verify = verify
         cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--model", model, "--port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--compilation-cache", cache_dir, *extra]
-        self.proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # output goes to a file: nobody reads a pipe while the tests run, and a full pipe blocks the server
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-", suffix=".log")
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+
+    @property
+    def output(self) -> str:
+        with open(self.log.name) as f:
+            return f.read()
 
     def wait_ready(self, timeout: float = 300) -> "ServerProcess":
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"server exited early:\n{self.output[-4000:]}")
             try:
                 if httpx.get(self.base + "/readiness", verify=self.verify, timeout=2).status_code == 200:
                     return self

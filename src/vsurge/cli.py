@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(chat)
     serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     _add_serve_args(serve)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    from .bench_serve import add_arguments
+
+    add_arguments(bench_sub.add_parser("serve", help="load-test an OpenAI-compatible server (like vllm bench serve)"))
     return parser
 
 
@@ -166,9 +171,15 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from .bench_serve import main_from_args
+
+    return main_from_args(args)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve}
+    handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench}
     return handlers[args.command](args)
 
 

@@ -1,0 +1,110 @@
+"""Serving benchmark: vsurge's server and llama-cpp-python's server, same model, same load, one run.
+
+Starts each server as a process on loopback, runs `vsurge bench serve` against
+it (32 concurrent streams of 128 tokens from 128-token prompts by default) and
+prints one markdown table. llama-cpp-python's server runs one request at a time.
+
+    python benchmarks/serve.py [--num-prompts 32] [--input-len 128] [--output-len 128] [--skip llama.cpp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from vsurge.bench_serve import TABLE_HEADER, format_summary, run
+from vsurge.loading import default_model_path
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(proc, url: str, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.log_path.read_text()[-2000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(url)
+
+
+def serve_and_bench(name, cmd, ready_path, args):
+    port = free_port()
+    # the server's output goes to a file: an unread pipe fills up and blocks a chatty server
+    log_file = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
+    proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], env=ENV, stdout=log_file,
+                            stderr=subprocess.STDOUT, text=True)
+    proc.log_path = Path(log_file.name)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_ready(proc, base + ready_path)
+        model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
+        asyncio.run(run(base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
+        summary = asyncio.run(run(base, model, args.num_prompts, args.input_len, args.output_len,
+                                  args.request_rate, args.max_concurrency, None, 2))
+        print(format_summary(name, summary), flush=True)
+        return summary
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--skip", default="")
+    p.add_argument("--quantization", default="none,int8")
+    args = p.parse_args(argv)
+    slots = min(args.num_prompts, args.max_concurrency or args.num_prompts)
+    length = args.input_len + args.output_len + 64
+    print(f"\n{args.num_prompts} requests, {args.input_len} prompt / {args.output_len} output tokens, "
+          f"rate {args.request_rate}, max concurrency {args.max_concurrency or 'none'}\n")
+    print(TABLE_HEADER)
+    for q in args.quantization.split(","):
+        cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--port", "{port}", "--metrics-port", "-1",
+               "--max-concurrent-decodes", str(slots), "--max-length", str(length), "--max-prefill-length",
+               str(args.input_len * 2), "--prefill-lengths", str(args.input_len * 2), "--max-queue", "1024"]
+        if q != "none":
+            cmd += ["--quantization", q]
+        serve_and_bench(f"vsurge {'f32' if q == 'none' else q} ({slots} slots)", cmd, "/readiness", args)
+    if "llama.cpp" not in args.skip:
+        try:
+            import llama_cpp.server  # noqa: F401
+        except ImportError:
+            print("(llama-cpp-python[server] is not installed)")
+            return 0
+        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
+               "--port", "{port}", "--n_threads", str(os.cpu_count()), "--n_ctx", "4096"]
+        serve_and_bench("llama-cpp-python server (Q4_1)", cmd, "/v1/models", args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""`vsurge bench serve`: load-test any OpenAI-compatible server, like `vllm bench serve`.
+
+Random prompts of a given input length, a fixed number of output tokens (the
+end token is banned with logit_bias), requests sent at a Poisson rate or all at
+once, optionally capped at a maximum concurrency. Every request streams with
+include_usage. Reports request throughput, output tok/s and mean/median/p99 of
+TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
+between content chunks) and E2E latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+WORDS = ("time year people way day man thing woman life child world school state family student group country "
+         "problem hand part place case week company system program question work government number night point "
+         "home water room mother area money story fact month lot right study book eye job word business issue "
+         "side kind head house service friend father power hour game line end member law car city community name").split()
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft: float = 0.0
+    latency: float = 0.0
+    output_tokens: int = 0
+    itls: list[float] = field(default_factory=list)
+    error: str = ""
+
+
+def random_prompt(rng: random.Random, approx_tokens: int) -> str:
+    # these common words are one token each (with their leading space) in Llama-family vocabularies
+    return " ".join(rng.choice(WORDS) for _ in range(approx_tokens))
+
+
+async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestResult:
+    start = time.perf_counter()
+    first = last = None
+    itls, tokens, chunks = [], 0, 0
+    try:
+        async with client.stream("POST", url, json=payload) as response:
+            if response.status_code != 200:
+                return RequestResult(False, error=f"HTTP {response.status_code}: {(await response.aread())[:200]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                choices = chunk.get("choices") or []
+                if choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content")):
+                    chunks += 1
+                    now = time.perf_counter()
+                    if first is None:
+                        first = now
+                    else:
+                        itls.append(now - last)
+                    last = now
+    except httpx.HTTPError as exc:
+        return RequestResult(False, error=repr(exc))
+    end = time.perf_counter()
+    if first is None:
+        return RequestResult(False, error="no content received")
+    # servers without include_usage support: one content chunk per token
+    return RequestResult(True, first - start, end - start, tokens or chunks, itls)
+
+
+async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
+              max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    prompts = [random_prompt(rng, input_len) for _ in range(num_prompts)]
+    url = base_url.rstrip("/") + "/v1/completions"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limit = asyncio.Semaphore(max_concurrency or num_prompts)
+
+    def payload(prompt):
+        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        if eos_token_id is not None:
+            body["logit_bias"] = {str(eos_token_id): -100}
+        return body
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=headers,
+                                 limits=httpx.Limits(max_connections=None)) as client:
+        async def limited(prompt, delay):
+            await asyncio.sleep(delay)
+            async with limit:
+                return await one_request(client, url, payload(prompt))
+
+        delays, t = [], 0.0
+        for _ in prompts:
+            delays.append(t)
+            if request_rate != float("inf"):
+                t += rng.expovariate(request_rate)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(p, d) for p, d in zip(prompts, delays)))
+        duration = time.perf_counter() - start
+    return summarize(results, duration)
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"mean": float("nan"), "median": float("nan"), "p99": float("nan")}
+    ordered = sorted(values)
+    return {"mean": statistics.fmean(ordered), "median": statistics.median(ordered),
+            "p99": ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]}
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    output = sum(r.output_tokens for r in ok)
+    return {
+        "completed": len(ok), "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "duration_s": duration, "request_throughput": len(ok) / duration, "output_throughput": output / duration,
+        "ttft": _stats([r.ttft for r in ok]),
+        "tpot": _stats([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
+        "itl": _stats([x for r in ok for x in r.itls]),
+        "e2e": _stats([r.latency for r in ok]),
+    }
+
+
+def format_summary(name: str, s: dict) -> str:
+    ms = lambda d, k: f"{d[k] * 1000:.0f}"  # noqa: E731
+    return (f"| {name} | {s['completed']}/{s['completed'] + s['failed']} | {s['request_throughput']:.2f} | "
+            f"{s['output_throughput']:.1f} | {ms(s['ttft'], 'mean')} / {ms(s['ttft'], 'median')} / "
+            f"{ms(s['ttft'], 'p99')} | {ms(s['tpot'], 'median')} | {ms(s['itl'], 'median')} / {ms(s['itl'], 'p99')} | "
+            f"{ms(s['e2e'], 'median')} |")
+
+
+TABLE_HEADER = ("| server | done | req/s | output tok/s | TTFT mean / p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 ms "
+                "| E2E p50 ms |\n|---|---|---|---|---|---|---|---|")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--base-url", default="http://127.0.0.1:11556")
+    p.add_argument("--model", default=None, help="model name (default: the server's first model)")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--eos-token-id", type=int, default=2, help="banned so every request makes output-len tokens "
+                                                               "(-1: do not ban)")
+    p.add_argument("--json", action="store_true", help="print the raw summary as JSON")
+
+
+def main_from_args(args) -> int:
+    model = args.model
+    if model is None:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+        model = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    summary = asyncio.run(run(args.base_url, model, args.num_prompts, args.input_len, args.output_len,
+                              args.request_rate, args.max_concurrency, args.api_key,
+                              None if args.eos_token_id < 0 else args.eos_token_id))
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(TABLE_HEADER)
+        print(format_summary(args.base_url, summary))
+    return 0 if summary["failed"] == 0 else 1
