@@ -83,3 +83,17 @@ class CompileCounter:
 def compile_counter():
     """Counts XLA compilations inside `with compile_counter as counts:` blocks."""
     return CompileCounter()
+
+
+@pytest.fixture(scope="session")
+def dense_surge(default_model):
+    """A started vSurge over the dense engine (8 slots, 256 tokens), shared by the engine tests."""
+    from vsurge import vSurge
+
+    model, processor = default_model
+    s = vSurge.create_vdriver(model, processor, max_concurrent_decodes=8, prefill_lengths=[64, 128],
+                              max_prefill_length=128, max_length=256, seed=1)
+    s.compile()
+    s.start()
+    yield s
+    s.stop(timeout=5)

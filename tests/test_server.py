@@ -316,3 +316,29 @@ def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
     assert lines[-1] == "data: [DONE]"
     finals = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-1]]
     assert finals.count("length") == 1  # the in-flight request finished completely
+
+
+def test_paged_engine_serves_through_openai(tiny_dir, cache_dir):
+    """`vsurge serve --engine paged`: concurrent streams, whole == streamed, pages and prefix metrics."""
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--engine", "paged", "--page-size", "16",
+                           "--num-pages", "24", "--max-concurrent-decodes", "8", "--max-length", "128",
+                           "--max-prefill-length", "32", "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+    try:
+        assert "Paged KV cache: 24 pages of 16 tokens (384 tokens)" in server.output
+        client = client_for(server)
+        prompt = "a shared instruction that every request repeats word for word, " * 4
+
+        def one(i):
+            chunks = client.completions.create(model=TINY_NAME, prompt=prompt + str(i), max_tokens=16,
+                                               temperature=0.0, stream=True, extra_body={"ignore_eos": True})
+            return "".join(c.choices[0].text for c in chunks if c.choices)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            streamed = list(pool.map(one, range(16)))
+        whole = client.completions.create(model=TINY_NAME, prompt=prompt + "3", max_tokens=16, temperature=0.0,
+                                          extra_body={"ignore_eos": True})
+        assert whole.choices[0].text == streamed[3]
+        assert server.metric("vsurge:prefix_cache_hits_total") > 0
+        assert 0 <= server.metric("vsurge:kv_cache_usage_perc") <= 1
+    finally:
+        assert server.stop() == 0

@@ -13,14 +13,9 @@ MAX_LENGTH = 256
 
 
 @pytest.fixture(scope="module")
-def surge(default_model):
-    model, processor = default_model
-    s = vSurge.create_vdriver(model, processor, max_concurrent_decodes=8, prefill_lengths=[64, 128],
-                              max_prefill_length=128, max_length=MAX_LENGTH, seed=1)
-    s.compile()
-    s.start()
-    yield s
-    s.stop(timeout=5)
+def surge(dense_surge):
+    assert dense_surge.max_length == MAX_LENGTH
+    return dense_surge
 
 
 @pytest.fixture(scope="module")

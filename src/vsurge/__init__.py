@@ -1,7 +1,9 @@
 """vsurge: run and serve Llama-family language models with JAX."""
 
 from .config import ModelConfig, RopeScaling
-from .engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnSample, vDriver, vEngine
+from .engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnSample, oDriver, oEngine, vDriver, vEngine
+from .kv.paged import PagedAttentionCache
+from .paged.page_manager import HBMPageManager
 from .errors import ModelLoadError, UnsupportedModelError, VsurgeError
 from .loading import load
 from .models import LlamaForCausalLM
@@ -36,6 +38,10 @@ __all__ = [
     "vSurgeRequest",
     "vDriver",
     "vEngine",
+    "oDriver",
+    "oEngine",
+    "PagedAttentionCache",
+    "HBMPageManager",
     "ActiveRequest",
     "ReturnSample",
     "QueueFullError",

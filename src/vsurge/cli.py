@@ -55,6 +55,15 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-length", type=int, default=2048, help="context length per slot")
     p.add_argument("--max-prefill-length", type=int, default=1024, help="longest prompt")
     p.add_argument("--prefill-lengths", default=None, help="comma-separated prompt buckets (default: powers of 2)")
+    p.add_argument("--engine", default="dense", choices=["dense", "paged"],
+                   help="dense: one max-length KV region per slot; paged: shared KV pages with chunked "
+                        "prefill, prefix caching and preemption (--max-prefill-length is then the chunk)")
+    p.add_argument("--page-size", type=int, default=128, help="tokens per KV page (paged engine)")
+    p.add_argument("--num-pages", type=int, default=None,
+                   help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
+    p.add_argument("--hbm-utilization", type=float, default=0.6,
+                   help="fraction of the memory left after the weights that KV pages may take (paged engine)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
     p.add_argument("--compilation-cache", default="~/.cache/vsurge/xla",
                    help="directory of compiled programs reused across restarts ('none' to disable)")
     p.add_argument("--ssl-keyfile", default=None)
@@ -155,9 +164,21 @@ def cmd_serve(args) -> int:
     model, processor = _load(args)
     buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
     name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
-    surge = vSurge.create_vdriver(model, processor, max_concurrent_decodes=args.max_concurrent_decodes,
-                                  prefill_lengths=buckets, max_prefill_length=args.max_prefill_length,
-                                  max_length=args.max_length, vsurge_name=name, max_queue=args.max_queue)
+    common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
+                  max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
+                  max_queue=args.max_queue)
+    try:
+        if args.engine == "paged":
+            surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
+                                          hbm_utilization=args.hbm_utilization,
+                                          enable_prefix_caching=not args.no_prefix_caching, **common)
+            manager = surge.driver.engine.manager
+            print(f"Paged KV cache: {manager.num_pages} pages of {manager.page_size} tokens "
+                  f"({manager.max_tokens} tokens)", file=sys.stderr, flush=True)
+        else:
+            surge = vSurge.create_vdriver(model, processor, **common)
+    except ValueError as e:
+        raise SystemExit(f"vsurge: error: {e}") from None
     server = vSurgeApiServer({name: surge}, api_key=args.api_key)
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)

@@ -12,6 +12,8 @@ import dataclasses
 from typing import Any, AsyncGenerator, Sequence
 
 from .engine.driver import vDriver
+from .engine.odriver import oDriver
+from .engine.oengine import oEngine
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.vengine import vEngine
 from .sampling_params import SamplingParams
@@ -81,6 +83,27 @@ class vSurge:  # noqa: N801 (the seed's name)
                          detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
 
+    @classmethod
+    def create_odriver(cls, model, processor, storage=None, manager=None, page_size: int = 128,
+                       hbm_utilization: float = 0.6, max_concurrent_prefill: int | None = None,
+                       max_concurrent_decodes: int | None = None, prefill_lengths: list[int] | None = None,
+                       max_prefill_length: int | None = None, max_length: int | None = None, seed: int = 894,
+                       vsurge_name: str | None = None, num_pages: int | None = None,
+                       enable_prefix_caching: bool = True, max_queue: int | None = None,
+                       detokenizing_blocks: int = 8) -> "vSurge":
+        """One oEngine (paged KV cache, chunked prefill, prefix caching), driven by an oDriver.
+
+        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights;
+        `max_prefill_length` is the prefill chunk (longer prompts take several steps)."""
+        engine = oEngine(model, processor, storage=storage, manager=manager,
+                         max_concurrent_decodes=max_concurrent_decodes,
+                         max_concurrent_prefill=max_concurrent_prefill, prefill_lengths=prefill_lengths,
+                         max_prefill_length=max_prefill_length, max_length=max_length, seed=seed,
+                         page_size=page_size, hbm_utilization=hbm_utilization, num_pages=num_pages,
+                         enable_prefix_caching=enable_prefix_caching)
+        driver = oDriver(engine, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
+        return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
+
     # ------------------------------------------------------------ seed properties
     @property
     def driver(self):
@@ -120,7 +143,7 @@ class vSurge:  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ limits
     def _engine(self):
-        return self._driver._decode_engines[0]
+        return self._driver.primary_engine
 
     @property
     def max_length(self) -> int:
@@ -128,7 +151,8 @@ class vSurge:  # noqa: N801 (the seed's name)
 
     @property
     def max_prefill_length(self) -> int:
-        return self._engine().max_prefill_length
+        engine = self._engine()
+        return getattr(engine, "max_prompt_length", engine.max_prefill_length)
 
     def validate_lengths(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens == 0:

@@ -28,12 +28,11 @@ import jax
 import numpy as np
 
 from ..metrics import EngineMetrics
+from .driver_base import _STOP, ThreadedDriver, _offer
 from .outputs import SequenceOutput
-from .request import ActiveRequest, DriverNotReadyError, QueueFullError
+from .request import ActiveRequest
 
 log = logging.getLogger(__name__)
-
-_STOP = object()
 
 
 class _DecodeLane:
@@ -54,19 +53,7 @@ class _DecodeLane:
         self.wake = threading.Event()
 
 
-class AbstractDriver:
-    """What vSurge needs from a driver (vDriver and oDriver both provide it)."""
-
-    def submit_request(self, request: ActiveRequest) -> None: ...
-
-    def start(self) -> None: ...
-
-    def stop(self, timeout: float = 30.0) -> None: ...
-
-    def compile(self) -> None: ...
-
-
-class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
+class vDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
     def __init__(self, prefill_engines=None, decode_engines=None, interleaved_mode: bool = False,
                  detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None):
         prefill_engines = _as_list(prefill_engines)
@@ -76,20 +63,11 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
         self._prefill_engines = prefill_engines or decode_engines
         self._decode_engines = decode_engines or prefill_engines
         self._interleaved = interleaved_mode
-        self.max_queue = max_queue
         self._prefill_queue: queue.Queue = queue.Queue()
         self._transfer_queue: queue.Queue = queue.Queue(maxsize=4)
         self._lanes = [_DecodeLane(e, i, detokenizing_blocks) for i, e in enumerate(self._decode_engines)]
         self._next_lane = 0
-        self._live: set[ActiveRequest] = set()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._running = False
-        self._accepting = False
-        self._error: BaseException | None = None
-        name = getattr(self._decode_engines[0].model.config, "name", "") if hasattr(self._decode_engines[0], "model") \
-            else "engine"
-        self.metrics = metrics or EngineMetrics(name or "vsurge")
+        super().__init__(self._decode_engines[0], max_queue, metrics)
 
     # ------------------------------------------------------------ public
     @property
@@ -100,25 +78,12 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
     def driver_name(self) -> str:
         return f"vDriver({self.metrics.model_name})"
 
-    @property
-    def ready(self) -> bool:
-        return self._running and self._accepting and self._error is None
-
-    @property
-    def error(self) -> BaseException | None:
-        return self._error
-
     def get_total_concurrent_requests(self) -> int:
         return sum(e.max_concurrent_decodes for e in self._decode_engines)
 
     @property
     def num_used_slots(self) -> int:
         return sum(len(lane.active) for lane in self._lanes)
-
-    @property
-    def num_waiting(self) -> int:
-        with self._lock:
-            return max(0, len(self._live) - self.num_used_slots)
 
     def compile(self) -> None:
         for engine in dict.fromkeys(self._prefill_engines + self._decode_engines):
@@ -127,83 +92,26 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
     def start(self) -> None:
         if self._running:
             return
-        self._running = self._accepting = True
-        self._error = None
         targets = [(f"prefill-{i}", self._prefill_loop, (e,)) for i, e in enumerate(self._prefill_engines)]
         if not self._interleaved:
             targets.append(("transfer", self._transfer_loop, ()))
         for lane in self._lanes:
             targets.append((f"decode-{lane.index}", self._decode_loop, (lane,)))
             targets.append((f"detokenize-{lane.index}", self._detokenize_loop, (lane,)))
-        for name, target, args in targets:
-            thread = threading.Thread(target=self._guarded, args=(name, target, *args), name=f"vsurge-{name}",
-                                      daemon=True)
-            self._threads.append(thread)
-            thread.start()
+        self._start_threads(targets)
 
-    def submit_request(self, request) -> None:
-        if not isinstance(request, ActiveRequest):
-            raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
-        if not self.ready:
-            raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
-        with self._lock:
-            waiting = len(self._live) - self.num_used_slots
-            if self.max_queue is not None and waiting >= self.max_queue:
-                raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
-                                     f"retry later")
-            self._live.add(request)
-            self.metrics.set_waiting(waiting + 1)
+    def _enqueue(self, request: ActiveRequest) -> None:
         self._prefill_queue.put(request)
 
-    def place_request_on_prefill_queue(self, request: ActiveRequest) -> None:
-        self.submit_request(request)
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
-        threads; whatever is still unfinished is failed, never silently dropped."""
-        self._accepting = False
-        deadline = time.monotonic() + timeout
-        while self._live and self._error is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self._shutdown(DriverNotReadyError("the driver stopped before this request finished"))
-
-    # ------------------------------------------------------------ thread plumbing
-    def _guarded(self, name, target, *args):
-        try:
-            target(*args)
-        except BaseException as exc:  # noqa: BLE001: any failure must reach the callers
-            log.exception("vDriver %s thread failed", name)
-            self._error = RuntimeError(f"vDriver {name} thread failed: {exc!r}")
-            self._shutdown(self._error)
-
-    def _shutdown(self, error: BaseException) -> None:
-        self._running = self._accepting = False
-        with self._lock:
-            live, self._live = list(self._live), set()
-        for request in live:
-            request.channel.put(error)
+    def _wake_threads(self) -> None:
         for _ in self._prefill_engines:
             self._prefill_queue.put(_STOP)
         _offer(self._transfer_queue, _STOP)
         for lane in self._lanes:
             lane.wake.set()
             _offer(lane.detok, _STOP)
-        current = threading.current_thread()
-        for thread in self._threads:
-            if thread is not current:
-                thread.join(timeout=5)
-        self._threads = [t for t in self._threads if t.is_alive() and t is not current]
 
-    def _put(self, q: queue.Queue, item) -> bool:
-        """Put with backpressure, giving up if the driver stops meanwhile."""
-        while self._running:
-            try:
-                q.put(item, timeout=0.2)
-                return True
-            except queue.Full:
-                continue
-        return False
-
+    # ------------------------------------------------------------ threads
     def _lane_for_next(self) -> _DecodeLane:
         lane = min(self._lanes, key=lambda ln: (ln.backlog.qsize() - len(ln.free_slots), ln.index))
         return lane
@@ -213,13 +121,6 @@ class vDriver(AbstractDriver):  # noqa: N801 (the seed's name)
         if self._put(lane.backlog, (request, prefix)):
             lane.wake.set()
 
-    def _finish_unslotted(self, request: ActiveRequest, reason: str) -> None:
-        out = SequenceOutput(request, self.processor)
-        request.channel.put(out.abort(reason))
-        with self._lock:
-            self._live.discard(request)
-
-    # ------------------------------------------------------------ threads
     def _prefill_loop(self, engine) -> None:
         while self._running:
             request = self._prefill_queue.get()
@@ -336,8 +237,3 @@ def _as_list(engines) -> list:
     return list(engines) if isinstance(engines, (list, tuple)) else [engines]
 
 
-def _offer(q: queue.Queue, item) -> None:
-    try:
-        q.put_nowait(item)
-    except queue.Full:
-        pass

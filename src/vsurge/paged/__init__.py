@@ -1,0 +1,1 @@
+"""Paged KV cache: page manager, scheduler, paged attention."""

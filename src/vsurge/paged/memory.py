@@ -1,0 +1,32 @@
+"""How many bytes the paged KV cache may take on this machine."""
+
+from __future__ import annotations
+
+import jax
+
+
+def _host_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def available_kv_bytes(weight_bytes: int, utilization: float) -> int:
+    """`utilization` of the accelerator memory left free after the weights are loaded
+    (on CPU: of the host memory available now, the weights already counted in it)."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"hbm_utilization must be in (0, 1], got {utilization}")
+    device = jax.devices()[0]
+    stats = device.memory_stats() if device.platform != "cpu" else None
+    if stats and "bytes_limit" in stats:
+        free = stats["bytes_limit"] - stats.get("bytes_in_use", weight_bytes)
+    else:
+        free = _host_available_bytes()
+    return int(max(0, free) * utilization)

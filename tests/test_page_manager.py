@@ -1,0 +1,316 @@
+"""HBMPageManager: free pool, page tables, prefix cache with LRU eviction."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from vsurge.paged.page_manager import HBMPageManager
+
+
+def _snapshot(pm: HBMPageManager, seq_ids):
+    return (
+        pm.num_free_pages,
+        pm.num_used_pages,
+        pm.num_cached_pages,
+        {s: pm.page_table(s) for s in seq_ids},
+    )
+
+
+def _run(pm: HBMPageManager, seq_id, tokens) -> int:
+    """Add, reserve and compute a whole prompt; returns the cached token count."""
+    cached = pm.add_sequence(seq_id, tokens)
+    assert pm.reserve(seq_id, len(tokens))
+    pm.commit(seq_id, tokens, len(tokens))
+    pm.check()
+    return cached
+
+
+def test_sizes():
+    pm = HBMPageManager(8, 4)
+    assert (pm.num_pages, pm.page_size, pm.max_tokens) == (8, 4, 32)
+    assert (pm.num_free_pages, pm.num_used_pages, pm.num_cached_pages, pm.usage) == (8, 0, 0, 0.0)
+
+
+def test_shared_prefix_reuses_pages():
+    pm = HBMPageManager(8, 4)
+    prompt = list(range(10))  # 2.5 pages
+    assert _run(pm, "a", prompt) == 0
+    assert len(pm.page_table("a")) == 3 and pm.num_used_pages == 3
+    assert pm.num_cached_pages == 2  # the half page is not registered
+
+    assert pm.add_sequence("b", prompt) == 8
+    assert pm.page_table("b") == pm.page_table("a")[:2]
+    assert (pm.prefix_queries, pm.prefix_hits) == (20, 8)
+    assert pm.pages_needed("b", 10) == 1 and pm.can_reserve("b", 10)
+    assert pm.reserve("b", 10)
+    assert pm.page_table("b")[2] != pm.page_table("a")[2]
+    assert pm.num_used_pages == 4 and pm.usage == 0.5
+    pm.check()
+
+    pm.free_sequence("a")
+    assert pm.num_used_pages == 3  # the shared pages are still held by b
+    pm.free_sequence("b")
+    pm.free_sequence("b")  # idempotent
+    pm.check()
+    assert pm.num_free_pages == 8 and pm.num_cached_pages == 2
+
+
+def test_exact_page_prompt_leaves_one_token_to_compute():
+    pm = HBMPageManager(8, 4)
+    prompt = list(range(8))
+    _run(pm, "a", prompt)
+    assert pm.num_cached_pages == 2
+    assert pm.add_sequence("b", prompt) == 4
+    assert pm.page_table("b") == pm.page_table("a")[:1]
+    assert pm.add_sequence("c", prompt + [99]) == 8
+    assert pm.add_sequence("d", prompt[:4]) == 0
+    pm.check()
+
+
+def test_commit_is_incremental():
+    pm = HBMPageManager(8, 4)
+    tokens = list(range(12))
+    pm.add_sequence("a", tokens)
+    pm.reserve("a", 12)
+    for n in range(13):
+        pm.commit("a", tokens, n)
+        assert pm.num_cached_pages == n // 4
+    pm.commit("a", tokens, 2)  # going back changes nothing
+    assert pm.num_cached_pages == 3
+    pm.check()
+
+
+def test_reserve_out_of_pages_changes_nothing():
+    pm = HBMPageManager(4, 4)
+    pm.add_sequence("a", [1] * 9)
+    assert pm.reserve("a", 9)  # 3 pages
+    pm.add_sequence("b", [2] * 9)
+    before = _snapshot(pm, ["a", "b"])
+    assert not pm.can_reserve("b", 9)
+    assert not pm.reserve("b", 9)  # needs 3, 1 free: nothing is taken
+    assert _snapshot(pm, ["a", "b"]) == before
+    assert pm.reserve("b", 4)
+    assert pm.reserve("a", 8)  # never shrinks
+    assert len(pm.page_table("a")) == 3
+    pm.check()
+
+
+def test_lru_eviction():
+    pm = HBMPageManager(4, 4)
+    _run(pm, "a", [1] * 5)  # registers one page
+    pm.free_sequence("a")
+    _run(pm, "c", [2] * 5)
+    pm.free_sequence("c")  # a's page was freed first, so it is evicted first
+    assert (pm.num_free_pages, pm.num_cached_pages) == (4, 2)
+
+    pm.add_sequence("d", [3] * 12)
+    assert pm.reserve("d", 12)  # 2 truly free pages, then 1 eviction
+    pm.check()
+    assert pm.num_cached_pages == 1 and pm.num_free_pages == 1
+    assert pm.add_sequence("e", [1] * 5) == 0  # evicted: no longer a hit
+    assert pm.add_sequence("f", [2] * 5) == 4  # still cached
+    pm.check()
+    assert pm.num_free_pages == 0  # f took the evictable page back
+
+    pm.free_sequence("d")
+    pm.add_sequence("g", [4] * 16)
+    assert pm.reserve("g", 12)
+    assert pm.add_sequence("h", [2] * 5) == 4  # f's reference kept it from eviction
+    assert not pm.reserve("g", 16)
+    pm.check()
+
+
+def test_referenced_cached_page_is_never_evicted():
+    pm = HBMPageManager(3, 4)
+    _run(pm, "a", [1] * 5)
+    pm.free_sequence("a")
+    assert pm.add_sequence("b", [1] * 5) == 4  # page now referenced by b
+    pm.add_sequence("c", [2] * 12)
+    assert not pm.reserve("c", 12)  # 2 free pages, the cached one is pinned
+    assert pm.reserve("c", 8)
+    assert pm.num_cached_pages == 1 and pm.page_table("b")[0] not in pm.page_table("c")
+    pm.check()
+
+
+def test_reset_prefix_cache():
+    pm = HBMPageManager(4, 4)
+    _run(pm, "a", [1] * 9)
+    _run(pm, "b", [2] * 4)
+    pm.free_sequence("a")
+    assert pm.num_cached_pages == 3
+    pm.reset_prefix_cache()
+    pm.check()
+    assert pm.num_cached_pages == 1  # b's page is referenced, so it stays
+    assert pm.add_sequence("c", [1] * 9) == 0
+    assert pm.add_sequence("d", [2] * 5) == 4
+
+
+def test_prefix_caching_disabled():
+    pm = HBMPageManager(4, 4, enable_prefix_caching=False)
+    prompt = list(range(10))
+    assert _run(pm, "a", prompt) == 0
+    assert pm.num_cached_pages == 0
+    assert pm.add_sequence("b", prompt) == 0 and pm.page_table("b") == []
+    assert pm.prefix_hits == 0
+    pm.free_sequence("a")
+    pm.check()
+    assert pm.num_free_pages == 4 and pm.num_cached_pages == 0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="num_pages"):
+        HBMPageManager(0, 4)
+    with pytest.raises(ValueError, match="page_size"):
+        HBMPageManager(4, 0)
+    pm = HBMPageManager(4, 4)
+    pm.add_sequence("a", [1, 2])
+    with pytest.raises((KeyError, ValueError)):
+        pm.add_sequence("a", [1, 2])
+    assert pm.has_sequence("a") and not pm.has_sequence("z")
+    pm.free_sequence("z")  # unknown: no-op
+    table = pm.page_table("a")
+    table.append(3)
+    assert pm.page_table("a") == []  # a copy
+
+
+def test_collision_is_not_a_hit():
+    pm = HBMPageManager(4, 4)
+    _run(pm, "a", [1] * 5)
+    # Forge the key of another prefix onto a's page: the token comparison must reject it.
+    entry = pm._entries[pm.page_table("a")[0]]
+    pm._key_to_page[hash((None, (2, 2, 2, 2)))] = pm._key_to_page.pop(entry.key)
+    assert pm.add_sequence("b", [2] * 5) == 0
+
+
+# --- property test -----------------------------------------------------------------------
+
+PAGES, PS = 6, 4
+MAX_LIVE = 3  # more live sequences would mostly just exhaust the pool
+tokens_st = st.lists(st.integers(1, 2), min_size=1, max_size=10)
+
+
+class PageManagerMachine(RuleBasedStateMachine):
+    """Random traffic on a tiny pool; a shadow of page contents checks every cache hit."""
+
+    def __init__(self):
+        super().__init__()
+        self.pm = HBMPageManager(PAGES, PS)
+        self.content = [[None] * PS for _ in range(PAGES)]  # token "written" to each slot
+        self.seqs: dict[int, dict] = {}  # id -> {"tokens", "computed"}
+        self.history: list[list[int]] = []  # every token list seen, to fork prefixes from
+        self.next_id = 0
+
+    def _pick(self, data):
+        return data.draw(st.sampled_from(sorted(self.seqs)))
+
+    @precondition(lambda self: len(self.seqs) < MAX_LIVE)
+    @rule(data=st.data(), fresh=tokens_st, suffix=st.lists(st.integers(1, 2), max_size=5))
+    def add(self, data, fresh, suffix):
+        """A new prompt: mostly a prefix of a recent one (live or freed) plus a suffix, to hit the cache."""
+        tokens = fresh
+        if self.history and data.draw(st.integers(0, 3)):
+            base = data.draw(st.sampled_from(self.history[-4:]))
+            cut = data.draw(st.one_of(st.just(len(base)), st.integers(0, len(base))))
+            tokens = base[:cut] + suffix or fresh
+        sid, self.next_id = self.next_id, self.next_id + 1
+        hits = self.pm.prefix_hits
+        cached = self.pm.add_sequence(sid, tokens)
+        table = self.pm.page_table(sid)
+        assert cached % PS == 0 and cached <= len(tokens) - 1 and cached == len(table) * PS
+        assert self.pm.prefix_hits == hits + cached
+        for j in range(cached):  # the hit pages really hold this prompt's KV
+            assert self.content[table[j // PS]][j % PS] == tokens[j], (j, table, tokens)
+        self.seqs[sid] = {"tokens": list(tokens), "computed": cached}
+        self.history.append(self.seqs[sid]["tokens"])
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), grow=st.integers(0, 10))
+    def reserve(self, data, grow):
+        sid = self._pick(data)
+        seq = self.seqs[sid]
+        n = max(seq["computed"] + grow, len(seq["tokens"]) if data.draw(st.booleans()) else 0)
+        ids = sorted(self.seqs)
+        before = _snapshot(self.pm, ids)
+        can = self.pm.can_reserve(sid, n)
+        ok = self.pm.reserve(sid, n)
+        assert ok == can
+        if not ok:
+            assert _snapshot(self.pm, ids) == before
+            return
+        old, new = before[3][sid], self.pm.page_table(sid)
+        assert new[: len(old)] == old and len(new) == max(len(old), -(-n // PS))
+        for page in new[len(old) :]:
+            self.content[page] = [None] * PS  # fresh page: stale KV must never be served
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def prefill(self, data):
+        """What the engine does most: reserve the whole token list, then compute all of it."""
+        sid = self._pick(data)
+        seq = self.seqs[sid]
+        old = self.pm.page_table(sid)
+        if self.pm.reserve(sid, len(seq["tokens"])):
+            table = self.pm.page_table(sid)
+            for page in table[len(old) :]:
+                self.content[page] = [None] * PS
+            self._write(sid, table, len(seq["tokens"]))
+
+    def _write(self, sid, table, n):
+        seq = self.seqs[sid]
+        for j in range(seq["computed"], n):
+            self.content[table[j // PS]][j % PS] = seq["tokens"][j]
+        seq["computed"] = n
+        self.pm.commit(sid, seq["tokens"], n)
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), extra=st.lists(st.integers(1, 2), min_size=1, max_size=4))
+    def append_tokens(self, data, extra):
+        self.seqs[self._pick(data)]["tokens"].extend(extra)  # decode produced tokens
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def commit(self, data):
+        sid = self._pick(data)
+        seq = self.seqs[sid]
+        table = self.pm.page_table(sid)
+        limit = min(len(seq["tokens"]), len(table) * PS)
+        if limit < seq["computed"]:
+            return
+        self._write(sid, table, data.draw(st.integers(seq["computed"], limit)))
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def free(self, data):
+        sid = self._pick(data)
+        del self.seqs[sid]
+        self.pm.free_sequence(sid)
+        assert not self.pm.has_sequence(sid)
+
+    @precondition(lambda self: self.pm.num_cached_pages)
+    @rule()
+    def reset_prefix_cache(self):
+        self.pm.reset_prefix_cache()
+
+    @invariant()
+    def consistent(self):
+        self.pm.check()
+        assert self.pm.num_used_pages + self.pm.num_free_pages == PAGES
+        assert sum(len(self.pm.page_table(s)) for s in self.seqs) >= self.pm.num_used_pages
+
+    def teardown(self):
+        for sid in list(self.seqs):
+            self.pm.free_sequence(sid)
+        self.pm.check()
+        assert self.pm.num_used_pages == 0 and self.pm.num_free_pages == PAGES
+
+
+PageManagerMachine.TestCase.settings = settings(
+    max_examples=200,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_page_manager_machine = PageManagerMachine.TestCase
