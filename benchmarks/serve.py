@@ -80,14 +80,14 @@ def main(argv=None) -> int:
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--skip", default="")
-    p.add_argument("--quantization", default="none,int8")
+    p.add_argument("--quantization", default="none,int8", help="vsurge runs ('' for none)")
     args = p.parse_args(argv)
     slots = min(args.num_prompts, args.max_concurrency or args.num_prompts)
     length = args.input_len + args.output_len + 64
     print(f"\n{args.num_prompts} requests, {args.input_len} prompt / {args.output_len} output tokens, "
           f"rate {args.request_rate}, max concurrency {args.max_concurrency or 'none'}\n")
     print(TABLE_HEADER)
-    for q in args.quantization.split(","):
+    for q in filter(None, args.quantization.split(",")):
         cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--port", "{port}", "--metrics-port", "-1",
                "--max-concurrent-decodes", str(slots), "--max-length", str(length), "--max-prefill-length",
                str(args.input_len * 2), "--prefill-lengths", str(args.input_len * 2), "--max-queue", "1024"]
@@ -101,7 +101,8 @@ def main(argv=None) -> int:
             print("(llama-cpp-python[server] is not installed)")
             return 0
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
-               "--port", "{port}", "--n_threads", str(os.cpu_count()), "--n_ctx", "4096"]
+               "--port", "{port}", "--n_threads", str(os.cpu_count()), "--n_ctx", "4096",
+               "--interrupt_requests", "False"]  # by default a new request aborts the running one
         serve_and_bench("llama-cpp-python server (Q4_1)", cmd, "/v1/models", args)
     return 0
 

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from vsurge import SamplingParams, vInference, vInferenceConfig, vSurge, vSurgeRequest
+from vsurge import SamplingParams, vInference, vInferenceConfig, vSurgeRequest
 
 MAX_LENGTH = 256
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import Any, AsyncGenerator, Sequence
+from typing import AsyncGenerator, Sequence
 
 from .engine.driver import vDriver
 from .engine.odriver import oDriver

@@ -213,15 +213,10 @@ class vDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
             return
         # finished: settle the books before the caller sees the last sample
         lane.outputs.pop(slot, None)
-        request = out.request
-        with self._lock:
-            self._live.discard(request)
-        if out.finish_reason != "abort":
-            self.metrics.request_finished(out.finish_reason, len(request.prompt_ids), len(out.token_ids),
-                                          time.perf_counter() - request.submitted_at)
+        self._settle(out)
         self._update_gauges()
         if sample is not None:
-            request.channel.put(sample)
+            out.request.channel.put(sample)
         lane.releases.put(slot)
         lane.wake.set()
 

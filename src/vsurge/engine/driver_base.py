@@ -130,6 +130,15 @@ class ThreadedDriver(AbstractDriver):
                 continue
         return False
 
+    def _settle(self, out: SequenceOutput) -> None:
+        """A sequence ended: drop it from the live set and count it, before its last sample goes out."""
+        request = out.request
+        with self._lock:
+            self._live.discard(request)
+        if out.finish_reason != "abort":
+            self.metrics.request_finished(out.finish_reason, len(request.prompt_ids), len(out.token_ids),
+                                          time.perf_counter() - request.submitted_at)
+
     def _finish_unslotted(self, request: ActiveRequest, reason: str) -> None:
         out = SequenceOutput(request, self.processor)
         request.channel.put(out.abort(reason))

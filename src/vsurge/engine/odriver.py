@@ -19,7 +19,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 
 from ..metrics import EngineMetrics
 from ..paged.scheduler import Scheduler, Sequence
@@ -197,13 +196,8 @@ class oDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
             if sample is not None:
                 out.request.channel.put(sample)
             return
-        request = out.request
-        with self._lock:
-            self._live.discard(request)
-        if out.finish_reason != "abort":
-            self.metrics.request_finished(out.finish_reason, len(request.prompt_ids), len(out.token_ids),
-                                          time.perf_counter() - request.submitted_at)
+        self._settle(out)
         if sample is not None:
-            request.channel.put(sample)
-        self._ended.put(request.request_id)
+            out.request.channel.put(sample)
+        self._ended.put(out.request.request_id)
         self._wake.set()

@@ -30,7 +30,7 @@ from ..ops.sampling import SamplingArrays, sample
 from ..paged.memory import available_kv_bytes
 from ..paged.page_manager import HBMPageManager
 from ..paged.scheduler import NextIterationPlan
-from ..tokenizer.compat import eos_token_ids, pad_token_id
+from .engine_base import EngineProperties
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def _set_slot(state: ActiveSequenceBatch, slot, counts, prompt_mask, bias, sampl
         want_logprobs=put(state.want_logprobs, want_logprobs))
 
 
-class oEngine:  # noqa: N801 (the seed's name)
+class oEngine(EngineProperties):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor, storage: PagedAttentionCache | None = None,
                  manager: HBMPageManager | None = None, max_concurrent_decodes: int | None = None,
                  max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
@@ -137,22 +137,6 @@ class oEngine:  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ seed properties
     @property
-    def processor(self):
-        return self._processor
-
-    @property
-    def max_concurrent_decodes(self) -> int:
-        return self._max_concurrent_decodes
-
-    @property
-    def max_concurrent_prefill(self) -> int:
-        return self._max_concurrent_prefill
-
-    @property
-    def max_length(self) -> int:
-        return self._max_length
-
-    @property
     def max_prefill_length(self) -> int:
         """Tokens of one prefill chunk."""
         return self._chunk_size
@@ -164,30 +148,6 @@ class oEngine:  # noqa: N801 (the seed's name)
     @property
     def prefill_lengths(self) -> list[int]:
         return list(self.chunk_lengths)
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._batch_size
-
-    @property
-    def samples_per_slot(self) -> int:
-        return 1
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        ids = eos_token_ids(self._processor) or list(self.model.config.eos_token_ids)
-        return list(dict.fromkeys(ids))
-
-    @property
-    def pad_token_id(self) -> int:
-        return pad_token_id(self._processor)
-
-    @property
-    def colocated_cpus(self):
-        return None
-
-    def new_seed(self) -> int:
-        return int(self._rng.integers(0, 2**63 - 1))
 
     # ------------------------------------------------------------ compilation
     def buckets(self) -> list[tuple[int, int, int]]:

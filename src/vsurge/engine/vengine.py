@@ -25,8 +25,8 @@ from ..decoding import decode_step, is_eos, prefill_first_token
 from ..kv import DenseKVCache
 from ..ops.sampling import SamplingArrays
 from ..sampling_params import SamplingParams
-from ..tokenizer.compat import eos_token_ids, pad_token_id
 from ..vinference.buckets import EOS_WIDTH, next_power_of_two
+from .engine_base import EngineProperties
 from .request import ActiveRequest
 
 
@@ -141,7 +141,7 @@ def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, wind
     return state, result
 
 
-class vEngine:  # noqa: N801 (the seed's name)
+class vEngine(EngineProperties):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor, max_concurrent_decodes: int | None = None,
                  max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
                  max_prefill_length: int | None = None, max_length: int | None = None,
@@ -176,22 +176,6 @@ class vEngine:  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ seed properties
     @property
-    def processor(self):
-        return self._processor
-
-    @property
-    def max_concurrent_decodes(self) -> int:
-        return self._max_concurrent_decodes
-
-    @property
-    def max_concurrent_prefill(self) -> int:
-        return self._max_concurrent_prefill
-
-    @property
-    def max_length(self) -> int:
-        return self._max_length
-
-    @property
     def max_prefill_length(self) -> int:
         return self._max_prefill_length
 
@@ -200,40 +184,16 @@ class vEngine:  # noqa: N801 (the seed's name)
         return list(self._prefill_lengths)
 
     @property
-    def batch_size(self) -> int | None:
-        return self._batch_size
-
-    @property
-    def samples_per_slot(self) -> int:
-        return 1
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        ids = eos_token_ids(self._processor) or list(self.model.config.eos_token_ids)
-        return list(dict.fromkeys(ids))
-
-    @property
-    def pad_token_id(self) -> int:
-        return pad_token_id(self._processor)
-
-    @property
     def prng_key(self):
         """A fresh key split from the engine's key (sampling itself uses per-request seeds)."""
         self._key, key = jax.random.split(self._key)
         return key
-
-    @property
-    def colocated_cpus(self):
-        return None
 
     def get_prefix_destination_sharding(self):
         return None
 
     def get_state_shardings(self, is_decode: bool = False):
         return None
-
-    def new_seed(self) -> int:
-        return int(self._rng.integers(0, 2**63 - 1))
 
     # ------------------------------------------------------------ compilation
     def _abstract(self, tree):
