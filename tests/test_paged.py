@@ -14,7 +14,7 @@ from vsurge import SamplingParams, vSurge, vSurgeRequest
 MAX_LENGTH = 256
 CHUNK = 32  # prompts of the chat template are ~35-60 tokens: most take two or more chunks
 PAGE = 16
-PAGES = MAX_LENGTH // PAGE + 1  # 272 tokens
+PAGES = MAX_LENGTH // PAGE  # 256 tokens: one sequence at full length
 
 
 def chat_text(processor, question):
@@ -104,8 +104,10 @@ def test_prefix_cache_hits_on_a_repeated_system_prompt(paged, default_model):
 def test_memory_pressure_preempts_and_outputs_are_unchanged(paged, dense, default_model):
     """3x more sequences than the pages hold at full length: preemption by recomputation."""
     processor = default_model[1]
-    prompts = [chat_text(processor, QUESTIONS[i % len(QUESTIONS)]) for i in range(12)]
-    params = [greedy(36 + 4 * (i % 3)) for i in range(12)]
+    # long prompts, short answers: 3x over-subscribed with few decode steps (a fast test)
+    prompts = [chat_text(processor, QUESTIONS[i] + " Answer in detail, with examples and reasons." * 8)
+               for i in range(8)]
+    params = [greedy(16 + 4 * (i % 3)) for i in range(8)]
     assert 3 * PAGES * PAGE < sum(len(processor.encode(p)) + q.max_tokens for p, q in zip(prompts, params))
     before = paged.metrics.value("vsurge:num_preemptions_total")
     ours = token_ids(paged, prompts, params)

@@ -263,25 +263,6 @@ def test_schemathesis_finds_no_server_errors(tiny_server):
 
 
 # ---------------------------------------------------------------- TLS and draining
-def test_tls_with_a_self_signed_certificate(tiny_dir, cache_dir, tmp_path):
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
-                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
-                           "--ssl-keyfile", str(key), "--ssl-certfile", str(cert), cache_dir=cache_dir,
-                           scheme="https", verify=str(cert)).wait_ready()
-    try:
-        client = client_for(server, http_client=httpx.Client(verify=str(cert)))
-        out = client.completions.create(model=TINY_NAME, prompt="hello", max_tokens=4)
-        assert out.usage.completion_tokens >= 1
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(server.base + "/health", verify=True)  # not trusted without the certificate
-    finally:
-        assert server.stop() == 0
-
-
 def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
     server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
                            "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
@@ -318,14 +299,23 @@ def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
     assert finals.count("length") == 1  # the in-flight request finished completely
 
 
-def test_paged_engine_serves_through_openai(tiny_dir, cache_dir):
-    """`vsurge serve --engine paged`: concurrent streams, whole == streamed, pages and prefix metrics."""
+def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
+    """`vsurge serve --engine paged` over HTTPS with a self-signed certificate made here: concurrent
+    streams, whole == streamed, prefix-cache and KV metrics. (One process covers both features.)"""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
     server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--engine", "paged", "--page-size", "16",
                            "--num-pages", "24", "--max-concurrent-decodes", "8", "--max-length", "128",
-                           "--max-prefill-length", "32", "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+                           "--max-prefill-length", "32", "--prefill-lengths", "32", "--ssl-keyfile", str(key),
+                           "--ssl-certfile", str(cert), cache_dir=cache_dir, scheme="https",
+                           verify=str(cert)).wait_ready()
     try:
         assert "Paged KV cache: 24 pages of 16 tokens (384 tokens)" in server.output
-        client = client_for(server)
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(server.base + "/health", verify=True)  # not trusted without the certificate
+        client = client_for(server, http_client=httpx.Client(verify=str(cert)))
         prompt = "a shared instruction that every request repeats word for word, " * 4
 
         def one(i):
@@ -337,7 +327,7 @@ def test_paged_engine_serves_through_openai(tiny_dir, cache_dir):
             streamed = list(pool.map(one, range(16)))
         whole = client.completions.create(model=TINY_NAME, prompt=prompt + "3", max_tokens=16, temperature=0.0,
                                           extra_body={"ignore_eos": True})
-        assert whole.choices[0].text == streamed[3]
+        assert whole.choices[0].text == streamed[3] and whole.usage.completion_tokens == 16
         assert server.metric("vsurge:prefix_cache_hits_total") > 0
         assert 0 <= server.metric("vsurge:kv_cache_usage_perc") <= 1
     finally:
