@@ -1,14 +1,17 @@
-"""Read-only facts every engine exposes (the seed's engine properties), from the fields
-each engine sets in its constructor."""
+"""What every engine shares: the seed's read-only properties (from the fields each engine
+sets in its constructor) and a thread-safe table of compiled programs."""
 
 from __future__ import annotations
 
+import time
+
+import jax
 import numpy as np
 
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 
 
-class EngineProperties:
+class EngineBase:
     model: object
     _processor: object
     _max_concurrent_decodes: int
@@ -16,6 +19,27 @@ class EngineProperties:
     _max_length: int
     _batch_size: int | None
     _rng: np.random.Generator
+    _compiled: dict
+    _compile_lock: object  # threading.Lock
+    compile_seconds: float
+
+    def _build(self, kind: str, size):
+        """Lower and compile one program (each engine's own)."""
+        raise NotImplementedError
+
+    def _program(self, kind: str, size):
+        """The compiled program `kind` for `size`, compiled on first use; `compile()` asks for all of them."""
+        key = (kind, size)
+        with self._compile_lock:
+            if key not in self._compiled:
+                start = time.perf_counter()
+                self._compiled[key] = self._build(kind, size)
+                self.compile_seconds += time.perf_counter() - start
+            return self._compiled[key]
+
+    @staticmethod
+    def _abstract(tree):
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
     @property
     def processor(self):

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import math
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..ops.sampling import SamplingArrays, sample
 from ..paged.memory import available_kv_bytes
 from ..paged.page_manager import HBMPageManager
 from ..paged.scheduler import NextIterationPlan
-from .engine_base import EngineProperties
+from .engine_base import EngineBase
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ def _set_slot(state: ActiveSequenceBatch, slot, counts, prompt_mask, bias, sampl
         want_logprobs=put(state.want_logprobs, want_logprobs))
 
 
-class oEngine(EngineProperties):  # noqa: N801 (the seed's name)
+class oEngine(EngineBase):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor, storage: PagedAttentionCache | None = None,
                  manager: HBMPageManager | None = None, max_concurrent_decodes: int | None = None,
                  max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
@@ -163,35 +162,25 @@ class oEngine(EngineProperties):  # noqa: N801 (the seed's name)
         for job in tqdm(jobs, desc="Compiling oEngine", unit="program", disable=not progress):
             self._program(*job)
 
-    def _abstract(self, tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
-    def _program(self, kind: str, size):
-        key = (kind, size)
-        with self._compile_lock:
-            if key in self._compiled:
-                return self._compiled[key]
-            start = time.perf_counter()
-            s = jax.ShapeDtypeStruct
-            state = jax.eval_shape(self._empty_state)
-            if kind == "init":
-                exe = jax.jit(self._empty_state).lower().compile()
-            elif kind == "set_slot":
-                vocab = self.model.config.vocab_size
-                exe = jax.jit(_set_slot, donate_argnums=(0,)).lower(
-                    state, s((), jnp.int32), s((1, vocab), jnp.int32), s((1, vocab), bool), s((1, vocab), jnp.float32),
-                    self._abstract(SamplingArrays.neutral(1)), s((1,), bool)).compile()
-            else:
-                d, c, w = size
-                n, r = d + c, d + (1 if c else 0)
-                fn = jax.jit(partial(_forward, self.graphdef, num_decode=d), donate_argnums=(2,))
-                i32 = jnp.int32
-                exe = fn.lower(self._abstract(self.graphstate), self._abstract(self.graphother), state,
-                               s((n,), i32), s((n,), i32), s((n,), i32), s((r, w), i32), s((r,), i32),
-                               s((r,), i32), s((r,), i32), s((r,), bool)).compile()
-            self.compile_seconds += time.perf_counter() - start
-            self._compiled[key] = exe
-            return exe
+    def _build(self, kind: str, size):
+        s = jax.ShapeDtypeStruct
+        state = jax.eval_shape(self._empty_state)
+        if kind == "init":
+            exe = jax.jit(self._empty_state).lower().compile()
+        elif kind == "set_slot":
+            vocab = self.model.config.vocab_size
+            exe = jax.jit(_set_slot, donate_argnums=(0,)).lower(
+                state, s((), jnp.int32), s((1, vocab), jnp.int32), s((1, vocab), bool), s((1, vocab), jnp.float32),
+                self._abstract(SamplingArrays.neutral(1)), s((1,), bool)).compile()
+        else:
+            d, c, w = size
+            n, r = d + c, d + (1 if c else 0)
+            fn = jax.jit(partial(_forward, self.graphdef, num_decode=d), donate_argnums=(2,))
+            i32 = jnp.int32
+            exe = fn.lower(self._abstract(self.graphstate), self._abstract(self.graphother), state,
+                           s((n,), i32), s((n,), i32), s((n,), i32), s((r, w), i32), s((r,), i32),
+                           s((r,), i32), s((r,), i32), s((r,), bool)).compile()
+        return exe
 
     # ------------------------------------------------------------ device programs
     def _empty_state(self) -> ActiveSequenceBatch:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import time
 from functools import partial
 from typing import Any
 
@@ -26,7 +25,7 @@ from ..kv import DenseKVCache
 from ..ops.sampling import SamplingArrays
 from ..sampling_params import SamplingParams
 from ..vinference.buckets import EOS_WIDTH, next_power_of_two
-from .engine_base import EngineProperties
+from .engine_base import EngineBase
 from .request import ActiveRequest
 
 
@@ -141,7 +140,7 @@ def _decode(graphdef, graphstate, graphother, state: SlotState, release, *, wind
     return state, result
 
 
-class vEngine(EngineProperties):  # noqa: N801 (the seed's name)
+class vEngine(EngineBase):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor, max_concurrent_decodes: int | None = None,
                  max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
                  max_prefill_length: int | None = None, max_length: int | None = None,
@@ -196,9 +195,6 @@ class vEngine(EngineProperties):  # noqa: N801 (the seed's name)
         return None
 
     # ------------------------------------------------------------ compilation
-    def _abstract(self, tree):
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
-
     def _prefill_inputs(self, length: int):
         s = jax.ShapeDtypeStruct
         vocab = self.model.config.vocab_size
@@ -215,30 +211,23 @@ class vEngine(EngineProperties):  # noqa: N801 (the seed's name)
         for job in tqdm(jobs, desc="Compiling vEngine", unit="program", disable=not progress):
             self._program(*job)
 
-    def _program(self, kind: str, size):
-        key = (kind, size)
-        with self._compile_lock:
-            if key in self._compiled:
-                return self._compiled[key]
-            start = time.perf_counter()
-            gs, go = self._abstract(self.graphstate), self._abstract(self.graphother)
-            if kind == "init":
-                exe = jax.jit(self._empty_state).lower().compile()
-            elif kind == "prefill":
-                fn = jax.jit(partial(_prefill, self.graphdef))
-                exe = fn.lower(gs, go, *self._prefill_inputs(size)).compile()
-            elif kind == "insert":
-                prefix = jax.eval_shape(partial(_prefill, self.graphdef), gs, go, *self._prefill_inputs(size))
-                exe = jax.jit(_insert, donate_argnums=(1,)).lower(
-                    prefix, self._abstract_state(), jax.ShapeDtypeStruct((), jnp.int32)).compile()
-            else:
-                window, width = size
-                fn = jax.jit(partial(_decode, self.graphdef, window=window, width=width), donate_argnums=(2,))
-                exe = fn.lower(gs, go, self._abstract_state(),
-                               jax.ShapeDtypeStruct((self._max_concurrent_decodes,), bool)).compile()
-            self.compile_seconds += time.perf_counter() - start
-            self._compiled[key] = exe
-            return exe
+    def _build(self, kind: str, size):
+        gs, go = self._abstract(self.graphstate), self._abstract(self.graphother)
+        if kind == "init":
+            exe = jax.jit(self._empty_state).lower().compile()
+        elif kind == "prefill":
+            fn = jax.jit(partial(_prefill, self.graphdef))
+            exe = fn.lower(gs, go, *self._prefill_inputs(size)).compile()
+        elif kind == "insert":
+            prefix = jax.eval_shape(partial(_prefill, self.graphdef), gs, go, *self._prefill_inputs(size))
+            exe = jax.jit(_insert, donate_argnums=(1,)).lower(
+                prefix, self._abstract_state(), jax.ShapeDtypeStruct((), jnp.int32)).compile()
+        else:
+            window, width = size
+            fn = jax.jit(partial(_decode, self.graphdef, window=window, width=width), donate_argnums=(2,))
+            exe = fn.lower(gs, go, self._abstract_state(),
+                           jax.ShapeDtypeStruct((self._max_concurrent_decodes,), bool)).compile()
+        return exe
 
     def _abstract_state(self):
         return jax.eval_shape(self._empty_state)
