@@ -3,8 +3,9 @@
 Starts each server as a process on loopback, runs `vsurge bench serve` against
 it (32 concurrent streams of 128 tokens from 128-token prompts by default) and
 prints one markdown table. llama-cpp-python's server runs one request at a time.
+A last vsurge row runs the same requests in-process, without HTTP: the server's overhead.
 
-    python benchmarks/serve.py [--num-prompts 32] [--input-len 128] [--output-len 128] [--skip llama.cpp]
+    python benchmarks/serve.py [--num-prompts 32] [--input-len 128] [--output-len 128] [--skip offline,llama.cpp]
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from vsurge.bench_serve import TABLE_HEADER, format_summary, run
+from vsurge.bench_serve import TABLE_HEADER, RequestResult, format_summary, random_prompt, run, summarize
 from vsurge.loading import default_model_path
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -72,6 +74,47 @@ def serve_and_bench(name, cmd, ready_path, args):
             proc.kill()
 
 
+def offline_bench(args, slots: int, length: int) -> dict:
+    """The same requests through vSurge in this process (no HTTP): what the server should add little to."""
+    import vsurge
+    from vsurge import SamplingParams, vSurge
+
+    model, processor = vsurge.load("default", progress=False)
+    surge = vSurge.create_vdriver(model, processor, max_concurrent_decodes=slots, max_length=length,
+                                  max_prefill_length=args.input_len * 2, prefill_lengths=[args.input_len * 2],
+                                  max_queue=1024)
+    surge.compile()
+    surge.start()
+
+    async def one(prompt, tokens):  # mirrors bench_serve.one_request: eos banned, greedy, streamed
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, logit_bias={2: -100.0})
+        start, first, last, count, itls = time.perf_counter(), None, None, 0, []
+        async for samples in surge.submit(processor.encode(prompt), params).updates():
+            if samples[0].token_ids:
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    itls.append(now - last)
+                last, count = now, count + len(samples[0].token_ids)
+        return RequestResult(True, first - start, last - start, count, itls)
+
+    async def load(n, input_len, tokens):
+        rng = random.Random(0)  # the prompts bench_serve.run sends
+        prompts = [random_prompt(rng, input_len) for _ in range(n)]
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one(p, tokens) for p in prompts))
+        return summarize(results, time.perf_counter() - start)
+
+    try:
+        asyncio.run(load(2, 16, 4))  # warm-up
+        summary = asyncio.run(load(args.num_prompts, args.input_len, args.output_len))
+    finally:
+        surge.stop()
+    print(format_summary(f"vsurge f32 in-process, no HTTP ({slots} slots)", summary), flush=True)
+    return summary
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-prompts", type=int, default=32)
@@ -79,7 +122,7 @@ def main(argv=None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--skip", default="")
+    p.add_argument("--skip", default="", help="comma-separated: offline, llama.cpp")
     p.add_argument("--quantization", default="none,int8", help="vsurge runs ('' for none)")
     args = p.parse_args(argv)
     slots = min(args.num_prompts, args.max_concurrency or args.num_prompts)
@@ -94,6 +137,8 @@ def main(argv=None) -> int:
         if q != "none":
             cmd += ["--quantization", q]
         serve_and_bench(f"vsurge {'f32' if q == 'none' else q} ({slots} slots)", cmd, "/readiness", args)
+    if "offline" not in args.skip and args.request_rate == float("inf") and args.max_concurrency is None:
+        offline_bench(args, slots, length)
     if "llama.cpp" not in args.skip:
         try:
             import llama_cpp.server  # noqa: F401
