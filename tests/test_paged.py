@@ -153,7 +153,8 @@ def test_cancelled_and_stopped_sequences_free_their_pages(paged, default_model):
     manager = paged.driver.engine.manager
     manager.check()
     assert paged.driver.num_used_slots == 0 and manager.num_used_pages == 0
-    assert token_ids(paged, [chat_text(processor, QUESTIONS[0])], [SamplingParams(max_tokens=12)]) != [[]]
+    # still serving afterwards
+    assert [len(t) for t in token_ids(paged, [chat_text(processor, QUESTIONS[0])], [greedy(12)])] == [12]
 
 
 def test_prompts_longer_than_a_chunk_and_bad_input(paged, default_model):

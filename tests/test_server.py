@@ -329,6 +329,7 @@ def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
                                           extra_body={"ignore_eos": True})
         assert whole.choices[0].text == streamed[3] and whole.usage.completion_tokens == 16
         assert server.metric("vsurge:prefix_cache_hits_total") > 0
+        assert "vsurge:kv_cache_usage_perc{" in server.get("/metrics").text
         assert 0 <= server.metric("vsurge:kv_cache_usage_perc") <= 1
     finally:
         assert server.stop() == 0

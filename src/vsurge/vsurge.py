@@ -151,8 +151,7 @@ class vSurge:  # noqa: N801 (the seed's name)
 
     @property
     def max_prefill_length(self) -> int:
-        engine = self._engine()
-        return getattr(engine, "max_prompt_length", engine.max_prefill_length)
+        return self._engine().max_prompt_length
 
     def validate_lengths(self, prompt_tokens: int, max_tokens: int) -> None:
         if prompt_tokens == 0:

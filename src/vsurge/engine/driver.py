@@ -75,6 +75,10 @@ class vDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
         return self._decode_engines[0].processor
 
     @property
+    def primary_engine(self):
+        return self._decode_engines[0]
+
+    @property
     def driver_name(self) -> str:
         return f"vDriver({self.metrics.model_name})"
 

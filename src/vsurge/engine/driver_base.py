@@ -32,7 +32,8 @@ class AbstractDriver:
 
 class ThreadedDriver(AbstractDriver):
     """Subclasses provide `start` (calling `_start_threads`), `_enqueue`, `_wake_threads`,
-    `num_used_slots`, `processor` and `compile`."""
+    `num_used_slots`, `processor`, `primary_engine` (whose limits requests are checked against)
+    and `compile`."""
 
     def __init__(self, engine, max_queue: int | None, metrics: EngineMetrics | None):
         self.max_queue = max_queue
@@ -44,11 +45,6 @@ class ThreadedDriver(AbstractDriver):
         self._error: BaseException | None = None
         name = getattr(engine.model.config, "name", "") if hasattr(engine, "model") else "engine"
         self.metrics = metrics or EngineMetrics(name or "vsurge")
-
-    @property
-    def primary_engine(self):
-        """The engine whose limits (max_length, vocabulary, eos ids) requests are checked against."""
-        return self._decode_engines[0]
 
     @property
     def ready(self) -> bool:

@@ -32,7 +32,6 @@ class oDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
     def __init__(self, engine: oEngine, detokenizing_blocks: int = 8, max_queue: int | None = None,
                  metrics: EngineMetrics | None = None, token_budget: int | None = None):
         self.engine = engine
-        self._decode_engines = [engine]
         self.scheduler = Scheduler(engine.manager, engine.max_concurrent_decodes, engine.max_prefill_length,
                                    token_budget)
         self._inbox: queue.Queue = queue.Queue()
@@ -48,6 +47,10 @@ class oDriver(ThreadedDriver):  # noqa: N801 (the seed's name)
     @property
     def processor(self):
         return self.engine.processor
+
+    @property
+    def primary_engine(self):
+        return self.engine
 
     @property
     def driver_name(self) -> str:

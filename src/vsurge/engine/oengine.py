@@ -142,6 +142,7 @@ class oEngine(EngineBase):  # noqa: N801 (the seed's name)
 
     @property
     def max_prompt_length(self) -> int:
+        """Longest prompt a request may have (chunked prefill: anything that leaves room for a token)."""
         return self._max_length - 1
 
     @property
@@ -211,15 +212,19 @@ class oEngine(EngineBase):  # noqa: N801 (the seed's name)
         want = np.asarray([request.params.logprobs is not None])
         return self._program("set_slot", 0)(state, np.int32(seq.slot), counts, prompt_mask, bias, sampling, want)
 
-    def bucket_for(self, plan: NextIterationPlan) -> tuple[int, int, int]:
+    def page_tables(self, plan: NextIterationPlan) -> dict:
+        """Each planned sequence's page table, read once per step."""
+        seqs = plan.decode + ([plan.prefill] if plan.prefill is not None else [])
+        return {seq: self.manager.page_table(seq.seq_id) for seq in seqs}
+
+    def bucket_for(self, plan: NextIterationPlan, tables: dict) -> tuple[int, int, int]:
         d = next(w for w in self.decode_widths if w >= len(plan.decode))
         c = next(n for n in self.chunk_lengths if n >= plan.chunk_length) if plan.prefill is not None else 0
-        seqs = plan.decode + ([plan.prefill] if plan.prefill is not None else [])
-        pages = max(len(self.manager.page_table(s.seq_id)) for s in seqs)
+        pages = max(len(table) for table in tables.values())
         w = next(p for p in self.page_windows if p >= pages)
         return d, c, w
 
-    def step_inputs(self, plan: NextIterationPlan, bucket) -> tuple:
+    def step_inputs(self, plan: NextIterationPlan, bucket, page_tables: dict) -> tuple:
         """Host arrays of one step, padded to `bucket`."""
         d, c, w = bucket
         n, r = d + c, d + (1 if c else 0)
@@ -232,13 +237,13 @@ class oEngine(EngineBase):  # noqa: N801 (the seed's name)
         logits_index, real = np.zeros(r, np.int32), np.zeros(r, bool)
 
         def place(row, seq, start, length, at):
-            table = self.manager.page_table(seq.seq_id)
+            table = page_tables[seq]
             tables[row, : len(table)] = table
             pos = np.arange(start, start + length)
             tokens[at:at + length] = seq.tokens[start:start + length]
             positions[at:at + length] = pos
             slot_mapping[at:at + length] = np.asarray(table)[pos // ps] * ps + pos % ps
-            row_slots[row], steps[row] = seq.slot, len(seq.generated)
+            row_slots[row], steps[row] = seq.slot, len(seq.tokens) - seq.num_prompt  # tokens generated
             logits_index[row] = at + length - 1
 
         for i, seq in enumerate(plan.decode):
@@ -252,8 +257,9 @@ class oEngine(EngineBase):  # noqa: N801 (the seed's name)
     def forward(self, graphstate, graphothers, state: ActiveSequenceBatch, iteration_plan: NextIterationPlan):
         """Run one plan -> (state, ModelOutputBatch): row i is plan.decode[i]; the row after the decode
         bucket is the prefill chunk's (meaningful when plan.prefill_samples)."""
-        bucket = self.bucket_for(iteration_plan)
-        inputs = self.step_inputs(iteration_plan, bucket)
+        tables = self.page_tables(iteration_plan)
+        bucket = self.bucket_for(iteration_plan, tables)
+        inputs = self.step_inputs(iteration_plan, bucket, tables)
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphothers is None else graphothers
         state, out = self._program("forward", bucket)(gs, go, state, *inputs)

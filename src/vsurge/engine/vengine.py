@@ -179,6 +179,11 @@ class vEngine(EngineBase):  # noqa: N801 (the seed's name)
         return self._max_prefill_length
 
     @property
+    def max_prompt_length(self) -> int:
+        """Longest prompt a request may have (one prefill)."""
+        return self._max_prefill_length
+
+    @property
     def prefill_lengths(self) -> list[int]:
         return list(self._prefill_lengths)
 

@@ -53,10 +53,6 @@ class PagedAttentionCache:
         return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), sliding_window=config.sliding_window)
 
     @property
-    def num_pages(self) -> int:
-        return self.k.shape[1]
-
-    @property
     def page_size(self) -> int:
         return self.k.shape[2]
 

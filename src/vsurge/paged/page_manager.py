@@ -24,11 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["HBMPageManager", "OutOfPagesError"]
-
-
-class OutOfPagesError(RuntimeError):
-    """Not enough free or evictable pages for a request."""
+__all__ = ["HBMPageManager"]
 
 
 @dataclass

@@ -30,7 +30,6 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     slot: int | None = None  # row of the engine's sampling state while admitted
     needs_slot_setup: bool = False  # the engine must (re)load this slot's sampling state
-    finished: bool = False
 
     @property
     def seq_id(self) -> int:
@@ -63,10 +62,6 @@ class NextIterationPlan:
     def empty(self) -> bool:
         return not self.decode and self.prefill is None
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decode) + self.chunk_length
-
 
 class Scheduler:
     def __init__(self, manager: HBMPageManager, max_running: int, chunk_size: int, token_budget: int | None = None):
@@ -85,7 +80,6 @@ class Scheduler:
 
     def finish(self, seq: Sequence) -> None:
         """Remove a sequence for good (done, cancelled or failed) and free its pages and slot."""
-        seq.finished = True
         if seq in self.running:
             self._release(seq)
         elif seq in self.waiting:
@@ -115,8 +109,9 @@ class Scheduler:
         if prefill is None:
             prefill = self._admit()
         if prefill is None or prefill.remaining == 1:
-            if prefill is not None and prefill not in decode and self._reserve(prefill, len(prefill.tokens)):
-                decode.append(prefill)  # a one-token prompt (or fully cached one) decodes directly
+            # a just-admitted one-token prompt decodes directly
+            if prefill is not None and self.manager.reserve(prefill.seq_id, len(prefill.tokens)):
+                decode.append(prefill)
             return NextIterationPlan(decode)
         start = prefill.num_computed
         length = min(prefill.remaining, self.chunk_size, budget)
@@ -159,9 +154,6 @@ class Scheduler:
         self.running.append(seq)
         return seq
 
-    def _reserve(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.manager.reserve(seq.seq_id, num_tokens)
-
     def _fit_pages(self, seq: Sequence, length: int) -> int:
         """Shrink a chunk to the pages that can be had now (whole pages beyond the table)."""
         if self.manager.reserve(seq.seq_id, seq.num_computed + length):
@@ -183,5 +175,5 @@ class Scheduler:
         for seq, token in sampled.items():
             seq.tokens.append(token)
         for seq in {*plan.decode, *([plan.prefill] if plan.prefill else [])}:
-            if not seq.finished and seq in self.running:
+            if seq in self.running:  # not preempted by this plan
                 self.manager.commit(seq.seq_id, seq.tokens, seq.num_computed)
