@@ -53,7 +53,7 @@ def hf_gguf_logits(path, ids):
 
 
 def loaded_weight(model, hf_name: str) -> np.ndarray:
-    """Pull one HF-named tensor back out of vsurge's fused, stacked layout (HF (out, in) order)."""
+    """Pull one HF-named tensor back out of vsurge's fused layout (HF (out, in) order)."""
     c = model.config
     layer = int(hf_name.split(".")[2])
     part = hf_name.split(".", 3)[3]
@@ -67,7 +67,7 @@ def loaded_weight(model, hf_name: str) -> np.ndarray:
         "mlp.down_proj.weight": ("w_down", 0, c.hidden_size),
     }
     name, lo, hi = slices[part]
-    return np.asarray(getattr(model.layers, name)[...][layer][:, lo:hi]).T
+    return np.asarray(getattr(model.layers[layer], name)[...][:, lo:hi]).T
 
 
 @pytest.mark.parametrize("arch,cls_name,types,extra", [

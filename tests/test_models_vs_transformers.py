@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vsurge
-from vsurge.kv import DenseKVCache
+from vsurge.kv.dense import DenseKVCache
 from tiny_models import TINY_CONFIGS, VOCAB, write_tiny_model
 
 TOL = 1e-4

@@ -43,7 +43,7 @@ def int8_model():
 
 def test_int8_default_model_agrees_with_float32(int8_model, default_model):
     model, processor = int8_model
-    assert model.quantization == "int8" and model.layers.wqkv[...].dtype == jnp.int8
+    assert model.quantization == "int8" and model.layers[0].wqkv[...].dtype == jnp.int8
     assert model.decode_bytes < default_model[0].decode_bytes / 3.5
     ids = processor.apply_chat_template(CHAT_PROMPT) + processor.encode(" The capital of France is Paris.")
     ref = np.asarray(default_model[0](jnp.asarray([ids]))[0][0])

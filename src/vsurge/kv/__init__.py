@@ -2,9 +2,6 @@
 
     out, cache = cache.attend(layer, q, k, v, positions)
 
-so the model never knows how keys and values are stored.
+so the model never knows how keys and values are stored. `page_manager` (which
+page belongs to whom) is pure Python and imports no JAX.
 """
-
-from .dense import DenseKVCache, NoCache
-
-__all__ = ["DenseKVCache", "NoCache"]

@@ -6,7 +6,7 @@ import logging
 import time
 from pathlib import Path
 
-from ..devices import default_dtype
+from ..devices import compute_dtype, default_dtype
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -32,7 +32,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
          progress: bool = True, load_processor: bool = True):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
-    dtype: weights/compute dtype; default float32 on CPU, bfloat16 on GPU/TPU.
+    dtype: the weights' dtype; default bfloat16. Activations are float32 on CPU (the dots
+        accumulate in float32 there) and the weights' dtype on GPU/TPU; dtype="float32" runs
+        everything in float32 (what the numerical tests against transformers use).
     quantization: None (weights in `dtype`) or "int8" (per-channel int8 matrices; faster on CPU,
         slightly less exact: see README).
     progress: show a progress bar while reading weights.
@@ -58,7 +60,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     else:
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
     weights = assemble_weights(config, source, dtype, progress=progress)
-    model = build_model(config, weights, dtype)
+    model = build_model(config, weights, dtype, compute_dtype(dtype))
     if quantization:
         model.quantize(quantization)
     log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,

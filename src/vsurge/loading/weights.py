@@ -1,9 +1,9 @@
-"""Turn per-tensor checkpoints (HF names, (out, in) layout) into the model's stacked weights.
+"""Turn per-tensor checkpoints (HF names, (out, in) layout) into the model's weights.
 
 Both the safetensors and the GGUF loaders expose a `TensorSource`: HF tensor
 names in, float numpy arrays out. This module checks every shape against the
-config, transposes to (in, out), fuses Q/K/V and gate/up, stacks the layers
-and builds the nnx module, so the two loaders share all of that.
+config, transposes to (in, out), fuses Q/K/V and gate/up and builds the nnx
+module, so the two loaders share all of that.
 """
 
 from __future__ import annotations
@@ -52,25 +52,25 @@ def _expect(source: TensorSource, name: str, shape: tuple[int, ...]) -> np.ndarr
 
 
 def _layer_parts(c: ModelConfig) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
-    """model weight name -> HF per-layer tensors concatenated into it (HF shapes)."""
+    """layer weight name -> HF per-layer tensors concatenated into it (HF shapes)."""
     D, F, Q, K, hd = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size, c.head_dim
     parts = {
-        "layers.attn_norm": [("input_layernorm.weight", (D,))],
-        "layers.wqkv": [("self_attn.q_proj.weight", (Q, D)), ("self_attn.k_proj.weight", (K, D)),
-                        ("self_attn.v_proj.weight", (K, D))],
-        "layers.wo": [("self_attn.o_proj.weight", (D, Q))],
-        "layers.mlp_norm": [("post_attention_layernorm.weight", (D,))],
-        "layers.w_gate_up": [("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D))],
-        "layers.w_down": [("mlp.down_proj.weight", (D, F))],
+        "attn_norm": [("input_layernorm.weight", (D,))],
+        "wqkv": [("self_attn.q_proj.weight", (Q, D)), ("self_attn.k_proj.weight", (K, D)),
+                 ("self_attn.v_proj.weight", (K, D))],
+        "wo": [("self_attn.o_proj.weight", (D, Q))],
+        "mlp_norm": [("post_attention_layernorm.weight", (D,))],
+        "w_gate_up": [("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D))],
+        "w_down": [("mlp.down_proj.weight", (D, F))],
     }
     if c.qkv_bias:
-        parts["layers.bqkv"] = [("self_attn.q_proj.bias", (Q,)), ("self_attn.k_proj.bias", (K,)),
-                                ("self_attn.v_proj.bias", (K,))]
+        parts["bqkv"] = [("self_attn.q_proj.bias", (Q,)), ("self_attn.k_proj.bias", (K,)),
+                         ("self_attn.v_proj.bias", (K,))]
     if c.o_bias:
-        parts["layers.bo"] = [("self_attn.o_proj.bias", (D,))]
+        parts["bo"] = [("self_attn.o_proj.bias", (D,))]
     if c.qk_norm:
-        parts["layers.q_norm"] = [("self_attn.q_norm.weight", (hd,))]
-        parts["layers.k_norm"] = [("self_attn.k_norm.weight", (hd,))]
+        parts["q_norm"] = [("self_attn.q_norm.weight", (hd,))]
+        parts["k_norm"] = [("self_attn.k_norm.weight", (hd,))]
     return parts
 
 
@@ -82,7 +82,7 @@ def numpy_dtype(dtype) -> np.dtype:
 def assemble_weights(
     config: ModelConfig, source: TensorSource, dtype, progress: bool = True
 ) -> dict[str, np.ndarray]:
-    """Read, check and stack every tensor. Returns model weight name -> array of the model's shape."""
+    """Read and check every tensor. Returns model weight name -> array of the model's shape."""
     np_dtype = numpy_dtype(dtype)
     shapes = weight_shapes(config)
     c = config
@@ -101,13 +101,13 @@ def assemble_weights(
         used.add("lm_head.weight")  # tied: some exports still write a copy
 
     parts = _layer_parts(c)
-    stacked = {name: np.empty(shapes[name], np_dtype) for name in parts}
     for i in tqdm(range(c.num_layers), desc="Loading weights", unit="layer", disable=not progress):
         for name, pieces in parts.items():
             arrays = [take(_layer_key(i, p), s) for p, s in pieces]
             joined = np.concatenate(arrays, axis=0) if len(arrays) > 1 else arrays[0]
-            stacked[name][i] = joined.T if joined.ndim == 2 else joined  # (out, in) -> (in, out)
-    out.update(stacked)
+            # (out, in) -> (in, out), contiguous so the device copy is one memcpy
+            out[f"layers.{i}.{name}"] = np.ascontiguousarray(joined.T if joined.ndim == 2 else joined,
+                                                              dtype=np_dtype)
 
     unknown = sorted(n for n in source.names() - used if not n.endswith(IGNORED_SUFFIXES))
     if unknown:
@@ -119,9 +119,11 @@ def assemble_weights(
     return out
 
 
-def build_model(config: ModelConfig, weights: dict[str, np.ndarray], dtype) -> LlamaForCausalLM:
-    """Create the nnx module without random init, then place the given weights on the device."""
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=dtype))
+def build_model(config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None) -> LlamaForCausalLM:
+    """Create the nnx module without random init, then place the given weights on the device.
+
+    dtype: the weights'; compute_dtype: the activations' (default: the weights')."""
+    model = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=compute_dtype or dtype, param_dtype=dtype))
     expected = weight_shapes(config)
     if set(expected) != set(weights):
         raise ModelLoadError(f"weights {sorted(set(expected) ^ set(weights))} do not match the model")
@@ -129,6 +131,6 @@ def build_model(config: ModelConfig, weights: dict[str, np.ndarray], dtype) -> L
         holder: Callable = model
         *parents, leaf = name.split(".")
         for p in parents:
-            holder = getattr(holder, p)
+            holder = holder[int(p)] if p.isdigit() else getattr(holder, p)
         getattr(holder, leaf).set_value(jax.device_put(jnp.asarray(value, dtype=dtype)))
     return model

@@ -1,17 +1,24 @@
 """The Llama-family decoder (Llama 2/3.x, Mistral, Qwen2, Qwen3, SmolLM2) as a flax.nnx module.
 
-Layer weights are stacked on a leading `num_layers` axis and the decoder runs
-as one `lax.scan`, so compile time does not grow with depth. Q/K/V and
-gate/up projections are fused into single matrices: fewer, larger matmuls.
+Each decoder layer holds its own weights and the forward pass is a Python loop
+over the layers (unrolled in the compiled program). XLA:CPU feeds a layer's
+own arrays straight into its dots, whereas a `lax.scan` over stacked weights
+copies every layer's slice before the dot (docs/performance.md); a KV cache
+keeps one array per layer for the same reason. Q/K/V and gate/up projections
+are fused into single matrices: fewer, larger matmuls.
 
-Weight names and shapes (L layers, D hidden, F ffn, V vocab, Q = H*hd, K = KVH*hd):
-    embed            (V, D)
-    layers.attn_norm (L, D)         layers.mlp_norm  (L, D)
-    layers.wqkv      (L, D, Q+2K)   layers.bqkv      (L, Q+2K)   [qkv_bias]
-    layers.wo        (L, Q, D)      layers.bo        (L, D)      [o_bias]
-    layers.q_norm    (L, hd)        layers.k_norm    (L, hd)     [qk_norm]
-    layers.w_gate_up (L, D, 2F)     layers.w_down    (L, F, D)
-    final_norm       (D,)           lm_head          (D, V)      [untied]
+Weight names and shapes (D hidden, F ffn, V vocab, Q = H*hd, K = KVH*hd), per layer i:
+    layers.i.attn_norm (D,)          layers.i.mlp_norm  (D,)
+    layers.i.wqkv      (D, Q+2K)     layers.i.bqkv      (Q+2K,)  [qkv_bias]
+    layers.i.wo        (Q, D)        layers.i.bo        (D,)     [o_bias]
+    layers.i.q_norm    (hd,)         layers.i.k_norm    (hd,)    [qk_norm]
+    layers.i.w_gate_up (D, 2F)       layers.i.w_down    (F, D)
+and embed (V, D), final_norm (D,), lm_head (D, V) [untied].
+
+Two dtypes: `param_dtype` for the weights and `dtype` for activations (the
+residual stream, norms, attention and the KV cache). bfloat16 weights with
+float32 activations multiply in bfloat16 and accumulate in float32
+(ops/linear.py): on CPUs with AVX512-BF16 that is twice as fast as float32.
 """
 
 from __future__ import annotations
@@ -23,71 +30,76 @@ from flax import nnx
 
 from ..config import ModelConfig
 from ..kv.dense import NoCache
-from ..ops.linear import linear, quantize_int8
+from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, inverse_frequencies, rope_cos_sin
+
+QUANTIZABLE = ("wqkv", "wo", "w_gate_up", "w_down")
+
+
+def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every weight of one decoder layer and its shape."""
+    c = config
+    D, F = c.hidden_size, c.intermediate_size
+    qkv = c.q_size + 2 * c.kv_size
+    shapes = {"attn_norm": (D,), "wqkv": (D, qkv), "wo": (c.q_size, D), "mlp_norm": (D,),
+              "w_gate_up": (D, 2 * F), "w_down": (F, D)}
+    if c.qkv_bias:
+        shapes["bqkv"] = (qkv,)
+    if c.o_bias:
+        shapes["bo"] = (D,)
+    if c.qk_norm:
+        shapes["q_norm"] = (c.head_dim,)
+        shapes["k_norm"] = (c.head_dim,)
+    return shapes
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every parameter name of the model and its shape."""
     c = config
-    L, D, F, V = c.num_layers, c.hidden_size, c.intermediate_size, c.vocab_size
-    qkv = c.q_size + 2 * c.kv_size
-    shapes = {
-        "embed": (V, D),
-        "layers.attn_norm": (L, D),
-        "layers.wqkv": (L, D, qkv),
-        "layers.wo": (L, c.q_size, D),
-        "layers.mlp_norm": (L, D),
-        "layers.w_gate_up": (L, D, 2 * F),
-        "layers.w_down": (L, F, D),
-        "final_norm": (D,),
-    }
-    if c.qkv_bias:
-        shapes["layers.bqkv"] = (L, qkv)
-    if c.o_bias:
-        shapes["layers.bo"] = (L, D)
-    if c.qk_norm:
-        shapes["layers.q_norm"] = (L, c.head_dim)
-        shapes["layers.k_norm"] = (L, c.head_dim)
+    shapes = {"embed": (c.vocab_size, c.hidden_size), "final_norm": (c.hidden_size,)}
+    for i in range(c.num_layers):
+        shapes.update({f"layers.{i}.{k}": v for k, v in layer_shapes(c).items()})
     if not c.tie_word_embeddings:
-        shapes["lm_head"] = (D, V)
+        shapes["lm_head"] = (c.hidden_size, c.vocab_size)
     return shapes
 
 
-class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, stacked on axis 0."""
+def _init(name: str, shape, dtype, rngs: nnx.Rngs) -> nnx.Param:
+    if name.endswith("norm"):
+        return nnx.Param(jnp.ones(shape, dtype))
+    if name.startswith("b"):
+        return nnx.Param(jnp.zeros(shape, dtype))
+    return nnx.Param((0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype))
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], dtype, rngs: nnx.Rngs):
-        for name, shape in shapes.items():
-            if name.endswith("norm"):
-                value = jnp.ones(shape, dtype)
-            elif name.startswith("b"):
-                value = jnp.zeros(shape, dtype)
-            else:
-                value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-            setattr(self, name, nnx.Param(value))
+
+class DecoderLayer(nnx.Module):
+    """One layer's weights (attention + MLP)."""
+
+    def __init__(self, config: ModelConfig, param_dtype, rngs: nnx.Rngs):
+        for name, shape in layer_shapes(config).items():
+            setattr(self, name, _init(name, shape, param_dtype, rngs))
+
+    def weights(self) -> dict[str, jax.Array]:
+        return {name: value[...] for name, value in vars(self).items() if isinstance(value, nnx.Param)}
 
 
 class LlamaForCausalLM(nnx.Module):
-    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs | None = None):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         self.config = config
         self.dtype = jnp.dtype(dtype)
-        shapes = weight_shapes(config)
-        layer_shapes = {k.split(".", 1)[1]: v for k, v in shapes.items() if k.startswith("layers.")}
-        self.layers = DecoderLayers(layer_shapes, self.dtype, rngs)
-        self.embed = nnx.Param((0.02 * jax.random.normal(rngs.params(), shapes["embed"])).astype(self.dtype))
-        self.final_norm = nnx.Param(jnp.ones(shapes["final_norm"], self.dtype))
-        if "lm_head" in shapes:
-            self.lm_head = nnx.Param((0.02 * jax.random.normal(rngs.params(), shapes["lm_head"])).astype(self.dtype))
+        self.param_dtype = jnp.dtype(param_dtype or dtype)
+        self.layers = nnx.List([DecoderLayer(config, self.param_dtype, rngs) for _ in range(config.num_layers)])
+        self.embed = _init("embed", (config.vocab_size, config.hidden_size), self.param_dtype, rngs)
+        self.final_norm = _init("final_norm", (config.hidden_size,), self.param_dtype, rngs)
+        if not config.tie_word_embeddings:
+            self.lm_head = _init("lm_head", (config.hidden_size, config.vocab_size), self.param_dtype, rngs)
 
     # ---------------------------------------------------------------- weights
-    QUANTIZABLE = ("wqkv", "wo", "w_gate_up", "w_down")
-
     @property
     def quantization(self) -> str | None:
-        return "int8" if hasattr(self.layers, "wqkv_scale") else None
+        return "int8" if hasattr(self.layers[0], "wqkv_scale") else None
 
     def quantize(self, kind: str = "int8") -> "LlamaForCausalLM":
         """Replace the matrices by int8 + per-channel scales, in place (see ops/linear.py)."""
@@ -95,10 +107,11 @@ class LlamaForCausalLM(nnx.Module):
             raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
         if self.quantization:
             return self
-        for name in self.QUANTIZABLE:
-            q, scale = quantize_int8(getattr(self.layers, name)[...])
-            getattr(self.layers, name).set_value(q)
-            setattr(self.layers, name + "_scale", nnx.Param(scale))
+        for layer in self.layers:
+            for name in QUANTIZABLE:
+                q, scale = quantize_int8(getattr(layer, name)[...])
+                getattr(layer, name).set_value(q)
+                setattr(layer, name + "_scale", nnx.Param(scale))
         head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
         q, scale = quantize_int8(head)
         if hasattr(self, "lm_head"):
@@ -110,18 +123,12 @@ class LlamaForCausalLM(nnx.Module):
 
     def named_weights(self) -> dict[str, jax.Array]:
         out = {"embed": self.embed[...], "final_norm": self.final_norm[...]}
-        if hasattr(self, "lm_head"):
-            out["lm_head"] = self.lm_head[...]
-        if hasattr(self, "lm_head_scale"):
-            out["lm_head_scale"] = self.lm_head_scale[...]
-        out.update({f"layers.{k}": v for k, v in self._layer_weights().items()})
+        for name in ("lm_head", "lm_head_scale"):
+            if hasattr(self, name):
+                out[name] = getattr(self, name)[...]
+        for i, layer in enumerate(self.layers):
+            out.update({f"layers.{i}.{k}": v for k, v in layer.weights().items()})
         return out
-
-    def _layer_weights(self) -> dict[str, jax.Array]:
-        names = [n.split(".", 1)[1] for n in weight_shapes(self.config) if n.startswith("layers.")]
-        if self.quantization:
-            names += [n + "_scale" for n in self.QUANTIZABLE]
-        return {n: getattr(self.layers, n)[...] for n in names}
 
     @property
     def weight_bytes(self) -> int:
@@ -150,26 +157,22 @@ class LlamaForCausalLM(nnx.Module):
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         if cache is None:
             cache = NoCache(self.config.sliding_window)
-        hidden = self.embed[...][input_ids].astype(self.dtype)  # (B, T, D)
-        hidden, cache = self.decode_layers(hidden, positions, cache)
+        hidden, cache = self.decode_layers(self.embed_tokens(input_ids), positions, cache)
         if logits_index is not None:
             hidden = jnp.take_along_axis(hidden, logits_index[:, None, None].astype(jnp.int32), axis=1)[:, 0]
         return self.logits(hidden), cache
+
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        """(...) int32 -> (..., D) in the activation dtype."""
+        return self.embed[...][input_ids].astype(self.dtype)
 
     def decode_layers(self, hidden, positions, cache):
         """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm."""
         c = self.config
         cos, sin = rope_cos_sin(positions, jnp.asarray(inverse_frequencies(c)))  # derived, not a weight
-        stacked = self._layer_weights()
-
-        def layer(carry, xs):
-            x, kv = carry
-            w, index = xs
-            x, kv = self._layer(x, kv, w, index, positions, cos, sin)
-            return (x, kv), None
-
-        layer_ids = jnp.arange(c.num_layers, dtype=jnp.int32)
-        (hidden, cache), _ = jax.lax.scan(layer, (hidden, cache), (stacked, layer_ids))
+        for i, layer in enumerate(self.layers):
+            with jax.named_scope(f"layer_{i}"):
+                hidden, cache = self._layer(hidden, cache, layer.weights(), i, positions, cos, sin)
         return rms_norm(hidden, self.final_norm[...], c.rms_norm_eps), cache
 
     def _layer(self, x, kv, w, index, positions, cos, sin):
@@ -178,7 +181,7 @@ class LlamaForCausalLM(nnx.Module):
         h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
         qkv = linear(h, w["wqkv"], w.get("wqkv_scale"))  # (B, T, Q+2K)
         if c.qkv_bias:
-            qkv = qkv + w["bqkv"]
+            qkv = qkv + w["bqkv"].astype(qkv.dtype)
         q = qkv[..., : c.q_size].reshape(b, t, c.num_heads, c.head_dim)
         k = qkv[..., c.q_size : c.q_size + c.kv_size].reshape(b, t, c.num_kv_heads, c.head_dim)
         v = qkv[..., c.q_size + c.kv_size :].reshape(b, t, c.num_kv_heads, c.head_dim)
@@ -186,10 +189,11 @@ class LlamaForCausalLM(nnx.Module):
             q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
             k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        attn, kv = kv.attend(index, q, k, v, positions)  # (B, T, H, hd)
+        with jax.named_scope("attention"):
+            attn, kv = kv.attend(index, q, k, v, positions)  # (B, T, H, hd)
         out = linear(attn.reshape(b, t, c.q_size), w["wo"], w.get("wo_scale"))
         if c.o_bias:
-            out = out + w["bo"]
+            out = out + w["bo"].astype(out.dtype)
         x = x + out
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
         gate_up = linear(h, w["w_gate_up"], w.get("w_gate_up_scale"))  # (B, T, 2F)
@@ -203,5 +207,5 @@ class LlamaForCausalLM(nnx.Module):
             scale = self.lm_head_scale[...] if hasattr(self, "lm_head_scale") else None
             out = linear(hidden, self.lm_head[...], scale)
         else:
-            out = hidden @ self.embed[...].T
+            out = matmul_t(hidden, self.embed[...])  # tied: hidden @ embed.T
         return out.astype(jnp.float32)

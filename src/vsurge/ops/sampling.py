@@ -130,16 +130,16 @@ def _filter(scaled, p: SamplingArrays, candidates: int = CANDIDATES):
     return jax.lax.cond(jnp.all(exact), lambda: fast, lambda: _filter_sorted(scaled, p))
 
 
-def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
-    """Pick one token per row.
+def penalties_active(p: SamplingArrays) -> jax.Array:
+    """() bool: some row uses a repetition, frequency or presence penalty."""
+    return jnp.any((p.repetition_penalty != 1.0) | (p.frequency_penalty != 0.0) | (p.presence_penalty != 0.0))
 
-    logits (B, V) f32, counts (B, V) i32, prompt_mask (B, V) bool, steps (B,) i32
-    (tokens generated so far; folded into the row key), bias (B, V) f32 or None.
-    Returns tokens (B,) i32.
-    """
-    if bias is not None:
-        logits = logits + bias
-    logits = apply_penalties(logits, counts, prompt_mask, p)
+
+def draw_tokens(logits, p: SamplingArrays, steps):
+    """Pick one token per row from (already biased / penalized) logits (B, V) f32.
+
+    steps (B,) i32: tokens generated so far, folded into the row's key. Returns (B,) i32;
+    temperature 0 is exactly argmax."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
     def draw(logits):
@@ -157,6 +157,20 @@ def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
     # An all-greedy batch skips the sort and the noise entirely.
     sampled = jax.lax.cond(jnp.any(p.temperature > 0), draw, lambda _: greedy, logits)
     return jnp.where(p.temperature > 0, sampled, greedy)
+
+
+def sample(logits, counts, prompt_mask, p: SamplingArrays, steps, bias=None):
+    """Bias, penalties, then one token per row.
+
+    logits (B, V) f32, counts (B, V) i32, prompt_mask (B, V) bool, steps (B,) i32
+    (tokens generated so far; folded into the row key), bias (B, V) f32 or None.
+    Returns tokens (B,) i32.
+    """
+    if bias is not None:
+        logits = logits + bias
+    logits = jax.lax.cond(penalties_active(p), lambda l: apply_penalties(l, counts, prompt_mask, p), lambda l: l,
+                          logits)
+    return draw_tokens(logits, p, steps)
 
 
 def token_logprobs(logits, tokens, num_top: int = TOP_LOGPROBS):

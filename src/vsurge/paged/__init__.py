@@ -1,1 +1,0 @@
-"""Paged KV cache: page manager, scheduler, paged attention."""
