@@ -1,8 +1,9 @@
-"""A hand-computable engine for driver tests: no model, no JAX.
+"""A hand-computable engine for driver tests: no model, no JAX (engine/interface.py's contract).
 
-Prefill's first token is 10 + sum(prompt) % 7; every decode step adds 1 to a
-slot's token. A request therefore produces first, first+1, ... until an eos
-id or max_tokens. Failures and delays can be injected per call.
+The real Scheduler plans every step over SlotPages. A prompt row that ends its
+prompt samples 10 + sum(prompt) % 7; every decode step adds 1 to a row's
+token. A request therefore produces first, first+1, ... until an eos id or
+max_tokens. Failures and delays can be injected per call.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import threading
 import time
 
 import numpy as np
+
+from vsurge.engine.config import EngineConfig
+from vsurge.engine.scheduler import Scheduler
+from vsurge.kv.page_manager import SlotPages
 
 
 class CharProcessor:
@@ -35,96 +40,85 @@ class CharProcessor:
 
 
 @dataclasses.dataclass
-class MockPrefix:
-    first: np.ndarray
-    done: bool
-    k: np.ndarray  # (1, 1, 1, T, 1): only its shape is used
-    max_new: int
-    eos: tuple
-
-
-@dataclasses.dataclass
-class MockResult:
+class MockOutput:
     tokens: np.ndarray
     valid: np.ndarray
+    logprobs: None = None
+    chunk_offset: int = 0
+
+    def to_host(self, with_logprobs: bool):
+        return self
+
+
+def first_token(prompt_ids) -> int:
+    return 10 + sum(prompt_ids) % 7
 
 
 class MockEngine:
-    def __init__(self, slots: int = 3, vocab: int = 1000, decode_delay: float = 0.0, max_length: int = 512):
-        self.max_concurrent_decodes = slots
-        self.max_concurrent_prefill = 1
-        self.max_length = max_length
-        self.max_prefill_length = 256
-        self.prefill_lengths = [256]
+    def __init__(self, slots: int = 3, vocab: int = 1000, decode_delay: float = 0.0, max_length: int = 512,
+                 decode_steps: int = 1):
+        self.config = EngineConfig(max_slots=slots, max_length=max_length, page_size=16, prefill_tokens=64,
+                                   decode_steps=decode_steps)
+        self.pool = SlotPages(slots, max_length, 16)
         self.processor = CharProcessor()
+        self.vocab_size = vocab
         self.eos_token_ids = [0]
-        self.vocab = vocab
+        self.model_name = "mock"
         self.decode_delay = decode_delay
         self.fail_on: dict[str, int] = {}  # method -> call number that raises
-        self.calls: dict[str, int] = {"prefill": 0, "insert": 0, "decode": 0}
-        self.inserted_slots: list[int] = []
-        self.freed_slots: list[int] = []
+        self.calls = {"step": 0}
         self.max_busy = 0
-        self.lock = threading.Lock()
+        self.slots_used: set[int] = set()
         self.compiled = False
+        self.lock = threading.Lock()
 
-    def _count(self, name):
-        self.calls[name] += 1
-        if self.fail_on.get(name) == self.calls[name]:
-            raise RuntimeError(f"injected {name} failure")
+    max_length = property(lambda self: self.config.max_length)
+    max_prompt_length = property(lambda self: self.config.prompt_limit)
+    max_concurrent_decodes = property(lambda self: self.config.max_slots)
 
-    def compile(self, progress: bool = False):
-        self.compiled = True
-
-    def new_seed(self):
+    def new_seed(self) -> int:
         return 0
 
-    def init_decode_state(self):
-        b = self.max_concurrent_decodes
-        return {"tokens": np.zeros(b, np.int64), "active": np.zeros(b, bool), "generated": np.zeros(b, np.int64),
-                "max_new": np.zeros(b, np.int64), "eos": [set() for _ in range(b)]}
+    def new_scheduler(self) -> Scheduler:
+        return Scheduler(self.pool, self.config)
 
-    def prefill_request(self, request):
-        self._count("prefill")
-        first = 10 + sum(request.prompt_ids) % 7
-        done = first in request.eos_token_ids or request.max_new_tokens <= 1
-        return MockPrefix(np.asarray([first]), done, np.zeros((1, 1, 1, len(request.prompt_ids), 1)),
-                          request.max_new_tokens, tuple(request.eos_token_ids))
+    def compile(self, progress: bool = False) -> None:
+        self.compiled = True
 
-    def insert(self, prefix, state, slot):
-        self._count("insert")
-        state["tokens"][slot] = prefix.first[0]
-        state["active"][slot] = not prefix.done
-        state["generated"][slot] = 1
-        state["max_new"][slot] = prefix.max_new
-        state["eos"][slot] = set(prefix.eos)
-        self.inserted_slots.append(slot)
-        self.max_busy = max(self.max_busy, int(state["active"].sum()))
-        return state
+    def init_state(self):
+        return {}
 
-    def set_slot_position(self, slot, position):
-        pass
-
-    def free_resource(self, slot):
-        self.freed_slots.append(slot)
-        return True
-
-    def decode(self, graphstate, graphothers, state, rngs=None):
-        self._count("decode")
+    def step(self, state, plan):
+        self.calls["step"] += 1
+        if self.fail_on.get("step") == self.calls["step"]:
+            raise RuntimeError("injected step failure")
         if self.decode_delay:
             time.sleep(self.decode_delay)
-        valid = state["active"].copy()
-        state["tokens"] = np.where(valid, (state["tokens"] + 1) % self.vocab, state["tokens"])
-        state["generated"] = state["generated"] + valid
-        for slot in np.flatnonzero(valid):
-            if state["tokens"][slot] in state["eos"][slot] or state["generated"][slot] >= state["max_new"][slot]:
-                state["active"][slot] = False
-        return state, MockResult(state["tokens"].copy(), valid)
+        self.max_busy = max(self.max_busy, len(plan.sequences))
+        self.slots_used.update(s.slot for s in plan.sequences)
+        d = len(plan.decode)
+        k = plan.num_steps if not plan.chunks else 1
+        tokens = np.zeros((k, d + len(plan.chunks)), np.int64)
+        valid = np.zeros_like(tokens, bool)
+        for i, seq in enumerate(plan.decode):
+            token, made = seq.tokens[-1], len(seq.generated)
+            for step in range(k):
+                # a one-token prompt decodes straight away: its first sample follows the prompt rule
+                token = first_token(seq.tokens) - 1 if made == 0 and step == 0 else token
+                token += 1
+                tokens[step, i], valid[step, i] = token, True
+                made += 1
+                if token in seq.request.eos_token_ids or made >= seq.request.max_new_tokens:
+                    break
+        for j, chunk in enumerate(plan.chunks):
+            if chunk.samples:
+                tokens[0, d + j], valid[0, d + j] = first_token(chunk.seq.tokens), True
+        return state, MockOutput(tokens, valid, chunk_offset=d)
 
 
 def expected_tokens(prompt_ids, max_tokens, eos=()):
     """What a request must receive from the mock engine."""
-    token = 10 + sum(prompt_ids) % 7
+    token = first_token(prompt_ids)
     out = []
     while True:
         out.append(token)

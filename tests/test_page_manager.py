@@ -1,4 +1,4 @@
-"""HBMPageManager: free pool, page tables, prefix cache with LRU eviction."""
+"""HBMPageManager: free pool, page tables, prefix cache with LRU eviction (pure Python, no JAX)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,34 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from vsurge.paged.page_manager import HBMPageManager
+from collections import defaultdict
+
+from vsurge.kv.page_manager import HBMPageManager, PageTable, SlotPages
+
+T: dict = defaultdict(PageTable)  # name -> page table, as a sequence would carry it
 
 
-def _snapshot(pm: HBMPageManager, seq_ids):
+def _snapshot(pm: HBMPageManager, tables: dict):
     return (
         pm.num_free_pages,
         pm.num_used_pages,
         pm.num_cached_pages,
-        {s: pm.page_table(s) for s in seq_ids},
+        {s: list(t.pages) for s, t in tables.items()},
     )
 
 
-def _run(pm: HBMPageManager, seq_id, tokens) -> int:
+def _run(pm: HBMPageManager, table: PageTable, tokens) -> int:
     """Add, reserve and compute a whole prompt; returns the cached token count."""
-    cached = pm.add_sequence(seq_id, tokens)
-    assert pm.reserve(seq_id, len(tokens))
-    pm.commit(seq_id, tokens, len(tokens))
+    cached = pm.add_sequence(table, tokens)
+    assert pm.reserve(table, len(tokens))
+    pm.commit(table, tokens, len(tokens))
     pm.check()
     return cached
+
+
+@pytest.fixture(autouse=True)
+def fresh_tables():
+    T.clear()
 
 
 def test_sizes():
@@ -37,23 +46,23 @@ def test_sizes():
 def test_shared_prefix_reuses_pages():
     pm = HBMPageManager(8, 4)
     prompt = list(range(10))  # 2.5 pages
-    assert _run(pm, "a", prompt) == 0
-    assert len(pm.page_table("a")) == 3 and pm.num_used_pages == 3
+    assert _run(pm, T["a"], prompt) == 0
+    assert len(T["a"].pages) == 3 and pm.num_used_pages == 3
     assert pm.num_cached_pages == 2  # the half page is not registered
 
-    assert pm.add_sequence("b", prompt) == 8
-    assert pm.page_table("b") == pm.page_table("a")[:2]
+    assert pm.add_sequence(T["b"], prompt) == 8
+    assert T["b"].pages == T["a"].pages[:2]
     assert (pm.prefix_queries, pm.prefix_hits) == (20, 8)
-    assert pm.pages_needed("b", 10) == 1 and pm.can_reserve("b", 10)
-    assert pm.reserve("b", 10)
-    assert pm.page_table("b")[2] != pm.page_table("a")[2]
+    assert pm.pages_needed(T["b"], 10) == 1 and pm.can_reserve(T["b"], 10)
+    assert pm.reserve(T["b"], 10)
+    assert T["b"].pages[2] != T["a"].pages[2]
     assert pm.num_used_pages == 4 and pm.usage == 0.5
     pm.check()
 
-    pm.free_sequence("a")
+    pm.free_sequence(T["a"])
     assert pm.num_used_pages == 3  # the shared pages are still held by b
-    pm.free_sequence("b")
-    pm.free_sequence("b")  # idempotent
+    pm.free_sequence(T["b"])
+    pm.free_sequence(T["b"])  # idempotent
     pm.check()
     assert pm.num_free_pages == 8 and pm.num_cached_pages == 2
 
@@ -61,101 +70,101 @@ def test_shared_prefix_reuses_pages():
 def test_exact_page_prompt_leaves_one_token_to_compute():
     pm = HBMPageManager(8, 4)
     prompt = list(range(8))
-    _run(pm, "a", prompt)
+    _run(pm, T["a"], prompt)
     assert pm.num_cached_pages == 2
-    assert pm.add_sequence("b", prompt) == 4
-    assert pm.page_table("b") == pm.page_table("a")[:1]
-    assert pm.add_sequence("c", prompt + [99]) == 8
-    assert pm.add_sequence("d", prompt[:4]) == 0
+    assert pm.add_sequence(T["b"], prompt) == 4
+    assert T["b"].pages == T["a"].pages[:1]
+    assert pm.add_sequence(T["c"], prompt + [99]) == 8
+    assert pm.add_sequence(T["d"], prompt[:4]) == 0
     pm.check()
 
 
 def test_commit_is_incremental():
     pm = HBMPageManager(8, 4)
     tokens = list(range(12))
-    pm.add_sequence("a", tokens)
-    pm.reserve("a", 12)
+    pm.add_sequence(T["a"], tokens)
+    pm.reserve(T["a"], 12)
     for n in range(13):
-        pm.commit("a", tokens, n)
+        pm.commit(T["a"], tokens, n)
         assert pm.num_cached_pages == n // 4
-    pm.commit("a", tokens, 2)  # going back changes nothing
+    pm.commit(T["a"], tokens, 2)  # going back changes nothing
     assert pm.num_cached_pages == 3
     pm.check()
 
 
 def test_reserve_out_of_pages_changes_nothing():
     pm = HBMPageManager(4, 4)
-    pm.add_sequence("a", [1] * 9)
-    assert pm.reserve("a", 9)  # 3 pages
-    pm.add_sequence("b", [2] * 9)
-    before = _snapshot(pm, ["a", "b"])
-    assert not pm.can_reserve("b", 9)
-    assert not pm.reserve("b", 9)  # needs 3, 1 free: nothing is taken
-    assert _snapshot(pm, ["a", "b"]) == before
-    assert pm.reserve("b", 4)
-    assert pm.reserve("a", 8)  # never shrinks
-    assert len(pm.page_table("a")) == 3
+    pm.add_sequence(T["a"], [1] * 9)
+    assert pm.reserve(T["a"], 9)  # 3 pages
+    pm.add_sequence(T["b"], [2] * 9)
+    before = _snapshot(pm, {k: T[k] for k in "ab"})
+    assert not pm.can_reserve(T["b"], 9)
+    assert not pm.reserve(T["b"], 9)  # needs 3, 1 free: nothing is taken
+    assert _snapshot(pm, {k: T[k] for k in "ab"}) == before
+    assert pm.reserve(T["b"], 4)
+    assert pm.reserve(T["a"], 8)  # never shrinks
+    assert len(T["a"].pages) == 3
     pm.check()
 
 
 def test_lru_eviction():
     pm = HBMPageManager(4, 4)
-    _run(pm, "a", [1] * 5)  # registers one page
-    pm.free_sequence("a")
-    _run(pm, "c", [2] * 5)
-    pm.free_sequence("c")  # a's page was freed first, so it is evicted first
+    _run(pm, T["a"], [1] * 5)  # registers one page
+    pm.free_sequence(T["a"])
+    _run(pm, T["c"], [2] * 5)
+    pm.free_sequence(T["c"])  # a's page was freed first, so it is evicted first
     assert (pm.num_free_pages, pm.num_cached_pages) == (4, 2)
 
-    pm.add_sequence("d", [3] * 12)
-    assert pm.reserve("d", 12)  # 2 truly free pages, then 1 eviction
+    pm.add_sequence(T["d"], [3] * 12)
+    assert pm.reserve(T["d"], 12)  # 2 truly free pages, then 1 eviction
     pm.check()
     assert pm.num_cached_pages == 1 and pm.num_free_pages == 1
-    assert pm.add_sequence("e", [1] * 5) == 0  # evicted: no longer a hit
-    assert pm.add_sequence("f", [2] * 5) == 4  # still cached
+    assert pm.add_sequence(T["e"], [1] * 5) == 0  # evicted: no longer a hit
+    assert pm.add_sequence(T["f"], [2] * 5) == 4  # still cached
     pm.check()
     assert pm.num_free_pages == 0  # f took the evictable page back
 
-    pm.free_sequence("d")
-    pm.add_sequence("g", [4] * 16)
-    assert pm.reserve("g", 12)
-    assert pm.add_sequence("h", [2] * 5) == 4  # f's reference kept it from eviction
-    assert not pm.reserve("g", 16)
+    pm.free_sequence(T["d"])
+    pm.add_sequence(T["g"], [4] * 16)
+    assert pm.reserve(T["g"], 12)
+    assert pm.add_sequence(T["h"], [2] * 5) == 4  # f's reference kept it from eviction
+    assert not pm.reserve(T["g"], 16)
     pm.check()
 
 
 def test_referenced_cached_page_is_never_evicted():
     pm = HBMPageManager(3, 4)
-    _run(pm, "a", [1] * 5)
-    pm.free_sequence("a")
-    assert pm.add_sequence("b", [1] * 5) == 4  # page now referenced by b
-    pm.add_sequence("c", [2] * 12)
-    assert not pm.reserve("c", 12)  # 2 free pages, the cached one is pinned
-    assert pm.reserve("c", 8)
-    assert pm.num_cached_pages == 1 and pm.page_table("b")[0] not in pm.page_table("c")
+    _run(pm, T["a"], [1] * 5)
+    pm.free_sequence(T["a"])
+    assert pm.add_sequence(T["b"], [1] * 5) == 4  # page now referenced by b
+    pm.add_sequence(T["c"], [2] * 12)
+    assert not pm.reserve(T["c"], 12)  # 2 free pages, the cached one is pinned
+    assert pm.reserve(T["c"], 8)
+    assert pm.num_cached_pages == 1 and T["b"].pages[0] not in T["c"].pages
     pm.check()
 
 
 def test_reset_prefix_cache():
     pm = HBMPageManager(4, 4)
-    _run(pm, "a", [1] * 9)
-    _run(pm, "b", [2] * 4)
-    pm.free_sequence("a")
+    _run(pm, T["a"], [1] * 9)
+    _run(pm, T["b"], [2] * 4)
+    pm.free_sequence(T["a"])
     assert pm.num_cached_pages == 3
     pm.reset_prefix_cache()
     pm.check()
     assert pm.num_cached_pages == 1  # b's page is referenced, so it stays
-    assert pm.add_sequence("c", [1] * 9) == 0
-    assert pm.add_sequence("d", [2] * 5) == 4
+    assert pm.add_sequence(T["c"], [1] * 9) == 0
+    assert pm.add_sequence(T["d"], [2] * 5) == 4
 
 
 def test_prefix_caching_disabled():
     pm = HBMPageManager(4, 4, enable_prefix_caching=False)
     prompt = list(range(10))
-    assert _run(pm, "a", prompt) == 0
+    assert _run(pm, T["a"], prompt) == 0
     assert pm.num_cached_pages == 0
-    assert pm.add_sequence("b", prompt) == 0 and pm.page_table("b") == []
+    assert pm.add_sequence(T["b"], prompt) == 0 and T["b"].pages == []
     assert pm.prefix_hits == 0
-    pm.free_sequence("a")
+    pm.free_sequence(T["a"])
     pm.check()
     assert pm.num_free_pages == 4 and pm.num_cached_pages == 0
 
@@ -166,23 +175,34 @@ def test_bad_input():
     with pytest.raises(ValueError, match="page_size"):
         HBMPageManager(4, 0)
     pm = HBMPageManager(4, 4)
-    pm.add_sequence("a", [1, 2])
-    with pytest.raises((KeyError, ValueError)):
-        pm.add_sequence("a", [1, 2])
-    assert pm.has_sequence("a") and not pm.has_sequence("z")
-    pm.free_sequence("z")  # unknown: no-op
-    table = pm.page_table("a")
-    table.append(3)
-    assert pm.page_table("a") == []  # a copy
+    pm.add_sequence(T["a"], [1, 2])
+    with pytest.raises(ValueError, match="already registered"):
+        pm.add_sequence(T["a"], [1, 2])
+    assert T["a"].registered and not T["z"].registered
+    pm.free_sequence(T["z"])  # unregistered: no-op
+    pm.check()
 
 
 def test_collision_is_not_a_hit():
     pm = HBMPageManager(4, 4)
-    _run(pm, "a", [1] * 5)
+    _run(pm, T["a"], [1] * 5)
     # Forge the key of another prefix onto a's page: the token comparison must reject it.
-    entry = pm._entries[pm.page_table("a")[0]]
+    entry = pm._entries[T["a"].pages[0]]
     pm._key_to_page[hash((None, (2, 2, 2, 2)))] = pm._key_to_page.pop(entry.key)
-    assert pm.add_sequence("b", [2] * 5) == 0
+    assert pm.add_sequence(T["b"], [2] * 5) == 0
+
+
+def test_slot_pages_give_each_slot_its_own_run():
+    pool = SlotPages(num_slots=3, max_length=10, page_size=4)
+    assert (pool.num_pages, pool.max_tokens, pool.num_free_pages) == (9, 36, 9)
+    assert pool.add_sequence(T["a"], [1, 2, 3], slot=1) == 0 and T["a"].pages == [3, 4, 5]
+    assert pool.reserve(T["a"], 10) and not pool.reserve(T["a"], 13)
+    with pytest.raises(ValueError, match="slot 1 is not free"):
+        pool.add_sequence(T["b"], [1], slot=1)
+    assert pool.usage == 1 / 3
+    pool.free_sequence(T["a"])
+    assert pool.num_free_pages == 9 and T["a"].pages == []
+    assert pool.add_sequence(T["b"], [1], slot=1) == 0
 
 
 # --- property test -----------------------------------------------------------------------
@@ -200,6 +220,7 @@ class PageManagerMachine(RuleBasedStateMachine):
         self.pm = HBMPageManager(PAGES, PS)
         self.content = [[None] * PS for _ in range(PAGES)]  # token "written" to each slot
         self.seqs: dict[int, dict] = {}  # id -> {"tokens", "computed"}
+        self.tables: dict[int, PageTable] = {}
         self.history: list[list[int]] = []  # every token list seen, to fork prefixes from
         self.next_id = 0
 
@@ -217,8 +238,9 @@ class PageManagerMachine(RuleBasedStateMachine):
             tokens = base[:cut] + suffix or fresh
         sid, self.next_id = self.next_id, self.next_id + 1
         hits = self.pm.prefix_hits
-        cached = self.pm.add_sequence(sid, tokens)
-        table = self.pm.page_table(sid)
+        self.tables[sid] = PageTable()
+        cached = self.pm.add_sequence(self.tables[sid], tokens)
+        table = list(self.tables[sid].pages)
         assert cached % PS == 0 and cached <= len(tokens) - 1 and cached == len(table) * PS
         assert self.pm.prefix_hits == hits + cached
         for j in range(cached):  # the hit pages really hold this prompt's KV
@@ -232,15 +254,14 @@ class PageManagerMachine(RuleBasedStateMachine):
         sid = self._pick(data)
         seq = self.seqs[sid]
         n = max(seq["computed"] + grow, len(seq["tokens"]) if data.draw(st.booleans()) else 0)
-        ids = sorted(self.seqs)
-        before = _snapshot(self.pm, ids)
-        can = self.pm.can_reserve(sid, n)
-        ok = self.pm.reserve(sid, n)
+        before = _snapshot(self.pm, self.tables)
+        can = self.pm.can_reserve(self.tables[sid], n)
+        ok = self.pm.reserve(self.tables[sid], n)
         assert ok == can
         if not ok:
-            assert _snapshot(self.pm, ids) == before
+            assert _snapshot(self.pm, self.tables) == before
             return
-        old, new = before[3][sid], self.pm.page_table(sid)
+        old, new = before[3][sid], list(self.tables[sid].pages)
         assert new[: len(old)] == old and len(new) == max(len(old), -(-n // PS))
         for page in new[len(old) :]:
             self.content[page] = [None] * PS  # fresh page: stale KV must never be served
@@ -251,9 +272,9 @@ class PageManagerMachine(RuleBasedStateMachine):
         """What the engine does most: reserve the whole token list, then compute all of it."""
         sid = self._pick(data)
         seq = self.seqs[sid]
-        old = self.pm.page_table(sid)
-        if self.pm.reserve(sid, len(seq["tokens"])):
-            table = self.pm.page_table(sid)
+        old = list(self.tables[sid].pages)
+        if self.pm.reserve(self.tables[sid], len(seq["tokens"])):
+            table = list(self.tables[sid].pages)
             for page in table[len(old) :]:
                 self.content[page] = [None] * PS
             self._write(sid, table, len(seq["tokens"]))
@@ -263,7 +284,7 @@ class PageManagerMachine(RuleBasedStateMachine):
         for j in range(seq["computed"], n):
             self.content[table[j // PS]][j % PS] = seq["tokens"][j]
         seq["computed"] = n
-        self.pm.commit(sid, seq["tokens"], n)
+        self.pm.commit(self.tables[sid], seq["tokens"], n)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data(), extra=st.lists(st.integers(1, 2), min_size=1, max_size=4))
@@ -275,7 +296,7 @@ class PageManagerMachine(RuleBasedStateMachine):
     def commit(self, data):
         sid = self._pick(data)
         seq = self.seqs[sid]
-        table = self.pm.page_table(sid)
+        table = list(self.tables[sid].pages)
         limit = min(len(seq["tokens"]), len(table) * PS)
         if limit < seq["computed"]:
             return
@@ -286,8 +307,9 @@ class PageManagerMachine(RuleBasedStateMachine):
     def free(self, data):
         sid = self._pick(data)
         del self.seqs[sid]
-        self.pm.free_sequence(sid)
-        assert not self.pm.has_sequence(sid)
+        table = self.tables.pop(sid)
+        self.pm.free_sequence(table)
+        assert not table.registered and table.pages == []
 
     @precondition(lambda self: self.pm.num_cached_pages)
     @rule()
@@ -298,11 +320,11 @@ class PageManagerMachine(RuleBasedStateMachine):
     def consistent(self):
         self.pm.check()
         assert self.pm.num_used_pages + self.pm.num_free_pages == PAGES
-        assert sum(len(self.pm.page_table(s)) for s in self.seqs) >= self.pm.num_used_pages
+        assert sum(len(t.pages) for t in self.tables.values()) >= self.pm.num_used_pages
 
     def teardown(self):
-        for sid in list(self.seqs):
-            self.pm.free_sequence(sid)
+        for table in self.tables.values():
+            self.pm.free_sequence(table)
         self.pm.check()
         assert self.pm.num_used_pages == 0 and self.pm.num_free_pages == PAGES
 

@@ -30,7 +30,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Hi
 
 
 def make_paged(model, processor, num_pages=PAGES, decodes=4, prefix_caching=True, compile=True):
-    s = vSurge.create_odriver(model, processor, max_concurrent_decodes=decodes, max_prefill_length=CHUNK,
+    s = vSurge.create_odriver(model, processor, max_concurrent_decodes=decodes, prefill_lengths=[CHUNK],
                               max_length=MAX_LENGTH, page_size=PAGE, num_pages=num_pages, seed=1,
                               enable_prefix_caching=prefix_caching)
     if compile:
@@ -160,7 +160,7 @@ def test_cancelled_and_stopped_sequences_free_their_pages(paged, default_model):
 def test_prompts_longer_than_a_chunk_and_bad_input(paged, default_model):
     processor = default_model[1]
     n = len(processor.encode("word " * 150))
-    out = asyncio.run(paged.generate("word " * 150, greedy(4)))
+    (out,) = asyncio.run(paged.generate("word " * 150, greedy(4)))
     assert out.num_generated_tokens == 4 and n > 4 * CHUNK  # no prefill-length limit below max_length
     with pytest.raises(ValueError, match=f"maximum context length is {MAX_LENGTH} tokens"):
         asyncio.run(paged.generate("word " * 150, SamplingParams(max_tokens=200)))
@@ -184,7 +184,7 @@ def test_a_failing_step_fails_requests_loudly(default_model, monkeypatch):
         def broken(*args, **kwargs):
             raise RuntimeError("device on fire")
 
-        monkeypatch.setattr(s.driver.engine, "forward", broken)
+        monkeypatch.setattr(s.driver.engine, "step", broken)
         with pytest.raises(RuntimeError, match="device on fire"):
             asyncio.run(s.generate(chat_text(processor, "Hi!"), greedy(4)))
         assert not s.ready

@@ -308,7 +308,7 @@ def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
                    check=True, capture_output=True)
     server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--engine", "paged", "--page-size", "16",
                            "--num-pages", "24", "--max-concurrent-decodes", "8", "--max-length", "128",
-                           "--max-prefill-length", "32", "--prefill-lengths", "32", "--ssl-keyfile", str(key),
+                           "--prefill-lengths", "32", "--ssl-keyfile", str(key),
                            "--ssl-certfile", str(cert), cache_dir=cache_dir, scheme="https",
                            verify=str(cert)).wait_ready()
     try:

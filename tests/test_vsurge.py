@@ -63,7 +63,7 @@ def test_greedy_tokens_equal_vinference(surge, alone, default_model):
     processor = default_model[1]
     ids = processor.encode(chat_text(processor, "Describe a cat in two sentences."))
     params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    ours = asyncio.run(surge.generate(processor.decode(ids), params))
+    (ours,) = asyncio.run(surge.generate(processor.decode(ids), params))  # one entry per prompt, as the seed
     ref = list(alone.generate([ids], sampling_params=params))[-1].row_tokens(0)
     assert ours.token_ids == ref
 
@@ -72,7 +72,7 @@ def test_same_seed_same_output_whatever_else_runs(surge, default_model):
     processor = default_model[1]
     prompt = chat_text(processor, "Invent a name for a dragon.")
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=42)
-    solo = asyncio.run(surge.generate(prompt, params))
+    (solo,) = asyncio.run(surge.generate(prompt, params))
     others = [chat_text(processor, q) for q in QUESTIONS[:6]]
     crowd = asyncio.run(surge.generate([prompt] + others, [params] + [SamplingParams(max_tokens=30,
                                                                                       temperature=0.7)] * 6))
@@ -123,8 +123,8 @@ def test_client_side_tokenization_and_n(surge, default_model):
     assert all(s.text == "" for s in samples)
     tokens = [t for s in samples for t in s.token_ids]
     assert processor.decode(tokens, skip_special_tokens=True) == "The capital of France is Paris."
-    several = asyncio.run(surge.generate(processor.decode(ids), SamplingParams(max_tokens=16, temperature=1.2,
-                                                                                 seed=5, n=3)))
+    (several,) = asyncio.run(surge.generate(processor.decode(ids), SamplingParams(max_tokens=16, temperature=1.2,
+                                                                                    seed=5, n=3)))
     assert len(several) == 3 and [s.index for s in several] == [0, 1, 2]
     assert len({tuple(s.token_ids) for s in several}) > 1
 
@@ -149,7 +149,7 @@ def test_stream_text_joins_to_the_final_text(surge, default_model):
 def test_bad_requests_raise_clear_errors(surge, default_model):
     processor = default_model[1]
     long_prompt = "word " * 200
-    with pytest.raises(ValueError, match="more than the 128 this server can prefill"):
+    with pytest.raises(ValueError, match="more than the 128 this engine accepts"):
         asyncio.run(surge.generate(long_prompt, SamplingParams(max_tokens=4)))
     prompt = "word " * 100
     n = len(processor.encode(prompt))
@@ -162,7 +162,7 @@ def test_bad_requests_raise_clear_errors(surge, default_model):
         asyncio.run(surge.generate("hi", SamplingParams(max_tokens=4, logit_bias={10**7: 1.0})))
     with pytest.raises(TypeError, match="list of token ids"):
         asyncio.run(surge.complete(vSurgeRequest(prompt=["x"], max_tokens=4)).__anext__())
-    ok = asyncio.run(surge.generate(chat_text(processor, "What is the capital of France?"),
+    (ok,) = asyncio.run(surge.generate(chat_text(processor, "What is the capital of France?"),
                                     SamplingParams(max_tokens=16, temperature=0.0)))
     assert ok.text == "The capital of France is Paris."  # still serving after bad input
     assert surge.count_tokens("hello world") == len(processor.encode("hello world"))

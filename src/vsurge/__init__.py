@@ -1,52 +1,56 @@
-"""vsurge: run and serve Llama-family language models with JAX."""
+"""vsurge: run and serve Llama-family language models with JAX.
 
-from .config import ModelConfig, RopeScaling
-from .engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnSample, oDriver, oEngine, vDriver, vEngine
-from .kv.paged import PagedAttentionCache
-from .paged.page_manager import HBMPageManager
-from .errors import ModelLoadError, UnsupportedModelError, VsurgeError
-from .loading import load
-from .models import LlamaForCausalLM
-from .sampling_params import SamplingParams
-from .tokenizer import Processor
-from .vsurge import vSurge, vSurgeRequest
-from .vinference import (
-    PromptOutput,
-    SampleState,
-    vInference,
-    vInferenceConfig,
-    vInferenceMetaData,
-    vInferencePreCompileConfig,
-)
+Names are imported on first use (PEP 562), so `import vsurge` is instant and the
+pure-Python parts (scheduler, page manager, CLI argument parsing) never load JAX.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "load",
-    "LlamaForCausalLM",
-    "ModelConfig",
-    "RopeScaling",
-    "Processor",
-    "SamplingParams",
-    "PromptOutput",
-    "SampleState",
-    "vInference",
-    "vInferenceConfig",
-    "vInferenceMetaData",
-    "vInferencePreCompileConfig",
-    "vSurge",
-    "vSurgeRequest",
-    "vDriver",
-    "vEngine",
-    "oDriver",
-    "oEngine",
-    "PagedAttentionCache",
-    "HBMPageManager",
-    "ActiveRequest",
-    "ReturnSample",
-    "QueueFullError",
-    "DriverNotReadyError",
-    "ModelLoadError",
-    "UnsupportedModelError",
-    "VsurgeError",
-]
+# public name -> module that defines it (relative to this package)
+_EXPORTS = {
+    "load": ".loading",
+    "LlamaForCausalLM": ".models",
+    "ModelConfig": ".config",
+    "RopeScaling": ".config",
+    "Processor": ".tokenizer",
+    "SamplingParams": ".sampling_params",
+    "EngineConfig": ".engine.config",
+    "PromptOutput": ".vinference",
+    "SampleState": ".vinference",
+    "vInference": ".vinference",
+    "vInferenceConfig": ".vinference",
+    "vInferenceMetaData": ".vinference",
+    "vInferencePreCompileConfig": ".vinference",
+    "vSurge": ".vsurge",
+    "vSurgeRequest": ".vsurge",
+    "vSurgeApiServer": ".server",
+    "vDriver": ".engine",
+    "vEngine": ".engine",
+    "oDriver": ".engine",
+    "oEngine": ".engine",
+    "PagedAttentionCache": ".kv.paged",
+    "HBMPageManager": ".kv.page_manager",
+    "ActiveRequest": ".engine.request",
+    "ReturnSample": ".engine.request",
+    "QueueFullError": ".engine.request",
+    "DriverNotReadyError": ".engine.request",
+    "ModelLoadError": ".errors",
+    "UnsupportedModelError": ".errors",
+    "VsurgeError": ".errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vsurge' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -50,14 +50,20 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--max-concurrent-decodes", type=int, default=16, help="decode slots")
+    p.add_argument("--max-concurrent-decodes", type=int, default=None,
+                   help="sequences generating at once (default: chosen for the machine, 32 on a small CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 503")
-    p.add_argument("--max-length", type=int, default=2048, help="context length per slot")
-    p.add_argument("--max-prefill-length", type=int, default=1024, help="longest prompt")
-    p.add_argument("--prefill-lengths", default=None, help="comma-separated prompt buckets (default: powers of 2)")
-    p.add_argument("--engine", default="dense", choices=["dense", "paged"],
-                   help="dense: one max-length KV region per slot; paged: shared KV pages with chunked "
-                        "prefill, prefix caching and preemption (--max-prefill-length is then the chunk)")
+    p.add_argument("--max-length", type=int, default=2048, help="context length per sequence (prompt + output)")
+    p.add_argument("--max-prefill-length", type=int, default=None, help="longest prompt (default: max-length - 1)")
+    p.add_argument("--prefill-tokens", type=int, default=512,
+                   help="prompt tokens one step computes (prompts longer than this take several steps)")
+    p.add_argument("--prefill-lengths", default=None,
+                   help="comma-separated prompt-row lengths a step may use (default: 512, 128, 32)")
+    p.add_argument("--decode-steps", type=int, default=4,
+                   help="decode steps per device call while no prompt waits")
+    p.add_argument("--engine", default="paged", choices=["dense", "paged"],
+                   help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "
+                        "max-length run of pages per slot")
     p.add_argument("--page-size", type=int, default=128, help="tokens per KV page (paged engine)")
     p.add_argument("--num-pages", type=int, default=None,
                    help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
@@ -154,7 +160,8 @@ def cmd_serve(args) -> int:
     from .server import vSurgeApiServer
     from .vsurge import vSurge
 
-    if args.max_concurrent_decodes < 1 or args.max_queue < 0 or args.max_length < 2:
+    if (args.max_concurrent_decodes is not None and args.max_concurrent_decodes < 1) or args.max_queue < 0 \
+            or args.max_length < 2:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.compilation_cache and args.compilation_cache.lower() != "none":
@@ -166,13 +173,13 @@ def cmd_serve(args) -> int:
     name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
-                  max_queue=args.max_queue)
+                  max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps)
     try:
         if args.engine == "paged":
             surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
                                           hbm_utilization=args.hbm_utilization,
                                           enable_prefix_caching=not args.no_prefix_caching, **common)
-            manager = surge.driver.engine.manager
+            manager = surge.engine.manager
             print(f"Paged KV cache: {manager.num_pages} pages of {manager.page_size} tokens "
                   f"({manager.max_tokens} tokens)", file=sys.stderr, flush=True)
         else:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .kv import DenseKVCache
+from .kv.dense import DenseKVCache
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:

@@ -2,7 +2,7 @@
 
 One caller request becomes `n` ActiveRequests (one per sample) sharing a
 ReturnChannel; closing or cancelling the consumer cancels them, which frees
-their slots within one decode step.
+their slots within one step.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import asyncio
 import dataclasses
 from typing import AsyncGenerator, Sequence
 
-from .engine.driver import vDriver
-from .engine.odriver import oDriver
-from .engine.oengine import oEngine
+from .engine.config import EngineConfig
+from .engine.driver import oDriver, vDriver
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
-from .engine.vengine import vEngine
+from .engine.validation import prepare_requests
 from .sampling_params import SamplingParams
+from .seed.vsurge_api import vSurgeSeedAPI
+from .streams import merged_updates
 from .tokenizer.compat import chat_prompt_ids
 
 _TOKENIZE_IN_THREAD_CHARS = 4000  # longer prompts are tokenized off the event loop
@@ -31,7 +32,8 @@ class vSurgeMetadata:  # noqa: N801
 
 @dataclasses.dataclass
 class vSurgeRequest:  # noqa: N801 (the seed's name)
-    """A completion request: the seed's fields plus the rest of SamplingParams."""
+    """A completion request: the seed's fields plus the rest of SamplingParams.
+    `metadata` travels with every ActiveRequest of it (`ActiveRequest.metadata`)."""
 
     prompt: str | list[int]
     max_tokens: int
@@ -64,7 +66,7 @@ class vSurgeRequest:  # noqa: N801 (the seed's name)
         return SamplingParams(**values)
 
 
-class vSurge:  # noqa: N801 (the seed's name)
+class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
@@ -74,11 +76,19 @@ class vSurge:  # noqa: N801 (the seed's name)
                        prefill_lengths: list[int] | None = None, max_prefill_length: int | None = None,
                        max_length: int | None = None, seed: int = 894, vsurge_name: str | None = None,
                        max_queue: int | None = None, interleaved_mode: bool = False,
-                       detokenizing_blocks: int = 8) -> "vSurge":
-        """One vEngine serving both prefill and decode, driven by a vDriver."""
-        engine = vEngine(model, processor, max_concurrent_decodes=max_concurrent_decodes,
-                         prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length,
-                         max_length=max_length, seed=seed)
+                       detokenizing_blocks: int = 8, max_concurrent_prefill: int | None = None,
+                       config: EngineConfig | None = None, **engine_settings) -> "vSurge":
+        """A dense vEngine (a fixed run of KV pages per slot) driven by a vDriver.
+
+        The seed's keyword arguments map onto an EngineConfig (`config` overrides them;
+        `engine_settings` are further EngineConfig fields, e.g. decode_steps)."""
+        from .engine.vengine import vEngine
+
+        config = config or EngineConfig.from_seed_kwargs(
+            max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
+            prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
+            seed=seed, context=model.config.max_position_embeddings, **engine_settings)
+        engine = vEngine(model, processor, config=config)
         driver = vDriver(prefill_engines=engine, decode_engines=engine, interleaved_mode=interleaved_mode,
                          detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
@@ -90,17 +100,21 @@ class vSurge:  # noqa: N801 (the seed's name)
                        max_prefill_length: int | None = None, max_length: int | None = None, seed: int = 894,
                        vsurge_name: str | None = None, num_pages: int | None = None,
                        enable_prefix_caching: bool = True, max_queue: int | None = None,
-                       detokenizing_blocks: int = 8) -> "vSurge":
-        """One oEngine (paged KV cache, chunked prefill, prefix caching), driven by an oDriver.
+                       detokenizing_blocks: int = 8, config: EngineConfig | None = None,
+                       **engine_settings) -> "vSurge":
+        """A paged oEngine (pages on demand, prefix caching, preemption) driven by an oDriver.
 
-        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights;
-        `max_prefill_length` is the prefill chunk (longer prompts take several steps)."""
-        engine = oEngine(model, processor, storage=storage, manager=manager,
-                         max_concurrent_decodes=max_concurrent_decodes,
-                         max_concurrent_prefill=max_concurrent_prefill, prefill_lengths=prefill_lengths,
-                         max_prefill_length=max_prefill_length, max_length=max_length, seed=seed,
-                         page_size=page_size, hbm_utilization=hbm_utilization, num_pages=num_pages,
-                         enable_prefix_caching=enable_prefix_caching)
+        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights."""
+        from .engine.oengine import oEngine
+
+        config = config or EngineConfig.from_seed_kwargs(
+            max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
+            prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
+            seed=seed, context=model.config.max_position_embeddings,
+            page_size=manager.page_size if manager else page_size, hbm_utilization=hbm_utilization,
+            num_pages=manager.num_pages if manager else num_pages, enable_prefix_caching=enable_prefix_caching,
+            **engine_settings)
+        engine = oEngine(model, processor, storage=storage, manager=manager, config=config)
         driver = oDriver(engine, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
 
@@ -142,28 +156,17 @@ class vSurge:  # noqa: N801 (the seed's name)
         raise ValueError("count_tokens takes a string or a list of chat messages")
 
     # ------------------------------------------------------------ limits
-    def _engine(self):
+    @property
+    def engine(self):
         return self._driver.primary_engine
 
     @property
     def max_length(self) -> int:
-        return self._engine().max_length
+        return self.engine.max_length
 
     @property
     def max_prefill_length(self) -> int:
-        return self._engine().max_prompt_length
-
-    def validate_lengths(self, prompt_tokens: int, max_tokens: int) -> None:
-        if prompt_tokens == 0:
-            raise ValueError("the prompt is empty")
-        if prompt_tokens > self.max_prefill_length:
-            raise ValueError(f"the prompt has {prompt_tokens} tokens, more than the {self.max_prefill_length} "
-                             f"this server can prefill")
-        if prompt_tokens + max_tokens > self.max_length:
-            raise ValueError(
-                f"This model's maximum context length is {self.max_length} tokens. However, you requested "
-                f"{max_tokens} output tokens and your prompt contains {prompt_tokens} input tokens, "
-                f"for a total of {prompt_tokens + max_tokens} tokens.")
+        return self.engine.max_prompt_length
 
     # ------------------------------------------------------------ requests
     async def _prompt_ids(self, request: vSurgeRequest) -> list[int]:
@@ -178,38 +181,15 @@ class vSurge:  # noqa: N801 (the seed's name)
             return await asyncio.to_thread(self.processor.encode, prompt)
         return self.processor.encode(prompt)
 
-    def make_requests(self, prompt_ids: list[int], params: SamplingParams, channel: ReturnChannel,
-                      detokenize: bool = True) -> list[ActiveRequest]:
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_length - len(prompt_ids)
-        self.validate_lengths(len(prompt_ids), max_tokens)
-        vocab = self._engine().model.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
-        for token in (params.logit_bias or {}):
-            if not 0 <= token < vocab:
-                raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
-        eos = params.eos_ids(self._engine().eos_token_ids)
-        base = params.seed if params.seed is not None else self._engine().new_seed()
-        return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize)
-                for i in range(params.n)]
-
-    async def complete(self, request: vSurgeRequest) -> AsyncGenerator[list[ReturnSample], None]:
-        """Stream one request: yields [ReturnSample] updates until every one of its n samples ends."""
-        params = request.to_sampling_params() if isinstance(request, vSurgeRequest) else None
-        if params is None:
-            raise TypeError(f"complete takes a vSurgeRequest, got {type(request).__name__}")
-        prompt_ids = await self._prompt_ids(request)
-        async for samples in self.stream_ids(prompt_ids, params,
-                                             detokenize=not request.is_client_side_tokenization):
-            yield samples
-
-    def submit(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True) -> "Submission":
+    def submit(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True,
+               metadata: dict | None = None) -> "Submission":
         """Submit one prompt's n sequences now (raises if the driver refuses any of them).
 
         Must be called from the event loop that will consume `Submission.updates()`."""
         channel = ReturnChannel(asyncio.get_running_loop())
-        actives = self.make_requests(prompt_ids, params, channel, detokenize)
+        actives = prepare_requests(self.engine, prompt_ids, params, channel, detokenize)
+        for active in actives:
+            active.metadata.update(metadata or {})
         submitted = []
         try:
             for active in actives:
@@ -221,6 +201,17 @@ class vSurge:  # noqa: N801 (the seed's name)
             raise
         return Submission(actives, channel)
 
+    async def complete(self, request: vSurgeRequest) -> AsyncGenerator[list[ReturnSample], None]:
+        """Stream one request: yields [ReturnSample] updates until every one of its n samples ends."""
+        if not isinstance(request, vSurgeRequest):
+            raise TypeError(f"complete takes a vSurgeRequest, got {type(request).__name__}")
+        params = request.to_sampling_params()
+        prompt_ids = await self._prompt_ids(request)
+        metadata = dict(request.metadata.values) if request.metadata else None
+        async for samples in self.submit(prompt_ids, params, not request.is_client_side_tokenization,
+                                         metadata).updates():
+            yield samples
+
     async def stream_ids(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True
                          ) -> AsyncGenerator[list[ReturnSample], None]:
         async for samples in self.submit(prompt_ids, params, detokenize).updates():
@@ -230,11 +221,10 @@ class vSurge:  # noqa: N801 (the seed's name)
         """Generate for one or several prompts concurrently.
 
         stream=True: an async generator of [ReturnSample] updates from any request (each sample's
-        `request_index` in `metadata` names its prompt). stream=False: one aggregated ReturnSample
-        per prompt (a list of n when n > 1).
+        `metadata["request_index"]` names its prompt). stream=False: a list with one aggregated
+        ReturnSample per prompt (a list of n when n > 1), as the seed returns.
         """
-        single = isinstance(prompts, str)
-        prompts = [prompts] if single else list(prompts)
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
         if isinstance(sampling_params, (list, tuple)):
             if len(sampling_params) != len(prompts):
                 raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
@@ -242,53 +232,28 @@ class vSurge:  # noqa: N801 (the seed's name)
         else:
             params_list = [SamplingParams.coerce(sampling_params)] * len(prompts)
         requests = [vSurgeRequest.from_sampling_params(p, sp) for p, sp in zip(prompts, params_list)]
+        submissions = [self.submit(await self._prompt_ids(r), r.to_sampling_params(),
+                                   not r.is_client_side_tokenization) for r in requests]
         if stream:
-            return self._merged_stream(requests)
-        results = await asyncio.gather(*(self._collect(r) for r in requests))
-        return results[0] if single else results
+            return self._tagged(submissions)
+        finals: dict[int, dict[int, ReturnSample]] = {}
+        pieces: dict[tuple[int, int], list[ReturnSample]] = {}
+        async for index, sample in merged_updates(submissions):
+            pieces.setdefault((index, sample.index), []).append(sample)
+            if sample.finish_reason is not None:
+                finals.setdefault(index, {})[sample.index] = sample
+        results = []
+        for index in range(len(requests)):
+            merged = [dataclasses.replace(final, text="".join(s.text for s in pieces[(index, i)]),
+                                          token_ids=[t for s in pieces[(index, i)] for t in s.token_ids])
+                      for i, final in sorted(finals[index].items())]
+            results.append(merged[0] if len(merged) == 1 else merged)
+        return results
 
-    async def _collect(self, request: vSurgeRequest):
-        finals: dict[int, ReturnSample] = {}
-        texts: dict[int, list[str]] = {}
-        ids: dict[int, list[int]] = {}
-        async for samples in self.complete(request):
-            for s in samples:
-                texts.setdefault(s.index, []).append(s.text)
-                ids.setdefault(s.index, []).extend(s.token_ids)
-                if s.finish_reason is not None:
-                    finals[s.index] = s
-        merged = [dataclasses.replace(finals[i], text="".join(texts[i]), token_ids=ids[i]) for i in sorted(finals)]
-        return merged[0] if len(merged) == 1 else merged
-
-    async def _merged_stream(self, requests: list[vSurgeRequest]):
-        queue: asyncio.Queue = asyncio.Queue()
-        done = object()
-
-        async def pump(index: int, request: vSurgeRequest):
-            try:
-                async for samples in self.complete(request):
-                    for s in samples:
-                        s.metadata = {"request_index": index}
-                    await queue.put(samples)
-            except Exception as exc:  # delivered to the consumer in order
-                await queue.put(exc)
-            finally:
-                await queue.put(done)
-
-        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(requests)]
-        try:
-            remaining = len(tasks)
-            while remaining:
-                item = await queue.get()
-                if item is done:
-                    remaining -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield item
-        finally:
-            for task in tasks:
-                task.cancel()
+    async def _tagged(self, submissions):
+        async for index, sample in merged_updates(submissions):
+            sample.metadata = {"request_index": index}
+            yield [sample]
 
 
 class Submission:

@@ -1,12 +1,39 @@
-"""Continuous batching: engines (device work) and drivers (threads and queues)."""
+"""Continuous batching: engines (device work) and drivers (a scheduling thread per engine).
 
-from .driver import vDriver
-from .driver_base import AbstractDriver
-from .odriver import oDriver
-from .oengine import ActiveSequenceBatch, ModelOutputBatch, oEngine
-from .request import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnChannel, ReturnSample
-from .vengine import Prefix, ResultTokens, SlotState, vEngine
+Submodules load on first use, so the pure-Python ones (config, scheduler,
+sequence) import no JAX.
+"""
 
-__all__ = ["AbstractDriver", "ActiveRequest", "ActiveSequenceBatch", "DriverNotReadyError", "ModelOutputBatch",
-           "Prefix", "QueueFullError", "ResultTokens", "ReturnChannel", "ReturnSample", "SlotState", "oDriver",
-           "oEngine", "vDriver", "vEngine"]
+from importlib import import_module
+
+_EXPORTS = {
+    "EngineConfig": ".config",
+    "EngineCore": ".core",
+    "Scheduler": ".scheduler",
+    "StepPlan": ".scheduler",
+    "NextIterationPlan": ".scheduler",
+    "Sequence": ".sequence",
+    "vEngine": ".vengine",
+    "oEngine": ".oengine",
+    "vDriver": ".driver",
+    "oDriver": ".driver",
+    "ActiveSequenceBatch": ".programs",
+    "ModelOutputBatch": ".seed_engine",
+    "EngineState": ".programs",
+    "StepOutput": ".programs",
+    "ActiveRequest": ".request",
+    "DriverNotReadyError": ".request",
+    "QueueFullError": ".request",
+    "ReturnChannel": ".request",
+    "ReturnSample": ".request",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'vsurge.engine' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

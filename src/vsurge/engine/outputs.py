@@ -1,6 +1,6 @@
-"""Per-sequence output assembly on the detokenizer thread: tokens in, ReturnSamples out.
+"""Per-sequence output assembly: tokens in, ReturnSamples out.
 
-Decides when a sequence is finished on the host side: an end token, a stop
+The one place that decides a sequence is finished: an end token, a stop
 string (through TextStream), max_tokens, or cancellation.
 """
 
@@ -25,6 +25,7 @@ class SequenceOutput:
         self.stop_reason = None
         self.first_token_at: float | None = None
         self.last_token_at: float | None = None
+        self.previous_update_at: float | None = None  # when the update before the last one came
 
     @property
     def finished(self) -> bool:
@@ -42,7 +43,7 @@ class SequenceOutput:
             return None
         now = time.perf_counter()
         self.first_token_at = self.first_token_at or now
-        self.last_token_at = now
+        self.previous_update_at, self.last_token_at = self.last_token_at, now
         new_ids: list[int] = []
         new_logprobs = []
         text = ""

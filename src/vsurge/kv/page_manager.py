@@ -1,12 +1,13 @@
-"""Host-side bookkeeping of the paged KV cache in HBM: which page belongs to whom.
+"""Host-side bookkeeping of the paged KV cache: which page belongs to whom (pure Python, no JAX).
 
 The device holds ``num_pages`` pages of ``page_size`` token slots each; this module
-only hands out page ids (pure Python, no JAX), like vLLM's block manager.
+only hands out page ids, like vLLM's block manager. Each sequence carries its own
+``PageTable`` (the page ids in order); the manager fills and frees it.
 
-* Reference counts. A page may sit in several sequences' page tables at once (a
-  shared prompt prefix); ``refcount[p]`` is the number of tables holding ``p``.
-  Every page is in exactly one of three states: on the free list, referenced
-  (refcount > 0), or cached but unreferenced ("evictable").
+* Reference counts. A page may sit in several tables at once (a shared prompt
+  prefix); ``refcount[p]`` is the number of tables holding ``p``. Every page is in
+  exactly one of three states: on the free list, referenced (refcount > 0), or
+  cached but unreferenced ("evictable").
 * Chained hashes. Once a page is full and its KV written (``commit``), it is
   registered in the prefix cache under ``key_i = hash((key_{i-1}, tokens of page i))``,
   so the key names the whole prefix up to the end of that page, not just the page.
@@ -16,22 +17,31 @@ only hands out page ids (pure Python, no JAX), like vLLM's block manager.
   key, so a later request with the same prefix reuses it for free. Such pages are
   still counted as free: ``reserve`` takes truly free pages first and only then
   evicts the least recently freed cached page, dropping its key.
+
+``SlotPages`` is the dense engine's pool with the same interface: slot i owns a
+fixed run of pages for its whole life, so reserving never fails and nothing is shared.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["HBMPageManager"]
+__all__ = ["HBMPageManager", "PageTable", "SlotPages"]
 
 
-@dataclass
-class _Seq:
-    table: list[int] = field(default_factory=list)
-    num_committed: int = 0  # leading pages of `table` already hashed (registered or left private)
+@dataclass(eq=False)
+class PageTable:
+    """The pages of one sequence, in order (token t lives in page pages[t // page_size])."""
+
+    pages: list[int] = field(default_factory=list)
+    num_committed: int = 0  # leading pages already hashed (registered or left private)
     last_key: int | None = None  # chained key of page num_committed - 1
+    registered: bool = False  # held by a manager (between add_sequence and free_sequence)
+
+    def __len__(self) -> int:
+        return len(self.pages)
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class HBMPageManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # first = evicted first
         self._key_to_page: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # registered page -> its key, parent and tokens
-        self._seqs: dict[Hashable, _Seq] = {}
+        self._tables: dict[int, PageTable] = {}  # id -> every registered table (for check())
         self.prefix_queries = 0
         self.prefix_hits = 0
 
@@ -89,13 +99,15 @@ class HBMPageManager:
         return self.num_used_pages / self._num_pages
 
     # --- sequences -----------------------------------------------------------------------
-    def add_sequence(self, seq_id: Hashable, tokens: Sequence[int]) -> int:
-        """Register ``seq_id``; put the longest cached prefix of ``tokens`` in its table.
+    def add_sequence(self, seq: PageTable, tokens: Sequence[int], slot: int | None = None) -> int:
+        """Register an empty table; put the longest cached prefix of ``tokens`` in it.
 
-        Returns the number of cached tokens (a multiple of ``page_size``)."""
-        if seq_id in self._seqs:
-            raise ValueError(f"sequence {seq_id!r} is already registered")
-        seq = self._seqs[seq_id] = _Seq()
+        Returns the number of cached tokens (a multiple of ``page_size``). `slot` is unused here
+        (SlotPages needs it)."""
+        if seq.registered or seq.pages:
+            raise ValueError("this page table is already registered")
+        seq.registered = True
+        self._tables[id(seq)] = seq
         if not self.enable_prefix_caching:
             return 0
         ps = self._page_size
@@ -112,28 +124,28 @@ class HBMPageManager:
             if self._refcount[page] == 0:
                 del self._evictable[page]
             self._refcount[page] += 1
-            seq.table.append(page)
+            seq.pages.append(page)
             seq.last_key = key
-        seq.num_committed = len(seq.table)
-        cached = len(seq.table) * ps
+        seq.num_committed = len(seq.pages)
+        cached = len(seq.pages) * ps
         self.prefix_queries += len(tokens)
         self.prefix_hits += cached
         return cached
 
-    def pages_needed(self, seq_id: Hashable, num_tokens: int) -> int:
-        """Extra pages ``seq_id`` needs to hold ``num_tokens`` tokens in total."""
+    def pages_needed(self, seq: PageTable, num_tokens: int) -> int:
+        """Extra pages ``seq`` needs to hold ``num_tokens`` tokens in total."""
         want = -(-num_tokens // self._page_size)
-        return max(0, want - len(self._seqs[seq_id].table))
+        return max(0, want - len(seq.pages))
 
-    def can_reserve(self, seq_id: Hashable, num_tokens: int) -> bool:
-        return self.pages_needed(seq_id, num_tokens) <= self.num_free_pages
+    def can_reserve(self, seq: PageTable, num_tokens: int) -> bool:
+        return self.pages_needed(seq, num_tokens) <= self.num_free_pages
 
-    def reserve(self, seq_id: Hashable, num_tokens: int) -> bool:
+    def reserve(self, seq: PageTable, num_tokens: int) -> bool:
         """Grow the table to hold ``num_tokens`` tokens; all or nothing (False changes nothing)."""
-        need = self.pages_needed(seq_id, num_tokens)
+        need = self.pages_needed(seq, num_tokens)
         if need > self.num_free_pages:
             return False
-        table = self._seqs[seq_id].table
+        table = seq.pages
         for _ in range(need):
             if self._free:
                 page = self._free.popleft()
@@ -144,18 +156,17 @@ class HBMPageManager:
             table.append(page)
         return True
 
-    def commit(self, seq_id: Hashable, tokens: Sequence[int], num_computed: int) -> None:
+    def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
         """The KV of ``tokens[:num_computed]`` is written: register newly full pages."""
         if not self.enable_prefix_caching:
             return
-        seq = self._seqs[seq_id]
         ps = self._page_size
-        full = min(min(num_computed, len(tokens)) // ps, len(seq.table))
+        full = min(min(num_computed, len(tokens)) // ps, len(seq.pages))
         # Only pages past num_committed are hashed, so calling this every step is O(new pages).
         for i in range(seq.num_committed, full):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
             key = hash((seq.last_key, chunk))
-            page = seq.table[i]
+            page = seq.pages[i]
             # Another page already holds this prefix: keep ours private, freed normally.
             if key not in self._key_to_page:
                 self._key_to_page[key] = page
@@ -163,26 +174,20 @@ class HBMPageManager:
             seq.last_key = key
         seq.num_committed = max(seq.num_committed, full)
 
-    def free_sequence(self, seq_id: Hashable) -> None:
-        """Drop ``seq_id``'s references; unknown ids are ignored."""
-        seq = self._seqs.pop(seq_id, None)
-        if seq is None:
+    def free_sequence(self, seq: PageTable) -> None:
+        """Drop the table's references and empty it; an unregistered table is ignored."""
+        if self._tables.pop(id(seq), None) is None:
             return
         # Reverse order: a prefix's tail pages become evictable before its head, so
         # eviction trims prefixes from the end instead of orphaning their tails.
-        for page in reversed(seq.table):
+        for page in reversed(seq.pages):
             self._refcount[page] -= 1
             if self._refcount[page] == 0:
                 if page in self._entries:
                     self._evictable[page] = None
                 else:
                     self._free.append(page)
-
-    def page_table(self, seq_id: Hashable) -> list[int]:
-        return list(self._seqs[seq_id].table)
-
-    def has_sequence(self, seq_id: Hashable) -> bool:
-        return seq_id in self._seqs
+        seq.pages, seq.num_committed, seq.last_key, seq.registered = [], 0, None, False
 
     def reset_prefix_cache(self) -> None:
         """Return every cached-but-unreferenced page to the free list (referenced ones stay)."""
@@ -201,10 +206,10 @@ class HBMPageManager:
         free, evictable = list(self._free), list(self._evictable)
         assert len(set(free)) == len(free), f"duplicate pages on the free list: {free}"
         counts = [0] * self._num_pages
-        for seq_id, seq in self._seqs.items():
-            assert len(set(seq.table)) == len(seq.table), f"{seq_id!r} holds a page twice: {seq.table}"
-            assert seq.num_committed <= len(seq.table), f"{seq_id!r} committed past its table"
-            for page in seq.table:
+        for seq in self._tables.values():
+            assert len(set(seq.pages)) == len(seq.pages), f"a table holds a page twice: {seq.pages}"
+            assert seq.num_committed <= len(seq.pages), "a table committed past its pages"
+            for page in seq.pages:
                 counts[page] += 1
         for page in range(self._num_pages):
             assert self._refcount[page] == counts[page], (
@@ -222,3 +227,70 @@ class HBMPageManager:
             assert page not in self._entries, f"free page {page} is still registered"
         for page in evictable:
             assert page in self._entries, f"evictable page {page} is not registered"
+
+
+class SlotPages:
+    """The dense engine's pages: slot i owns pages [i * n, (i + 1) * n), n = pages for max_length.
+
+    Same interface as HBMPageManager, so one scheduler serves both engines."""
+
+    enable_prefix_caching = False
+    prefix_queries = prefix_hits = 0
+
+    def __init__(self, num_slots: int, max_length: int, page_size: int):
+        if num_slots < 1 or max_length < 1 or page_size < 1:
+            raise ValueError(f"num_slots, max_length and page_size must be >= 1, got {num_slots}, {max_length}, "
+                             f"{page_size}")
+        self._page_size = page_size
+        self._per_slot = -(-max_length // page_size)
+        self._num_pages = num_slots * self._per_slot
+        self._held: set[int] = set()  # slots in use
+
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self._num_pages * self._page_size
+
+    @property
+    def num_free_pages(self) -> int:
+        return self._num_pages - self.num_used_pages
+
+    @property
+    def num_used_pages(self) -> int:
+        return len(self._held) * self._per_slot
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_pages / self._num_pages
+
+    def add_sequence(self, seq: PageTable, tokens: Sequence[int], slot: int | None = None) -> int:
+        if slot is None or slot in self._held:
+            raise ValueError(f"slot {slot!r} is not free")
+        self._held.add(slot)
+        seq.pages = list(range(slot * self._per_slot, (slot + 1) * self._per_slot))
+        seq.registered = True
+        return 0
+
+    def pages_needed(self, seq: PageTable, num_tokens: int) -> int:
+        return 0
+
+    def can_reserve(self, seq: PageTable, num_tokens: int) -> bool:
+        return num_tokens <= self._per_slot * self._page_size
+
+    def reserve(self, seq: PageTable, num_tokens: int) -> bool:
+        return self.can_reserve(seq, num_tokens)
+
+    def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
+        pass
+
+    def free_sequence(self, seq: PageTable) -> None:
+        if seq.registered:
+            self._held.discard(seq.pages[0] // self._per_slot)
+        seq.pages, seq.registered = [], False

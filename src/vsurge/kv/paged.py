@@ -1,12 +1,15 @@
 """Paged KV cache: fixed-size pages shared by every sequence, found through page tables.
 
-One step of the paged engine runs a packed row of N tokens (1, N): first
-`num_decode` single tokens (one per decoding sequence), then one prefill
-chunk of C tokens. Each token's K/V is scattered into its page slot
-(`slot_mapping`); attention then gathers each sequence's pages in order, so
-key position = index in the gathered row and causality (key pos <= query
-pos) hides unwritten slots and table padding. `gather_attend` is the one
-function a fused paged-attention kernel would replace.
+Per layer, keys live in `(num_pages, KVH, hd, page_size)` (transposed, as
+attention reads them) and values in `(num_pages, KVH, page_size, hd)`. One
+engine step runs a packed row of N tokens: first D decode tokens (one per
+decoding sequence), then P chunk rows of C prefill tokens each. Every token's
+K/V is scattered into its page slot (`slot_mapping`) before attention, so a
+chunk row sees the keys of earlier chunk rows of the same sequence written in
+the same step. Attention then walks each row's page table one page column at
+a time (gather one page per row, online softmax across columns): key position
+= column * page_size + offset, so causality hides unwritten slots and table
+padding. `paged_attention` is the one function a fused kernel would replace.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import ModelConfig
-from ..ops.attention import attend
+from ..ops.attention import merge_into, merge_partials, partial_attend
 
 
 def page_bytes(config: ModelConfig, page_size: int, dtype) -> int:
@@ -25,59 +28,94 @@ def page_bytes(config: ModelConfig, page_size: int, dtype) -> int:
     return 2 * config.num_layers * page_size * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
 
 
-def gather_attend(q, pages_k, pages_v, layer, tables, q_pos, sliding_window):
-    """q (R, T, H, hd); pages_k/v (L, P, ps, KVH, hd); tables (R, W) page ids in order;
-    q_pos (R, T) -> (R, T, H, hd). Gathers only the tables' pages of `layer`."""
+def paged_attention(q, k_pages, v_pages, tables, q_pos, sliding_window=None, num_columns=None):
+    """q (R, T, H, hd); k_pages (P, KVH, hd, ps); v_pages (P, KVH, ps, hd); tables (R, W) page ids
+    in order; q_pos (R, T) -> (R, T, H, hd). Reads only the tables' pages: all W columns
+    (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop."""
     r, w = tables.shape
-    ps, kvh, hd = pages_k.shape[2:]
-    k = pages_k[layer, tables].reshape(r, w * ps, kvh, hd).swapaxes(1, 2)  # (R, KVH, W*ps, hd)
-    v = pages_v[layer, tables].reshape(r, w * ps, kvh, hd).swapaxes(1, 2)
-    k_pos = jnp.broadcast_to(jnp.arange(w * ps, dtype=jnp.int32), (r, w * ps))
-    return attend(q, k, v, q_pos, k_pos, sliding_window)
+    ps = v_pages.shape[2]
+    offsets = jnp.arange(ps, dtype=jnp.int32)
+
+    def column_part(column):
+        ids = tables[:, column]
+        k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
+        return partial_attend(q, k_pages[ids], v_pages[ids], q_pos, k_pos, sliding_window)
+
+    if num_columns is None:
+        return merge_partials([column_part(c) for c in range(w)], q.shape, q.dtype)
+    first = column_part(0)  # every row has at least one page
+    acc = jax.lax.fori_loop(1, num_columns, lambda c, acc: merge_into(acc, column_part(c)), first)
+    return merge_partials([acc], q.shape, q.dtype)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class StepLayout:
+    """Where one step's tokens go and what each row attends to (set by the engine per step)."""
+
+    slot_mapping: jax.Array  # (N,) page * page_size + offset; num_pages * page_size = not written
+    decode_tables: jax.Array  # (D, Wd) page ids of each decode row
+    decode_pos: jax.Array  # (D, 1) position of each decode token (-1 = padding row)
+    chunk_tables: jax.Array  # (P, Wc) page ids of each chunk row
+    chunk_pos: jax.Array  # (P, C) positions of each chunk token (-1 = padding)
+    num_columns: jax.Array | None = None  # () i32: read only this many page columns (None = all)
+
+    @property
+    def num_decode(self) -> int:
+        return self.decode_tables.shape[0]
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PagedAttentionCache:
-    k: jax.Array  # (L, num_pages, page_size, KVH, hd)
-    v: jax.Array  # (L, num_pages, page_size, KVH, hd)
-    # per step (set by the engine before the forward pass; empty between steps)
-    slot_mapping: jax.Array | None = None  # (N,) page * page_size + offset; >= num_pages * page_size = skip
-    tables: jax.Array | None = None  # (num_decode + 1, W): decode rows' tables, then the prefill chunk's
-    num_decode: int = dataclasses.field(default=0, metadata=dict(static=True))
+    k: list  # per layer (num_pages, KVH, hd, page_size)
+    v: list  # per layer (num_pages, KVH, page_size, hd)
+    layout: StepLayout | None = None  # per step; None between steps
     sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @classmethod
     def init(cls, config: ModelConfig, num_pages: int, page_size: int, dtype=jnp.float32):
-        shape = (config.num_layers, num_pages, page_size, config.num_kv_heads, config.head_dim)
-        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), sliding_window=config.sliding_window)
+        kv, hd, n = config.num_kv_heads, config.head_dim, config.num_layers
+        return cls(k=[jnp.zeros((num_pages, kv, hd, page_size), dtype) for _ in range(n)],
+                   v=[jnp.zeros((num_pages, kv, page_size, hd), dtype) for _ in range(n)],
+                   sliding_window=config.sliding_window)
+
+    @property
+    def num_pages(self) -> int:
+        return self.v[0].shape[0]
 
     @property
     def page_size(self) -> int:
-        return self.k.shape[2]
+        return self.v[0].shape[2]
 
-    def for_step(self, slot_mapping, tables, num_decode: int) -> "PagedAttentionCache":
-        return dataclasses.replace(self, slot_mapping=slot_mapping, tables=tables, num_decode=num_decode)
+    def for_step(self, layout: StepLayout) -> "PagedAttentionCache":
+        return dataclasses.replace(self, layout=layout)
 
     def storage_only(self) -> "PagedAttentionCache":
-        return dataclasses.replace(self, slot_mapping=None, tables=None, num_decode=0)
+        return dataclasses.replace(self, layout=None)
 
     def attend(self, layer, q, k, v, positions):
-        """q (1, N, H, hd), k/v (1, N, KVH, hd), positions (1, N): decode tokens, then one prefill chunk."""
-        ps = self.page_size
-        # scatter straight into the 5-D pages (a reshape of the scan carry would make XLA copy it)
-        where = (layer, self.slot_mapping // ps, self.slot_mapping % ps)  # page num_pages = dropped
-        new_k = self.k.at[where].set(k[0].astype(self.k.dtype), mode="drop")
-        new_v = self.v.at[where].set(v[0].astype(self.v.dtype), mode="drop")
-        d = self.num_decode
+        """q (1, N, H, hd), k/v (1, N, KVH, hd): D decode tokens, then P chunk rows of C tokens."""
+        lay, ps = self.layout, self.page_size
+        page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
+        k_pages = self.k[layer].at[page, :, :, offset].set(k[0].astype(self.k[layer].dtype), mode="drop")
+        v_pages = self.v[layer].at[page, :, offset].set(v[0].astype(self.v[layer].dtype), mode="drop")
+        cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
+        d, (p, c) = lay.num_decode, lay.chunk_pos.shape
         parts = []
         if d:
             qd = q[0, :d, None]  # (D, 1, H, hd)
-            parts.append(gather_attend(qd, new_k, new_v, layer, self.tables[:d], positions[0, :d, None],
-                                       self.sliding_window)[:, 0])  # (D, H, hd)
-        if q.shape[1] > d:
-            qp = q[:, d:]  # (1, C, H, hd)
-            parts.append(gather_attend(qp, new_k, new_v, layer, self.tables[d:], positions[:, d:],
-                                       self.sliding_window)[0])  # (C, H, hd)
-        out = jnp.concatenate(parts, axis=0)[None] if len(parts) > 1 else parts[0][None]
-        return out, dataclasses.replace(self, k=new_k, v=new_v)
+            parts.append(paged_attention(qd, k_pages, v_pages, lay.decode_tables, lay.decode_pos,
+                                         self.sliding_window, lay.num_columns).reshape(d, *q.shape[2:]))
+        if p:
+            qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, hd)
+            parts.append(paged_attention(qc, k_pages, v_pages, lay.chunk_tables, lay.chunk_pos,
+                                         self.sliding_window, lay.num_columns).reshape(p * c, *q.shape[2:]))
+        out = jnp.concatenate(parts)[None] if len(parts) > 1 else parts[0][None]
+        return out, cache
+
+
+def _replace(arrays: list, index: int, value) -> list:
+    out = list(arrays)
+    out[index] = value
+    return out

@@ -1,26 +1,26 @@
-"""Compiled executables per (batch, prefill_length) bucket.
+"""One small engine per compiled (batch, prefill_length) bucket.
 
-Inputs are padded to a bucket so a handful of shapes serve every request.
-`choose` picks the smallest compiled bucket that fits and otherwise names a
-new power-of-two bucket, compiled on demand.
+A bucket's engine has `batch` slots, each with a fixed run of pages for
+`prefill_length + max_new_tokens` tokens, one prompt row of `prefill_length`
+tokens per slot (the whole batch prefills in one step) and one decode program
+(`streaming_chunks` steps per call). `choose` picks the smallest compiled
+bucket that fits, else names a new power-of-two bucket, compiled on demand.
+All buckets share the model's weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
-from functools import partial
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from ..engine.config import EngineConfig
+from ..engine.core import EngineCore
+from ..kv.page_manager import SlotPages
 
-from ..ops.sampling import SamplingArrays
-from . import steps
-
-EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one row may have
+PAGE_SIZE = 128
 
 
 def next_power_of_two(n: int, minimum: int = 1) -> int:
@@ -34,19 +34,18 @@ def next_power_of_two(n: int, minimum: int = 1) -> int:
 class Bucket:
     batch: int
     prefill_length: int
-    prefill: Callable  # compiled: (graphstate, graphother, tokens, lengths, sampling, bias, eos, max_new) -> state
-    decode: Callable  # compiled: (graphstate, graphother, state) -> state (state donated)
+    engine: EngineCore
+    state: object  # the engine state between runs (donated through every step)
 
 
-class BucketCompiler:
-    def __init__(self, graphdef, graphstate, graphother, vocab_size: int, max_new_tokens: int,
-                 streaming_chunks: int, on_compile: Callable[[float], None] | None = None):
-        self.graphdef = graphdef
-        self.abstract_state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), graphstate)
-        self.abstract_other = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), graphother)
-        self.vocab_size = vocab_size
+class BucketEngines:
+    def __init__(self, model, processor, max_new_tokens: int, streaming_chunks: int, seed: int,
+                 on_compile: Callable[[float], None] | None = None):
+        self.model = model
+        self.processor = processor
         self.max_new_tokens = max_new_tokens
         self.streaming_chunks = streaming_chunks
+        self.seed = seed
         self.on_compile = on_compile
         self.buckets: dict[tuple[int, int], Bucket] = {}
         self._lock = threading.Lock()
@@ -58,38 +57,25 @@ class BucketCompiler:
             return min(fits, key=lambda k: (k[0] * k[1], k))
         return next_power_of_two(batch), min(next_power_of_two(length, 16), max(max_length, length))
 
-    def input_specs(self, batch: int, prefill_length: int):
-        s = jax.ShapeDtypeStruct
-        sampling = jax.tree.map(lambda x: s(x.shape, x.dtype), SamplingArrays.neutral(batch))
-        return (s((batch, prefill_length), jnp.int32), s((batch,), jnp.int32), sampling,
-                s((batch, self.vocab_size), jnp.float32), s((batch, EOS_WIDTH), jnp.int32), s((batch,), jnp.int32))
+    def config(self, batch: int, prefill_length: int) -> EngineConfig:
+        total = prefill_length + self.max_new_tokens
+        return EngineConfig(max_slots=batch, max_length=total, max_prompt_length=prefill_length,
+                            prefill_tokens=batch * prefill_length, chunk_lengths=(prefill_length,),
+                            max_prefill_rows=batch, decode_steps=self.streaming_chunks, page_size=PAGE_SIZE,
+                            seed=self.seed, row_buckets=(max(2, batch),),
+                            window_buckets=(math.ceil(total / PAGE_SIZE),), prefill_first=True,
+                            enable_prefix_caching=False)
 
     def get(self, batch: int, prefill_length: int) -> Bucket:
         key = (batch, prefill_length)
         with self._lock:
             if key not in self.buckets:
-                self.buckets[key] = self._compile(batch, prefill_length)
+                start = time.perf_counter()
+                config = self.config(batch, prefill_length)
+                engine = EngineCore(self.model, self.processor, config,
+                                    SlotPages(config.max_slots, config.max_length, config.page_size))
+                engine.compile(progress=False)
+                self.buckets[key] = Bucket(batch, prefill_length, engine, engine.init_state())
+                if self.on_compile:
+                    self.on_compile(time.perf_counter() - start)
             return self.buckets[key]
-
-    def _compile(self, batch: int, prefill_length: int) -> Bucket:
-        start = time.perf_counter()
-        prefill_fn = jax.jit(partial(steps.prefill, self.graphdef, cache_length=prefill_length + self.max_new_tokens,
-                                     max_new_cap=self.max_new_tokens))
-        args = (self.abstract_state, self.abstract_other, *self.input_specs(batch, prefill_length))
-        prefill_exe = prefill_fn.lower(*args).compile()
-        state_spec = jax.eval_shape(prefill_fn, *args)
-        decode_fn = jax.jit(partial(steps.decode_chunk, self.graphdef, num_steps=self.streaming_chunks),
-                            donate_argnums=(2,))
-        decode_exe = decode_fn.lower(self.abstract_state, self.abstract_other, state_spec).compile()
-        if self.on_compile:
-            self.on_compile(time.perf_counter() - start)
-        return Bucket(batch, prefill_length, prefill_exe, decode_exe)
-
-
-def pad_rows(values: list[np.ndarray], batch: int, fill) -> np.ndarray:
-    """Stack per-row arrays and pad to `batch` rows with `fill`."""
-    arr = np.stack(values)
-    if len(values) < batch:
-        pad = np.full((batch - len(values), *arr.shape[1:]), fill, arr.dtype)
-        arr = np.concatenate([arr, pad])
-    return arr

@@ -1,9 +1,8 @@
 """Prompt-level API of vInference: text/messages in, text (whole or streamed) out.
 
-`events()` is the one loop every API here builds on: it runs a batch of rows,
-turns each row's tokens into text through a TextStream (UTF-8-safe, stop
-strings cut across chunks), tells the device which rows the host stopped, and
-yields (row, "text" | "final", data) events.
+`events()` is the one loop every API here builds on: it runs a batch of rows
+and turns each step's updates (text already UTF-8-safe, stop strings already
+cut by the engine's output streams) into (row, "text" | "final", data) events.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
 
 from ..sampling_params import SamplingParams
 from ..tokenizer.compat import chat_prompt_ids, text_prompt_ids
-from ..tokenizer.text_stream import TextStream
 from .config import PromptOutput
 
 
@@ -33,44 +31,35 @@ class PromptMixin:
             return chat_prompt_ids(self.processor, prompt)
         raise TypeError("a prompt must be a string or a list of OpenAI chat messages ({'role', 'content'} dicts)")
 
-    def events(self, rows) -> Iterator[tuple[int, str, Any]]:
-        """Run `rows` as one batch; yield (row, "text", delta) and (row, "final", PromptOutput)."""
+    def events(self, rows, slots: int | None = None) -> Iterator[tuple[int, str, Any]]:
+        """Run `rows` as one batch (in `slots` device rows: more rows wait for a free one);
+        yield (row, "text", delta) and (row, "final", PromptOutput)."""
         start = time.perf_counter()
-        streams = [TextStream(self.processor, r.params.stop, r.eos, r.params.skip_special_tokens, r.prompt_ids)
-                   for r in rows]
-        done = [False] * len(rows)
-        gen = self.run_rows(rows)
-        snapshot = next(gen)
-        self.metrics.first_token(time.perf_counter() - start)
+        texts: dict[int, list[str]] = {}
+        first_seen: set[int] = set()
+        run = self.run_rows(rows, slots=slots)
+        last = None
         try:
-            while True:
-                host_stopped = []
-                for i, stream in enumerate(streams):
-                    if done[i]:
-                        continue
-                    tokens = snapshot.row_tokens(i)[len(stream.token_ids):]
-                    delta = stream.add(tokens)
-                    if stream.finished and not snapshot.is_sequence_finished[i]:
-                        host_stopped.append(i)  # a stop string: free the row on the device
-                    if snapshot.is_sequence_finished[i] or stream.finished:
-                        delta += stream.finish("length")
-                    if delta:
-                        yield i, "text", delta
-                    if stream.finished:
-                        done[i] = True
-                        yield i, "final", self._final_output(rows[i], stream, start)
-                if all(done):
-                    return snapshot
-                snapshot = gen.send(host_stopped)
+            for last, updates in run:
+                for i, sample in updates:
+                    if i not in first_seen and sample.token_ids:
+                        first_seen.add(i)
+                        self.metrics.first_token(time.perf_counter() - start)
+                    if sample.text:
+                        texts.setdefault(i, []).append(sample.text)
+                        yield i, "text", sample.text
+                    if sample.finish_reason is not None:
+                        yield i, "final", self._final_output(rows[i], sample, start)
         finally:
-            gen.close()
+            run.close()
+        return last
 
-    def _final_output(self, row, stream: TextStream, start: float) -> PromptOutput:
+    def _final_output(self, row, sample, start: float) -> PromptOutput:
         elapsed = max(time.perf_counter() - start, 1e-9)
-        count = len(stream.token_ids)
-        self.metrics.request_finished(stream.finish_reason, len(row.prompt_ids), count, elapsed)
-        return PromptOutput(text=stream.text, generated_tokens=count, tokens_per_second=count / elapsed,
-                            finish_reason=stream.finish_reason)
+        count = sample.num_generated_tokens
+        self.metrics.request_finished(sample.finish_reason, len(row.prompt_ids), count, elapsed)
+        return PromptOutput(text=sample.accumulated_text, generated_tokens=count, tokens_per_second=count / elapsed,
+                            finish_reason=sample.finish_reason)
 
     def collect(self, rows) -> list[PromptOutput]:
         outputs: list[PromptOutput | None] = [None] * len(rows)
@@ -85,9 +74,12 @@ class PromptMixin:
         whose return value is the final SampleState. list[str] -> one result per string."""
         params = self.resolve_params(sampling_params)
         if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            if stream:
-                return [self.process_prompt(p, params, stream=True) for p in prompt]
             rows = [row for p in prompt for row in self.make_rows(self.prompt_ids(p), params)]
+            if stream:
+                if params.n != 1:
+                    raise ValueError("stream=True yields one sequence per prompt: use n=1")
+                shared = SharedEvents(self.events(rows), len(rows))  # one batch: reading in turns never blocks
+                return [shared.deltas(i) for i in range(len(rows))]
             outputs = self.collect(rows)
             return outputs if params.n == 1 else [outputs[i:i + params.n] for i in range(0, len(outputs), params.n)]
         rows = self.make_rows(self.prompt_ids(prompt), params)
@@ -100,14 +92,7 @@ class PromptMixin:
 
     def _text_deltas(self, rows):
         """Yield the row's text as it completes; return the final SampleState."""
-        gen = self.events(rows)
-        while True:
-            try:
-                _, kind, data = next(gen)
-            except StopIteration as end:
-                return end.value
-            if kind == "text":
-                yield data
+        return SharedEvents(self.events(rows), 1).deltas(0)
 
     # ------------------------------------------------------------ concurrency
     async def process_prompts_concurrently(
@@ -118,7 +103,7 @@ class PromptMixin:
         stream: bool = False,
         progress_callback: Callable[[int, int], None] | None = None,
     ):
-        """Run prompts in device batches of up to `max_concurrent_requests` rows.
+        """Run prompts on up to `max_concurrent_requests` device rows at once (continuous batching).
 
         Non-stream: a list of PromptOutput in input order (errors as PromptOutput(error=...)).
         Stream: an async generator of (index, "text" | "error" | "final", data).
@@ -163,15 +148,14 @@ class PromptMixin:
         prepared, errors = await asyncio.to_thread(self._prepare, prompts, sampling_params)
 
         def worker():  # device work off the event loop; events come back through the queue
-            for start in range(0, len(prepared), batch_size):
-                batch = prepared[start:start + batch_size]
-                try:
-                    for row, kind, data in self.events([r for _, r in batch]):
-                        loop.call_soon_threadsafe(queue.put_nowait, (batch[row][0], kind, data))
-                except Exception as e:
-                    for index, _ in batch:
-                        self.metrics.request_failed()
-                        loop.call_soon_threadsafe(queue.put_nowait, (index, "error", f"{type(e).__name__}: {e}"))
+            try:  # continuous batching: a finished row's slot takes the next prompt
+                if prepared:
+                    for row, kind, data in self.events([r for _, r in prepared], slots=batch_size):
+                        loop.call_soon_threadsafe(queue.put_nowait, (prepared[row][0], kind, data))
+            except Exception as e:
+                for index, _ in prepared:
+                    self.metrics.request_failed()
+                    loop.call_soon_threadsafe(queue.put_nowait, (index, "error", f"{type(e).__name__}: {e}"))
             loop.call_soon_threadsafe(queue.put_nowait, None)
 
         for index, message in sorted(errors.items()):
@@ -195,3 +179,38 @@ class PromptMixin:
                     progress_callback(completed, total)
             yield index, kind, data
         await task
+
+
+class SharedEvents:
+    """Per-row text generators over one batch's events: whichever generator is read pulls the
+    batch forward and buffers the other rows' text, so the rows can be read in any order."""
+
+    def __init__(self, events: Iterator, rows: int):
+        self._events = events
+        self._buffers: list[list[str]] = [[] for _ in range(rows)]
+        self._done = [False] * rows
+        self.final_state = None
+
+    def _pull(self) -> bool:
+        try:
+            row, kind, data = next(self._events)
+        except StopIteration as end:
+            self.final_state = end.value
+            self._done = [True] * len(self._done)
+            return False
+        if kind == "text":
+            self._buffers[row].append(data)
+        elif kind == "final":
+            self._done[row] = True
+        return True
+
+    def deltas(self, row: int):
+        """Yield row's text as it completes; return the batch's final SampleState."""
+        while True:
+            while self._buffers[row]:
+                yield self._buffers[row].pop(0)
+            if self._done[row] or not self._pull():
+                if not self._buffers[row]:
+                    while self.final_state is None and self._pull():
+                        pass  # run the batch to its end: the return value is its last state
+                    return self.final_state

@@ -1,48 +1,41 @@
-"""vInference: batch generation with precompiled buckets and an on-device decode loop.
+"""vInference: batch generation on the shared engine, one small engine per batch bucket.
 
-    prompts -> tokenize -> pad into the smallest fitting (batch, prefill_length) bucket
-            -> prefill (first token) -> decode chunks of `streaming_chunks` steps on the device
-            -> host: detokenize, stop strings, yield SampleState / text
+    prompts -> tokenize -> the smallest fitting (batch, prefill_length) bucket engine
+            -> one step prefills every prompt (first tokens) -> decode calls of
+               `streaming_chunks` steps on the device -> host: text, stop strings, SampleState
 
 Prompt-level APIs (`process_prompt`, `process_prompts_concurrently`) live in
-`prompts.PromptMixin`; persistence in `persistence.py`.
+`prompts.PromptMixin`; persistence in `persistence.py`; the seed's step-level
+methods (`execute_prefill`, `execute_decode`, `adjust_kwargs`) in seed/vinference_api.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import threading
 import time
 import uuid
-from typing import Any, Generator, Sequence
+from typing import Iterator, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..engine.request import ActiveRequest, ReturnChannel
+from ..engine.sequence import Sequence as EngineSequence
+from ..engine.validation import prepare_requests
 from ..metrics import EngineMetrics
-from ..ops.sampling import SamplingArrays
 from ..sampling_params import SamplingParams
+from ..seed.vinference_api import vInferenceSeedAPI
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
-from .buckets import EOS_WIDTH, BucketCompiler, pad_rows
+from .buckets import BucketEngines
 from .config import vInferenceConfig, vInferencePreCompileConfig
 from .prompts import PromptMixin
 from .state import SampleState
 
-
-@dataclasses.dataclass
-class RowRequest:
-    """One sequence to generate: its prompt, sampling and limits."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    seed: int
-    max_new: int
-    eos: list[int]
+log = logging.getLogger(__name__)
 
 
-class vInference(PromptMixin):  # noqa: N801 (the seed's name)
+class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor_class, generation_config: vInferenceConfig | None = None,
                  seed: int | None = None, input_partition_spec=None, max_new_tokens: int = 512,
                  inference_name: str | None = None):
@@ -59,14 +52,15 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
         self.generation_config = config.model_copy(update=updates)
         self.input_partition_spec = input_partition_spec
         self._inference_name = inference_name or (model.config.name or model.config.architecture).replace(" ", "-")
-        self._rng = np.random.default_rng(seed)
         self.uuid4 = str(uuid.uuid4())
         self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
         self._metrics = EngineMetrics(self._inference_name)
-        self._buckets = BucketCompiler(self.graphdef, self.graphstate, self.graphother, model.config.vocab_size,
-                                       self.generation_config.max_new_tokens,
-                                       self.generation_config.streaming_chunks, on_compile=self._metrics.compiled)
+        self._buckets = BucketEngines(model, processor_class, self.generation_config.max_new_tokens,
+                                      self.generation_config.streaming_chunks,
+                                      seed if seed is not None else int(np.random.default_rng().integers(2**31)),
+                                      on_compile=self._metrics.compiled)
         self.precompiled_configs: dict[int, vInferencePreCompileConfig] = {}
+        self._limits = None  # built on first use: model_prefill_length may refuse the config
         self._device_lock = threading.Lock()  # one batch on the device at a time
 
     # ------------------------------------------------------------ seed properties
@@ -103,7 +97,7 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
         return room
 
     def count_tokens(self, text_or_messages, oai_like: bool = False) -> int:
-        """Tokens of a text, or of chat messages rendered with the chat template (oai_like ignored: same)."""
+        """Tokens of a text, or of chat messages rendered with the chat template (oai_like: the same)."""
         if isinstance(text_or_messages, str):
             return len(self.processor.encode(text_or_messages))
         if isinstance(text_or_messages, list):
@@ -112,13 +106,15 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ compilation
     def precompile(self, config: vInferencePreCompileConfig) -> bool:
-        """Compile every (batch_size, prefill_length) combination once, with a progress bar."""
+        """Compile every (batch_size, prefill_length) bucket once, with a progress bar.
+        Returns False (and logs why) when a bucket cannot be built, as the seed does."""
         from tqdm.auto import tqdm
 
         combos = config.combinations()
         for batch, length in tqdm(combos, desc=f"Compiling {self._inference_name}", unit="bucket"):
             if length > self.model_prefill_length:
-                raise ValueError(f"prefill_length {length} exceeds model_prefill_length {self.model_prefill_length}")
+                log.error("prefill_length %d exceeds model_prefill_length %d", length, self.model_prefill_length)
+                return False
             self._buckets.get(batch, length)
         self.precompiled_configs[len(self.precompiled_configs)] = config
         return True
@@ -127,22 +123,16 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
     def compiled_buckets(self) -> list[tuple[int, int]]:
         return sorted(self._buckets.buckets)
 
-    # ------------------------------------------------------------ requests -> rows
+    # ------------------------------------------------------------ requests
     def resolve_params(self, sampling_params) -> SamplingParams:
         default = self.generation_config.sampling_params
         if sampling_params is None:
             return default or SamplingParams(max_tokens=self.generation_config.max_new_tokens)
         return SamplingParams.coerce(sampling_params)
 
-    def make_rows(self, prompt_ids: list[int], params: SamplingParams) -> list[RowRequest]:
-        """Validate one prompt and expand it into `params.n` rows."""
+    def make_rows(self, prompt_ids: list[int], params: SamplingParams) -> list[ActiveRequest]:
+        """Validate one prompt and expand it into `params.n` requests (the one validator of the engines)."""
         cap = self.generation_config.max_new_tokens
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        vocab = self._model.config.vocab_size
-        bad = [t for t in prompt_ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
         limit = self.model_prefill_length
         if len(prompt_ids) > limit:
             if not self.generation_config.truncate_prompt:
@@ -151,98 +141,83 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
                     f"(context {self._model.config.max_position_embeddings} - max_new_tokens {cap}); "
                     f"set truncate_prompt=True in vInferenceConfig to keep the end of the prompt")
             prompt_ids = list(prompt_ids[-limit:])  # keep the END: the question is usually last
-        max_new = cap if params.max_tokens is None else params.max_tokens
-        if max_new > cap:
-            raise ValueError(f"max_tokens ({max_new}) exceeds this vInference's max_new_tokens ({cap})")
-        eos = params.eos_ids(self.generation_config.eos_token_ids)
-        if len(eos) > EOS_WIDTH:
-            raise ValueError(f"at most {EOS_WIDTH} stop token ids (eos included) are supported, got {len(eos)}")
-        base = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
-        return [RowRequest([int(t) for t in prompt_ids], params, base + i, max_new, eos) for i in range(params.n)]
+        if params.max_tokens is not None and params.max_tokens > cap:
+            raise ValueError(f"max_tokens ({params.max_tokens}) exceeds this vInference's max_new_tokens ({cap})")
+        if self._limits is None:
+            self._limits = _Limits(self._model.config.vocab_size, limit + cap, limit,
+                                   self.generation_config.eos_token_ids, self._buckets.seed)
+        return prepare_requests(self._limits, [int(t) for t in prompt_ids], params, ReturnChannel(),
+                                max_tokens_cap=cap)
 
     # ------------------------------------------------------------ generation
     def generate(self, input_ids, attention_mask=None, *, graphstate=None, graphother=None,
-                 sampling_params: SamplingParams | None = None, **model_kwargs) -> Generator[SampleState, Any, SampleState]:
+                 sampling_params: SamplingParams | None = None, **model_kwargs) -> Iterator[SampleState]:
         """Yield a SampleState every `streaming_chunks` tokens until every row is finished.
 
         input_ids: (B, T) ints, left-padded as HF tokenizers do when attention_mask is given.
         graphstate/graphother: other weights of the same structure (no recompilation).
+        model_kwargs: accepted for the seed's signature (see adjust_kwargs).
         """
-        if model_kwargs:
-            raise ValueError(f"unsupported model kwargs: {', '.join(sorted(model_kwargs))}")
-        ids = np.asarray(input_ids)
-        if ids.ndim == 1:
-            ids = ids[None]
-        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask).reshape(ids.shape)
+        inputs = self.adjust_kwargs(input_ids, attention_mask, **model_kwargs)
         params = self.resolve_params(sampling_params)
-        rows = []
-        for r in range(ids.shape[0]):
-            rows.extend(self.make_rows(ids[r][mask[r].astype(bool)].tolist(), params))
-        return self.run_rows(rows, graphstate=graphstate, graphother=graphother)
+        rows = [r for ids in inputs["prompts"] for r in self.make_rows(ids, params)]
+        state = self.start_state(rows, graphstate, graphother)
+        return self._stream_states(state)
 
-    def run_rows(self, rows: Sequence[RowRequest], graphstate=None, graphother=None):
-        """Generator over SampleStates of one batch. `send(rows)` marks rows finished from the host."""
-        gs = self.graphstate if graphstate is None else graphstate
-        go = self.graphother if graphother is None else graphother
+    def _stream_states(self, state: SampleState) -> Iterator[SampleState]:
+        state = self.execute_prefill(state)
+        yield state
+        while not state.is_sequence_finished.all():
+            state = self.execute_decode(state)
+            yield state
+
+    def run_rows(self, rows: Sequence[ActiveRequest], graphstate=None, graphother=None, slots: int | None = None):
+        """Generator over one batch: yields (SampleState, [(row, ReturnSample), ...]) after each step.
+        `slots` caps the device rows (more rows wait for a free slot). Closing it early ends the
+        rows that are still running."""
         longest = max(len(r.prompt_ids) for r in rows)
-        batch, length = self._buckets.choose(len(rows), longest, self.model_prefill_length)
-        bucket = self._buckets.get(batch, length)
-        inputs = self._device_inputs(rows, batch, length)
-        lengths = inputs[1]
+        batch = min(len(rows), slots or len(rows))
+        bucket = self._buckets.get(*self._buckets.choose(batch, longest, self.model_prefill_length))
+        engine = bucket.engine
+        scheduler = engine.new_scheduler()
+        seqs = [EngineSequence.of(r, self.processor) for r in rows]
+        index = {seq: i for i, seq in enumerate(seqs)}
+        for seq in seqs:
+            scheduler.add(seq)
+        want_logprobs = any(r.params.logprobs is not None for r in rows)
         with self._device_lock:
             start = time.perf_counter()
-            state = bucket.prefill(gs, go, *inputs)
-            snapshot = self._snapshot(state, length, lengths, start)
-            self._metrics.stage("prefill", time.perf_counter() - start)
-            while True:
-                stop_rows = yield snapshot
-                finished = snapshot.is_sequence_finished.copy()
-                if stop_rows:
-                    finished[list(stop_rows)] = True
-                    state = dataclasses.replace(state, finished=jnp.asarray(finished))
-                if finished[: len(rows)].all():
-                    return snapshot
-                tick = time.perf_counter()
-                state = bucket.decode(gs, go, state)
-                snapshot = self._snapshot(state, length, lengths, start)
-                self._metrics.stage("decode", time.perf_counter() - tick)
+            try:
+                while scheduler.has_work:
+                    plan = scheduler.schedule()
+                    tick = time.perf_counter()
+                    bucket.state, out = engine.step(bucket.state, plan, graphstate=graphstate, graphother=graphother)
+                    updates = scheduler.postprocess(plan, out.to_host(want_logprobs))
+                    self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
+                    yield (self._snapshot(seqs, bucket.prefill_length, start),
+                           [(index[seq], sample) for seq, sample in updates])
+            finally:
+                for seq in seqs:
+                    if not seq.finished:
+                        scheduler.abort(seq)
 
-    def _device_inputs(self, rows: Sequence[RowRequest], batch: int, length: int):
-        vocab = self._model.config.vocab_size
-        tokens = np.zeros((batch, length), np.int32)
-        for i, r in enumerate(rows):
-            tokens[i, : len(r.prompt_ids)] = r.prompt_ids
-        lengths = pad_rows([np.int32(len(r.prompt_ids)) for r in rows], batch, 1)
-        max_new = pad_rows([np.int32(r.max_new) for r in rows], batch, 1)  # padding rows stop at once
-        eos = pad_rows([np.asarray(r.eos + [-1] * (EOS_WIDTH - len(r.eos)), np.int32) for r in rows], batch, -1)
-        sampling = SamplingArrays.from_params([r.params for r in rows], [r.seed for r in rows])
-        neutral = SamplingArrays.neutral(batch - len(rows))
-        sampling = jax.tree.map(lambda a, b: np.concatenate([a, b]), sampling, neutral)
-        bias = np.zeros((batch, vocab), np.float32)
-        for i, r in enumerate(rows):
-            for token, value in (r.params.logit_bias or {}).items():
-                if not 0 <= token < vocab:
-                    raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
-                bias[i, token] = value
-        return tokens, lengths, sampling, bias, eos, max_new
-
-    def _snapshot(self, state, padded_length: int, lengths: np.ndarray, start: float) -> SampleState:
-        sequences, generated, finished, running = jax.device_get(
-            (state.sequences, state.generated, state.finished, state.running_token))
+    def _snapshot(self, seqs: list[EngineSequence], padded_length: int, start: float) -> SampleState:
+        cap = self.generation_config.max_new_tokens
+        b = len(seqs)
+        sequences = np.zeros((b, cap), np.int32)
+        generated = np.asarray([len(s.generated) for s in seqs], np.int32)
+        for i, seq in enumerate(seqs):
+            sequences[i, : generated[i]] = seq.generated[:cap]
+        prompt_lengths = np.asarray([s.num_prompt for s in seqs], np.int32)
         elapsed = max(time.perf_counter() - start, 1e-9)
         return SampleState(
-            sequences=sequences,
-            current_length=lengths + generated,
-            running_token=running[:, None],
-            is_sequence_finished=finished,
-            generated_tokens=int(generated.max()),
-            tokens_per_second=float(generated.sum()) / elapsed,
-            padded_length=padded_length,
-            generated_tokens_per_row=generated,
-            prompt_lengths=lengths,
-            prng_key=state.sampling.key_data,
-            cache=state.cache,
-        )
+            sequences=sequences, current_length=prompt_lengths + generated,
+            running_token=np.asarray([[s.tokens[-1]] for s in seqs], np.int32),
+            is_sequence_finished=np.asarray([s.output.finished for s in seqs]),
+            generated_tokens=int(generated.max()), tokens_per_second=float(generated.sum()) / elapsed,
+            padded_length=padded_length, generated_tokens_per_row=generated, prompt_lengths=prompt_lengths,
+            prng_key=np.asarray([[s.request.seed >> 32 & 0xFFFFFFFF, s.request.seed & 0xFFFFFFFF] for s in seqs],
+                                np.uint32))
 
     # ------------------------------------------------------------ persistence
     def save_inference(self, path) -> None:
@@ -255,3 +230,15 @@ class vInference(PromptMixin):  # noqa: N801 (the seed's name)
         from .persistence import load_inference
 
         return load_inference(cls, path, model, processor_class)
+
+
+class _Limits:
+    """The engine limits `prepare_requests` checks, for a vInference (before any bucket exists)."""
+
+    def __init__(self, vocab_size, max_length, max_prompt_length, eos, seed: int):
+        self.vocab_size, self.max_length, self.max_prompt_length = vocab_size, max_length, max_prompt_length
+        self.eos_token_ids = list(eos)
+        self._rng = np.random.default_rng(seed)
+
+    def new_seed(self) -> int:
+        return int(self._rng.integers(0, 2**63 - 1))

@@ -1,0 +1,131 @@
+"""Host arrays of one engine step, built from a StepPlan (numpy only) and padded to its bucket.
+
+Row order is the plan's: decode rows first, then prompt rows, so output row i
+belongs to plan.decode[i] and row D + j to plan.chunks[j]. Padding rows use
+the spare slot, position -1 (attends to nothing) and a slot mapping past the
+last page (their K/V writes are dropped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..kv.paged import StepLayout
+from ..ops.sampling import SamplingArrays
+from .config import EOS_WIDTH
+from .programs import DecodeBatch, MixedBatch, bitmask_words
+from .scheduler import StepPlan
+from .sequence import Sequence
+
+
+class BatchBuilder:
+    def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int):
+        self.vocab_size = vocab_size
+        self.words = bitmask_words(vocab_size)
+        self.page_size = page_size
+        self.skip = num_pages * page_size  # a slot-mapping value whose write is dropped
+        self.spare = spare_slot
+        self.table_width = table_width  # pages of a max_length sequence
+
+    def _pages_for(self, last_position: int) -> int:
+        return last_position // self.page_size + 1
+
+    def _table(self, seq: Sequence, width: int) -> np.ndarray:
+        table = np.zeros(width, np.int32)
+        pages = seq.pages.pages[:width]
+        table[: len(pages)] = pages
+        return table
+
+    def _bitmasks(self, rows: int, masks: dict[int, np.ndarray] | None) -> np.ndarray:
+        out = np.full((rows, self.words), -1, np.int32)
+        for row, mask in (masks or {}).items():
+            out[row] = mask
+        return out
+
+    # ------------------------------------------------------------ decode
+    def decode_window(self, plan: StepPlan) -> int:
+        """Pages the furthest row reads during the plan's steps."""
+        return max(self._pages_for(len(s.tokens) - 1 + plan.num_steps - 1) for s in plan.decode)
+
+    def decode(self, plan: StepPlan, rows: int, window: int, masks=None) -> DecodeBatch:
+        d = len(plan.decode)
+        tokens, positions = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        tables = np.zeros((rows, window), np.int32)
+        slots = np.full(rows, self.spare, np.int32)
+        generated, active = np.zeros(rows, np.int32), np.zeros(rows, bool)
+        eos, budget = np.full((rows, EOS_WIDTH), -1, np.int32), np.ones(rows, np.int32)
+        for i, seq in enumerate(plan.decode):
+            tokens[i], positions[i] = seq.tokens[-1], len(seq.tokens) - 1
+            tables[i] = self._table(seq, window)
+            slots[i], generated[i], active[i] = seq.slot, len(seq.generated), True
+            ids = seq.request.eos_token_ids
+            eos[i, : len(ids)] = ids
+            budget[i] = len(seq.generated) + seq.tokens_left
+        return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
+                           self._bitmasks(rows, masks), np.asarray(plan.num_steps if d else 0, np.int32))
+
+    # ------------------------------------------------------------ mixed
+    def mixed(self, plan: StepPlan, decode_rows: int, masks=None) -> MixedBatch:
+        rows_p, length = plan.chunk_shape
+        d = decode_rows
+        n, r = d + rows_p * length, d + rows_p
+        width = self.table_width
+        tokens, positions = np.zeros(n, np.int32), np.zeros(n, np.int32)
+        slot_mapping = np.full(n, self.skip, np.int32)
+        decode_tables, decode_pos = np.zeros((d, width), np.int32), np.full((d, 1), -1, np.int32)
+        chunk_tables, chunk_pos = np.zeros((rows_p, width), np.int32), np.full((rows_p, length), -1, np.int32)
+        logits_index, slots = np.zeros(r, np.int32), np.full(r, self.spare, np.int32)
+        generated, samples = np.zeros(r, np.int32), np.zeros(r, bool)
+        columns = 1
+
+        def place(row: int, seq: Sequence, start: int, count: int, at: int) -> None:
+            nonlocal columns
+            pos = np.arange(start, start + count)
+            pages = np.asarray(seq.pages.pages, np.int32)
+            tokens[at:at + count] = seq.tokens[start:start + count]
+            positions[at:at + count] = pos
+            slot_mapping[at:at + count] = pages[pos // self.page_size] * self.page_size + pos % self.page_size
+            logits_index[row] = at + count - 1
+            slots[row], generated[row] = seq.slot, len(seq.generated)
+            columns = max(columns, self._pages_for(start + count - 1))
+
+        for i, seq in enumerate(plan.decode):
+            place(i, seq, len(seq.tokens) - 1, 1, i)
+            decode_tables[i], decode_pos[i, 0], samples[i] = self._table(seq, width), len(seq.tokens) - 1, True
+        for j, chunk in enumerate(plan.chunks):
+            at = d + j * length
+            place(d + j, chunk.seq, chunk.start, chunk.length, at)
+            chunk_tables[j] = self._table(chunk.seq, width)
+            chunk_pos[j, : chunk.length] = np.arange(chunk.start, chunk.start + chunk.length)
+            samples[d + j] = chunk.samples
+        layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
+                            np.asarray(columns, np.int32))
+        return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
+                          self._bitmasks(r, masks))
+
+    # ------------------------------------------------------------ shapes to compile
+    def decode_spec(self, rows: int, window: int) -> DecodeBatch:
+        return self.decode(StepPlan(), rows, window)
+
+    def mixed_spec(self, decode_rows: int, shape: tuple[int, int]) -> MixedBatch:
+        return self.mixed(StepPlan(chunk_shape=shape), decode_rows)
+
+    def slot_arrays_spec(self) -> tuple:
+        v = self.vocab_size
+        return (np.int32(0), np.zeros(v, np.int32), np.zeros(v, bool), np.zeros(v, np.float32), np.asarray(False),
+                SamplingArrays.neutral(1), np.asarray(False))
+
+    # ------------------------------------------------------------ slot set-up
+    def slot_arrays(self, seq: Sequence) -> tuple:
+        """(counts, prompt_mask, bias, has_bias, sampling, want_logprobs) of one admitted sequence;
+        counts include what it generated before a preemption."""
+        request, vocab = seq.request, self.vocab_size
+        counts = np.bincount(np.asarray(seq.generated, np.int64), minlength=vocab)[:vocab].astype(np.int32)
+        prompt_mask = np.zeros(vocab, bool)
+        prompt_mask[request.prompt_ids] = True
+        bias = np.zeros(vocab, np.float32)
+        for token, value in (request.params.logit_bias or {}).items():
+            bias[token] = value
+        sampling = SamplingArrays.from_params([request.params], [request.seed])
+        return (counts, prompt_mask, bias, np.asarray(bool(request.params.logit_bias)), sampling,
+                np.asarray(request.params.logprobs is not None))

@@ -1,0 +1,135 @@
+"""EngineConfig: every setting of an engine in one frozen (hashable) dataclass.
+
+The seed API spreads these over keyword arguments of vEngine/oEngine and
+vSurge.create_vdriver/create_odriver (`max_concurrent_decodes`,
+`max_prefill_length`, `prefill_lengths`, `max_concurrent_prefill`, ...);
+`from_seed_kwargs` maps them here once. The compiled shapes (buckets) are
+derived from the config, so two engines with equal configs run the same programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass
+
+EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
+
+
+def _powers(start: int, stop: int, factor: int = 2) -> list[int]:
+    out, n = [], start
+    while n < stop:
+        out.append(n)
+        n *= factor
+    return out
+
+
+def default_slots() -> int:
+    """Decode slots for this machine when none are asked for: the batch where the step's matmuls
+    stop getting cheaper per row (CPU: 32 on 2 cores, more with more cores; accelerators: 128)."""
+    import jax  # only when a default is needed: the scheduler's tests never get here
+
+    if jax.default_backend() != "cpu":
+        return 128
+    return max(32, min(128, 16 * (os.cpu_count() or 2)))
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_slots: int = 32  # sequences generating at once (the seed's max_concurrent_decodes)
+    max_length: int = 2048  # prompt + generated tokens of one sequence
+    max_prompt_length: int | None = None  # longest prompt accepted; None = max_length - 1
+    prefill_tokens: int = 512  # prompt tokens one step computes (vLLM's max_num_batched_tokens)
+    chunk_lengths: tuple[int, ...] = ()  # prompt-row lengths a step may use; () = derived
+    max_prefill_rows: int | None = None  # most prompt rows per step (the seed's max_concurrent_prefill)
+    decode_steps: int = 4  # decode steps per device call while no prompt waits
+    page_size: int = 128  # tokens per KV page
+    num_pages: int | None = None  # paged engine's pool; None = sized from free memory
+    hbm_utilization: float = 0.6  # fraction of the free memory the pool may take
+    enable_prefix_caching: bool = True
+    seed: int = 894
+    # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
+    row_buckets: tuple[int, ...] = ()  # decode rows of decode programs
+    window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
+    prefill_first: bool = False  # no decode rows while a prompt is being prefilled
+
+    def __post_init__(self):
+        for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.max_length < 2:
+            raise ValueError(f"max_length must be at least 2, got {self.max_length}")
+        if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.max_length:
+            raise ValueError(f"max_prompt_length must be in [1, max_length - 1 = {self.max_length - 1}], "
+                             f"got {self.max_prompt_length}")
+        if not 0 < self.hbm_utilization <= 1:
+            raise ValueError(f"hbm_utilization must be in (0, 1], got {self.hbm_utilization}")
+        if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):
+            raise ValueError(f"chunk_lengths must be in [1, prefill_tokens={self.prefill_tokens}], "
+                             f"got {self.chunk_lengths}")
+
+    @classmethod
+    def from_seed_kwargs(cls, *, max_concurrent_decodes=None, max_concurrent_prefill=None, prefill_lengths=None,
+                         max_prefill_length=None, max_length=None, seed=894, context: int | None = None,
+                         **rest) -> "EngineConfig":
+        """The seed's engine keyword arguments -> EngineConfig. `context` caps max_length (the model's)."""
+        length = int(max_length or 2048)
+        if context:
+            length = min(length, int(context))
+        if isinstance(prefill_lengths, int):
+            prefill_lengths = [prefill_lengths]
+        values = dict(max_slots=int(max_concurrent_decodes or default_slots()), max_length=length, seed=seed)
+        if max_prefill_length:
+            values["max_prompt_length"] = min(int(max_prefill_length), length - 1)
+        if max_concurrent_prefill:
+            values["max_prefill_rows"] = int(max_concurrent_prefill)
+        values.update({k: v for k, v in rest.items() if v is not None})
+        if prefill_lengths:
+            values["prefill_tokens"] = max(values.get("prefill_tokens", 512), max(int(n) for n in prefill_lengths))
+            values["chunk_lengths"] = tuple(sorted({int(n) for n in prefill_lengths}))
+        return cls(**values)
+
+    def replace(self, **changes) -> "EngineConfig":
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ derived sizes and buckets
+    @property
+    def prompt_limit(self) -> int:
+        return self.max_prompt_length or self.max_length - 1
+
+    @property
+    def pages_per_sequence(self) -> int:
+        return math.ceil(self.max_length / self.page_size)
+
+    @property
+    def decode_rows(self) -> list[int]:
+        """Row counts of decode programs: 2, 4, 8, ... and max_slots (one row runs as two: a one-row
+        bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free)."""
+        if self.row_buckets:
+            return sorted(self.row_buckets)
+        return sorted({*_powers(2, self.max_slots), max(2, self.max_slots)})
+
+    @property
+    def mixed_decode_rows(self) -> list[int]:
+        """Decode rows of steps that also prefill: 0, 2, 8, 32, ... and max_slots (coarser than
+        decode_rows: such a step's cost is mostly its prompt tokens)."""
+        if self.prefill_first:
+            return [0]
+        return sorted({0, *_powers(2, self.max_slots, 4), max(2, self.max_slots)})
+
+    @property
+    def chunk_shapes(self) -> list[tuple[int, int]]:
+        """(rows, tokens per row) of the prompt part of a step, each about `prefill_tokens` tokens."""
+        lengths = self.chunk_lengths or tuple(n for n in (self.prefill_tokens, self.prefill_tokens // 4,
+                                                          self.prefill_tokens // 16) if n >= 16)
+        rows_cap = self.max_prefill_rows or self.prefill_tokens
+        return sorted({(max(1, min(self.prefill_tokens // n, rows_cap)), n) for n in lengths}, key=lambda s: s[1])
+
+    @property
+    def page_windows(self) -> list[int]:
+        """Pages a decode row may read: enough for 256, 512, 1024, ... tokens, and for max_length."""
+        if self.window_buckets:
+            return sorted(self.window_buckets)
+        last = self.pages_per_sequence
+        return sorted({min(last, math.ceil(t / self.page_size)) for t in _powers(256, self.max_length)} | {last})

@@ -1,0 +1,170 @@
+"""EngineCore: compiled programs over buckets, and `step(state, plan)`.
+
+vEngine (dense: a fixed run of pages per slot) and oEngine (paged: pages on
+demand, prefix caching, preemption) are this class with different page pools.
+Every program is compiled by `compile()` (a progress bar; the persistent
+compilation cache makes restarts fast), so nothing compiles while serving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..tokenizer.compat import eos_token_ids, pad_token_id
+from . import programs
+from .batch import BatchBuilder
+from .config import EngineConfig
+from .programs import EngineState, StepOutput
+from .scheduler import Scheduler, StepPlan
+
+log = logging.getLogger(__name__)
+
+
+def _abstract(tree):
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype
+                                                       if isinstance(x, np.ndarray) else x.dtype), tree)
+
+
+class EngineCore:
+    """Owns the model's split state, the compiled programs and the page pool."""
+
+    def __init__(self, model, processor, config: EngineConfig, pool):
+        self.model = model
+        self._processor = processor
+        self.config = config
+        self.pool = pool
+        self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
+        self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
+                                    config.pages_per_sequence)
+        self._rng = np.random.default_rng(config.seed)
+        self._compiled: dict[Any, Any] = {}
+        self._compile_lock = threading.Lock()
+        self.compile_seconds = 0.0
+
+    def new_scheduler(self) -> Scheduler:
+        return Scheduler(self.pool, self.config)
+
+    # ------------------------------------------------------------ properties the drivers and vSurge read
+    @property
+    def processor(self):
+        return self._processor
+
+    @property
+    def max_length(self) -> int:
+        return self.config.max_length
+
+    @property
+    def max_prompt_length(self) -> int:
+        return self.config.prompt_limit
+
+    @property
+    def max_concurrent_decodes(self) -> int:
+        return self.config.max_slots
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = eos_token_ids(self._processor) or list(self.model.config.eos_token_ids)
+        return list(dict.fromkeys(ids))
+
+    @property
+    def pad_token_id(self) -> int:
+        return pad_token_id(self._processor)
+
+    @property
+    def model_name(self) -> str:
+        return self.model.config.name or self.model.config.architecture
+
+    def new_seed(self) -> int:
+        """A request seed drawn from the engine's generator (when the caller gives none)."""
+        return int(self._rng.integers(0, 2**63 - 1))
+
+    # ------------------------------------------------------------ compilation
+    def buckets(self) -> list[tuple]:
+        """Every program the engine runs."""
+        c = self.config
+        jobs: list[tuple] = [("init",), ("set_slot",)]
+        jobs += [("decode", rows, window) for window in c.page_windows for rows in c.decode_rows]
+        jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_decode_rows]
+        return jobs
+
+    def compile(self, progress: bool = True) -> None:
+        """Compile every program the engine will run; nothing compiles after this."""
+        from tqdm.auto import tqdm
+
+        for job in tqdm(self.buckets(), desc=f"Compiling {type(self).__name__}", unit="program",
+                        disable=not progress):
+            self._program(job)
+
+    def _program(self, key: tuple):
+        with self._compile_lock:
+            if key not in self._compiled:
+                start = time.perf_counter()
+                self._compiled[key] = self._build(key)
+                self.compile_seconds += time.perf_counter() - start
+            return self._compiled[key]
+
+    def _empty_state(self) -> EngineState:
+        return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
+                                    self.config.max_slots)
+
+    def _build(self, key: tuple):
+        kind = key[0]
+        state = jax.eval_shape(self._empty_state)
+        gs, go = _abstract(self.graphstate), _abstract(self.graphother)
+        if kind == "init":
+            return jax.jit(self._empty_state).lower().compile()
+        if kind == "set_slot":
+            arrays = self.batches.slot_arrays_spec()
+            return jax.jit(programs.set_slot, donate_argnums=(0,)).lower(state, *arrays).compile()
+        if kind == "decode":
+            _, rows, window = key
+            fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
+                         donate_argnums=(2,))
+            return fn.lower(gs, go, state, _abstract(self.batches.decode_spec(rows, window))).compile()
+        _, rows, shape = key
+        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,))
+        return fn.lower(gs, go, state, _abstract(self.batches.mixed_spec(rows, shape))).compile()
+
+    # ------------------------------------------------------------ running
+    def init_state(self) -> EngineState:
+        return self._program(("init",))()
+
+    def setup_slots(self, state: EngineState, plan: StepPlan) -> EngineState:
+        """Load the sampling state of sequences admitted (or re-admitted) since their last step."""
+        for seq in plan.sequences:
+            if seq.needs_setup:
+                state = self._program(("set_slot",))(state, np.int32(seq.slot), *self.batches.slot_arrays(seq))
+                seq.needs_setup = False
+        return state
+
+    def step(self, state: EngineState, plan: StepPlan, masks: dict[int, np.ndarray] | None = None,
+             graphstate=None, graphother=None) -> tuple[EngineState, StepOutput]:
+        """Run one plan. masks: row -> packed bitmask of allowed tokens (structured outputs)."""
+        state = self.setup_slots(state, plan)
+        gs = self.graphstate if graphstate is None else graphstate
+        go = self.graphother if graphother is None else graphother
+        c = self.config
+        if plan.chunks:
+            rows = next(n for n in c.mixed_decode_rows if n >= len(plan.decode))
+            batch = self.batches.mixed(plan, rows, masks)
+            state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
+            return state, dataclasses.replace(out, chunk_offset=rows)
+        rows = next(n for n in c.decode_rows if n >= len(plan.decode))
+        needed = self.batches.decode_window(plan)
+        window = next(w for w in c.page_windows if w >= needed)
+        batch = self.batches.decode(plan, rows, window, masks)
+        return self._program(("decode", rows, window))(gs, go, state, batch)

@@ -1,0 +1,287 @@
+"""Drivers: one scheduling thread per engine replica, each looping
+
+    plan = scheduler.schedule()
+    state, out = engine.step(state, plan)
+    for seq, update in scheduler.postprocess(plan, out.to_host()): send update
+
+`submit_request` hands a request to the least loaded replica (several replicas
+of one model are data parallelism). The thread blocks on its inbox when idle
+(no spinning). A thread that raises fails every live request with its error
+and marks the driver not ready; callers never hang. `stop()` drains, then
+fails what is left. vDriver (dense engines) and oDriver (a paged engine) are
+this driver with the seed's constructor signatures.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import warnings
+
+from ..metrics import EngineMetrics
+from .request import ActiveRequest, DriverNotReadyError, QueueFullError
+from .scheduler import StepPlan
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+class Replica:
+    """One engine with its scheduler, inbox and the live sequences its thread owns."""
+
+    def __init__(self, engine, index: int):
+        self.engine = engine
+        self.index = index
+        self.scheduler = engine.new_scheduler()
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = threading.Event()
+        self.live: dict[int, Sequence] = {}  # request id -> sequence (the thread's view)
+        self.load = 0  # requests routed here and not finished (the router's view)
+
+
+class Driver:
+    def __init__(self, engines, max_queue: int | None = None, metrics: EngineMetrics | None = None):
+        engines = list(engines)
+        if not engines:
+            raise ValueError("a driver needs at least one engine")
+        self.replicas = [Replica(engine, i) for i, engine in enumerate(engines)]
+        self.max_queue = max_queue
+        self.metrics = metrics or EngineMetrics(engines[0].model_name)
+        self._lock = threading.Lock()
+        self._live: set[ActiveRequest] = set()
+        self._threads: list[threading.Thread] = []
+        self._running = self._accepting = False
+        self._error: BaseException | None = None
+        self._reported = {"preemptions": 0, "queries": 0, "hits": 0}
+
+    # ------------------------------------------------------------ public
+    @property
+    def primary_engine(self):
+        return self.replicas[0].engine
+
+    @property
+    def engines(self) -> list:
+        return [r.engine for r in self.replicas]
+
+    @property
+    def processor(self):
+        return self.primary_engine.processor
+
+    @property
+    def driver_name(self) -> str:
+        return f"{type(self).__name__}({self.metrics.model_name})"
+
+    @property
+    def ready(self) -> bool:
+        return self._running and self._accepting and self._error is None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def get_total_concurrent_requests(self) -> int:
+        return sum(r.engine.max_concurrent_decodes for r in self.replicas)
+
+    @property
+    def num_used_slots(self) -> int:
+        return sum(len(r.scheduler.running) for r in self.replicas)
+
+    @property
+    def num_waiting(self) -> int:
+        with self._lock:
+            return max(0, len(self._live) - self.num_used_slots)
+
+    def compile(self) -> None:
+        for engine in dict.fromkeys(self.engines):
+            engine.compile()
+
+    def start(self) -> None:
+        if self._running:
+            return
+        self._running = self._accepting = True
+        self._error = None
+        for replica in self.replicas:
+            thread = threading.Thread(target=self._guarded, args=(replica,), name=f"vsurge-engine-{replica.index}",
+                                      daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def submit_request(self, request: ActiveRequest) -> None:
+        if not isinstance(request, ActiveRequest):
+            raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
+        if not self.ready:
+            raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
+        with self._lock:
+            waiting = len(self._live) - self.num_used_slots
+            if self.max_queue is not None and waiting >= self.max_queue:
+                raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
+                                     f"retry later")
+            self._live.add(request)
+            replica = min(self.replicas, key=lambda r: (r.load, r.index))
+            replica.load += 1
+            self.metrics.set_waiting(waiting + 1)
+        replica.inbox.put(request)
+        replica.wake.set()
+
+    def place_request_on_prefill_queue(self, request: ActiveRequest) -> None:
+        self.submit_request(request)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
+        threads; whatever is still unfinished is failed, never silently dropped."""
+        self._accepting = False
+        deadline = time.monotonic() + timeout
+        while self._live and self._error is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._shutdown(DriverNotReadyError("the driver stopped before this request finished"))
+
+    # ------------------------------------------------------------ the engine thread
+    def _guarded(self, replica: Replica) -> None:
+        try:
+            self._loop(replica)
+        except BaseException as exc:  # noqa: BLE001: any failure must reach the callers
+            log.exception("%s engine thread %d failed", type(self).__name__, replica.index)
+            self._error = RuntimeError(f"{type(self).__name__} engine thread {replica.index} failed: {exc!r}")
+            self._shutdown(self._error)
+
+    def _loop(self, replica: Replica) -> None:
+        engine, scheduler = replica.engine, replica.scheduler
+        state = engine.init_state()
+        while self._running:
+            self._take_new(replica)
+            self._drop_cancelled(replica)
+            if not scheduler.has_work:
+                replica.wake.wait()  # idle until a request or a stop arrives
+                replica.wake.clear()
+                continue
+            plan = scheduler.schedule()
+            self._report(replica)
+            if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
+                replica.wake.wait(0.01)
+                replica.wake.clear()
+                continue
+            start = time.perf_counter()
+            state, out = engine.step(state, plan)
+            host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
+            self.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
+            for seq, sample in scheduler.postprocess(plan, host):
+                self._emit(replica, seq, sample)
+
+    def _take_new(self, replica: Replica) -> None:
+        while True:
+            try:
+                request = replica.inbox.get_nowait()
+            except queue.Empty:
+                return
+            seq = Sequence.of(request, replica.engine.processor)
+            replica.live[request.request_id] = seq
+            replica.scheduler.add(seq)
+
+    def _drop_cancelled(self, replica: Replica) -> None:
+        for seq in [s for s in replica.live.values() if s.request.is_cancelled]:
+            self._emit(replica, seq, replica.scheduler.abort(seq))
+
+    def _emit(self, replica: Replica, seq: Sequence, sample) -> None:
+        out = seq.output
+        if sample.token_ids:
+            if len(out.token_ids) == len(sample.token_ids):
+                self.metrics.first_token(time.perf_counter() - seq.request.submitted_at)
+                if seq.admitted_at is not None:
+                    self.metrics.queued(seq.admitted_at - seq.request.submitted_at)
+            if out.previous_update_at is not None:  # a burst of k tokens after a gap: k gaps of gap/k
+                count = len(sample.token_ids) - (len(out.token_ids) == len(sample.token_ids))
+                if count > 0:
+                    self.metrics.inter_token((out.last_token_at - out.previous_update_at) / count, count)
+        if out.finished:  # settle the books before the caller sees the last sample
+            replica.live.pop(seq.seq_id, None)
+            with self._lock:
+                self._live.discard(seq.request)
+                replica.load -= 1
+            self.metrics.request_finished(out.finish_reason, len(seq.request.prompt_ids), len(out.token_ids),
+                                          time.perf_counter() - seq.request.submitted_at)
+            self._update_gauges()
+        seq.request.channel.put(sample)
+
+    def _update_gauges(self) -> None:
+        pools = [r.scheduler for r in self.replicas]
+        self.metrics.set_kv_usage(sum(s.pool.usage for s in pools) / len(pools))
+        self.metrics.set_running(sum(len(s.running) for s in pools))
+        self.metrics.set_waiting(sum(len(s.waiting) for s in pools) + sum(r.inbox.qsize() for r in self.replicas))
+
+    def _report(self, replica: Replica) -> None:
+        """Pool and queue gauges, and counters as deltas since the last report."""
+        self._update_gauges()
+        pools = [r.scheduler for r in self.replicas]
+        seen = self._reported
+        totals = {"preemptions": sum(s.num_preemptions for s in pools),
+                  "queries": sum(s.pool.prefix_queries for s in pools), "hits": sum(s.pool.prefix_hits for s in pools)}
+        if totals["preemptions"] > seen["preemptions"]:
+            self.metrics.preempted(totals["preemptions"] - seen["preemptions"])
+        if totals["queries"] > seen["queries"]:
+            self.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
+        seen.update(totals)
+
+    # ------------------------------------------------------------ failure and stop
+    def _shutdown(self, error: BaseException) -> None:
+        self._running = self._accepting = False
+        with self._lock:
+            live, self._live = list(self._live), set()
+        for request in live:
+            request.channel.put(error)
+        for replica in self.replicas:
+            replica.wake.set()
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:
+                thread.join(timeout=5)
+        self._threads = [t for t in self._threads if t.is_alive() and t is not current]
+
+
+def _warn_unused(name: str, value, default, why: str) -> None:
+    if value != default:
+        warnings.warn(f"{name}={value!r} has no effect: {why}", stacklevel=3)
+
+
+class vDriver(Driver):  # noqa: N801 (the seed's name)
+    """The seed's dense driver. `decode_engines` are replicas (data parallel); prompts are
+    prefilled inside each engine's steps (chunked prefill), so `prefill_engines` must be the
+    same engines (or None) and `interleaved_mode` is how every step works already."""
+
+    def __init__(self, prefill_engines=None, decode_engines=None, interleaved_mode: bool = False,
+                 detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None):
+        prefill, decode = _as_list(prefill_engines), _as_list(decode_engines)
+        if not prefill and not decode:
+            raise ValueError("vDriver needs at least one engine")
+        engines = decode or prefill
+        if prefill and decode and set(map(id, prefill)) - set(map(id, decode)):
+            warnings.warn("separate prefill engines are not used: each engine prefills its own prompts inside "
+                          "its steps (chunked prefill)", stacklevel=2)
+        _warn_unused("interleaved_mode", interleaved_mode, False, "prefill and decode always share steps")
+        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
+                     "detokenization runs on each engine's thread right after its step")
+        super().__init__(engines, max_queue, metrics)
+
+
+class oDriver(Driver):  # noqa: N801 (the seed's name)
+    """The seed's paged driver: one oEngine."""
+
+    def __init__(self, engine, detokenizing_blocks: int = 8, max_queue: int | None = None,
+                 metrics: EngineMetrics | None = None):
+        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
+                     "detokenization runs on the engine's thread right after its step")
+        super().__init__([engine], max_queue, metrics)
+
+    @property
+    def engine(self):
+        return self.primary_engine
+
+
+def _as_list(engines) -> list:
+    if engines is None:
+        return []
+    return list(engines) if isinstance(engines, (list, tuple)) else [engines]
+
+
+__all__ = ["Driver", "Replica", "StepPlan", "oDriver", "vDriver"]

@@ -1,0 +1,226 @@
+"""The device programs of an engine (traced under jit; `core.py` compiles them per bucket).
+
+State (`EngineState`, donated to every call so it is updated in place):
+    kv     PagedAttentionCache: every sequence's keys/values, in pages
+    slots  per-slot sampling state, S = max_slots rows plus one spare row that
+           padding rows read and write
+
+Programs:
+    decode   D rows, one token each, for up to `num_steps` steps in an on-device
+             loop (rows stop at an end token or their budget); each row reads a
+             static window of W pages
+    mixed    D decode rows and P prompt rows of C tokens in one forward pass;
+             rows read a dynamic number of page columns (the step is dominated by
+             its prompt tokens, so one program serves every window)
+    set_slot load one admitted sequence's sampling state into its slot
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..kv.paged import PagedAttentionCache, StepLayout
+from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
+
+BITMASK_BITS = 32
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return -(-vocab_size // BITMASK_BITS)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+    """Per-slot sampling state (S+1 rows: the last one is the spare row of padding)."""
+
+    counts: jax.Array  # (S+1, V) i32 generated-token counts (penalties)
+    prompt_mask: jax.Array  # (S+1, V) bool tokens of the prompt (repetition penalty)
+    bias: jax.Array  # (S+1, V) f32 logit bias
+    has_bias: jax.Array  # (S+1,) bool
+    sampling: SamplingArrays  # rows of S+1
+    want_logprobs: jax.Array  # (S+1,) bool
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class EngineState:
+    kv: PagedAttentionCache
+    slots: SlotState
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DecodeBatch:
+    """Inputs of a decode program (host arrays; D rows, W pages per row)."""
+
+    tokens: np.ndarray  # (D,) i32 last token of each row (its K/V is computed now)
+    positions: np.ndarray  # (D,) i32 position of that token
+    tables: np.ndarray  # (D, W) i32 page ids
+    slots: np.ndarray  # (D,) i32 slot of each row (the spare slot for padding)
+    generated: np.ndarray  # (D,) i32 tokens generated so far (folded into the sampling key)
+    active: np.ndarray  # (D,) bool
+    eos: np.ndarray  # (D, EOS_WIDTH) i32 ids that end the row (-1 = unused)
+    budget: np.ndarray  # (D,) i32 tokens the row may still generate
+    bitmask: np.ndarray  # (D, ceil(V/32)) i32 allowed next tokens (-1 = all)
+    num_steps: np.ndarray  # () i32 steps to run (1 when a row is constrained)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class MixedBatch:
+    """Inputs of a mixed program: N = D + P*C tokens in R = D + P sampling rows."""
+
+    tokens: np.ndarray  # (N,) i32
+    positions: np.ndarray  # (N,) i32
+    layout: StepLayout  # where tokens go and which pages each row reads
+    logits_index: np.ndarray  # (R,) i32 token whose logits each row samples from
+    slots: np.ndarray  # (R,) i32
+    generated: np.ndarray  # (R,) i32
+    samples: np.ndarray  # (R,) bool: the row's token is real (decode rows, prompt rows that end)
+    bitmask: np.ndarray  # (R, ceil(V/32)) i32
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class StepOutput:
+    tokens: jax.Array  # (K, R) i32 token of row r at decode step k
+    valid: jax.Array  # (K, R) bool
+    logprob: jax.Array  # (K, R) f32 log-probability of the token (0 unless requested)
+    top_ids: jax.Array  # (K, R, 20) i32
+    top_logprobs: jax.Array  # (K, R, 20) f32
+    # row of the first prompt row (decode rows are padded to a bucket before them)
+    chunk_offset: int = dataclasses.field(default=0, metadata=dict(static=True))
+
+    def to_host(self, with_logprobs: bool) -> "HostStepOutput":
+        """Copy to numpy (the driver calls this: drivers never touch JAX)."""
+        if with_logprobs:
+            tokens, valid, *lp = jax.device_get((self.tokens, self.valid, self.logprob, self.top_ids,
+                                                 self.top_logprobs))
+            return HostStepOutput(tokens, valid, tuple(lp), self.chunk_offset)
+        tokens, valid = jax.device_get((self.tokens, self.valid))
+        return HostStepOutput(tokens, valid, None, self.chunk_offset)
+
+
+@dataclasses.dataclass
+class HostStepOutput:
+    tokens: np.ndarray  # (K, R)
+    valid: np.ndarray  # (K, R)
+    logprobs: tuple | None  # (chosen (K, R), top ids (K, R, 20), top values (K, R, 20))
+    chunk_offset: int = 0  # row of plan.chunks[0]
+
+
+# ------------------------------------------------------------ sampling
+def apply_bitmask(logits, bitmask):
+    """logits (B, V) f32, bitmask (B, ceil(V/32)) i32: bit j of word w allows token 32w + j."""
+    vocab = logits.shape[-1]
+    bits = (bitmask[:, :, None] >> jnp.arange(BITMASK_BITS, dtype=jnp.int32)) & 1  # (B, W, 32)
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].astype(bool)
+    return jnp.where(allowed, logits, -jnp.inf)
+
+
+def sample_rows(logits, slots: SlotState, rows, generated, bitmask):
+    """One token per row. logits (R, V) f32; rows (R,) slot of each row; generated (R,) i32.
+    Every optional stage (mask, penalties, bias) is skipped unless some row uses it."""
+    p = jax.tree.map(lambda a: a[rows], slots.sampling)
+    logits = jax.lax.cond(jnp.any(bitmask != -1), apply_bitmask, lambda l, _: l, logits, bitmask)
+    logits = jax.lax.cond(penalties_active(p),
+                          lambda l: apply_penalties(l, slots.counts[rows], slots.prompt_mask[rows], p),
+                          lambda l: l, logits)
+    logits = jax.lax.cond(jnp.any(slots.has_bias[rows]), lambda l: l + slots.bias[rows], lambda l: l, logits)
+    return draw_tokens(logits, p, generated)
+
+
+def _logprobs(logits, tokens, wanted):
+    """(chosen (R,), top ids (R, 20), top values (R, 20)) when a row wants them, else zeros."""
+    r = tokens.shape[0]
+    zeros = (jnp.zeros((r,), jnp.float32), jnp.zeros((r, TOP_LOGPROBS), jnp.int32),
+             jnp.zeros((r, TOP_LOGPROBS), jnp.float32))
+    return jax.lax.cond(jnp.any(wanted), lambda: token_logprobs(logits, tokens), lambda: zeros)
+
+
+def _count(slots: SlotState, rows, tokens, real) -> SlotState:
+    return dataclasses.replace(slots, counts=slots.counts.at[rows, tokens].add(real.astype(jnp.int32)))
+
+
+# ------------------------------------------------------------ programs
+def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBatch, *, max_steps: int):
+    """Up to `batch.num_steps` decode steps for D rows -> (state, StepOutput with K = max_steps)."""
+    model = nnx.merge(graphdef, graphstate, graphother)
+    d = batch.tokens.shape[0]
+    ps, skip = state.kv.page_size, state.kv.num_pages * state.kv.page_size
+    rows = jnp.arange(d)
+    empty_chunks = (jnp.zeros((0, 1), jnp.int32), jnp.zeros((0, 1), jnp.int32))
+    out = StepOutput(jnp.zeros((max_steps, d), jnp.int32), jnp.zeros((max_steps, d), bool),
+                     jnp.zeros((max_steps, d), jnp.float32), jnp.zeros((max_steps, d, TOP_LOGPROBS), jnp.int32),
+                     jnp.zeros((max_steps, d, TOP_LOGPROBS), jnp.float32))
+
+    def keep_going(carry):
+        step, _, _, _, _, active, _ = carry
+        return (step < batch.num_steps) & jnp.any(active)
+
+    def one_step(carry):
+        step, state, tokens, positions, generated, active, out = carry
+        column = jnp.minimum(positions // ps, batch.tables.shape[1] - 1)
+        page = batch.tables[rows, column]
+        layout = StepLayout(jnp.where(active, page * ps + positions % ps, skip), batch.tables,
+                            jnp.where(active, positions, -1)[:, None], *empty_chunks)
+        hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
+        hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
+        logits = model.logits(hidden[0])  # (D, V)
+        new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
+        new = jnp.where(active, new, tokens)
+        lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & active)
+        slots = _count(state.slots, batch.slots, new, active)
+        generated = generated + active
+        done = active & (jnp.any(new[:, None] == batch.eos, axis=-1) | (generated >= batch.budget))
+        out = StepOutput(out.tokens.at[step].set(new), out.valid.at[step].set(active),
+                         out.logprob.at[step].set(lp[0]), out.top_ids.at[step].set(lp[1]),
+                         out.top_logprobs.at[step].set(lp[2]))
+        state = EngineState(kv.storage_only(), slots)
+        return step + 1, state, new, positions + active, generated, active & ~done, out
+
+    carry = (jnp.int32(0), state, batch.tokens, batch.positions, batch.generated, batch.active, out)
+    _, state, _, _, _, _, out = jax.lax.while_loop(keep_going, one_step, carry)
+    return state, out
+
+
+def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatch):
+    """One forward pass over decode tokens and prompt rows -> (state, StepOutput with K = 1)."""
+    model = nnx.merge(graphdef, graphstate, graphother)
+    hidden = model.embed_tokens(batch.tokens[None])  # (1, N, Dm)
+    hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
+    logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
+    new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
+    lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)
+    state = EngineState(kv.storage_only(), _count(state.slots, batch.slots, new, batch.samples))
+    return state, StepOutput(new[None], batch.samples[None], lp[0][None], lp[1][None], lp[2][None])
+
+
+def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, sampling: SamplingArrays, want_logprobs):
+    """Load one sequence's sampling state into `slot` (counts/prompt_mask/bias (V,); sampling rows of 1)."""
+    s = state.slots
+
+    def put(full, value):
+        return full.at[slot].set(value)
+
+    slots = SlotState(put(s.counts, counts), put(s.prompt_mask, prompt_mask), put(s.bias, bias),
+                      put(s.has_bias, has_bias), jax.tree.map(lambda f, v: put(f, v[0]), s.sampling, sampling),
+                      put(s.want_logprobs, want_logprobs))
+    return dataclasses.replace(state, slots=slots)
+
+
+def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: int) -> EngineState:
+    """Zero pages and neutral slots (traced once as the `init` program)."""
+    rows, vocab = num_slots + 1, model_config.vocab_size
+    kv = PagedAttentionCache.init(model_config, num_pages, page_size, dtype)
+    slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
+                      jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
+                      jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool))
+    return EngineState(kv, slots)
+ActiveSequenceBatch = EngineState

@@ -1,0 +1,269 @@
+"""The scheduler: which sequences compute what in the next engine step (pure Python, no JAX).
+
+    plan = scheduler.schedule()                  # decode rows + prompt chunk rows
+    out = engine.step(state, plan)               # device work
+    updates = scheduler.postprocess(plan, out)   # tokens in, text out, finished sequences freed
+
+Each step, every running sequence with one token left to compute (its last
+sampled token) decodes; then prompt chunks fill the prompt-token budget:
+prompts being prefilled first, then waiting sequences admitted FIFO while a
+slot and pages are free. A prompt is cut into rows of the step's chunk length,
+so one step prefills many short prompts, or one long prompt in several rows.
+With no prompt to prefill, a step runs several decode steps on the device.
+When a decoding sequence needs a page and none is left, the most recently
+admitted sequence is preempted: its pages are freed and it goes back to the
+front of the queue with everything it generated, to be recomputed (vLLM's
+recompute preemption). The page pool is an HBMPageManager (paged engine:
+pages on demand, prefix cache) or SlotPages (dense engine: a fixed run per slot).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from typing import Protocol, Sequence as Seq
+
+from .config import EngineConfig
+from .sequence import Sequence, Status
+
+
+class HostStepOutput(Protocol):
+    """What postprocess reads from a step (numpy arrays; see engine/programs.py StepOutput)."""
+
+    tokens: object  # (K, R) int: token of row r at decode step k (K = 1 for prompt steps)
+    valid: object  # (K, R) bool
+    logprobs: object  # None, or (chosen (K, R), top ids (K, R, 20), top values (K, R, 20))
+    chunk_offset: int  # row of plan.chunks[0] (decode rows come first, padded)
+
+
+@dataclasses.dataclass
+class ChunkRow:
+    """One prompt row of a step: tokens [start, start + length) of `seq`."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def samples(self) -> bool:
+        """The row ends the sequence's tokens, so its last logits give the next token."""
+        return self.start + self.length == len(self.seq.tokens)
+
+
+@dataclasses.dataclass
+class StepPlan:
+    """What one engine step computes (the seed calls it NextIterationPlan)."""
+
+    decode: list[Sequence] = dataclasses.field(default_factory=list)  # one row each
+    chunks: list[ChunkRow] = dataclasses.field(default_factory=list)  # prompt rows, in order
+    chunk_shape: tuple[int, int] | None = None  # (rows, tokens per row) of the prompt part
+    num_steps: int = 1  # decode steps the device runs (decode-only plans)
+
+    @property
+    def empty(self) -> bool:
+        return not self.decode and not self.chunks
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        """Every sequence in the plan, once, in row order."""
+        return list(dict.fromkeys([*self.decode, *(row.seq for row in self.chunks)]))
+
+
+NextIterationPlan = StepPlan
+
+
+class Scheduler:
+    def __init__(self, pool, config: EngineConfig):
+        self.pool = pool
+        self.config = config
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []  # admission order: the last one is preempted first
+        self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
+        self.num_preemptions = 0
+
+    # ------------------------------------------------------------ membership
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence, reason: str = "abort"):
+        """End a sequence now (cancelled, or the engine stops); returns its last update."""
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        return seq.output.abort(reason)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _release(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.free_sequence(seq.pages)
+        heapq.heappush(self._free_slots, seq.slot)
+        seq.slot = None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self._release(seq)
+        seq.num_computed, seq.status = 0, Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    # ------------------------------------------------------------ planning
+    def schedule(self) -> StepPlan:
+        decode = self._schedule_decodes()
+        plan = StepPlan(decode)
+        self._schedule_chunks(plan)
+        if self.config.prefill_first and plan.chunks:
+            plan.decode = []  # decode rows wait until every admitted prompt is prefilled
+        if plan.empty and len(self.running) > 1:
+            # every running prompt waits for pages the others hold: recompute the newest later
+            self._preempt(self.running[-1])
+            return self.schedule()
+        if not plan.chunks and decode and not self.waiting:
+            plan.num_steps = self._decode_steps(decode)
+        return plan
+
+    def _schedule_decodes(self) -> list[Sequence]:
+        """Running sequences with one token to compute; preempts the newest when pages run out."""
+        decode: list[Sequence] = []
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or seq.remaining != 1:
+                continue
+            while not self.pool.reserve(seq.pages, len(seq.tokens)):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim in decode:
+                    decode.remove(victim)
+                if victim is seq:
+                    break
+            else:
+                decode.append(seq)
+        return decode
+
+    def _decode_steps(self, decode: list[Sequence]) -> int:
+        """Steps one device call may run: bounded by what every row may still generate and by pages."""
+        steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
+        if steps > 1 and not all(self.pool.reserve(seq.pages, len(seq.tokens) + steps - 1) for seq in decode):
+            steps = 1  # pages already reserved stay with their sequences: they are used next steps
+        return max(1, steps)
+
+    def _prompt_candidates(self) -> list[Sequence]:
+        """Running sequences still prefilling, then waiting ones that a free slot could take."""
+        prefilling = [s for s in self.running if s.remaining > 1]
+        return prefilling + list(self.waiting)[: len(self._free_slots)]
+
+    def _choose_shape(self, candidates: list[Sequence]) -> tuple[int, int] | None:
+        """The chunk shape that schedules the most prompt tokens (ties: longer rows, fewer gathers)."""
+        best, best_tokens = None, 0
+        for rows, length in self.config.chunk_shapes:
+            tokens, left = 0, rows
+            for seq in candidates:
+                if not left:
+                    break
+                need = seq.remaining if seq.status is Status.RUNNING else len(seq.tokens)
+                used = min(left, -(-need // length))
+                tokens, left = tokens + min(need, used * length), left - used
+            if tokens > best_tokens or (tokens == best_tokens and best is not None and length > best[1]):
+                best, best_tokens = (rows, length), tokens
+        return best
+
+    def _schedule_chunks(self, plan: StepPlan) -> None:
+        candidates = self._prompt_candidates()
+        shape = self._choose_shape(candidates) if candidates else None
+        if shape is None:
+            return
+        rows, length = shape
+        for seq in candidates:
+            if len(plan.chunks) == rows:
+                break
+            if seq.status is Status.WAITING and not self._admit(seq):
+                break  # FIFO: nobody overtakes a prompt that does not fit yet
+            if seq.remaining == 1:  # a cached or one-token prompt: its last token decodes
+                if self.pool.reserve(seq.pages, len(seq.tokens)):
+                    plan.decode.append(seq)
+                continue
+            want = min(seq.remaining, (rows - len(plan.chunks)) * length)
+            got = self._fit_pages(seq, want)
+            start = seq.num_computed
+            for offset in range(0, got, length):
+                plan.chunks.append(ChunkRow(seq, start + offset, min(length, got - offset)))
+            if got < want:
+                break  # out of pages
+        if plan.chunks:
+            plan.chunk_shape = shape
+
+    def _admit(self, seq: Sequence) -> bool:
+        if not self._free_slots:
+            return False
+        slot = self._free_slots[0]
+        cached = self.pool.add_sequence(seq.pages, seq.tokens, slot)
+        # the first row must get its pages, unless nobody else could ever free pages for it
+        first = min(len(seq.tokens) - cached, self.config.chunk_shapes[-1][1])
+        if not self.pool.can_reserve(seq.pages, cached + first) and self.running:
+            self.pool.free_sequence(seq.pages)
+            return False
+        heapq.heappop(self._free_slots)
+        self.waiting.remove(seq)
+        seq.num_computed = cached
+        seq.mark_admitted(slot)
+        self.running.append(seq)
+        return True
+
+    def _fit_pages(self, seq: Sequence, length: int) -> int:
+        """Shrink a chunk to the pages that can be had now (whole pages beyond the table)."""
+        if self.pool.reserve(seq.pages, seq.num_computed + length):
+            return length
+        have = len(seq.pages) + self.pool.num_free_pages
+        length = min(length, have * self.pool.page_size - seq.num_computed)
+        if length > 0 and self.pool.reserve(seq.pages, seq.num_computed + length):
+            return length
+        return 0
+
+    # ------------------------------------------------------------ results
+    def postprocess(self, plan: StepPlan, out: HostStepOutput) -> list[tuple[Sequence, object]]:
+        """Account a finished step: new tokens, text, finished sequences (freed), prefix-cache commits.
+
+        Returns (sequence, ReturnSample) updates in row order; a finished sequence's is its last."""
+        new: dict[Sequence, list[int]] = {}
+        logprobs: dict[Sequence, list] = {}
+
+        def take(seq, k, row):
+            seq.tokens.append(int(out.tokens[k][row]))
+            new.setdefault(seq, []).append(seq.tokens[-1])
+            if out.logprobs is not None:
+                chosen, ids, values = out.logprobs
+                logprobs.setdefault(seq, []).append((chosen[k][row], ids[k][row], values[k][row]))
+
+        for row, seq in enumerate(plan.decode):
+            for k in range(len(out.tokens)):
+                if out.valid[k][row]:
+                    seq.num_computed += 1
+                    take(seq, k, row)
+        for j, chunk in enumerate(plan.chunks):
+            chunk.seq.num_computed += chunk.length
+            if chunk.samples:
+                take(chunk.seq, 0, out.chunk_offset + j)
+        updates = []
+        for seq in plan.sequences:
+            if seq.status is not Status.RUNNING:
+                continue
+            if seq in new:
+                sample = seq.output.add(new[seq], logprobs.get(seq))
+                if seq.output.finished:
+                    self._release(seq)
+                    seq.status = Status.FINISHED
+                if sample is not None:
+                    updates.append((seq, sample))
+            if seq.status is Status.RUNNING:
+                self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
+        return updates
+
+    # ------------------------------------------------------------ stats
+    def slots_in_use(self) -> list[int]:
+        return sorted(s.slot for s in self.running)
+
+    def decoding(self) -> Seq[Sequence]:
+        return [s for s in self.running if s.remaining == 1]

@@ -1,0 +1,234 @@
+"""The seed's engine methods (EasyDeL's vEngine / oEngine API), mixed into both engines.
+
+Called by: code written against the seed API (`prefill` -> `insert` -> `decode`
+loops, `forward` with a plan, the sharding and property getters). vsurge's own
+drivers never call these: they call `EngineCore.step(state, plan)`. Each shim
+runs on the same compiled step programs; `prefill` computes a prompt's K/V
+apart (a Prefix) and `insert` writes them into a slot's pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..kv.dense import DenseKVCache
+from ..ops.sampling import SamplingArrays, draw_tokens
+from ..sampling_params import SamplingParams
+from .programs import StepOutput
+from .request import ActiveRequest, ReturnChannel
+from .scheduler import StepPlan
+from .sequence import Sequence
+
+
+@dataclasses.dataclass
+class Prefix:
+    """A prefilled prompt before it gets a slot."""
+
+    k: list  # per layer (1, KVH, hd, T)
+    v: list  # per layer (1, KVH, T, hd)
+    first: jax.Array  # (1,) the first generated token
+    sequence: Sequence  # its tokens (the first token appended), sampling parameters and seed
+
+
+@dataclasses.dataclass
+class ResultTokens:
+    """One decode step's tokens per slot (the seed's decode result)."""
+
+    tokens: np.ndarray  # (S,) i32 the token each slot produced
+    valid: np.ndarray  # (S,) bool: the slot was decoding (its token is real)
+
+
+@dataclasses.dataclass
+class ModelOutputBatch:
+    """What `forward(state, plan)` returns: the new state and each plan row's sampled token."""
+
+    state: object  # the engine state after the step (the input state was donated)
+    output: StepOutput  # tokens (K, R): decode rows, then prompt rows from output.chunk_offset
+
+    @property
+    def tokens(self):
+        return self.output.tokens
+
+    @property
+    def prefill_row(self) -> int:
+        return self.output.chunk_offset
+
+
+def _prefix_forward(graphdef, graphstate, graphother, tokens, length, sampling):
+    """tokens (1, T) right-padded, length (1,) -> (k, v per layer, first token (1,))."""
+    model = nnx.merge(graphdef, graphstate, graphother)
+    t = tokens.shape[1]
+    cache = DenseKVCache.init(model.config, 1, t, model.dtype).with_mode(True)
+    logits, cache = model(tokens, None, cache, logits_index=length - 1)
+    return cache.k, cache.v, draw_tokens(logits, sampling, jnp.zeros((1,), jnp.int32))
+
+
+def _write_prefix(state, k, v, slot_mapping):
+    """Scatter a prefix's K/V (per layer (1, KVH, hd, T) / (1, KVH, T, hd)) into its pages."""
+    kv = state.kv
+    page, offset = slot_mapping // kv.page_size, slot_mapping % kv.page_size
+    new_k = [pages.at[page, :, :, offset].set(kl[0].transpose(2, 0, 1).astype(pages.dtype), mode="drop")
+             for pages, kl in zip(kv.k, k)]
+    new_v = [pages.at[page, :, offset].set(vl[0].transpose(1, 0, 2).astype(pages.dtype), mode="drop")
+             for pages, vl in zip(kv.v, v)]
+    return dataclasses.replace(state, kv=dataclasses.replace(kv, k=new_k, v=new_v))
+
+
+class SeedEngineAPI:
+    """Seed methods on top of EngineCore (self.config, self.pool, self.step, self.batches ...)."""
+
+    _batch_size: int | None = None
+
+    # ------------------------------------------------------------ properties
+    @property
+    def max_prefill_length(self) -> int:
+        """Longest prompt accepted (prompts are prefilled in chunks of `prefill_lengths`)."""
+        return self.config.prompt_limit
+
+    @property
+    def prefill_lengths(self) -> list[int]:
+        return [length for _, length in self.config.chunk_shapes]
+
+    @property
+    def max_concurrent_prefill(self) -> int:
+        """Most prompt rows one step computes."""
+        return max(rows for rows, _ in self.config.chunk_shapes)
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._batch_size
+
+    @property
+    def samples_per_slot(self) -> int:
+        return 1
+
+    @property
+    def colocated_cpus(self):
+        return None
+
+    @property
+    def prng_key(self):
+        """A fresh key split from the engine's key (sampling itself uses per-request seeds)."""
+        key = getattr(self, "_key", None)
+        if key is None:
+            key = jax.random.PRNGKey(self.config.seed)
+        self._key, out = jax.random.split(key)
+        return out
+
+    def get_state_shardings(self, is_decode: bool = False):
+        """The sharding of every leaf of the engine state."""
+        state = jax.eval_shape(self._empty_state)
+        device = jax.devices()[0]
+        return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(device), state)
+
+    def get_prefix_destination_sharding(self):
+        """Where prefixes are placed before `insert` (the engine's device)."""
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def init_decode_state(self, *args, **kwargs):
+        """Empty state (arguments are accepted for the seed's signature and unused)."""
+        return self.init_state()
+
+    # ------------------------------------------------------------ prefill -> insert -> decode
+    def _seed_slots(self) -> dict[int, Sequence]:
+        if not hasattr(self, "_slots_in_use"):
+            self._slots_in_use = {}
+        return self._slots_in_use
+
+    def prefill(self, graphstate, graphothers, tokens, valids, true_length: int, temperature=0.0, top_p=1.0,
+                top_k=0, rngs=None, max_new_tokens: int = 16):
+        """One prompt (1, T) -> (Prefix, first token (1,)). `valids` is implied by true_length; the
+        sampling key comes from a seed drawn from the engine's generator (rngs is unused)."""
+        ids = [int(t) for t in np.asarray(tokens).reshape(-1)[: int(true_length)]]
+        params = SamplingParams(temperature=float(np.asarray(temperature).reshape(-1)[0]),
+                                top_p=float(np.asarray(top_p).reshape(-1)[0]),
+                                top_k=int(np.asarray(top_k).reshape(-1)[0]), max_tokens=max_new_tokens)
+        request = ActiveRequest(ids, params, self.new_seed(), max_new_tokens, self.eos_token_ids, ReturnChannel())
+        length = max(16, 1 << (len(ids) - 1).bit_length())
+        padded = np.zeros((1, length), np.int32)
+        padded[0, : len(ids)] = ids
+        fn = self._seed_program(("prefix", length), lambda: jax.jit(partial(_prefix_forward, self.graphdef)))
+        gs = self.graphstate if graphstate is None else graphstate
+        go = self.graphother if graphothers is None else graphothers
+        k, v, first = fn(gs, go, padded, np.asarray([len(ids)], np.int32),
+                         SamplingArrays.from_params([params], [request.seed]))
+        sequence = Sequence.of(request, self.processor)
+        sequence.num_computed = len(ids)
+        sequence.tokens.append(int(first[0]))
+        return Prefix(k, v, first, sequence), first
+
+    def insert(self, prefix: Prefix, decode_state, slot: int):
+        """Put a prefix into `slot`: its K/V into the slot's pages, its sampling state into the slot."""
+        if not 0 <= slot < self.config.max_slots:
+            raise ValueError(f"slot {slot} is out of range [0, {self.config.max_slots})")
+        self.free_resource(slot)
+        seq = dataclasses.replace(prefix.sequence, tokens=list(prefix.sequence.tokens))
+        seq.pages = type(seq.pages)()
+        self.pool.add_sequence(seq.pages, seq.tokens, slot)
+        if not self.pool.reserve(seq.pages, len(seq.tokens)):
+            raise RuntimeError("no free KV pages for this prefix")
+        seq.mark_admitted(slot)
+        positions = np.arange(prefix.v[0].shape[2])
+        pages = np.asarray(seq.pages.pages)
+        mapping = np.where(positions < seq.num_computed,
+                           pages[np.minimum(positions // self.pool.page_size, len(pages) - 1)] * self.pool.page_size
+                           + positions % self.pool.page_size, self.pool.num_pages * self.pool.page_size)
+        write = self._seed_program(("write_prefix", len(positions)),
+                                   lambda: jax.jit(_write_prefix, donate_argnums=(0,)))
+        state = write(decode_state, prefix.k, prefix.v, mapping.astype(np.int32))
+        self._seed_slots()[slot] = seq
+        return self.setup_slots(state, StepPlan(decode=[seq]))
+
+    def bulk_insert(self, prefix, decode_state, slots: list[int]):
+        """Insert prefixes into several slots: a list of Prefix (one per slot), or one Prefix copied."""
+        prefixes = prefix if isinstance(prefix, (list, tuple)) else [prefix] * len(slots)
+        if len(prefixes) != len(slots):
+            raise ValueError(f"got {len(prefixes)} prefixes for {len(slots)} slots")
+        for p, slot in zip(prefixes, slots):
+            decode_state = self.insert(p, decode_state, slot)
+        return decode_state
+
+    def decode(self, graphstate, graphothers, state, rngs=None):
+        """One token for every inserted, unfinished slot -> (state, ResultTokens per slot)."""
+        live = {slot: s for slot, s in self._seed_slots().items()
+                if not s.output.finished and s.tokens_left > 0 and s.tokens[-1] not in s.request.eos_token_ids}
+        tokens = np.zeros(self.config.max_slots, np.int32)
+        valid = np.zeros(self.config.max_slots, bool)
+        if not live:
+            return state, ResultTokens(tokens, valid)
+        for seq in live.values():
+            if not self.pool.reserve(seq.pages, len(seq.tokens)):
+                raise RuntimeError("no free KV pages to decode")
+        plan = StepPlan(decode=list(live.values()))
+        state, out = self.step(state, plan, graphstate=graphstate, graphother=graphothers)
+        host = out.to_host(False)
+        for row, (slot, seq) in enumerate(live.items()):
+            seq.num_computed += 1
+            seq.tokens.append(int(host.tokens[0][row]))
+            tokens[slot], valid[slot] = seq.tokens[-1], True
+        return state, ResultTokens(tokens, valid)
+
+    def free_resource(self, slot: int) -> bool:
+        """Free a slot's pages; False if nothing was inserted there."""
+        seq = self._seed_slots().pop(slot, None)
+        if seq is None:
+            return False
+        self.pool.free_sequence(seq.pages)
+        return True
+
+    def forward(self, graphstate, graphothers, state, iteration_plan: StepPlan) -> ModelOutputBatch:
+        """Run one plan (from a Scheduler built by `new_scheduler()`)."""
+        state, out = self.step(state, iteration_plan, graphstate=graphstate, graphother=graphothers)
+        return ModelOutputBatch(state, out)
+
+    def _seed_program(self, key, make):
+        with self._compile_lock:
+            if key not in self._compiled:
+                self._compiled[key] = make()
+            return self._compiled[key]

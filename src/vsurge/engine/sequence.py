@@ -1,0 +1,67 @@
+"""Sequence: one generated sequence inside an engine, from admission to its last token.
+
+It carries everything the scheduler needs (tokens, how many have their K/V
+written, its slot and page table) and its output stream, which turns tokens
+into text and is the one place that decides the sequence is finished (an end
+token, max_tokens, a stop string, or an abort).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+
+from ..kv.page_manager import PageTable
+from .outputs import SequenceOutput
+from .request import ActiveRequest
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to be recomputed
+    RUNNING = "running"  # holds a slot and pages
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    request: ActiveRequest
+    output: SequenceOutput
+    tokens: list[int]  # prompt, then every generated token
+    num_prompt: int
+    num_computed: int = 0  # leading tokens whose K/V are written
+    slot: int | None = None  # row of the engine's per-slot sampling state while running
+    pages: PageTable = dataclasses.field(default_factory=PageTable)
+    status: Status = Status.WAITING
+    needs_setup: bool = False  # the engine must (re)load this slot's sampling state before its next step
+    admitted_at: float | None = None
+
+    @classmethod
+    def of(cls, request: ActiveRequest, processor) -> "Sequence":
+        return cls(request, SequenceOutput(request, processor), list(request.prompt_ids), len(request.prompt_ids))
+
+    @property
+    def seq_id(self) -> int:
+        return self.request.request_id
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens whose K/V still have to be computed (1 = decoding: the last sampled token)."""
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def tokens_left(self) -> int:
+        """Tokens it may still generate."""
+        return self.request.max_new_tokens - len(self.generated)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
+
+    def mark_admitted(self, slot: int) -> None:
+        self.slot, self.status, self.needs_setup = slot, Status.RUNNING, True
+        self.admitted_at = self.admitted_at or time.perf_counter()

@@ -1,0 +1,53 @@
+"""The one request validator: a prompt and its SamplingParams against an engine's limits.
+
+vSurge, vInference and the HTTP server all call `prepare_requests`, so every
+entry point refuses the same inputs with the same messages (vLLM's wording,
+which OpenAI clients already handle).
+"""
+
+from __future__ import annotations
+
+from .config import EOS_WIDTH
+from .request import ActiveRequest, ReturnChannel
+
+
+def check_lengths(prompt_tokens: int, max_tokens: int, *, max_length: int, max_prompt_length: int) -> None:
+    if prompt_tokens == 0:
+        raise ValueError("the prompt is empty")
+    if prompt_tokens > max_prompt_length:
+        raise ValueError(f"the prompt has {prompt_tokens} tokens, more than the {max_prompt_length} "
+                         f"this engine accepts")
+    if prompt_tokens + max_tokens > max_length:
+        raise ValueError(
+            f"This model's maximum context length is {max_length} tokens. However, you requested "
+            f"{max_tokens} output tokens and your prompt contains {prompt_tokens} input tokens, "
+            f"for a total of {prompt_tokens + max_tokens} tokens.")
+
+
+def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChannel, detokenize: bool = True,
+                     max_tokens_cap: int | None = None) -> list[ActiveRequest]:
+    """Validate one prompt and expand it into `params.n` ActiveRequests sharing `channel`.
+
+    max_tokens_cap: the most new tokens allowed (default: what the context leaves)."""
+    prompt_ids = list(prompt_ids)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise TypeError("the prompt must be a list of token ids (int)")
+    room = engine.max_length - len(prompt_ids)
+    max_tokens = params.max_tokens if params.max_tokens is not None else min(room, max_tokens_cap or room)
+    if max_tokens_cap is not None and max_tokens > max_tokens_cap:
+        raise ValueError(f"max_tokens ({max_tokens}) exceeds this engine's limit of {max_tokens_cap} new tokens")
+    check_lengths(len(prompt_ids), max_tokens, max_length=engine.max_length,
+                  max_prompt_length=engine.max_prompt_length)
+    vocab = engine.vocab_size
+    bad = [t for t in prompt_ids if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
+    for token in (params.logit_bias or {}):
+        if not 0 <= token < vocab:
+            raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
+    eos = params.eos_ids(engine.eos_token_ids)
+    if len(eos) > EOS_WIDTH:
+        raise ValueError(f"at most {EOS_WIDTH} stop token ids (eos included) are supported, got {len(eos)}")
+    base = params.seed if params.seed is not None else engine.new_seed()
+    return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize)
+            for i in range(params.n)]
