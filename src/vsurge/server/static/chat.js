@@ -11,7 +11,8 @@ const $ = (id) => document.getElementById(id);
 const conversationView = $("conversation");
 
 // messages: {role: "user" | "assistant" | "error", content, failed?, meta?}; only user/assistant go to the API
-const state = { messages: [], controller: null };
+// epoch: bumped by "new chat", so a reply still streaming from the old conversation is dropped
+const state = { messages: [], controller: null, epoch: 0 };
 
 // ---------------------------------------------------------------- storage
 function loadJSON(key, fallback) {
@@ -159,6 +160,7 @@ async function send() {
   const view = addBubble(assistant);
   view.bubble.dataset.streaming = "true";
   const controller = (state.controller = new AbortController());
+  const epoch = state.epoch;
   setBusy(true);
   const started = performance.now();
   const stats = {};
@@ -188,6 +190,7 @@ async function send() {
     setBusy(false);
     delete view.bubble.dataset.streaming;
   }
+  if (epoch !== state.epoch) return; // the conversation was cleared meanwhile
   const seconds = (performance.now() - started) / 1000;
   if (stats.tokens > 1 && stats.ttft !== undefined && seconds > stats.ttft) {
     stats.rate = (stats.tokens - 1) / (seconds - stats.ttft);
@@ -227,6 +230,7 @@ function stop() {
 
 function newChat() {
   stop();
+  state.epoch += 1;
   state.messages = [];
   saveConversation();
   renderConversation();
