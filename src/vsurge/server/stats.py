@@ -99,7 +99,7 @@ _COUNTERS = {"prompt_tokens": "vsurge:prompt_tokens_total", "generation_tokens":
              "prefix_cache_hits": "vsurge:prefix_cache_hits_total"}
 
 
-class _Raw:
+class EngineSnapshot:
     """The samples of one engine that /v1/stats needs, in a form that adds up across replicas."""
 
     def __init__(self):
@@ -110,7 +110,7 @@ class _Raw:
         self.histograms: dict[str, dict] = {key: {"sum": 0.0, "buckets": {}} for key in _HISTOGRAMS}
 
     @classmethod
-    def read(cls, metrics) -> "_Raw":
+    def read(cls, metrics) -> "EngineSnapshot":
         raw, name = cls(), metrics.model_name
         registry = metrics.registry
 
@@ -138,8 +138,8 @@ class _Raw:
                         raw.histograms[key]["sum"] = sample.value
         return raw
 
-    def add(self, other: "_Raw") -> "_Raw":
-        total = _Raw()
+    def add(self, other: "EngineSnapshot") -> "EngineSnapshot":
+        total = EngineSnapshot()
         total.running, total.waiting = self.running + other.running, self.waiting + other.waiting
         total.kv_usage = self.kv_usage + other.kv_usage
         total.counters = {k: self.counters[k] + other.counters[k] for k in _COUNTERS}
@@ -203,7 +203,7 @@ def histogram_stats(buckets: list[tuple[float, float]], total: float) -> Histogr
 # ---------------------------------------------------------------- the document
 def model_stats(name: str, surge, replicas: list) -> ModelStats:
     """`replicas`: the vSurge instances serving `name` (today [surge])."""
-    raws = [_Raw.read(r.metrics) for r in replicas]
+    raws = [EngineSnapshot.read(r.metrics) for r in replicas]
     total = raws[0]
     for raw in raws[1:]:
         total = total.add(raw)
