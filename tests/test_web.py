@@ -270,6 +270,39 @@ def test_bad_parameters_show_the_servers_error(browser, server):
         assert direct.json()["error"]["message"] in error_messages(browser)[-1]
 
 
+def test_an_error_inside_the_stream_is_shown_after_the_partial_answer(browser, server):
+    """A stream that fails after its first byte ends with `data: {"error": ...}` (generation.event_stream).
+    The real server cannot be made to fail on demand, so the page's fetch gets that body here, cut at
+    awkward places (inside an event, between \\r and \\n) to exercise the page's event parser too."""
+    open_page(browser, server)
+    browser.execute_script("""
+        const events = 'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\\r\\n\\r\\n' +
+          'data: {"choices":[{"index":0,"delta":{"content":"Half an "}}]}\\n\\n' +
+          'data: {"choices":[{"index":0,"delta":{"content":"answer"}}]}\\n\\n' +
+          'data: {"error":{"message":"generation failed: the decode thread crashed","type":"InternalServerError",' +
+          '"param":null,"code":500}}\\n\\ndata: [DONE]\\n\\n';
+        const bytes = new TextEncoder().encode(events);
+        const cuts = [5, 74, 76, 100, 140, 190, bytes.length];  // 74: between CR and LF; 76: inside CRLF CRLF
+        const original = window.fetch;
+        window.fetch = (url, init) => {
+          if (!String(url).includes('chat/completions')) return original(url, init);
+          let start = 0;
+          const body = new ReadableStream({pull(controller) {
+            const end = cuts.shift();
+            controller.enqueue(bytes.slice(start, end));
+            start = end;
+            if (start >= bytes.length) controller.close();
+          }});
+          return Promise.resolve(new Response(body, {headers: {'Content-Type': 'text/event-stream'}}));
+        };
+    """)
+    ask(browser, "Hello")
+    wait(browser, lambda d: error_messages(d), timeout=10, message="the in-stream error")
+    assert "generation failed: the decode thread crashed" in error_messages(browser)[-1]
+    assert assistant_text(browser) == "Half an answer"  # what came before the error stays
+    assert idle(browser)
+
+
 INJECTIONS = ['<script>window.pwned = "script"</script>', '<img src=x onerror="window.pwned = \'img\'">']
 
 
