@@ -33,10 +33,8 @@ except ImportError:  # pragma: no cover: reported by the skip below
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
-pytestmark = pytest.mark.skipif(
-    webdriver is None or not CHROMIUM or not CHROMEDRIVER,
-    reason="needs selenium (pip install -e '.[test]') and Debian's chromium + chromium-driver "
-           "(apt-get install chromium chromium-driver; `make test` tries to install them)")
+NO_BROWSER = ("needs selenium (pip install -e '.[test]') and Debian's chromium + chromium-driver "
+              "(apt-get install chromium chromium-driver; `make test` tries to install them)")
 
 API_KEY = "sk-web-test"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -56,6 +54,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    """Headless Chromium; the tests that use it skip (with the reason) where it is not installed."""
+    if webdriver is None or not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip(NO_BROWSER)
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
