@@ -23,6 +23,13 @@ $(BASE_STAMP): pyproject.toml
 
 $(TEST_STAMP): $(BASE_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# the web page's browser tests drive Debian's chromium; where it cannot be installed they skip with the reason
+	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -q chromium chromium-driver; } >/dev/null 2>&1 \
+	    || echo "could not install chromium and chromium-driver: tests/test_web.py will be skipped"; \
+	fi
 	touch $@
 
 install: $(BASE_STAMP)

@@ -4,8 +4,11 @@ Starts each server as a process on loopback, runs `vsurge bench serve` against
 it (32 concurrent streams of 128 tokens from 128-token prompts by default) and
 prints one markdown table. llama-cpp-python's server runs one request at a time.
 A last vsurge row runs the same requests in-process, without HTTP: the server's overhead.
+`--concurrency 1,16,32` runs one load per level on each server (that many prompts at once) and
+`--plot FILE.png` draws tok/s and TTFT against concurrency, one line per server (vsurge.bench_plot).
 
     python benchmarks/serve.py [--num-prompts 32] [--input-len 128] [--output-len 128] [--skip offline,llama.cpp]
+    python benchmarks/serve.py --concurrency 1,8,32 --plot serve.png
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from vsurge.bench_serve import TABLE_HEADER, RequestResult, format_summary, random_prompt, run, summarize
+from vsurge.bench_serve import (TABLE_HEADER, RequestResult, concurrency_levels, format_summary, random_prompt, run,
+                                 summarize)
 from vsurge.loading import default_model_path
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -50,7 +54,19 @@ def wait_ready(proc, url: str, timeout: float = 600) -> None:
     raise TimeoutError(url)
 
 
-def serve_and_bench(name, cmd, ready_path, args):
+def loads(args) -> list[tuple[int, int, float, int | None]]:
+    """(concurrency, prompts, rate, max concurrency) of each load to run on every server."""
+    if args.concurrency:
+        return [(n, n, float("inf"), None) for n in args.concurrency]
+    level = min(args.num_prompts, args.max_concurrency or args.num_prompts)
+    return [(level, args.num_prompts, args.request_rate, args.max_concurrency)]
+
+
+def row_name(name: str, level: int, args) -> str:
+    return f"{name} @ {level}" if args.concurrency else name
+
+
+def serve_and_bench(name, cmd, ready_path, args) -> list[tuple[int, dict]]:
     port = free_port()
     # the server's output goes to a file: an unread pipe fills up and blocks a chatty server
     log_file = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
@@ -62,10 +78,13 @@ def serve_and_bench(name, cmd, ready_path, args):
         wait_ready(proc, base + ready_path)
         model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
         asyncio.run(run(base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
-        summary = asyncio.run(run(base, model, args.num_prompts, args.input_len, args.output_len,
-                                  args.request_rate, args.max_concurrency, None, 2))
-        print(format_summary(name, summary), flush=True)
-        return summary
+        points = []
+        for level, num_prompts, rate, max_concurrency in loads(args):
+            summary = asyncio.run(run(base, model, num_prompts, args.input_len, args.output_len, rate,
+                                      max_concurrency, None, 2))
+            print(format_summary(row_name(name, level, args), summary), flush=True)
+            points.append((level, summary))
+        return points
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -74,7 +93,7 @@ def serve_and_bench(name, cmd, ready_path, args):
             proc.kill()
 
 
-def offline_bench(args, slots: int, length: int) -> dict:
+def offline_bench(args, slots: int, length: int) -> list[tuple[int, dict]]:
     """The same requests through vSurge in this process (no HTTP): what the server should add little to."""
     import vsurge
     from vsurge import SamplingParams, vSurge
@@ -106,13 +125,17 @@ def offline_bench(args, slots: int, length: int) -> dict:
         results = await asyncio.gather(*(one(p, tokens) for p in prompts))
         return summarize(results, time.perf_counter() - start)
 
+    points = []
     try:
         asyncio.run(load(2, 16, 4))  # warm-up
-        summary = asyncio.run(load(args.num_prompts, args.input_len, args.output_len))
+        for level, num_prompts, _, _ in loads(args):
+            summary = asyncio.run(load(num_prompts, args.input_len, args.output_len))
+            print(format_summary(row_name(f"vsurge f32 in-process, no HTTP ({slots} slots)", level, args), summary),
+                  flush=True)
+            points.append((level, summary))
     finally:
         surge.stop()
-    print(format_summary(f"vsurge f32 in-process, no HTTP ({slots} slots)", summary), flush=True)
-    return summary
+    return points
 
 
 def main(argv=None) -> int:
@@ -124,10 +147,17 @@ def main(argv=None) -> int:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--skip", default="", help="comma-separated: offline, llama.cpp")
     p.add_argument("--quantization", default="none,int8", help="vsurge runs ('' for none)")
+    p.add_argument("--concurrency", type=concurrency_levels, default=None, metavar="N[,N...]",
+                   help="one load per level, each N prompts at once (replaces --num-prompts)")
+    p.add_argument("--plot", default=None, metavar="FILE.png", help="tok/s and TTFT against concurrency")
     args = p.parse_args(argv)
-    slots = min(args.num_prompts, args.max_concurrency or args.num_prompts)
+    if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
+        p.error("--concurrency sends each level's prompts at once: drop --request-rate and --max-concurrency")
+    slots = max(level for level, *_ in loads(args))
+    series: dict[str, list[tuple[int, dict]]] = {}
     length = args.input_len + args.output_len + 64
-    print(f"\n{args.num_prompts} requests, {args.input_len} prompt / {args.output_len} output tokens, "
+    requests = f"concurrency {args.concurrency}" if args.concurrency else f"{args.num_prompts} requests"
+    print(f"\n{requests}, {args.input_len} prompt / {args.output_len} output tokens, "
           f"rate {args.request_rate}, max concurrency {args.max_concurrency or 'none'}\n")
     print(TABLE_HEADER)
     for q in filter(None, args.quantization.split(",")):
@@ -136,19 +166,30 @@ def main(argv=None) -> int:
                str(args.input_len * 2), "--prefill-lengths", str(args.input_len * 2), "--max-queue", "1024"]
         if q != "none":
             cmd += ["--quantization", q]
-        serve_and_bench(f"vsurge {'f32' if q == 'none' else q} ({slots} slots)", cmd, "/readiness", args)
+        name = f"vsurge {'f32' if q == 'none' else q} ({slots} slots)"
+        series[name] = serve_and_bench(name, cmd, "/readiness", args)
     if "offline" not in args.skip and args.request_rate == float("inf") and args.max_concurrency is None:
-        offline_bench(args, slots, length)
+        series["vsurge f32 in-process"] = offline_bench(args, slots, length)
     if "llama.cpp" not in args.skip:
         try:
             import llama_cpp.server  # noqa: F401
         except ImportError:
             print("(llama-cpp-python[server] is not installed)")
-            return 0
+            return plot(series, args)
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
                "--port", "{port}", "--n_threads", str(os.cpu_count()), "--n_ctx", "4096",
                "--interrupt_requests", "False"]  # by default a new request aborts the running one
-        serve_and_bench("llama-cpp-python server (Q4_1)", cmd, "/v1/models", args)
+        series["llama-cpp-python server (Q4_1)"] = serve_and_bench("llama-cpp-python server (Q4_1)", cmd,
+                                                                   "/v1/models", args)
+    return plot(series, args)
+
+
+def plot(series, args) -> int:
+    if args.plot:
+        from vsurge.bench_plot import plot_summaries
+
+        title = f"{args.input_len} prompt / {args.output_len} output tokens per request"
+        print(f"\nplot: {plot_summaries(series, args.plot, title)}")
     return 0
 
 

@@ -6,6 +6,11 @@ once, optionally capped at a maximum concurrency. Every request streams with
 include_usage. Reports request throughput, output tok/s and mean/median/p99 of
 TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
 between content chunks) and E2E latency.
+
+`--concurrency 1,16,32` runs one load per level (that many prompts, all in flight
+at once) and `--base-url` may be given several times (`--label` names each):
+one table row per (server, level); `--plot FILE.png` draws tok/s and TTFT against
+concurrency, one line per server (vsurge.bench_plot, matplotlib extra `plot`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -140,31 +146,83 @@ TABLE_HEADER = ("| server | done | req/s | output tok/s | TTFT mean / p50 / p99 
                 "| E2E p50 ms |\n|---|---|---|---|---|---|---|---|")
 
 
+DEFAULT_BASE_URL = "http://127.0.0.1:11556"
+
+
+def concurrency_levels(text: str) -> list[int]:
+    """'1,16,32' -> [1, 16, 32] (argparse type)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError(f"expected positive integers separated by commas, got {text!r}")
+    return levels
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--base-url", default="http://127.0.0.1:11556")
-    p.add_argument("--model", default=None, help="model name (default: the server's first model)")
+    p.add_argument("--base-url", action="append", default=None,
+                   help=f"server to load (repeat for several; default {DEFAULT_BASE_URL})")
+    p.add_argument("--label", action="append", default=None,
+                   help="name of each --base-url in the table and the plot, in the same order (default: the URL)")
+    p.add_argument("--model", default=None, help="model name (default: each server's first model)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--concurrency", type=concurrency_levels, default=None, metavar="N[,N...]",
+                   help="one run per level, each sending N prompts all at once (replaces --num-prompts, "
+                        "--request-rate and --max-concurrency)")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw output tok/s and TTFT against concurrency, one line per server (needs matplotlib)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--eos-token-id", type=int, default=2, help="banned so every request makes output-len tokens "
                                                                "(-1: do not ban)")
     p.add_argument("--json", action="store_true", help="print the raw summary as JSON")
 
 
+def first_model(base_url: str, api_key: str | None) -> str:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+
+
 def main_from_args(args) -> int:
-    model = args.model
-    if model is None:
-        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        model = httpx.get(args.base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
-    summary = asyncio.run(run(args.base_url, model, args.num_prompts, args.input_len, args.output_len,
-                              args.request_rate, args.max_concurrency, args.api_key,
-                              None if args.eos_token_id < 0 else args.eos_token_id))
-    if args.json:
-        print(json.dumps(summary, indent=2))
+    urls = args.base_url or [DEFAULT_BASE_URL]
+    labels = args.label or []
+    if len(labels) > len(urls):
+        raise SystemExit(f"vsurge: error: {len(labels)} --label values for {len(urls)} --base-url values")
+    labels += urls[len(labels):]
+    if len(set(labels)) != len(labels):
+        raise SystemExit("vsurge: error: give each server its own --label")
+    if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
+        raise SystemExit("vsurge: error: --concurrency sends each level's prompts all at once; "
+                         "drop --request-rate and --max-concurrency")
+    eos = None if args.eos_token_id < 0 else args.eos_token_id
+    # (row name, concurrency, num prompts, rate, max concurrency) per load on each server
+    if args.concurrency:
+        loads = [(f" @ {n}", n, n, float("inf"), n) for n in args.concurrency]
     else:
-        print(TABLE_HEADER)
-        print(format_summary(args.base_url, summary))
-    return 0 if summary["failed"] == 0 else 1
+        level = min(args.num_prompts, args.max_concurrency or args.num_prompts)
+        loads = [("", level, args.num_prompts, args.request_rate, args.max_concurrency)]
+    series: dict[str, list[tuple[int, dict]]] = {}
+    records, failed = [], 0
+    if not args.json:
+        print(TABLE_HEADER, flush=True)
+    for label, url in zip(labels, urls):
+        model = args.model or first_model(url, args.api_key)
+        for suffix, level, num_prompts, rate, max_concurrency in loads:
+            summary = asyncio.run(run(url, model, num_prompts, args.input_len, args.output_len, rate,
+                                      max_concurrency, args.api_key, eos))
+            series.setdefault(label, []).append((level, summary))
+            records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
+            failed += summary["failed"]
+            if not args.json:
+                print(format_summary(label + suffix, summary), flush=True)
+    if args.json:  # one run: the summary itself, as before; several: labelled records
+        print(json.dumps(records[0]["summary"] if len(records) == 1 else records, indent=2))
+    if args.plot:
+        from .bench_plot import plot_summaries
+
+        print(f"plot: {plot_summaries(series, args.plot)}", file=sys.stderr)
+    return 0 if failed == 0 else 1

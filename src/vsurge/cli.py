@@ -191,8 +191,11 @@ def cmd_serve(args) -> int:
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
     def announce():
+        from .server.web import page_url
+
         print(f"vsurge: serving {name} at {scheme}://{args.host}:{args.port}/v1 "
-              f"(metrics on port {args.metrics_port or args.port + 1})", file=sys.stderr, flush=True)
+              f"(metrics on port {args.metrics_port or args.port + 1}); "
+              f"chat page and dashboard: {page_url(scheme, args.host, args.port)}", file=sys.stderr, flush=True)
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)

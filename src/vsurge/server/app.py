@@ -21,6 +21,7 @@ from .formatting import Formatter
 from .generation import ChoiceStreams, collect, event_stream
 from .protocol import (UNSUPPORTED_FIELDS, ChatCompletionRequest, CompletionRequest, CountTokensRequest,
                        DetokenizeRequest, TokenizeRequest, messages_as_dicts)
+from .web import install_web_routes
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 _LARGE_INPUT_CHARS = 4000
@@ -205,4 +206,5 @@ def build_app(server) -> FastAPI:
     async def metrics():
         return PlainTextResponse(server.metrics_text(), media_type="text/plain; version=0.0.4")
 
+    install_web_routes(app, server)  # the chat page, the dashboard and /v1/stats
     return app

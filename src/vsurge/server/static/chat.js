@@ -1,0 +1,284 @@
+// The chat page: streams answers from /v1/chat/completions, keeps the conversation in localStorage.
+import { askForKey } from "./apikey.js";
+import { APIError, getJSON, postStream, sseData } from "./api.js";
+import { renderMarkdown } from "./markdown.js";
+
+const CONVERSATION_STORAGE = "vsurge.conversation";
+const SETTINGS_STORAGE = "vsurge.settings";
+const SETTING_IDS = ["system", "temperature", "top-p", "max-tokens", "schema"];
+
+const $ = (id) => document.getElementById(id);
+const conversationView = $("conversation");
+
+// messages: {role: "user" | "assistant" | "error", content, failed?, meta?}; only user/assistant go to the API
+// epoch: bumped by "new chat", so a reply still streaming from the old conversation is dropped
+const state = { messages: [], controller: null, epoch: 0 };
+
+// ---------------------------------------------------------------- storage
+function loadJSON(key, fallback) {
+  try {
+    return JSON.parse(localStorage.getItem(key)) ?? fallback;
+  } catch {
+    return fallback;
+  }
+}
+
+function saveConversation() {
+  localStorage.setItem(CONVERSATION_STORAGE, JSON.stringify(state.messages));
+}
+
+function saveSettings() {
+  const settings = { model: $("model").value };
+  for (const id of SETTING_IDS) settings[id] = $(id).value;
+  localStorage.setItem(SETTINGS_STORAGE, JSON.stringify(settings));
+}
+
+function restoreSettings() {
+  const settings = loadJSON(SETTINGS_STORAGE, {});
+  for (const id of SETTING_IDS) if (typeof settings[id] === "string") $(id).value = settings[id];
+  return settings;
+}
+
+// ---------------------------------------------------------------- rendering
+// Renders assistant text (Markdown subset, never HTML) into `body`; without one, into a new bubble.
+// The streaming code calls it on every chunk; tests call window.vsurge.renderAssistant(text).
+function renderAssistant(text, body) {
+  const target = body || addBubble({ role: "assistant", content: "" }).body;
+  return renderMarkdown(text, target);
+}
+
+function addBubble(message) {
+  conversationView.querySelector(".empty")?.remove();
+  const bubble = document.createElement("div");
+  bubble.className = `message ${message.role}${message.failed ? " failed" : ""}`;
+  const who = document.createElement("div");
+  who.className = "who";
+  who.textContent = { user: "You", assistant: "Assistant", error: "Error" }[message.role] || message.role;
+  const body = document.createElement("div");
+  body.className = "body";
+  const meta = document.createElement("div");
+  meta.className = "meta";
+  meta.textContent = message.meta || "";
+  bubble.append(who, body, meta);
+  if (message.role === "assistant") renderAssistant(message.content, body);
+  else body.textContent = message.content; // user text and error messages: plain text, always
+  conversationView.append(bubble);
+  conversationView.scrollTop = conversationView.scrollHeight;
+  return { bubble, body, meta };
+}
+
+function renderConversation() {
+  conversationView.replaceChildren();
+  if (!state.messages.length) {
+    const empty = document.createElement("div");
+    empty.className = "empty";
+    empty.textContent = "Ask the model something. Settings are on the left; answers stream as they are made.";
+    conversationView.append(empty);
+  }
+  for (const message of state.messages) addBubble(message);
+}
+
+function showError(text) {
+  const message = { role: "error", content: text };
+  state.messages.push(message);
+  addBubble(message);
+  saveConversation();
+}
+
+function setBusy(busy) {
+  $("send").disabled = busy;
+  $("stop").disabled = !busy;
+  document.body.dataset.state = busy ? "busy" : "idle";
+}
+
+// ---------------------------------------------------------------- the request
+function numberSetting(id) {
+  const raw = $(id).value.trim();
+  return raw === "" ? undefined : Number(raw); // empty: the server's default
+}
+
+// The JSON schema box: empty -> no response_format; not JSON -> an error before anything is sent.
+function responseFormat() {
+  const text = $("schema").value.trim();
+  if (!text) return undefined;
+  let schema;
+  try {
+    schema = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`The JSON schema box does not hold valid JSON: ${error.message}`);
+  }
+  return { type: "json_schema", json_schema: { name: "answer", schema } };
+}
+
+function requestBody() {
+  const messages = [];
+  const system = $("system").value.trim();
+  if (system) messages.push({ role: "system", content: system });
+  for (const m of state.messages) {
+    if ((m.role === "user" && !m.failed) || (m.role === "assistant" && m.content)) {
+      messages.push({ role: m.role, content: m.content });
+    }
+  }
+  const body = { messages, stream: true, stream_options: { include_usage: true } };
+  if ($("model").value) body.model = $("model").value;
+  const settings = { temperature: "temperature", top_p: "top-p", max_tokens: "max-tokens" };
+  for (const [field, id] of Object.entries(settings)) {
+    const value = numberSetting(id);
+    if (value !== undefined) body[field] = value;
+  }
+  const format = responseFormat();
+  if (format) body.response_format = format;
+  return body;
+}
+
+function describe(stats) {
+  const parts = [];
+  if (stats.tokens !== undefined) parts.push(`${stats.tokens} tokens`);
+  if (stats.ttft !== undefined) parts.push(`first token ${stats.ttft.toFixed(2)} s`);
+  if (stats.rate !== undefined) parts.push(`${stats.rate.toFixed(1)} tok/s`);
+  if (stats.finish === "length") parts.push("stopped at max tokens");
+  if (stats.stopped) parts.push("stopped");
+  return parts.join(" · ");
+}
+
+async function send() {
+  const text = $("prompt").value.trim();
+  if (!text || state.controller) return;
+  const user = { role: "user", content: text };
+  state.messages.push(user);
+  let body;
+  try {
+    body = requestBody();
+  } catch (error) {
+    state.messages.pop();
+    showError(error.message);
+    return;
+  }
+  $("prompt").value = "";
+  addBubble(user);
+  const assistant = { role: "assistant", content: "" };
+  const view = addBubble(assistant);
+  view.bubble.dataset.streaming = "true";
+  const controller = (state.controller = new AbortController());
+  const epoch = state.epoch;
+  setBusy(true);
+  const started = performance.now();
+  const stats = {};
+  let failure = null;
+  try {
+    const response = await postStream("v1/chat/completions", body, controller.signal);
+    for await (const data of sseData(response)) {
+      if (data === "[DONE]") break;
+      const event = JSON.parse(data);
+      if (event.error) throw new APIError(event.error.code || 500, event.error.message || JSON.stringify(event.error));
+      if (event.usage) stats.tokens = event.usage.completion_tokens;
+      const choice = event.choices && event.choices[0];
+      if (!choice) continue;
+      if (choice.delta && choice.delta.content) {
+        if (stats.ttft === undefined) stats.ttft = (performance.now() - started) / 1000;
+        assistant.content += choice.delta.content;
+        renderAssistant(assistant.content, view.body);
+        conversationView.scrollTop = conversationView.scrollHeight;
+      }
+      if (choice.finish_reason) stats.finish = choice.finish_reason;
+    }
+  } catch (error) {
+    if (error.name === "AbortError") stats.stopped = true;
+    else failure = error;
+  } finally {
+    state.controller = null;
+    setBusy(false);
+    delete view.bubble.dataset.streaming;
+  }
+  if (epoch !== state.epoch) return; // the conversation was cleared meanwhile
+  const seconds = (performance.now() - started) / 1000;
+  if (stats.tokens > 1 && stats.ttft !== undefined && seconds > stats.ttft) {
+    stats.rate = (stats.tokens - 1) / (seconds - stats.ttft);
+  }
+  if (assistant.content) {
+    assistant.meta = describe(stats);
+    view.meta.textContent = assistant.meta;
+    state.messages.push(assistant);
+  } else {
+    view.bubble.remove();
+    if (failure || stats.stopped) {
+      user.failed = true; // nothing came back: the question is not part of the conversation the model sees
+      conversationView.lastElementChild?.classList.add("failed");
+    }
+  }
+  saveConversation();
+  if (failure) await reportFailure(failure, user);
+}
+
+async function reportFailure(error, user) {
+  if (error.status === 401) {
+    // forget the attempt, ask for the key, then send the same question again
+    state.messages = state.messages.filter((m) => m !== user);
+    renderConversation();
+    saveConversation();
+    $("prompt").value = user.content;
+    await askForKey(error.message);
+    await loadModels();
+    return send();
+  }
+  showError(error.status ? `${error.message} (HTTP ${error.status})` : `Request failed: ${error.message}`);
+}
+
+function stop() {
+  state.controller?.abort(); // the server sees the connection close and frees the slot
+}
+
+function newChat() {
+  stop();
+  state.epoch += 1;
+  state.messages = [];
+  saveConversation();
+  renderConversation();
+  $("prompt").focus();
+}
+
+// ---------------------------------------------------------------- models
+async function loadModels() {
+  const select = $("model");
+  const wanted = select.value || loadJSON(SETTINGS_STORAGE, {}).model;
+  try {
+    const models = await getJSON("v1/models");
+    select.replaceChildren();
+    for (const model of models.data) {
+      const option = document.createElement("option");
+      option.value = model.id;
+      option.textContent = model.max_model_len ? `${model.id} (${model.max_model_len} tokens)` : model.id;
+      select.append(option);
+    }
+    if (models.data.some((m) => m.id === wanted)) select.value = wanted;
+    document.body.dataset.models = String(models.data.length);
+  } catch (error) {
+    if (error.status === 401) {
+      await askForKey(error.message);
+      return loadModels();
+    }
+    showError(`Could not list the models: ${error.message}`);
+  }
+}
+
+// ---------------------------------------------------------------- wiring
+$("composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  send();
+});
+$("prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    send();
+  }
+});
+$("stop").addEventListener("click", stop);
+$("new-chat").addEventListener("click", newChat);
+for (const id of [...SETTING_IDS, "model"]) $(id).addEventListener("change", saveSettings);
+
+window.vsurge = { renderAssistant, state, send, stop, newChat };
+restoreSettings();
+state.messages = loadJSON(CONVERSATION_STORAGE, []).filter((m) => m && typeof m.content === "string");
+renderConversation();
+setBusy(false);
+loadModels();

@@ -1,0 +1,191 @@
+// The dashboard: polls /v1/stats every second and charts each model's engine.
+// Rates come from differencing two snapshots; latency percentiles over the last WINDOW_S seconds
+// come from differencing histogram buckets (the server's own p50/p90/p99 are since start-up).
+import { askForKey } from "./apikey.js";
+import { getJSON } from "./api.js";
+import { LineChart } from "./charts.js";
+
+const POLL_MS = 1000;
+const WINDOW_S = 10;
+const COLORS = { blue: "#2f6fde", orange: "#e8833a", green: "#2e9e5b", red: "#d64545", purple: "#8a5cd6" };
+
+const $ = (id) => document.getElementById(id);
+const panels = new Map();
+
+// Prometheus' histogram_quantile over cumulative counts (the last one is the +Inf bucket).
+export function bucketQuantile(q, bounds, counts) {
+  const total = counts[counts.length - 1];
+  if (!(total > 0)) return null;
+  const rank = q * total;
+  let lowerBound = 0;
+  let lowerCount = 0;
+  for (let i = 0; i < counts.length; i++) {
+    if (counts[i] >= rank) {
+      if (i >= bounds.length) return lowerBound; // in the +Inf bucket: the highest finite bound
+      if (counts[i] === lowerCount) return bounds[i];
+      return lowerBound + ((bounds[i] - lowerBound) * (rank - lowerCount)) / (counts[i] - lowerCount);
+    }
+    lowerBound = bounds[i];
+    lowerCount = counts[i];
+  }
+  return lowerBound;
+}
+
+function windowPercentiles(now, before) {
+  let counts = now.bucket_counts;
+  if (before && before.bucket_counts.length === counts.length) {
+    counts = counts.map((c, i) => c - before.bucket_counts[i]);
+  }
+  const q = (p) => bucketQuantile(p, now.bucket_bounds, counts);
+  return { p50: q(0.5), p90: q(0.9), p99: q(0.99) };
+}
+
+const count = (v) => (Number.isFinite(v) ? (Number.isInteger(v) ? String(v) : v.toFixed(1)) : "–");
+const perSecond = (v) => (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2));
+const percent = (v) => (Number.isFinite(v) ? `${(v * 100).toFixed(v < 0.1 && v > 0 ? 1 : 0)}%` : "–");
+function seconds(v) {
+  if (!Number.isFinite(v)) return "–";
+  if (v === 0) return "0";
+  return v < 1 ? `${(v * 1000).toFixed(v < 0.01 ? 1 : 0)} ms` : `${v.toFixed(2)} s`;
+}
+
+function formatUptime(s) {
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  return [d && `${d}d`, (d || h) && `${h}h`, `${m}m`, `${Math.floor(s % 60)}s`].filter(Boolean).join(" ");
+}
+
+class ModelPanel {
+  constructor(parent, name, index) {
+    this.history = []; // recent snapshots {t, model}, for rates and windowed percentiles
+    this.root = document.createElement("section");
+    this.root.className = "model-panel";
+    this.root.id = `model-${index}`;
+    this.root.dataset.model = name;
+    const title = document.createElement("h2");
+    title.textContent = name;
+    this.badge = document.createElement("span");
+    this.badge.className = "badge";
+    title.append(this.badge);
+    this.tiles = document.createElement("div");
+    this.tiles.className = "tiles";
+    this.tileValues = {};
+    const tiles = [["running", "Running"], ["waiting", "Waiting"], ["toks", "Output tok/s"],
+      ["finished", "Finished"], ["failures", "Failures"], ["preemptions", "Preemptions"], ["kv", "KV cache"],
+      ["prefix", "Prefix-cache hits"], ["ttft", "TTFT p50 / p99"], ["itl", "ITL p50 / p99"]];
+    for (const [key, label] of tiles) this.addTile(key, label);
+    const charts = document.createElement("div");
+    charts.className = "charts";
+    this.root.append(title, this.tiles, charts);
+    parent.append(this.root);
+    const c = COLORS;
+    this.charts = {
+      requests: new LineChart(charts, { title: "Requests", format: count, minTop: 2, series: [
+        { key: "running", label: "running", color: c.blue }, { key: "waiting", label: "waiting", color: c.orange }] }),
+      toks: new LineChart(charts, { title: "Output tokens per second", format: perSecond,
+        series: [{ key: "toks", label: "tok/s", color: c.green }] }),
+      ttft: new LineChart(charts, { title: `Time to first token (last ${WINDOW_S} s)`, format: seconds, series: [
+        { key: "p50", label: "p50", color: c.blue }, { key: "p90", label: "p90", color: c.orange },
+        { key: "p99", label: "p99", color: c.red }] }),
+      itl: new LineChart(charts, { title: `Inter-token latency (last ${WINDOW_S} s)`, format: seconds, series: [
+        { key: "p50", label: "p50", color: c.blue }, { key: "p90", label: "p90", color: c.orange },
+        { key: "p99", label: "p99", color: c.red }] }),
+      cache: new LineChart(charts, { title: "KV cache use and prefix-cache hit rate", format: percent, max: 1,
+        series: [{ key: "kv", label: "KV cache", color: c.purple },
+          { key: "hits", label: `prefix hits (last ${WINDOW_S} s)`, color: c.green }] }),
+      events: new LineChart(charts, { title: "Finished and preempted requests per second", format: perSecond,
+        series: [{ key: "finished", label: "finished/s", color: c.blue },
+          { key: "preempted", label: "preempted/s", color: c.red }] }),
+    };
+    this.charts.toks.root.id = `${this.root.id}-toks`;
+  }
+
+  addTile(key, label) {
+    const tile = document.createElement("div");
+    tile.className = "tile";
+    tile.dataset.tile = key;
+    const name = document.createElement("div");
+    name.className = "label";
+    name.textContent = label;
+    const value = document.createElement("div");
+    value.className = "value";
+    value.textContent = "–";
+    tile.append(name, value);
+    this.tiles.append(tile);
+    this.tileValues[key] = value;
+  }
+
+  setTile(key, text, tooltip) {
+    this.tileValues[key].textContent = text;
+    if (tooltip !== undefined) this.tileValues[key].title = tooltip;
+  }
+
+  update(t, m) {
+    const last = this.history[this.history.length - 1];
+    if (last && (t <= last.t || m.streamed_tokens < last.model.streamed_tokens)) this.history = []; // restarted
+    const previous = this.history[this.history.length - 1];
+    const windowStart = this.history.find((h) => t - h.t <= WINDOW_S + 0.5) || previous;
+    this.history.push({ t, model: m });
+    while (this.history.length && t - this.history[0].t > WINDOW_S + 2) this.history.shift();
+
+    const rate = (field) => (previous ? (m[field] - previous.model[field]) / (t - previous.t) : null);
+    const toks = rate("streamed_tokens");
+    const hits = windowStart ? m.prefix_cache_hits - windowStart.model.prefix_cache_hits : 0;
+    const queries = windowStart ? m.prefix_cache_queries - windowStart.model.prefix_cache_queries : 0;
+    const ttft = windowPercentiles(m.ttft, windowStart && windowStart.model.ttft);
+    const itl = windowPercentiles(m.itl, windowStart && windowStart.model.itl);
+
+    this.badge.textContent = `${m.ready ? "ready" : "not ready"} · context ${m.max_model_len} tokens · ` +
+      `${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"}`;
+    this.setTile("running", count(m.running));
+    this.setTile("waiting", count(m.waiting));
+    this.setTile("toks", toks === null ? "–" : perSecond(toks));
+    const reasons = Object.entries(m.finished).map(([r, n]) => `${r}: ${n}`).join(", ");
+    this.setTile("finished", count(m.finished_total), reasons || "none yet");
+    this.setTile("failures", count(m.failures));
+    this.setTile("preemptions", count(m.preemptions));
+    this.setTile("kv", m.kv_cache_usage === null ? "n/a" : percent(m.kv_cache_usage),
+      m.kv_cache_usage === null ? "this engine does not report KV-cache use (dense: one region per slot)" : "");
+    this.setTile("prefix", m.prefix_cache_hit_rate === null ? "n/a" : percent(m.prefix_cache_hit_rate),
+      `${m.prefix_cache_hits} of ${m.prefix_cache_queries} prompt tokens since start`);
+    this.setTile("ttft", `${seconds(m.ttft.p50)} / ${seconds(m.ttft.p99)}`, `${m.ttft.count} requests since start`);
+    this.setTile("itl", `${seconds(m.itl.p50)} / ${seconds(m.itl.p99)}`, `${m.itl.count} gaps since start`);
+
+    this.charts.requests.push({ running: m.running, waiting: m.waiting });
+    this.charts.toks.push({ toks });
+    this.charts.ttft.push(ttft);
+    this.charts.itl.push(itl);
+    this.charts.cache.push({ kv: m.kv_cache_usage, hits: queries > 0 ? hits / queries : null });
+    this.charts.cache.setNote(m.kv_cache_usage === null ? "The dense engine does not report KV-cache use." : "");
+    this.charts.events.push({ finished: rate("finished_total"), preempted: rate("preemptions") });
+  }
+}
+
+let polling = true;
+
+async function poll() {
+  try {
+    const stats = await getJSON("v1/stats");
+    $("banner").hidden = true;
+    const container = $("models");
+    stats.models.forEach((model, index) => {
+      if (!panels.has(model.name)) panels.set(model.name, new ModelPanel(container, model.name, index));
+      panels.get(model.name).update(stats.timestamp, model);
+    });
+    $("status").textContent = `up ${formatUptime(stats.uptime_s)} · updated ` +
+      new Date(stats.timestamp * 1000).toLocaleTimeString();
+    document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
+  } catch (error) {
+    if (error.status === 401) {
+      await askForKey(error.message);
+    } else {
+      $("banner").textContent = `Could not read v1/stats: ${error.message}. Retrying every second.`;
+      $("banner").hidden = false;
+    }
+  }
+  if (polling) setTimeout(poll, POLL_MS);
+}
+
+window.vsurgeDashboard = { panels, bucketQuantile, stop: () => { polling = false; } };
+poll();

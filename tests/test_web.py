@@ -1,0 +1,455 @@
+"""The web page in a real browser: Debian's headless Chromium driven by Selenium, against a real
+`vsurge serve` of the default model that requires an API key (so the page's key prompt is exercised too).
+
+VSURGE_SCREENSHOTS=DIR also saves chat.png and dashboard.png there (the README's pictures come from docs/).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server_process import ENV, ServerProcess
+
+try:
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # pragma: no cover: reported by the skip below
+    webdriver = None
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+NO_BROWSER = ("needs selenium (pip install -e '.[test]') and Debian's chromium + chromium-driver "
+              "(apt-get install chromium chromium-driver; `make test` tries to install them)")
+
+API_KEY = "sk-web-test"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MODEL = "SmolLM2-135M-Instruct"
+
+
+# ---------------------------------------------------------------- fixtures and helpers
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    cache = str(tmp_path_factory.mktemp("web_xla_cache"))
+    proc = ServerProcess("default", "--api-key", API_KEY, "--max-concurrent-decodes", "8", "--max-length", "512",
+                         "--max-prefill-length", "256", "--prefill-lengths", "64,256", cache_dir=cache)
+    proc.wait_ready()
+    yield proc
+    assert proc.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium; the tests that use it skip (with the reason) where it is not installed."""
+    if webdriver is None or not CHROMIUM or not CHROMEDRIVER:
+        pytest.skip(NO_BROWSER)
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1280,800", "--force-device-scale-factor=1"):
+        options.add_argument(arg)
+    try:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    except WebDriverException as exc:
+        pytest.skip(f"chromium did not start: {exc.msg}")
+    yield driver
+    driver.quit()
+
+
+def screenshot(driver, tmp_path: Path, name: str) -> None:
+    driver.save_screenshot(str(tmp_path / name))
+    if os.environ.get("VSURGE_SCREENSHOTS"):
+        folder = Path(os.environ["VSURGE_SCREENSHOTS"])
+        folder.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(folder / name))
+
+
+def wait(driver, condition, timeout=30, message=""):
+    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+
+
+def stats(server) -> dict:
+    return server.get("/v1/stats", headers=AUTH).json()["models"][0]
+
+
+def wait_for(predicate, timeout=30, message="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {message}")
+
+
+def open_page(driver, server, path="/"):
+    """Opens a page with the key already saved and an empty conversation."""
+    driver.get(server.base + path)
+    driver.execute_script("localStorage.clear(); localStorage.setItem('vsurge.apiKey', arguments[0]);", API_KEY)
+    driver.get(server.base + path)
+    if path == "/":
+        wait(driver, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-models") == "1",
+             message="the model list")
+
+
+def field(driver, element_id: str, value: str) -> None:
+    element = driver.find_element(By.ID, element_id)
+    element.clear()
+    if value:
+        element.send_keys(value)
+
+
+def ask(driver, text: str) -> None:
+    field(driver, "prompt", text)
+    driver.find_element(By.ID, "send").click()
+
+
+def idle(driver):
+    return driver.find_element(By.TAG_NAME, "body").get_attribute("data-state") == "idle"
+
+
+def assistant_text(driver) -> str:
+    bubbles = driver.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant .body")
+    return bubbles[-1].text if bubbles else ""
+
+
+# ---------------------------------------------------------------- routes, key, URL
+def test_pages_are_open_and_stats_need_the_key(server):
+    assert "chat page and dashboard: " + server.base + "/" in server.output  # the serving line names the page
+    for path, kind in (("/", "text/html"), ("/dashboard", "text/html"), ("/static/chat.js", "javascript"),
+                       ("/static/style.css", "text/css")):
+        r = server.get(path)
+        assert r.status_code == 200 and kind in r.headers["content-type"], path
+    assert server.get("/static/missing.js").json()["error"]["code"] == 404
+    r = server.get("/v1/stats")
+    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    assert server.get("/v1/stats", headers=AUTH).status_code == 200
+    assert "/v1/stats" in server.get("/openapi.json").json()["paths"]
+
+
+def test_page_asks_for_the_key_then_lists_the_models(browser, server):
+    browser.get(server.base + "/")
+    browser.execute_script("localStorage.clear();")
+    browser.get(server.base + "/")
+    dialog = wait(browser, lambda d: d.find_element(By.ID, "key-dialog").is_displayed() and
+                  d.find_element(By.ID, "key-dialog"), message="the key dialog")
+    assert "API key" in dialog.text
+    browser.find_element(By.ID, "api-key").send_keys(API_KEY)
+    dialog.find_element(By.CSS_SELECTOR, "button").click()
+    wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-models") == "1")
+    options = [o.get_attribute("value") for o in browser.find_elements(By.CSS_SELECTOR, "#model option")]
+    assert options == [MODEL]
+    assert browser.execute_script("return localStorage.getItem('vsurge.apiKey')") == API_KEY
+
+    # a wrong key when sending: the page asks again, then sends the same question with the new key
+    browser.execute_script("localStorage.setItem('vsurge.apiKey', 'sk-wrong')")
+    field(browser, "temperature", "0")
+    field(browser, "max-tokens", "8")
+    ask(browser, "What is the capital of France?")
+    wait(browser, lambda d: d.find_element(By.ID, "key-dialog").is_displayed(), message="the key dialog again")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#conversation .message")  # the failed try is not kept
+    browser.find_element(By.ID, "api-key").send_keys(API_KEY)
+    browser.find_element(By.CSS_SELECTOR, "#key-dialog button").click()
+    wait(browser, lambda d: idle(d) and "Paris" in assistant_text(d), timeout=60, message="the answer")
+    assert not error_messages(browser)
+
+
+# ---------------------------------------------------------------- chat
+def test_answer_streams_token_by_token_and_survives_a_reload(browser, server, tmp_path):
+    open_page(browser, server)
+    field(browser, "temperature", "0")
+    # every change of the answer's text length, as the page renders it
+    browser.execute_script("""
+        window.lengths = [];
+        new MutationObserver(() => {
+          const bodies = document.querySelectorAll('#conversation .message.assistant .body');
+          if (bodies.length) window.lengths.push(bodies[bodies.length - 1].textContent.length);
+        }).observe(document.getElementById('conversation'), {childList: true, subtree: true, characterData: true});
+    """)
+    ask(browser, "What is the capital of France?")
+    polled = []
+    wait(browser, lambda d: polled.append(len(assistant_text(d))) or idle(d), timeout=60, message="the answer")
+    assert "Paris" in assistant_text(browser)
+    lengths = [n for n in browser.execute_script("return window.lengths") if n]
+    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), lengths  # it grew, chunk by chunk
+    assert max(polled) > 0
+    meta = browser.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant .meta")[-1].text
+    assert "8 tokens" in meta and "tok/s" in meta
+
+    # a second question whose answer has code: rendered as a code block
+    field(browser, "max-tokens", "60")
+    ask(browser, "Write a Python function that adds two numbers.")
+    wait(browser, idle, timeout=60)
+    assert browser.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant pre code")
+    screenshot(browser, tmp_path, "chat.png")
+
+    browser.refresh()  # the conversation is kept in localStorage
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#conversation .message")) == 4)
+    assert "Paris" in browser.find_element(By.ID, "conversation").text
+    browser.find_element(By.ID, "new-chat").click()
+    assert not browser.find_elements(By.CSS_SELECTOR, "#conversation .message")
+    assert browser.execute_script("return localStorage.getItem('vsurge.conversation')") == "[]"
+
+
+def test_stop_cancels_the_request_and_frees_the_slot(browser, server):
+    open_page(browser, server)
+    field(browser, "temperature", "0")
+    field(browser, "max-tokens", "400")
+    ask(browser, "Write a long story about a dragon.")
+    first = wait(browser, lambda d: len(assistant_text(d)) > 10 and len(assistant_text(d)), timeout=60,
+                 message="the story to start")
+    wait(browser, lambda d: len(assistant_text(d)) > first, message="the story to grow")
+    assert stats(server)["running"] == 1
+    browser.find_element(By.ID, "stop").click()
+    wait(browser, idle, timeout=10, message="the page to stop")
+    wait_for(lambda: stats(server)["running"] == 0, timeout=15, message="the server to free the slot")
+    meta = browser.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant .meta")[-1].text
+    assert "stopped" in meta
+    stopped_at = len(assistant_text(browser))
+    time.sleep(0.5)
+    assert len(assistant_text(browser)) == stopped_at  # nothing arrives after stop
+
+
+def error_messages(driver) -> list[str]:
+    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, "#conversation .message.error")]
+
+
+def test_bad_parameters_show_the_servers_error(browser, server):
+    open_page(browser, server)
+    field(browser, "temperature", "-1")
+    ask(browser, "Hello")
+    wait(browser, lambda d: error_messages(d), timeout=30, message="an error message")
+    assert "temperature" in error_messages(browser)[-1] and "HTTP 400" in error_messages(browser)[-1]
+    assert browser.find_elements(By.CSS_SELECTOR, "#conversation .message.user.failed")
+
+    field(browser, "temperature", "0")
+    field(browser, "max-tokens", "0")
+    ask(browser, "Hello")
+    wait(browser, lambda d: len(error_messages(d)) == 2, timeout=30)
+    assert "max_tokens" in error_messages(browser)[-1]
+
+    # the JSON schema box: not JSON -> the page says so and sends nothing
+    field(browser, "max-tokens", "8")
+    field(browser, "schema", "{not json")
+    ask(browser, "Hello")
+    wait(browser, lambda d: len(error_messages(d)) == 3, timeout=10)
+    assert "not hold valid JSON" in error_messages(browser)[-1]
+    assert browser.find_element(By.ID, "prompt").get_attribute("value") == "Hello"  # kept for a retry
+
+    # valid JSON -> sent as response_format; whatever the server answers is shown
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    field(browser, "schema", json.dumps(schema))
+    browser.execute_script("""
+        const original = window.fetch;
+        window.fetch = (url, init) => {
+          if (String(url).includes('chat/completions')) window.lastBody = JSON.parse(init.body);
+          return original(url, init);
+        };
+    """)
+    ask(browser, "Hello")
+    wait(browser, idle, timeout=60)
+    sent = browser.execute_script("return window.lastBody")
+    format_ = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    assert sent["response_format"] == format_
+    direct = server.post("/v1/chat/completions", headers=AUTH, json={**sent, "stream": False})
+    if direct.status_code != 200:  # today: 501, structured output is not implemented yet
+        wait(browser, lambda d: len(error_messages(d)) == 4, timeout=10)
+        assert direct.json()["error"]["message"] in error_messages(browser)[-1]
+
+
+def test_an_error_inside_the_stream_is_shown_after_the_partial_answer(browser, server):
+    """A stream that fails after its first byte ends with `data: {"error": ...}` (generation.event_stream).
+    The real server cannot be made to fail on demand, so the page's fetch gets that body here, cut at
+    awkward places (inside an event, between \\r and \\n) to exercise the page's event parser too."""
+    open_page(browser, server)
+    browser.execute_script("""
+        const events = 'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\\r\\n\\r\\n' +
+          'data: {"choices":[{"index":0,"delta":{"content":"Half an "}}]}\\n\\n' +
+          'data: {"choices":[{"index":0,"delta":{"content":"answer"}}]}\\n\\n' +
+          'data: {"error":{"message":"generation failed: the decode thread crashed","type":"InternalServerError",' +
+          '"param":null,"code":500}}\\n\\ndata: [DONE]\\n\\n';
+        const bytes = new TextEncoder().encode(events);
+        const cuts = [5, 74, 76, 100, 140, 190, bytes.length];  // 74: between CR and LF; 76: inside CRLF CRLF
+        const original = window.fetch;
+        window.fetch = (url, init) => {
+          if (!String(url).includes('chat/completions')) return original(url, init);
+          let start = 0;
+          const body = new ReadableStream({pull(controller) {
+            const end = cuts.shift();
+            controller.enqueue(bytes.slice(start, end));
+            start = end;
+            if (start >= bytes.length) controller.close();
+          }});
+          return Promise.resolve(new Response(body, {headers: {'Content-Type': 'text/event-stream'}}));
+        };
+    """)
+    ask(browser, "Hello")
+    wait(browser, lambda d: error_messages(d), timeout=10, message="the in-stream error")
+    assert "generation failed: the decode thread crashed" in error_messages(browser)[-1]
+    assert assistant_text(browser) == "Half an answer"  # what came before the error stays
+    assert idle(browser)
+
+
+INJECTIONS = ['<script>window.pwned = "script"</script>', '<img src=x onerror="window.pwned = \'img\'">']
+
+
+def test_html_in_messages_stays_text(browser, server):
+    open_page(browser, server)
+    field(browser, "max-tokens", "4")
+    user_text = " and ".join(INJECTIONS)
+    ask(browser, user_text)  # the user bubble, through the page's own send path
+    wait(browser, idle, timeout=60)
+    reply = ("# Title <img src=x onerror=\"window.pwned = 'h1'\">\n\n"
+             "Some **bold <script>window.pwned = 'b'</script>** and `<img src=x onerror=alert(1)>` and *it*.\n\n"
+             "- item <b onmouseover=\"window.pwned = 'li'\">one</b>\n- item two\n\n"
+             "```html\n" + INJECTIONS[1] + "\n```\n\n" + INJECTIONS[0])
+    browser.execute_script("window.vsurge.renderAssistant(arguments[0])", reply)  # what streaming calls per chunk
+    conversation = browser.find_element(By.ID, "conversation")
+    for tag in ("script", "img", "b"):
+        assert not conversation.find_elements(By.TAG_NAME, tag), tag
+    assert browser.execute_script("return window.pwned") is None
+    text = conversation.text
+    assert user_text in text and INJECTIONS[0] in text and INJECTIONS[1] in text
+    # the Markdown subset was rendered, with the tags inside it as text
+    assert conversation.find_element(By.CSS_SELECTOR, ".message.assistant h1").text.startswith("Title <img")
+    assert "<script>" in conversation.find_element(By.CSS_SELECTOR, ".message.assistant strong").text
+    assert len(conversation.find_elements(By.CSS_SELECTOR, ".message.assistant ul li")) == 2
+    assert conversation.find_elements(By.CSS_SELECTOR, ".message.assistant em")
+    codes = [c.text for c in conversation.find_elements(By.CSS_SELECTOR, ".message.assistant code")]
+    assert "<img src=x onerror=alert(1)>" in codes and INJECTIONS[1] in codes
+
+    browser.refresh()  # restored from localStorage: rendered as text again
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#conversation .message.user"))
+    conversation = browser.find_element(By.ID, "conversation")
+    assert not conversation.find_elements(By.TAG_NAME, "script") and not conversation.find_elements(By.TAG_NAME, "img")
+    assert user_text in conversation.text and browser.execute_script("return window.pwned") is None
+
+
+# ---------------------------------------------------------------- dashboard
+def tile(driver, name: str) -> str:
+    return driver.find_element(By.CSS_SELECTOR, f"#model-0 .tile[data-tile={name}] .value").text
+
+
+def test_dashboard_follows_eight_running_requests(browser, server, tmp_path):
+    open_page(browser, server, "/dashboard")
+    wait(browser, lambda d: int(d.find_element(By.TAG_NAME, "body").get_attribute("data-updates") or 0) >= 2,
+         message="two polls of /v1/stats")
+    assert browser.find_element(By.CSS_SELECTOR, "#model-0").get_attribute("data-model") == MODEL
+    finished_before = int(tile(browser, "finished"))
+    chart = browser.find_element(By.ID, "model-0-toks")
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key=API_KEY, max_retries=0)
+
+    def one(i):
+        return client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"Tell me a story about the number {i}."}],
+            max_tokens=96, temperature=0.5, seed=i, extra_body={"ignore_eos": True})
+
+    def updates(driver) -> int:
+        return int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]
+        wait(browser, lambda d: tile(d, "running") == "8", timeout=60, message="8 running requests")
+        wait(browser, lambda d: (json.loads(chart.get_attribute("data-latest") or "{}").get("toks") or 0) > 0,
+             timeout=30, message="tokens per second above 0")
+        path = chart.find_element(By.CSS_SELECTOR, "path[data-series=toks]").get_attribute("d")
+        wait(browser, lambda d: chart.find_element(By.CSS_SELECTOR, "path[data-series=toks]").get_attribute("d")
+             != path, timeout=10, message="the tok/s chart to move")
+        seen = updates(browser)
+        wait(browser, lambda d: updates(d) >= seen + 2, timeout=10)  # a few more points for the picture
+        screenshot(browser, tmp_path, "dashboard.png")
+        replies = [f.result(timeout=120) for f in futures]
+    assert all(r.usage.completion_tokens == 96 for r in replies)
+    wait(browser, lambda d: tile(d, "running") == "0", timeout=15)
+    wait(browser, lambda d: int(tile(d, "finished")) == finished_before + 8, timeout=15)
+    assert tile(browser, "ttft") != "– / –"
+    # the page's percentile estimate is the server's
+    s = stats(server)
+    page_p90 = browser.execute_script("return window.vsurgeDashboard.bucketQuantile(0.9, arguments[0], arguments[1])",
+                                      s["ttft"]["bucket_bounds"], s["ttft"]["bucket_counts"])
+    assert page_p90 == pytest.approx(s["ttft"]["p90"])
+
+
+# ---------------------------------------------------------------- /v1/stats against /metrics
+def metric_samples(server) -> dict:
+    samples = {}
+    for family in text_string_to_metric_families(server.get("/metrics").text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
+    return samples
+
+
+def test_stats_schema_and_agreement_with_metrics(server):
+    from vsurge.server.stats import ServerStats
+
+    for max_tokens in (32, 2):  # at least one request finished by "stop" and one by "length"
+        r = server.post("/v1/chat/completions", headers=AUTH, json={
+            "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0,
+            "max_tokens": max_tokens})
+        assert r.status_code == 200
+    wait_for(lambda: stats(server)["running"] == 0, message="an idle server")
+    before = metric_samples(server)
+    body = server.get("/v1/stats", headers=AUTH).json()
+    assert metric_samples(server) == before  # nothing moved while we read
+    parsed = ServerStats.model_validate(body)
+    assert parsed.object == "stats" and parsed.ready and parsed.uptime_s > 0
+    assert abs(parsed.timestamp - time.time()) < 60
+    model = body["models"][0]
+    assert (model["name"], model["max_model_len"], model["ready"]) == (MODEL, 512, True)
+    assert [r["id"] for r in model["replicas"]] == [0]
+    replica = dict(model["replicas"][0])
+    del replica["id"]
+    assert replica == {k: v for k, v in model.items() if k not in ("name", "ready", "max_model_len", "replicas")}
+
+    def m(name, **labels):
+        return before.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    assert model["prompt_tokens"] == m("vsurge:prompt_tokens_total") > 0
+    assert model["generation_tokens"] == m("vsurge:generation_tokens_total") > 0
+    assert model["failures"] == m("vsurge:request_failure_total")
+    assert model["running"] == m("vsurge:num_requests_running") == 0
+    assert model["waiting"] == m("vsurge:num_requests_waiting")
+    assert model["finished"]["stop"] == m("vsurge:request_success_total", finished_reason="stop") > 0
+    assert model["finished"]["length"] == m("vsurge:request_success_total", finished_reason="length") > 0
+    for key, series in (("ttft", "vsurge:time_to_first_token_seconds"), ("itl", "vsurge:inter_token_latency_seconds"),
+                        ("e2e", "vsurge:e2e_request_latency_seconds")):
+        assert model[key]["count"] == m(series + "_count") > 0, key
+        assert model[key]["sum"] == pytest.approx(m(series + "_sum")), key
+        bounds = model[key]["bucket_bounds"] + [float("inf")]
+        assert model[key]["bucket_counts"] == [m(series + "_bucket", le=_le(b)) for b in bounds], key
+    assert model["streamed_tokens"] == model["ttft"]["count"] + model["itl"]["count"]
+
+
+def _le(bound: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(bound)
+
+
+# ---------------------------------------------------------------- vsurge bench serve --plot
+def test_bench_serve_levels_servers_and_plot(server, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "bench.png"
+    out = subprocess.run(
+        [sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", server.base, "--base-url", server.base,
+         "--label", "first", "--label", "second", "--concurrency", "1,2", "--input-len", "8", "--output-len", "4",
+         "--api-key", API_KEY, "--plot", str(plot)],
+        capture_output=True, text=True, timeout=300, env=ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| first") or line.startswith("| second")]
+    assert len(rows) == 4 and "| first @ 1 |" in out.stdout and "| second @ 2 |" in out.stdout
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
