@@ -10,8 +10,8 @@ Formats (`--tool-call-parser`, vLLM's names):
 
 Every parser is fed text deltas (`feed`, then `finish`) and returns OpenAI
 chat-completion-chunk deltas: {"content": ...} for text outside tool calls and
-{"tool_calls": [piece]} for calls (see tool_calls.py). `parse(text)` runs the
-same machine over the whole text, so a streamed response assembles to the same
+{"tool_calls": [piece]} for calls (see tool_calls.py). `parse(text)` (on a
+fresh parser) runs the same machine over the whole text, so a streamed response assembles to the same
 content and calls as the non-streamed one. Whitespace right before or after a
 tool-call block is dropped. When a block turns out not to be a valid call, the
 whole-text parse returns the text unchanged as content with no calls.
@@ -52,13 +52,11 @@ class ToolParser:
     def tool_calls(self) -> list[dict]:
         return [c.as_openai() for c in self.calls if c.started]
 
-    @classmethod
-    def parse(cls, text: str, **kwargs) -> tuple[str | None, list[dict]]:
-        """Whole text -> (content or None, tool_calls)."""
-        parser = cls(**kwargs)
-        deltas = parser.feed(text) + parser.finish()
-        calls = parser.tool_calls
-        if not all(c.is_call for c in parser.calls):
+    def parse(self, text: str) -> tuple[str | None, list[dict]]:
+        """Whole text -> (content or None, tool_calls). Call on a fresh parser."""
+        deltas = self.feed(text) + self.finish()
+        calls = self.tool_calls
+        if not all(c.is_call for c in self.calls):
             return text, []  # a broken call: the text stays as the model wrote it
         content = "".join(d.get("content", "") for d in deltas)
         if calls and not content.strip():
@@ -223,11 +221,9 @@ class NamedCallParser(ToolParser):
             out.append({"tool_calls": [call._header()]})
         out += [{"tool_calls": [p]} for p in call._arguments(text)]
 
-    @classmethod
-    def parse(cls, text: str, **kwargs):
-        parser = cls(**kwargs)
-        parser.feed(text)
-        return None, parser.tool_calls
+    def parse(self, text: str):
+        self.feed(text)
+        return None, self.tool_calls
 
 
 class RequiredCallsParser(ToolParser):
@@ -266,12 +262,10 @@ class RequiredCallsParser(ToolParser):
         if final:
             self._held = ""
 
-    @classmethod
-    def parse(cls, text: str, **kwargs):
-        parser = cls(**kwargs)
-        parser.feed(text)
-        parser.finish()
-        return None, parser.tool_calls
+    def parse(self, text: str):
+        self.feed(text)
+        self.finish()
+        return None, self.tool_calls
 
 
 TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
