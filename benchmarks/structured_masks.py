@@ -12,6 +12,9 @@ OpenAI tool-call array schema, a regex, a choice list) it measures:
   document, `--walks` fresh matchers from one compiled grammar;
 - accept p50: per-token time to advance the matcher with the sampled token;
 
+and the same for vsurge's own path ("vsurge": llguidance through vsurge.structured,
+compile = validation + compilation, each mask with the end-token rewrite),
+
 then what each library pulls in (declared requirements, installed size).
 Every library computes the same packed int32 bitmask (ceil(V/32) words per row).
 Only llguidance is a vsurge dependency; to reproduce the others:
@@ -227,7 +230,39 @@ class OutlinesCore(Library):
         return True
 
 
-LIBRARIES = {lib.name: lib for lib in (LLGuidance(), XGrammar(), OutlinesCore())}
+class Vsurge(Library):
+    """vsurge's own path: llguidance with vsurge's JSON format (json.dumps separators, no free
+    whitespace, undeclared keys refused) and the end-token rewrite of every row."""
+
+    name, module, distribution = "vsurge", "llguidance", "llguidance"
+
+    def prepare(self, processor):
+        from vsurge.structured.compiler import GrammarCompiler
+
+        self.compiler = GrammarCompiler(processor)
+
+    def compile(self, case):
+        from vsurge.structured.spec import StructuredOutput, check_grammar, grammar_text
+
+        kind = {"json": "json", "regex": "regex", "choice": "choice"}[case.kind]
+        self.compiler._cache.clear()  # cold, like the others
+        grammar_text.cache_clear()
+        check_grammar.cache_clear()
+        return self.compiler.compile(StructuredOutput(**{kind: case.spec}))
+
+    def matcher(self, compiled):
+        from vsurge.structured.matcher import GrammarMatcher
+
+        return GrammarMatcher(compiled)
+
+    def fill(self, matcher, bitmask):
+        matcher.fill_bitmask(bitmask, 0)
+
+    def accept(self, matcher, token):
+        return matcher.accept(token)
+
+
+LIBRARIES = {lib.name: lib for lib in (LLGuidance(), XGrammar(), OutlinesCore(), Vsurge())}
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -62,3 +62,15 @@ def walk_text(matcher, seed: int, max_steps: int = 600) -> str:
     tokens = random_walk(matcher, np.random.default_rng(seed), max_steps)
     ends = set(matcher.end_token_ids)
     return processor().decode([t for t in tokens if t not in ends])
+
+
+def assert_tokens_allowed(matcher, tokens) -> None:
+    """Every token of a valid output is in the mask at its step (masks are complete, not
+    just safe: a masked valid token would skew what the model may write)."""
+    p = processor()
+    bitmask = allocate_bitmask(1, matcher.compiled.vocab_size)
+    for i, token in enumerate(tokens):
+        matcher.fill_bitmask(bitmask, 0)
+        assert (int(bitmask[0, token // 32]) >> (token % 32)) & 1, \
+            f"token {i} {p.decode([token])!r} of {p.decode(tokens)!r} is masked"
+        assert matcher.accept(token), matcher.error

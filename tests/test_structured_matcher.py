@@ -12,7 +12,7 @@ from typing import Literal, Optional
 
 import numpy as np
 import pytest
-from structured_helpers import processor, random_walk, walk_text
+from structured_helpers import assert_tokens_allowed, processor, random_walk, walk_text
 
 from vsurge.sampling_params import SamplingParams
 from vsurge.structured.bitmask import allocate_bitmask, allowed_tokens, token_allowed
@@ -42,10 +42,12 @@ def compiler():
 
 
 def walk_and_validate(constraint, seeds=range(3)) -> list[str]:
+    """Walk, validate, then replay the text as the tokenizer would write it: all allowed."""
     texts = []
     for seed in seeds:
         text = walk_text(compiler().matcher(constraint, [EOS]), seed)
         validate_output(constraint, text)
+        assert_tokens_allowed(compiler().matcher(constraint, [EOS]), processor().encode(text) + [EOS])
         texts.append(text)
     return texts
 
@@ -56,6 +58,26 @@ def test_json_schema_walks_validate(schema):
     for text in texts:
         assert list(json.loads(text)) == [k for k in schema["properties"] if k in json.loads(text)]  # schema order
         assert ", " in text or len(json.loads(text)) <= 1  # json.dumps separators
+
+
+def test_masks_allow_every_token_of_canonical_documents():
+    """The documents the mask benchmark walks, as the tokenizer writes them (json.dumps style);
+    an array of objects ending in an enum value once lost the `"}` token (llguidance, strict
+    whitespace)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    from structured_masks import CASES
+
+    for case in CASES:
+        constraint = {{"json": "json", "regex": "regex", "choice": "choice"}[case.kind]: case.spec}
+        assert_tokens_allowed(compiler().matcher(constraint, [EOS]), processor().encode(case.document) + [EOS])
+    spaced = '{ "name": "Ada", "age": 36 , "member": true }'  # one optional space per gap
+    assert_tokens_allowed(compiler().matcher({"json": FLAT}, [EOS]), processor().encode(spaced) + [EOS])
+    matcher = compiler().matcher({"json": FLAT}, [EOS])
+    tokens = processor().encode('{"name": "Ada",\n')  # no newlines, no runs of spaces
+    assert matcher.accept_tokens(tokens) < len(tokens)
 
 
 def test_undeclared_keys_are_refused_unless_allowed():

@@ -17,10 +17,13 @@ from typing import Any
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
-# JSON is written the way Python's json.dumps writes it: `{"a": 1, "b": [1, 2]}`. Fixed
-# separators (no free whitespace) stop small models from looping on newlines and spaces.
-# A schema's own "x-guidance" object overrides these (llguidance reads it).
-JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# JSON is written the way Python's json.dumps writes it, `{"a": 1, "b": [1, 2]}`, with at most
+# one optional space in each gap (`{ "a": 1 }` passes). Bounded whitespace stops small models
+# looping on newlines and spaces. Not zero optional spaces: llguidance 1.9's masks then miss
+# some valid tokens (`"}` after an enum value in an array of objects; tests check masks are
+# complete). A schema's own "x-guidance" object overrides these (llguidance reads it).
+JSON_FORMAT = {"whitespace_flexible": True, "whitespace_pattern": "[ ]?", "item_separator": ", ",
+               "key_separator": ": "}
 
 JSON_OBJECT_SCHEMA = {"type": "object"}
 
