@@ -13,7 +13,8 @@ OpenAI tool-call array schema, a regex, a choice list) it measures:
 - accept p50: per-token time to advance the matcher with the sampled token;
 
 and the same for vsurge's own path ("vsurge": llguidance through vsurge.structured,
-compile = validation + compilation, each mask with the end-token rewrite),
+compile = validation + compilation, each mask with the end-token rewrite), plus
+the time to fill 8 and 32 rows of one step's bitmask, one by one and in parallel,
 
 then what each library pulls in (declared requirements, installed size).
 Every library computes the same packed int32 bitmask (ceil(V/32) words per row).
@@ -324,6 +325,33 @@ def measure(lib: Library, case: Case, processor, walks: int, compile_reps: int) 
             "accept_p50": statistics.median(accept_times), "tokens": len(tokens)}
 
 
+def measure_batch(processor, batch: int, reps: int = 50) -> dict:
+    """vsurge: one step's masks for `batch` rows (nested schema, rows at different positions),
+    one row at a time vs `fill_bitmasks` (llguidance's threads, no GIL). Seconds per step."""
+    from vsurge.structured.compiler import GrammarCompiler
+    from vsurge.structured.matcher import fill_bitmasks
+
+    compiler = GrammarCompiler(processor)
+    case = CASES[1]
+    tokens = processor.encode(case.document, add_special_tokens=False)
+    rows = []
+    for i in range(batch):
+        matcher = compiler.matcher({"json": case.spec})
+        matcher.accept_tokens(tokens[: (i * 7) % (len(tokens) - 1)])
+        rows.append((i, matcher))
+    bitmask = compiler.allocate_bitmask(batch)
+    times = {"loop": [], "parallel": []}
+    for _ in range(reps):
+        start = time.perf_counter()
+        for row, matcher in rows:
+            matcher.fill_bitmask(bitmask, row)
+        times["loop"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        fill_bitmasks(bitmask, rows)
+        times["parallel"].append(time.perf_counter() - start)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def requirement_closure(distribution: str) -> list[str]:
     """Installed distributions `distribution` needs (its declared non-extra requirements, transitively)."""
     seen, todo = [], [distribution]
@@ -371,7 +399,11 @@ def installed_mib(distribution: str) -> float | None:
 # ---------------------------------------------------------------- report
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g}" if seconds >= 1e-4 else f"{seconds * 1e3:.2f}"
+    return f"{seconds * 1e3:.3g}"
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f}" if seconds >= 1e-5 else f"{seconds * 1e6:.1f}"
 
 
 def main(argv=None) -> int:
@@ -402,15 +434,15 @@ def main(argv=None) -> int:
         results[name] = {"import": imported, "vocab": vocab, "version": metadata.version(lib.distribution),
                          "cases": {c.name: measure(lib, c, processor, args.walks, args.compile_reps) for c in CASES}}
 
-    print("| library | constraint | compile ms | first mask ms | mask p50 ms | mask p99 ms | accept p50 ms |")
+    print("| library | constraint | compile ms | first mask µs | mask p50 µs | mask p99 µs | accept p50 µs |")
     print("|---|---|---|---|---|---|---|")
     for name, r in results.items():
         for case, t in r["cases"].items():
             if "error" in t:
                 print(f"| {name} | {case} | failed: {t['error']} | | | | |")
             else:
-                print(f"| {name} | {case} | {_ms(t['compile'])} | {_ms(t['first_mask'])} | {_ms(t['mask_p50'])} "
-                      f"| {_ms(t['mask_p99'])} | {_ms(t['accept_p50'])} |")
+                print(f"| {name} | {case} | {_ms(t['compile'])} | {_us(t['first_mask'])} | {_us(t['mask_p50'])} "
+                      f"| {_us(t['mask_p99'])} | {_us(t['accept_p50'])} |")
     print("\n| library | version | import s | vocab s | requires (installed closure) | installed MiB |")
     print("|---|---|---|---|---|---|")
     for name, r in results.items():
@@ -421,6 +453,13 @@ def main(argv=None) -> int:
         deps = ", ".join(closure[1:]) or "nothing"
         print(f"| {name} | {r['version']} | {r['import']:.2f} | {r['vocab']:.2f} | {deps} | "
               f"{own} alone, {total:.0f} with requirements |")
+    if "vsurge" in results:
+        print("\n| rows per step (vsurge, nested schema) | one by one µs | fill_bitmasks µs |")
+        print("|---|---|---|")
+        for batch in (8, 32):
+            t = measure_batch(processor, batch)
+            results["vsurge"][f"batch_{batch}"] = t
+            print(f"| {batch} | {_us(t['loop'])} | {_us(t['parallel'])} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

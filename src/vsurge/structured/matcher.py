@@ -61,8 +61,9 @@ class GrammarMatcher:
     def fill_bitmask(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into bitmask[row]; bitmask (B, ceil(V/32)) int32, C-contiguous."""
         words = bitmask[row]
-        if words.size * 32 < self.compiled.vocab_size or not words.flags["C_CONTIGUOUS"]:
-            raise ValueError(f"bitmask rows need {(self.compiled.vocab_size + 31) // 32} contiguous int32 words")
+        if words.size != (self.compiled.vocab_size + 31) // 32 or not words.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"bitmask rows need {(self.compiled.vocab_size + 31) // 32} contiguous int32 words "
+                             f"(the compiler's vocab_size is {self.compiled.vocab_size}), got {words.size}")
         if self._ended:
             words[:] = 0
             set_tokens(words, self._fallback_ids, True)
@@ -73,9 +74,11 @@ class GrammarMatcher:
     def _fix_end_tokens(self, words: np.ndarray) -> None:
         """llguidance allowed (or not) the grammar's EOS ids; move that to the request's end ids."""
         may_end = any((int(words[t // 32]) >> (t % 32)) & 1 for t in self.grammar_eos_ids)
-        set_tokens(words, self.grammar_eos_ids, False)
-        set_tokens(words, self.end_token_ids, may_end)
-        if not words.any():  # complete, nothing else fits, and the request has no end ids
+        if self.end_token_ids != self.grammar_eos_ids:
+            set_tokens(words, self.grammar_eos_ids, False)
+            set_tokens(words, self.end_token_ids, may_end)
+        # With end ids a row is never empty (llguidance allows EOS when nothing else fits).
+        if not self.end_token_ids and not words.any():  # complete, no end ids: end on EOS
             set_tokens(words, self._fallback_ids, True)
 
     # ------------------------------------------------------------ tokens
