@@ -205,7 +205,11 @@ def test_rollback_and_validate_tokens():
     assert not matcher.rollback(len(doc) + 1)
 
 
-def test_parallel_fill_equals_one_by_one():
+def test_parallel_fill_equals_one_by_one(monkeypatch):
+    import vsurge.structured.matcher as matcher_module
+
+    monkeypatch.setattr(matcher_module, "PARALLEL_MIN_ROWS", 2)  # take llguidance's threaded path
+    monkeypatch.setattr(matcher_module, "PARALLEL_MIN_CPUS", 1)
     p = processor()
     constraints = [{"json": FLAT}, {"regex": "[a-z]+"}, {"choice": ["x", "y"]}, {"json_object": True}]
     matchers = [compiler().matcher(c, [EOS]) for c in constraints]

@@ -20,6 +20,7 @@ allowed its model EOS rather than nothing, so a row is never all -inf.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Sequence
 
@@ -145,6 +146,7 @@ def _short(message: str) -> str:
     return message.strip().split("\n<state>")[0].strip()
 
 
+PARALLEL_MIN_ROWS, PARALLEL_MIN_CPUS = 8, 4
 _EXECUTOR = None
 _EXECUTOR_LOCK = threading.Lock()
 
@@ -162,9 +164,10 @@ def _executor():
 def fill_bitmasks(bitmask: np.ndarray, rows: Sequence[tuple[int, GrammarMatcher]]) -> None:
     """Fill the rows of several matchers at once; bitmask (B, ceil(V/32)) int32, C-contiguous.
 
-    rows: (row index, matcher) pairs. llguidance computes the masks on its own threads
-    without the GIL; rows not listed are left as they are (all ones for free rows)."""
-    if len(rows) <= 1:
+    rows: (row index, matcher) pairs; rows not listed are left as they are (all ones for free
+    rows). With enough rows and cores llguidance computes the masks on its own threads without
+    the GIL; on a 2-core machine threads cost more than they save (docs/structured_outputs.md)."""
+    if len(rows) < PARALLEL_MIN_ROWS or (os.cpu_count() or 1) < PARALLEL_MIN_CPUS:
         for row, matcher in rows:
             matcher.fill_bitmask(bitmask, row)
         return
