@@ -11,11 +11,12 @@ stop_token_ids). The matcher rewrites those bits in every row it fills: all of
 the request's end ids are allowed exactly when the output so far is complete,
 and none otherwise (so a stop token id that is also an ordinary token cannot cut
 the output short). When the grammar cannot go on at all (`is_finished` after an
-accept, e.g. the closing brace of an object), the engine ends the row with
-finish_reason "stop" without sampling an end token. A request with no end ids
-(ignore_eos and no stop_token_ids) therefore still ends when the grammar is done;
-one whose grammar is complete but could go on (a top-level number, `a+`) is
-allowed its model EOS rather than nothing, so a row is never all -inf.
+accept, e.g. the closing brace of an object), the next mask allows only the end
+ids, or the engine ends the row at once (finish_reason "stop") and saves that
+step. A request with no end ids (ignore_eos and no stop_token_ids) must be ended
+on `is_finished`; one whose grammar is complete but could go on (a top-level
+number, `a+`) is allowed its model EOS rather than nothing, so a row is never
+all -inf.
 """
 
 from __future__ import annotations
