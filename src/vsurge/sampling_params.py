@@ -1,7 +1,9 @@
 """SamplingParams: how one request is sampled, validated with the messages clients expect (vLLM's).
 
 Every numeric knob becomes a per-row array inside the compiled step
-(`ops.sampling.SamplingArrays`), so changing them never recompiles.
+(`ops.sampling.SamplingArrays`), so changing them never recompiles. A
+`structured` constraint (JSON schema, regex, choice, grammar, JSON object)
+becomes a per-row token bitmask filled on the host (`vsurge.structured`).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from .structured.spec import StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -31,6 +35,10 @@ class SamplingParams:
     skip_special_tokens: bool = True
     logprobs: int | None = None  # top alternatives returned per token (0 = just the chosen one)
     logit_bias: dict[int, float] | None = None
+    # The output must match this: a StructuredOutput or a dict of its fields, e.g.
+    # {"json": schema}, {"regex": r"\d+"}, {"choice": ["yes", "no"]}, {"grammar": lark},
+    # {"json_object": True}. Invalid constraints raise ValueError here.
+    structured: StructuredOutput | dict | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -81,6 +89,7 @@ class SamplingParams:
                 raise ValueError("logit_bias must map token ids to numbers.") from None
             if any(not -100.0 <= v <= 100.0 for v in self.logit_bias.values()):
                 raise ValueError("logit_bias values must be in [-100, 100].")
+        self.structured = StructuredOutput.coerce(self.structured)
         return self
 
     @property

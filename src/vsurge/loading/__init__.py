@@ -16,7 +16,7 @@ from .weights import assemble_weights, build_model
 
 log = logging.getLogger(__name__)
 
-__all__ = ["load", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
+__all__ = ["load", "load_processor", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
 
 
 def resolve_model_path(path: str | Path | None = "default") -> Path:
@@ -66,3 +66,15 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,
              config.num_params / 1e6, time.perf_counter() - start)
     return model, processor
+
+
+def load_processor(path: str | Path | None = "default") -> Processor:
+    """Only the processor (tokenizer + chat template) of a model: no weights are read.
+
+    For tokenizer work (grammar compilation, tests, benchmarks) where loading weights would waste seconds."""
+    p = resolve_model_path(path)
+    if p.is_dir():
+        return Processor.from_dir(p, extra_eos_token_ids=load_hf_config(p).eos_token_ids)
+    reader = open_gguf(p)
+    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    return Processor.from_gguf_metadata(fields, name_or_path=str(p))

@@ -136,5 +136,10 @@ def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:
         content = m.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        out.append({"role": m.role, "content": content or ""})
+        message = {"role": m.role, "content": content or ""}
+        extra = m.model_extra or {}
+        for key in ("tool_calls", "tool_call_id"):  # a tool-calling conversation's history
+            if extra.get(key) is not None:
+                message[key] = extra[key]
+        out.append(message)
     return out

@@ -10,6 +10,8 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .tool_prompt import inline_tools, template_supports_tools
+
 VALID_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -38,7 +40,11 @@ def _compile(template: str) -> jinja2.Template:
 
 
 def normalize_messages(messages) -> list[dict]:
-    """Check OpenAI-style messages; flatten text-part lists into one string."""
+    """Check OpenAI-style messages; flatten text-part lists into one string.
+
+    Assistant `tool_calls` are kept, their `function.arguments` turned from JSON text
+    (OpenAI's form) into objects (what HF templates expect: they write `arguments | tojson`);
+    a tool message keeps its `tool_call_id`."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise ChatTemplateError("messages must be a non-empty list of {'role', 'content'} objects")
     out = []
@@ -59,15 +65,47 @@ def normalize_messages(messages) -> list[dict]:
             content = "".join(texts)
         if not isinstance(content, str):
             raise ChatTemplateError(f"messages[{i}].content must be a string or a list of text parts")
-        out.append({**m, "content": content})
+        message = {**m, "content": content}
+        if m.get("tool_calls") is not None:
+            message["tool_calls"] = _normalize_tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+        if m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
+            raise ChatTemplateError(f"messages[{i}].tool_call_id must be a string")
+        out.append(message)
     return out
 
 
-def render_chat_template(template: str, messages, add_generation_prompt: bool = True, **variables) -> str:
+def _normalize_tool_calls(calls, where: str) -> list[dict]:
+    if not isinstance(calls, list):
+        raise ChatTemplateError(f"{where} must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ChatTemplateError(f"{where}[{j}] must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}")
+        arguments = function.get("arguments")
+        if arguments is None:
+            arguments = {}
+        elif isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError:
+                pass  # not JSON: the template gets the text as it is
+        out.append({**call, "type": call.get("type", "function"), "function": {**function, "arguments": arguments}})
+    return out
+
+
+def render_chat_template(template: str, messages, add_generation_prompt: bool = True, tools=None,
+                         **variables) -> str:
+    """tools: OpenAI tool objects. Passed to the template as `tools` when it uses them;
+    otherwise written into the system message (tokenizer/tool_prompt.py)."""
+    messages = normalize_messages(messages)
+    if tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        if template_supports_tools(template):
+            variables["tools"] = tools or None
+        else:
+            messages = inline_tools(messages, tools)
     try:
-        return _compile(template).render(
-            messages=normalize_messages(messages), add_generation_prompt=add_generation_prompt, **variables
-        )
+        return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt, **variables)
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:

@@ -5,9 +5,13 @@ from __future__ import annotations
 from .chat_template import normalize_messages
 
 
-def chat_prompt_ids(processor, messages) -> list[int]:
-    """Token ids of `messages` rendered with the chat template, ready for generation."""
-    text = processor.apply_chat_template(normalize_messages(messages), tokenize=False, add_generation_prompt=True)
+def chat_prompt_ids(processor, messages, tools: list[dict] | None = None) -> list[int]:
+    """Token ids of `messages` rendered with the chat template, ready for generation.
+
+    tools: OpenAI tool objects offered to the model (None: none)."""
+    extra = {"tools": tools} if tools is not None else {}
+    text = processor.apply_chat_template(normalize_messages(messages), tokenize=False, add_generation_prompt=True,
+                                         **extra)
     return list(processor.encode(text, add_special_tokens=False))
 
 

@@ -187,11 +187,13 @@ class Processor:
 
     # ------------------------------------------------------------ chat
     def apply_chat_template(self, messages, tokenize: bool = True, add_generation_prompt: bool = True,
-                            return_tensors: str | None = None, **variables):
+                            return_tensors: str | None = None, tools: list[dict] | None = None, **variables):
+        """tools: OpenAI tool objects (as HF's `tools=`); a template without tools support gets
+        them in its system message instead (tokenizer/tool_prompt.py)."""
         if not self.chat_template:
             raise ChatTemplateError(f"the tokenizer of {self.name_or_path!r} has no chat template")
         text = render_chat_template(
-            self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+            self.chat_template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "",
             pad_token=self.pad_token or "", unk_token=self.unk_token or "", **variables,
         )

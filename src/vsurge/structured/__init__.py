@@ -1,0 +1,1 @@
+"""Structured outputs and tool calling: constraints, grammar matchers, token bitmasks, tool-call parsers."""
