@@ -97,3 +97,19 @@ def dense_surge(default_model):
     s.start()
     yield s
     s.stop(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    """One persistent compilation cache for every server process of the session."""
+    return str(tmp_path_factory.mktemp("xla_cache"))
+
+
+@pytest.fixture(scope="session")
+def default_server(cache_dir):
+    """`vsurge serve` of the default model (a real process on loopback), shared by the server tests."""
+    from server_process import DEFAULT_SERVER_ARGS, ServerProcess
+
+    server = ServerProcess("default", *DEFAULT_SERVER_ARGS, cache_dir=cache_dir).wait_ready()
+    yield server
+    assert server.stop() == 0

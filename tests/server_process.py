@@ -13,6 +13,16 @@ import time
 import httpx
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+# The default model's server of the test suite: small enough to compile fast (conftest.default_server).
+DEFAULT_SERVER_ARGS = ("--max-concurrent-decodes", "8", "--max-length", "512", "--prefill-lengths", "64,128",
+                       "--max-queue", "128")
+
+
+def client_for(server, api_key="unused", **kw):
+    import openai
+
+    return openai.OpenAI(base_url=server.base + "/v1", api_key=api_key, max_retries=0, **kw)
 
 
 def free_port() -> int:

@@ -13,7 +13,7 @@ from vsurge import SamplingParams, vSurge, vSurgeRequest
 
 MAX_LENGTH = 256
 CHUNK = 32  # prompts of the chat template are ~35-60 tokens: most take two or more chunks
-PAGE = 16
+PAGE = 32
 PAGES = MAX_LENGTH // PAGE  # 256 tokens: one sequence at full length
 
 

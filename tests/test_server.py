@@ -13,27 +13,12 @@ import httpx
 import openai
 import pytest
 
-from server_process import ServerProcess
+from server_process import DEFAULT_NAME, ServerProcess, client_for
 from tiny_models import write_tiny_model
 
-DEFAULT_NAME = "SmolLM2-135M-Instruct"
 TINY_NAME = "tiny"
 API_KEY = "sk-test-123"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-@pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("xla_cache"))
-
-
-@pytest.fixture(scope="module")
-def default_server(cache_dir):
-    server = ServerProcess("default", "--max-concurrent-decodes", "8", "--max-length", "256",
-                           "--max-prefill-length", "128", "--prefill-lengths", "64,128", "--max-queue", "128",
-                           cache_dir=cache_dir).wait_ready()
-    yield server
-    assert server.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +35,6 @@ def tiny_server(tiny_dir, cache_dir):
                            "--prefill-lengths", "64", "--max-queue", "128", cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0
-
-
-def client_for(server, api_key="unused", **kw):
-    return openai.OpenAI(base_url=server.base + "/v1", api_key=api_key, max_retries=0, **kw)
 
 
 # ---------------------------------------------------------------- the default model, through openai
@@ -129,7 +110,7 @@ def test_models_tokenize_count(default_server):
     models = client_for(default_server).models.list()
     assert [m.id for m in models.data] == [DEFAULT_NAME]
     tok = default_server.post("/tokenize", json={"messages": FRANCE}).json()
-    assert tok["count"] == 37 and tok["max_model_len"] == 256
+    assert tok["count"] == 37 and tok["max_model_len"] == 512
     assert default_server.post("/detokenize", json={"tokens": tok["tokens"][-4:]}).json()["prompt"] == \
         "<|im_start|>assistant\n"
     assert default_server.post("/v1/count_tokens", json={"messages": FRANCE}).json()["count"] == 37
@@ -140,8 +121,8 @@ def test_models_tokenize_count(default_server):
 # ---------------------------------------------------------------- errors and bad input
 BAD_BODIES = [
     ({"model": "nope", "messages": FRANCE}, 404, "The model `nope` does not exist."),
-    ({"messages": FRANCE, "max_tokens": 250}, 400, "maximum context length is 256 tokens. However, you requested "
-                                                   "250 output tokens and your prompt contains 37 input tokens"),
+    ({"messages": FRANCE, "max_tokens": 500}, 400, "maximum context length is 512 tokens. However, you requested "
+                                                   "500 output tokens and your prompt contains 37 input tokens"),
     ({"messages": FRANCE, "temperature": -1}, 400, "temperature"),
     ({"messages": FRANCE, "top_p": 0}, 400, "top_p"),
     ({"messages": FRANCE, "top_k": -5}, 400, "top_k"),
@@ -150,7 +131,14 @@ BAD_BODIES = [
     ({"messages": []}, 400, "messages"),
     ({"messages": [{"role": "wizard", "content": "hi"}]}, 400, "role"),
     ({"messages": FRANCE, "stream_options": {"include_usage": True}}, 400, "stream_options"),
-    ({"messages": FRANCE, "tools": [{"type": "function"}]}, 501, "'tools' is not implemented"),
+    ({"messages": FRANCE, "functions": [{"name": "f"}]}, 501, "'functions' is not implemented"),
+    ({"messages": FRANCE, "tools": [{"type": "function"}]}, 400, "tools[0].function"),
+    ({"messages": FRANCE, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+        "type": "object", "properties": {"a": {"type": "nonsense"}}}}}}, 400, "invalid JSON schema"),
+    ({"messages": FRANCE, "guided_regex": "(unclosed"}, 400, "regex"),
+    ({"messages": FRANCE, "tool_choice": {"type": "function", "function": {"name": "nope"}},
+      "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]},
+     400, "nope"),
     ({"messages": FRANCE, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
     ({"messages": FRANCE, "seed": 2**70}, 400, "seed"),
     ({"messages": FRANCE, "stop": [""]}, 400, "stop cannot contain an empty string"),
@@ -165,6 +153,17 @@ def test_bad_chat_requests_get_openai_errors(default_server, body, status, messa
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert message in error["message"] and error["code"] == status and error["type"]
+
+
+def test_lone_surrogates_are_echoed_in_valid_json(default_server):
+    """A client string with a lone UTF-16 surrogate (valid JSON text, not valid Unicode) is echoed in
+    the error message without a 500: the error JSON escapes it."""
+    for body, status in (({"model": "\ud800bad", "messages": FRANCE}, 404),
+                         ({"messages": FRANCE, "response_format": {"type": "\udfff"}}, 400)):
+        r = default_server.post("/v1/chat/completions", content=json.dumps(body).encode("ascii"),
+                                headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        assert "\\ud" in r.text and r.json()["error"]["code"] == status
 
 
 def test_raw_garbage_then_a_good_request(default_server):

@@ -7,6 +7,7 @@ collide); the server exposes them all.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _COMPILE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -45,6 +46,16 @@ class EngineMetrics:
                                        labels, registry=r)
         self._prefix_hits = Counter("vsurge:prefix_cache_hits", "Prompt tokens found in the prefix cache",
                                     labels, registry=r)
+
+    def rename(self, model_name: str) -> None:
+        """Label every later series with `model_name` (the served name), dropping series recorded
+        under the old one (a server renames its models before they serve)."""
+        if model_name == self.model_name:
+            return
+        for metric in vars(self).values():
+            if isinstance(metric, MetricWrapperBase):
+                metric.clear()
+        self.model_name = model_name
 
     def _l(self, metric, **extra):
         return metric.labels(model_name=self.model_name, **extra)

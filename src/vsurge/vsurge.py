@@ -53,6 +53,7 @@ class vSurgeRequest:  # noqa: N801 (the seed's name)
     n: int = 1
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    structured: dict | None = None  # a StructuredOutput or its fields: {"json": schema}, {"regex": ...}, ...
 
     @classmethod
     def from_sampling_params(cls, prompt, sampling_params: SamplingParams) -> "vSurgeRequest":

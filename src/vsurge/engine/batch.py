@@ -13,7 +13,8 @@ import numpy as np
 from ..kv.paged import StepLayout
 from ..ops.sampling import SamplingArrays
 from .config import EOS_WIDTH
-from .programs import DecodeBatch, MixedBatch, bitmask_words
+from ..structured.bitmask import ALL_ALLOWED, bitmask_words
+from .programs import DecodeBatch, MixedBatch
 from .scheduler import StepPlan
 from .sequence import Sequence
 
@@ -36,10 +37,12 @@ class BatchBuilder:
         table[: len(pages)] = pages
         return table
 
-    def _bitmasks(self, rows: int, masks: dict[int, np.ndarray] | None) -> np.ndarray:
-        out = np.full((rows, self.words), -1, np.int32)
-        for row, mask in (masks or {}).items():
-            out[row] = mask
+    def _bitmasks(self, rows: int, masks: dict | None, row_of: dict) -> np.ndarray:
+        """(rows, ceil(V/32)) allowed-token bits; masks: sequence -> its row's bits (constrained rows)."""
+        out = np.full((rows, self.words), ALL_ALLOWED, np.int32)
+        for seq, mask in (masks or {}).items():
+            if seq in row_of:
+                out[row_of[seq]] = mask
         return out
 
     # ------------------------------------------------------------ decode
@@ -47,7 +50,7 @@ class BatchBuilder:
         """Pages the furthest row reads during the plan's steps."""
         return max(self._pages_for(len(s.tokens) - 1 + plan.num_steps - 1) for s in plan.decode)
 
-    def decode(self, plan: StepPlan, rows: int, window: int, masks=None) -> DecodeBatch:
+    def decode(self, plan: StepPlan, rows: int, window: int, masks: dict | None = None) -> DecodeBatch:
         d = len(plan.decode)
         tokens, positions = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         tables = np.zeros((rows, window), np.int32)
@@ -61,11 +64,12 @@ class BatchBuilder:
             ids = seq.request.eos_token_ids
             eos[i, : len(ids)] = ids
             budget[i] = len(seq.generated) + seq.tokens_left
+        row_of = {seq: i for i, seq in enumerate(plan.decode)}
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
-                           self._bitmasks(rows, masks), np.asarray(plan.num_steps if d else 0, np.int32))
+                           self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32))
 
     # ------------------------------------------------------------ mixed
-    def mixed(self, plan: StepPlan, decode_rows: int, masks=None) -> MixedBatch:
+    def mixed(self, plan: StepPlan, decode_rows: int, masks: dict | None = None) -> MixedBatch:
         rows_p, length = plan.chunk_shape
         d = decode_rows
         n, r = d + rows_p * length, d + rows_p
@@ -100,8 +104,10 @@ class BatchBuilder:
             samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
                             np.asarray(columns, np.int32))
+        row_of = {seq: i for i, seq in enumerate(plan.decode)}
+        row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
-                          self._bitmasks(r, masks))
+                          self._bitmasks(r, masks, row_of))
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int) -> DecodeBatch:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import time
 from functools import partial
@@ -102,12 +103,24 @@ class EngineCore:
         return jobs
 
     def compile(self, progress: bool = True) -> None:
-        """Compile every program the engine will run; nothing compiles after this."""
+        """Compile every program the engine will run, on one thread per core (XLA compiles without
+        the GIL); nothing compiles after this."""
+        from concurrent.futures import ThreadPoolExecutor, as_completed
+
         from tqdm.auto import tqdm
 
-        for job in tqdm(self.buckets(), desc=f"Compiling {type(self).__name__}", unit="program",
-                        disable=not progress):
-            self._program(job)
+        jobs = [job for job in self.buckets() if job not in self._compiled]
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool, \
+                tqdm(total=len(jobs), desc=f"Compiling {type(self).__name__}", unit="program",
+                     disable=not progress) as bar:
+            futures = {pool.submit(self._build, job): job for job in jobs}
+            for future in as_completed(futures):
+                program = future.result()
+                with self._compile_lock:
+                    self._compiled.setdefault(futures[future], program)
+                bar.update()
+        self.compile_seconds += time.perf_counter() - start
 
     def _program(self, key: tuple):
         with self._compile_lock:
@@ -151,9 +164,10 @@ class EngineCore:
                 seq.needs_setup = False
         return state
 
-    def step(self, state: EngineState, plan: StepPlan, masks: dict[int, np.ndarray] | None = None,
+    def step(self, state: EngineState, plan: StepPlan, masks: dict | None = None,
              graphstate=None, graphother=None) -> tuple[EngineState, StepOutput]:
-        """Run one plan. masks: row -> packed bitmask of allowed tokens (structured outputs)."""
+        """Run one plan. masks: sequence -> packed bits of its allowed next tokens (structured
+        outputs; `Scheduler.masks(plan)`)."""
         state = self.setup_slots(state, plan)
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphother is None else graphother

@@ -163,7 +163,7 @@ class Driver:
                 replica.wake.clear()
                 continue
             start = time.perf_counter()
-            state, out = engine.step(state, plan)
+            state, out = engine.step(state, plan, scheduler.masks(plan))
             host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
             self.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
             for seq, sample in scheduler.postprocess(plan, host):
@@ -175,7 +175,7 @@ class Driver:
                 request = replica.inbox.get_nowait()
             except queue.Empty:
                 return
-            seq = Sequence.of(request, replica.engine.processor)
+            seq = Sequence.of(request, replica.engine.processor, replica.engine.vocab_size)
             replica.live[request.request_id] = seq
             replica.scheduler.add(seq)
 

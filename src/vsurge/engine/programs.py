@@ -26,12 +26,7 @@ from flax import nnx
 
 from ..kv.paged import PagedAttentionCache, StepLayout
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
-
-BITMASK_BITS = 32
-
-
-def bitmask_words(vocab_size: int) -> int:
-    return -(-vocab_size // BITMASK_BITS)
+from ..structured.bitmask import apply_token_bitmask
 
 
 @jax.tree_util.register_dataclass
@@ -116,19 +111,11 @@ class HostStepOutput:
 
 
 # ------------------------------------------------------------ sampling
-def apply_bitmask(logits, bitmask):
-    """logits (B, V) f32, bitmask (B, ceil(V/32)) i32: bit j of word w allows token 32w + j."""
-    vocab = logits.shape[-1]
-    bits = (bitmask[:, :, None] >> jnp.arange(BITMASK_BITS, dtype=jnp.int32)) & 1  # (B, W, 32)
-    allowed = bits.reshape(bitmask.shape[0], -1)[:, :vocab].astype(bool)
-    return jnp.where(allowed, logits, -jnp.inf)
-
-
 def sample_rows(logits, slots: SlotState, rows, generated, bitmask):
     """One token per row. logits (R, V) f32; rows (R,) slot of each row; generated (R,) i32.
     Every optional stage (mask, penalties, bias) is skipped unless some row uses it."""
     p = jax.tree.map(lambda a: a[rows], slots.sampling)
-    logits = jax.lax.cond(jnp.any(bitmask != -1), apply_bitmask, lambda l, _: l, logits, bitmask)
+    logits = jax.lax.cond(jnp.any(bitmask != -1), apply_token_bitmask, lambda l, _: l, logits, bitmask)
     logits = jax.lax.cond(penalties_active(p),
                           lambda l: apply_penalties(l, slots.counts[rows], slots.prompt_mask[rows], p),
                           lambda l: l, logits)

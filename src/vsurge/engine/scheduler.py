@@ -144,7 +144,10 @@ class Scheduler:
         return decode
 
     def _decode_steps(self, decode: list[Sequence]) -> int:
-        """Steps one device call may run: bounded by what every row may still generate and by pages."""
+        """Steps one device call may run: bounded by what every row may still generate and by pages;
+        one when a row is constrained (its next mask depends on the token the host has not seen)."""
+        if any(seq.matcher is not None for seq in decode):
+            return 1
         steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
         if steps > 1 and not all(self.pool.reserve(seq.pages, len(seq.tokens) + steps - 1) for seq in decode):
             steps = 1  # pages already reserved stay with their sequences: they are used next steps
@@ -222,6 +225,19 @@ class Scheduler:
             return length
         return 0
 
+    def masks(self, plan: StepPlan) -> dict | None:
+        """Packed allowed-token bits of every constrained sequence that samples in `plan`."""
+        from ..structured.bitmask import allocate_bitmask
+        from ..structured.matcher import fill_bitmasks
+
+        sampling = [*plan.decode, *(c.seq for c in plan.chunks if c.samples)]
+        constrained = [seq for seq in sampling if seq.matcher is not None]
+        if not constrained:
+            return None
+        bits = allocate_bitmask(len(constrained), constrained[0].matcher.compiled.vocab_size)
+        fill_bitmasks(bits, list(enumerate(seq.matcher for seq in constrained)))
+        return {seq: bits[i] for i, seq in enumerate(constrained)}
+
     # ------------------------------------------------------------ results
     def postprocess(self, plan: StepPlan, out: HostStepOutput) -> list[tuple[Sequence, object]]:
         """Account a finished step: new tokens, text, finished sequences (freed), prefix-cache commits.
@@ -252,6 +268,8 @@ class Scheduler:
                 continue
             if seq in new:
                 sample = seq.output.add(new[seq], logprobs.get(seq))
+                if seq.matcher is not None and not seq.output.finished and self._grammar_done(seq, new[seq]):
+                    sample = _joined(sample, seq.output.abort("stop"))  # the constrained output is complete
                 if seq.output.finished:
                     self._release(seq)
                     seq.status = Status.FINISHED
@@ -261,9 +279,26 @@ class Scheduler:
                 self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
         return updates
 
+    @staticmethod
+    def _grammar_done(seq: Sequence, tokens: list[int]) -> bool:
+        """Feed new tokens to the sequence's grammar: True when it cannot go on (complete or failed)."""
+        for token in tokens:
+            if not seq.matcher.accept(token):
+                return True
+        return seq.matcher.is_finished
+
     # ------------------------------------------------------------ stats
     def slots_in_use(self) -> list[int]:
         return sorted(s.slot for s in self.running)
 
     def decoding(self) -> Seq[Sequence]:
         return [s for s in self.running if s.remaining == 1]
+
+
+def _joined(first, last):
+    """One update from two consecutive ones of the same sequence (the second ends it)."""
+    if first is None:
+        return last
+    return dataclasses.replace(last, text=first.text + last.text, token_ids=first.token_ids + last.token_ids,
+                               logprobs=(first.logprobs or []) + (last.logprobs or []) if first.logprobs else
+                               last.logprobs)

@@ -35,10 +35,18 @@ class Sequence:
     status: Status = Status.WAITING
     needs_setup: bool = False  # the engine must (re)load this slot's sampling state before its next step
     admitted_at: float | None = None
+    matcher: object | None = None  # a GrammarMatcher when the output is constrained (structured outputs)
 
     @classmethod
-    def of(cls, request: ActiveRequest, processor) -> "Sequence":
-        return cls(request, SequenceOutput(request, processor), list(request.prompt_ids), len(request.prompt_ids))
+    def of(cls, request: ActiveRequest, processor, vocab_size: int | None = None) -> "Sequence":
+        """vocab_size: the model's logits width (needed by constrained requests' matchers)."""
+        matcher = None
+        if request.params.structured is not None:
+            from ..structured.compiler import compiler_for
+
+            matcher = compiler_for(processor, vocab_size).matcher(request.params.structured, request.eos_token_ids)
+        return cls(request, SequenceOutput(request, processor), list(request.prompt_ids), len(request.prompt_ids),
+                   matcher=matcher)
 
     @property
     def seq_id(self) -> int:

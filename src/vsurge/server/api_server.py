@@ -8,6 +8,7 @@ readiness flips to 503, in-flight requests finish, then the process exits 0.
 from __future__ import annotations
 
 import logging
+import warnings
 import threading
 import time
 
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 
 from ..vsurge import vSurge
 from .app import build_app
+from .handlers import OpenAIHandlers
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +32,17 @@ class _EngineRegistries:
             yield from surge.metrics.registry.collect()
 
 
-class vSurgeApiServer:  # noqa: N801 (the seed's name)
+class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
+    """Serves one or more vSurge instances; its handler methods (chat_completions, completions,
+    count_tokens, available_inference, liveness, readiness) are the routes' bodies.
+
+    max_workers and oai_like_processor are the seed's arguments: tokenization of large inputs
+    runs in asyncio's default thread pool and chat templates are always OpenAI-style, so they have
+    no effect (a warning says so when they differ from the defaults). tool_call_parser: how
+    `tool_choice="auto"` outputs are parsed (hermes, llama3_json, or auto from the chat template)."""
+
     def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
-                 oai_like_processor: bool = True, api_key: str | None = None):
+                 oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto"):
         if vsurge_map is None:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
         if isinstance(vsurge_map, vSurge):
@@ -40,6 +50,11 @@ class vSurgeApiServer:  # noqa: N801 (the seed's name)
         if not vsurge_map:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
         self.surges: dict[str, vSurge] = dict(vsurge_map)
+        for name, surge in self.surges.items():
+            surge.metrics.rename(name)  # series carry the served name, as /v1/models shows it
+        if max_workers != 10 or oai_like_processor is not True:
+            warnings.warn("max_workers and oai_like_processor have no effect in vsurge", stacklevel=2)
+        self.tool_call_parser = tool_call_parser
         self.max_workers = max_workers
         self.oai_like_processor = oai_like_processor
         self.api_key = api_key

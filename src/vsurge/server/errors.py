@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from fastapi.responses import JSONResponse
 
 ERROR_TYPES = {
@@ -28,8 +30,16 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "code": status}}
 
 
+class EchoSafeJSONResponse(JSONResponse):
+    """JSON with non-ASCII escaped: error messages echo client input, which may hold lone UTF-16
+    surrogates that UTF-8 cannot encode; `\\udXXX` escapes are valid JSON for any string."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+    return EchoSafeJSONResponse(error_body(status, message, param), status_code=status, headers=headers)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:

@@ -69,22 +69,28 @@ class Formatter:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
                 "usage": usage(prompt_tokens, completion_tokens)}
 
-    def choice(self, index: int, text: str, finish_reason: str | None, logprobs) -> dict:
+    def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs,
+               tool_calls: list[dict] | None = None) -> dict:
         if self.kind == "chat":
-            return {"index": index, "message": {"role": "assistant", "content": text},
-                    "logprobs": self.chat_logprobs(logprobs), "finish_reason": finish_reason}
+            message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
+            return {"index": index, "message": message, "logprobs": self.chat_logprobs(logprobs),
+                    "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": self.completion_logprobs(logprobs),
                 "finish_reason": finish_reason}
 
     # ------------------------------------------------------------ stream chunks
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None, logprobs=None,
-              role: bool = False, text_offset: int = 0) -> dict:
+              role: bool = False, text_offset: int = 0, tool_calls: list[dict] | None = None) -> dict:
         if self.kind == "chat":
             delta: dict = {}
             if role:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice = {"index": index, "delta": delta, "logprobs": self.chat_logprobs(logprobs),
                       "finish_reason": finish_reason}
             obj = "chat.completion.chunk"

@@ -2,75 +2,51 @@
 
 Every (prompt, sample) pair is one choice. Streams are started ("primed")
 before any byte is sent, so a full queue or a bad value still gets a proper
-HTTP status instead of a broken stream.
+HTTP status instead of a broken stream. With tools, each chat choice's text
+goes through a tool-call parser: content and `tool_calls` (whole), or
+`delta.content` / `delta.tool_calls` pieces (streamed).
 """
 
 from __future__ import annotations
 
-import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from ..engine.request import ReturnSample
+from ..streams import merged_updates
+from ..structured.tools import finish_reason_with_calls
+from .errors import error_body
 from .formatting import SSE_DONE, Formatter, sse
-
-_END = object()
 
 
 class ChoiceStreams:
     """The merged updates of all prompts of one request; choice index = prompt * n + sample."""
 
-    def __init__(self, surge, prompts: list[list[int]], params, echo_texts: list[str] | None = None):
+    def __init__(self, surge, prompts: list[list[int]], params, echo_texts: list[str] | None = None,
+                 new_parser: Callable | None = None):
         self.surge = surge
         self.prompts = prompts
         self.params = params
         self.echo_texts = echo_texts
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.tasks: list[asyncio.Task] = []
+        self.new_parser = new_parser  # -> a fresh tool-call parser per choice, or None
+        self.submissions: list = []
         self.prompt_tokens = sum(len(p) for p in prompts)
 
     def start(self) -> None:
         """Submit every prompt; raises (before anything is sent) if one is refused."""
-        submissions = []
         try:
             for ids in self.prompts:
-                submissions.append(self.surge.submit(ids, self.params))
+                self.submissions.append(self.surge.submit(ids, self.params))
         except BaseException:
-            for sub in submissions:
+            for sub in self.submissions:
                 sub.cancel()
             raise
-        for i, sub in enumerate(submissions):
-            self.tasks.append(asyncio.create_task(self._pump(i, sub)))
-
-    async def _pump(self, prompt_index: int, submission) -> None:
-        gen = submission.updates()
-        try:
-            async for samples in gen:
-                await self.queue.put((prompt_index, samples))
-        except Exception as exc:  # noqa: BLE001: delivered to the response in order
-            await self.queue.put(exc)
-        finally:
-            await gen.aclose()
-            await self.queue.put(_END)
 
     async def updates(self) -> AsyncIterator[tuple[int, ReturnSample]]:
-        remaining = len(self.tasks)
-        try:
-            while remaining:
-                item = await self.queue.get()
-                if item is _END:
-                    remaining -= 1
-                    continue
-                if isinstance(item, BaseException):
-                    raise item
-                prompt_index, samples = item
-                for s in samples:
-                    yield prompt_index * self.params.n + s.index, s
-        finally:
-            self.close()
+        async for prompt_index, sample in merged_updates(self.submissions):
+            yield prompt_index * self.params.n + sample.index, sample
 
-    def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+    def parser(self):
+        return self.new_parser() if self.new_parser else None
 
 
 async def collect(streams: ChoiceStreams, fmt: Formatter) -> dict:
@@ -89,7 +65,10 @@ async def collect(streams: ChoiceStreams, fmt: Formatter) -> dict:
         if streams.echo_texts is not None:
             text = streams.echo_texts[index // streams.params.n] + text
         lp = logprobs.get(index, []) if streams.params.logprobs is not None else None
-        choices.append(fmt.choice(index, text, finals[index].finish_reason, lp))
+        parser = streams.parser()
+        content, calls = parser.parse(text) if parser else (text, [])
+        reason = finish_reason_with_calls(finals[index].finish_reason, calls)
+        choices.append(fmt.choice(index, content, reason, lp, calls))
     completion = sum(s.num_generated_tokens for s in finals.values())
     return fmt.response(choices, streams.prompt_tokens, completion)
 
@@ -98,27 +77,43 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
     """SSE body: chunks with `index` per choice, one finish_reason per choice, usage, [DONE]."""
     started: set[int] = set()
     offsets: dict[int, int] = {}
+    parsers: dict[int, object] = {}
     completion = 0
+
+    def pieces(index: int, text: str, final: bool):
+        """(content, tool_calls) deltas of this text: through the choice's parser when it has one."""
+        parser = parsers.get(index)
+        if parser is None:
+            return [(text, None)] if text else []
+        deltas = parser.feed(text) + (parser.finish() if final else [])
+        return [(d.get("content"), d.get("tool_calls")) for d in deltas]
+
     try:
         async for index, s in streams.updates():
-            first = index not in started
             text = s.text
-            if first:
+            if index not in started:
                 started.add(index)
+                if fmt.kind == "chat" and streams.new_parser:
+                    parsers[index] = streams.parser()
                 if streams.echo_texts is not None:
                     text = streams.echo_texts[index // streams.params.n] + text
                 if fmt.kind == "chat":  # the role arrives alone in the first chunk, as OpenAI does
                     yield sse(fmt.chunk(index, "", role=True))
-            if text or s.logprobs:
-                yield sse(fmt.chunk(index, text, logprobs=s.logprobs, text_offset=offsets.get(index, 0)))
-                offsets[index] = offsets.get(index, 0) + len(text)
-            if s.finish_reason is not None:
+            final = s.finish_reason is not None
+            deltas = pieces(index, text, final)
+            if s.logprobs and not deltas:
+                deltas = [("", None)]
+            for i, (content, calls) in enumerate(deltas):
+                lp = s.logprobs if i == 0 else None
+                yield sse(fmt.chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls))
+                offsets[index] = offsets.get(index, 0) + len(content or "")
+            if final:
                 completion += s.num_generated_tokens
-                yield sse(fmt.chunk(index, None if fmt.kind == "chat" else "", finish_reason=s.finish_reason))
+                parser = parsers.get(index)
+                reason = finish_reason_with_calls(s.finish_reason, parser.tool_calls if parser else [])
+                yield sse(fmt.chunk(index, None if fmt.kind == "chat" else "", finish_reason=reason))
         if include_usage:
             yield sse(fmt.usage_chunk(streams.prompt_tokens, completion))
     except Exception as exc:  # noqa: BLE001: the status line is gone; report in-band
-        from .errors import error_body
-
         yield sse(error_body(500, f"generation failed: {exc}"))
     yield SSE_DONE

@@ -16,8 +16,9 @@ MAX_STOP = 16
 TOP_LOGPROBS_LIMIT = 20
 
 # Fields clients may send that vsurge does not implement: a clear 501 beats silently ignoring them.
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format", "suffix",
-                      "prediction", "audio", "modalities", "best_of", "guided_json", "guided_regex")
+# (response_format, guided_*, structured_outputs, tools and tool_choice are read by
+# structured/openai_fields.py.)
+UNSUPPORTED_FIELDS = ("functions", "function_call", "suffix", "prediction", "audio", "modalities", "best_of")
 
 
 class TextPart(BaseModel):
@@ -112,6 +113,9 @@ class CountTokensRequest(BaseModel):
     messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
     prompt: Optional[StrictStr] = None
     text: Optional[StrictStr] = None
+
+
+CountTokenRequest = CountTokensRequest  # the seed's name
 
 
 class TokenizeRequest(BaseModel):

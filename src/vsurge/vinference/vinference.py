@@ -180,7 +180,7 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         bucket = self._buckets.get(*self._buckets.choose(batch, longest, self.model_prefill_length))
         engine = bucket.engine
         scheduler = engine.new_scheduler()
-        seqs = [EngineSequence.of(r, self.processor) for r in rows]
+        seqs = [EngineSequence.of(r, self.processor, engine.vocab_size) for r in rows]
         index = {seq: i for i, seq in enumerate(seqs)}
         for seq in seqs:
             scheduler.add(seq)
@@ -191,7 +191,8 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
                 while scheduler.has_work:
                     plan = scheduler.schedule()
                     tick = time.perf_counter()
-                    bucket.state, out = engine.step(bucket.state, plan, graphstate=graphstate, graphother=graphother)
+                    bucket.state, out = engine.step(bucket.state, plan, scheduler.masks(plan), graphstate=graphstate,
+                                                    graphother=graphother)
                     updates = scheduler.postprocess(plan, out.to_host(want_logprobs))
                     self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
                     yield (self._snapshot(seqs, bucket.prefill_length, start),
