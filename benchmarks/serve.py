@@ -1,14 +1,21 @@
-"""Serving benchmark: vsurge's server and llama-cpp-python's server, same model, same load, one run.
+"""Serving benchmark: `vsurge serve` (no flags) against llama.cpp's own server, same model, same loads, one run.
 
-Starts each server as a process on loopback, runs `vsurge bench serve` against
-it (32 concurrent streams of 128 tokens from 128-token prompts by default) and
-prints one markdown table. llama-cpp-python's server runs one request at a time.
-A last vsurge row runs the same requests in-process, without HTTP: the server's overhead.
-`--concurrency 1,16,32` runs one load per level on each server (that many prompts at once) and
-`--plot FILE.png` draws tok/s and TTFT against concurrency, one line per server (vsurge.bench_plot).
+The peer is llama.cpp's C++ `llama-server --parallel 32` (continuous batching),
+built from the llama.cpp sources of the llama-cpp-python sdist by
+../shared/peers/build-llama-server.sh when missing (~6-10 minutes, cached).
+Each server runs alone on the machine while it is measured. Loads, all with
+128-word random prompts, 128 greedy output tokens (end token banned), streamed
+with usage (`vsurge bench serve`):
 
-    python benchmarks/serve.py [--num-prompts 32] [--input-len 128] [--output-len 128] [--skip offline,llama.cpp]
-    python benchmarks/serve.py --concurrency 1,8,32 --plot serve.png
+    1 stream          4 requests one after another
+    16 / 32 conc.     16 / 32 requests at once
+    16 conc. shared   16 requests at once, all starting with the same ~500-word preamble
+
+It also times vsurge's start to readiness with a warm compilation cache, the
+first request after start-up, and prints the table with vsurge/llama-server
+ratios (`--write-readme` puts it into README.md).
+
+    python benchmarks/serve.py [--skip-llama] [--vsurge-args "--quantization int8"] [--write-readme]
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import random
+import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -27,11 +35,18 @@ from pathlib import Path
 
 import httpx
 
-from vsurge.bench_serve import (TABLE_HEADER, RequestResult, concurrency_levels, format_summary, random_prompt, run,
-                                 summarize)
+from vsurge.bench_serve import TABLE_HEADER, format_summary, run
 from vsurge.loading import default_model_path
 
+ROOT = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = ROOT.parent / "shared" / "peers" / "build-llama-server.sh"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+LOADS = [  # (name, prompts, max concurrency, shared preamble words)
+    ("1 stream", 4, 1, 0),
+    ("16 concurrent", 16, 16, 0),
+    ("32 concurrent", 32, 32, 0),
+    ("16 conc. + shared 500-word preamble", 16, 16, 500),
+]
 
 
 def free_port() -> int:
@@ -40,156 +55,129 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(proc, url: str, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {proc.log_path.read_text()[-2000:]}")
+def llama_server_binary() -> str:
+    found = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
+    return found.stdout.strip().splitlines()[-1]
+
+
+class Server:
+    """A server process on loopback; its output goes to a file (an unread pipe would block it)."""
+
+    def __init__(self, cmd: list[str], ready_path: str):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.ready_url = self.base + ready_path
+        self.log = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen([c.replace("{port}", str(self.port)) for c in cmd], env=ENV, stdout=self.log,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 1200) -> float:
+        """Seconds from start to ready."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-3000:]}")
+            try:
+                if httpx.get(self.ready_url, timeout=2).status_code == 200:
+                    return time.perf_counter() - self.started
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(self.ready_url)
+
+    def model(self) -> str:
+        return httpx.get(self.base + "/v1/models", timeout=30).json()["data"][0]["id"]
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(url)
-
-
-def loads(args) -> list[tuple[int, int, float, int | None]]:
-    """(concurrency, prompts, rate, max concurrency) of each load to run on every server."""
-    if args.concurrency:
-        return [(n, n, float("inf"), None) for n in args.concurrency]
-    level = min(args.num_prompts, args.max_concurrency or args.num_prompts)
-    return [(level, args.num_prompts, args.request_rate, args.max_concurrency)]
-
-
-def row_name(name: str, level: int, args) -> str:
-    return f"{name} @ {level}" if args.concurrency else name
-
-
-def serve_and_bench(name, cmd, ready_path, args) -> list[tuple[int, dict]]:
-    port = free_port()
-    # the server's output goes to a file: an unread pipe fills up and blocks a chatty server
-    log_file = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
-    proc = subprocess.Popen([c.replace("{port}", str(port)) for c in cmd], env=ENV, stdout=log_file,
-                            stderr=subprocess.STDOUT, text=True)
-    proc.log_path = Path(log_file.name)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_ready(proc, base + ready_path)
-        model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
-        asyncio.run(run(base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
-        points = []
-        for level, num_prompts, rate, max_concurrency in loads(args):
-            summary = asyncio.run(run(base, model, num_prompts, args.input_len, args.output_len, rate,
-                                      max_concurrency, None, 2))
-            print(format_summary(row_name(name, level, args), summary), flush=True)
-            points.append((level, summary))
-        return points
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
+            self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            self.proc.kill()
 
 
-def offline_bench(args, slots: int, length: int) -> list[tuple[int, dict]]:
-    """The same requests through vSurge in this process (no HTTP): what the server should add little to."""
-    import vsurge
-    from vsurge import SamplingParams, vSurge
+def measure(server: Server, args) -> dict:
+    model = server.model()
+    first = asyncio.run(run(server.base, model, 1, args.input_len, 16, float("inf"), 1, None, 2, seed=99))
+    results = {"first request TTFT s": first["ttft"]["median"]}
+    for name, prompts, concurrency, preamble in LOADS:
+        summary = asyncio.run(run(server.base, model, prompts, args.input_len, args.output_len, float("inf"),
+                                  concurrency, None, 2, shared_prefix_len=preamble))
+        print(format_summary(f"{server.name} · {name}", summary), flush=True)
+        results[name] = summary
+    return results
 
-    model, processor = vsurge.load("default", progress=False)
-    surge = vSurge.create_vdriver(model, processor, max_concurrent_decodes=slots, max_length=length,
-                                  max_prefill_length=args.input_len * 2, prefill_lengths=[args.input_len * 2],
-                                  max_queue=1024)
-    surge.compile()
-    surge.start()
 
-    async def one(prompt, tokens):  # mirrors bench_serve.one_request: eos banned, greedy, streamed
-        params = SamplingParams(max_tokens=tokens, temperature=0.0, logit_bias={2: -100.0})
-        start, first, last, count, itls = time.perf_counter(), None, None, 0, []
-        async for samples in surge.submit(processor.encode(prompt), params).updates():
-            if samples[0].token_ids:
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    itls.append(now - last)
-                last, count = now, count + len(samples[0].token_ids)
-        return RequestResult(True, first - start, last - start, count, itls)
+def vsurge_cmd(extra: str) -> list[str]:
+    return [sys.executable, "-m", "vsurge.cli", "serve", "--port", "{port}", "--metrics-port", "-1",
+            *shlex.split(extra)]
 
-    async def load(n, input_len, tokens):
-        rng = random.Random(0)  # the prompts bench_serve.run sends
-        prompts = [random_prompt(rng, input_len) for _ in range(n)]
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one(p, tokens) for p in prompts))
-        return summarize(results, time.perf_counter() - start)
 
-    points = []
-    try:
-        asyncio.run(load(2, 16, 4))  # warm-up
-        for level, num_prompts, _, _ in loads(args):
-            summary = asyncio.run(load(num_prompts, args.input_len, args.output_len))
-            print(format_summary(row_name(f"vsurge f32 in-process, no HTTP ({slots} slots)", level, args), summary),
-                  flush=True)
-            points.append((level, summary))
-    finally:
-        surge.stop()
-    return points
+def table(vs: dict, peer: dict | None, start_s: float, command: str) -> str:
+    lines = [f"`{command}`, default model, 128-word prompts, 128 output tokens, streamed; "
+             f"{time.strftime('%Y-%m-%d')}, this 2-core machine, one run.", "",
+             "| load | vsurge tok/s | llama-server tok/s | ratio | vsurge TTFT p50 s | llama-server TTFT p50 s | "
+             "TTFT ratio |", "|---|---|---|---|---|---|---|"]
+    for name, *_ in LOADS:
+        v = vs[name]
+        p = peer[name] if peer else None
+        tok = f"{p['output_throughput']:.1f}" if p else "-"
+        ratio = f"{v['output_throughput'] / p['output_throughput']:.2f}x" if p else "-"
+        ttft = f"{p['ttft']['median']:.2f}" if p else "-"
+        tratio = f"{v['ttft']['median'] / p['ttft']['median']:.2f}x" if p else "-"
+        lines.append(f"| {name} | {v['output_throughput']:.1f} | {tok} | {ratio} | {v['ttft']['median']:.2f} | "
+                     f"{ttft} | {tratio} |")
+    lines += ["", f"vsurge start to ready with a warm compilation cache: {start_s:.1f} s; "
+              f"first request after start-up: TTFT {vs['first request TTFT s']:.2f} s."]
+    return "\n".join(lines)
+
+
+def write_readme(text: str) -> None:
+    readme = ROOT / "README.md"
+    body = readme.read_text()
+    marker = re.compile(r"(<!-- serve-table -->\n).*?(\n<!-- /serve-table -->)", re.S)
+    readme.write_text(marker.sub(lambda m: m.group(1) + text + m.group(2), body))
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--request-rate", type=float, default=float("inf"))
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--skip", default="", help="comma-separated: offline, llama.cpp")
-    p.add_argument("--quantization", default="none,int8", help="vsurge runs ('' for none)")
-    p.add_argument("--concurrency", type=concurrency_levels, default=None, metavar="N[,N...]",
-                   help="one load per level, each N prompts at once (replaces --num-prompts)")
-    p.add_argument("--plot", default=None, metavar="FILE.png", help="tok/s and TTFT against concurrency")
+    p.add_argument("--vsurge-args", default="", help="extra `vsurge serve` flags (default: none, the fast path)")
+    p.add_argument("--skip-llama", action="store_true")
+    p.add_argument("--write-readme", action="store_true")
     args = p.parse_args(argv)
-    if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
-        p.error("--concurrency sends each level's prompts at once: drop --request-rate and --max-concurrency")
-    slots = max(level for level, *_ in loads(args))
-    series: dict[str, list[tuple[int, dict]]] = {}
-    length = args.input_len + args.output_len + 64
-    requests = f"concurrency {args.concurrency}" if args.concurrency else f"{args.num_prompts} requests"
-    print(f"\n{requests}, {args.input_len} prompt / {args.output_len} output tokens, "
-          f"rate {args.request_rate}, max concurrency {args.max_concurrency or 'none'}\n")
     print(TABLE_HEADER)
-    for q in filter(None, args.quantization.split(",")):
-        cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--port", "{port}", "--metrics-port", "-1",
-               "--max-concurrent-decodes", str(slots), "--max-length", str(length), "--max-prefill-length",
-               str(args.input_len * 2), "--prefill-lengths", str(args.input_len * 2), "--max-queue", "1024"]
-        if q != "none":
-            cmd += ["--quantization", q]
-        name = f"vsurge {'f32' if q == 'none' else q} ({slots} slots)"
-        series[name] = serve_and_bench(name, cmd, "/readiness", args)
-    if "offline" not in args.skip and args.request_rate == float("inf") and args.max_concurrency is None:
-        series["vsurge f32 in-process"] = offline_bench(args, slots, length)
-    if "llama.cpp" not in args.skip:
+    # vsurge: a first start fills the compilation cache, the second is timed warm
+    warmup = Server(vsurge_cmd(args.vsurge_args), "/readiness")
+    cold = warmup.wait_ready()
+    warmup.stop()
+    server = Server(vsurge_cmd(args.vsurge_args), "/readiness")
+    server.name = "vsurge"
+    warm = server.wait_ready()
+    print(f"vsurge ready in {cold:.1f} s (first start), {warm:.1f} s (warm compilation cache)", flush=True)
+    try:
+        vs = measure(server, args)
+    finally:
+        server.stop()
+    peer = None
+    if not args.skip_llama:
+        binary = llama_server_binary()
+        llama = Server([binary, "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", "{port}",
+                        "-np", "32", "-c", "32768", "-t", str(os.cpu_count() or 2)], "/health")
+        llama.name = "llama-server"
+        llama.wait_ready()
         try:
-            import llama_cpp.server  # noqa: F401
-        except ImportError:
-            print("(llama-cpp-python[server] is not installed)")
-            return plot(series, args)
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(default_model_path()), "--host", "127.0.0.1",
-               "--port", "{port}", "--n_threads", str(os.cpu_count()), "--n_ctx", "4096",
-               "--interrupt_requests", "False"]  # by default a new request aborts the running one
-        series["llama-cpp-python server (Q4_1)"] = serve_and_bench("llama-cpp-python server (Q4_1)", cmd,
-                                                                   "/v1/models", args)
-    return plot(series, args)
-
-
-def plot(series, args) -> int:
-    if args.plot:
-        from vsurge.bench_plot import plot_summaries
-
-        title = f"{args.input_len} prompt / {args.output_len} output tokens per request"
-        print(f"\nplot: {plot_summaries(series, args.plot, title)}")
+            peer = measure(llama, args)
+        finally:
+            llama.stop()
+    command = "python benchmarks/serve.py" + (f" --vsurge-args {shlex.quote(args.vsurge_args)}"
+                                              if args.vsurge_args else "")
+    text = table(vs, peer, warm, command)
+    print("\n" + text)
+    if args.write_readme:
+        write_readme(text)
     return 0
 
 

@@ -88,7 +88,7 @@ class MockEngine:
     def init_state(self):
         return {}
 
-    def step(self, state, plan):
+    def step(self, state, plan, masks=None):
         self.calls["step"] += 1
         if self.fail_on.get("step") == self.calls["step"]:
             raise RuntimeError("injected step failure")

@@ -80,9 +80,12 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 
 
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
-              max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0) -> dict:
+              max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
+              shared_prefix_len: int = 0) -> dict:
+    """shared_prefix_len: words of one preamble every prompt starts with (a system prompt)."""
     rng = random.Random(seed)
-    prompts = [random_prompt(rng, input_len) for _ in range(num_prompts)]
+    preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""
+    prompts = [preamble + random_prompt(rng, input_len) for _ in range(num_prompts)]
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or num_prompts)
@@ -168,6 +171,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name (default: each server's first model)")
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--shared-prefix-len", type=int, default=0,
+                   help="words of a preamble every prompt starts with (prefix caching workload)")
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf = all at once")
     p.add_argument("--max-concurrency", type=int, default=None)
@@ -213,7 +218,7 @@ def main_from_args(args) -> int:
         model = args.model or first_model(url, args.api_key)
         for suffix, level, num_prompts, rate, max_concurrency in loads:
             summary = asyncio.run(run(url, model, num_prompts, args.input_len, args.output_len, rate,
-                                      max_concurrency, args.api_key, eos))
+                                      max_concurrency, args.api_key, eos, shared_prefix_len=args.shared_prefix_len))
             series.setdefault(label, []).append((level, summary))
             records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
             failed += summary["failed"]

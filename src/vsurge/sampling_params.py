@@ -39,6 +39,8 @@ class SamplingParams:
     # {"json": schema}, {"regex": r"\d+"}, {"choice": ["yes", "no"]}, {"grammar": lark},
     # {"json_object": True}. Invalid constraints raise ValueError here.
     structured: StructuredOutput | dict | None = None
+    # Prompt-lookup draft tokens per step for this (greedy) request; None = the engine's setting.
+    speculative_tokens: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -90,6 +92,9 @@ class SamplingParams:
             if any(not -100.0 <= v <= 100.0 for v in self.logit_bias.values()):
                 raise ValueError("logit_bias values must be in [-100, 100].")
         self.structured = StructuredOutput.coerce(self.structured)
+        if self.speculative_tokens is not None and (not _is_int(self.speculative_tokens)
+                                                    or not 0 <= self.speculative_tokens <= 16):
+            raise ValueError(f"speculative_tokens must be in [0, 16], got {self.speculative_tokens}.")
         return self
 
     @property

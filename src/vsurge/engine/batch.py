@@ -47,26 +47,33 @@ class BatchBuilder:
 
     # ------------------------------------------------------------ decode
     def decode_window(self, plan: StepPlan) -> int:
-        """Pages the furthest row reads during the plan's steps."""
-        return max(self._pages_for(len(s.tokens) - 1 + plan.num_steps - 1) for s in plan.decode)
+        """Pages the furthest row reads during the plan's steps (drafts included)."""
+        return max(self._pages_for(len(s.tokens) - 1 + max(plan.num_steps - 1, len(plan.drafts.get(s, ()))))
+                   for s in plan.decode)
 
-    def decode(self, plan: StepPlan, rows: int, window: int, masks: dict | None = None) -> DecodeBatch:
+    def decode(self, plan: StepPlan, rows: int, window: int, masks: dict | None = None,
+               dynamic: bool = False) -> DecodeBatch:
+        """dynamic: the program loops over as many page columns as the rows need (not all `window`)."""
         d = len(plan.decode)
         tokens, positions = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         tables = np.zeros((rows, window), np.int32)
         slots = np.full(rows, self.spare, np.int32)
         generated, active = np.zeros(rows, np.int32), np.zeros(rows, bool)
         eos, budget = np.full((rows, EOS_WIDTH), -1, np.int32), np.ones(rows, np.int32)
-        for i, seq in enumerate(plan.decode):
-            tokens[i], positions[i] = seq.tokens[-1], len(seq.tokens) - 1
+        rows_of = [(seq, seq.tokens[-1], 0) for seq in plan.decode]
+        rows_of += [(seq, token, i + 1) for seq, i, token in plan.draft_rows]  # drafts: later positions
+        for i, (seq, token, ahead) in enumerate(rows_of):
+            tokens[i], positions[i] = token, len(seq.tokens) - 1 + ahead
             tables[i] = self._table(seq, window)
-            slots[i], generated[i], active[i] = seq.slot, len(seq.generated), True
+            slots[i], generated[i], active[i] = seq.slot, len(seq.generated) + ahead, True
             ids = seq.request.eos_token_ids
             eos[i, : len(ids)] = ids
             budget[i] = len(seq.generated) + seq.tokens_left
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
+        columns = np.asarray(self.decode_window(plan) if d else 1, np.int32) if dynamic else None
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
-                           self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32))
+                           self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
+                           columns)
 
     # ------------------------------------------------------------ mixed
     def mixed(self, plan: StepPlan, decode_rows: int, masks: dict | None = None) -> MixedBatch:
@@ -110,8 +117,8 @@ class BatchBuilder:
                           self._bitmasks(r, masks, row_of))
 
     # ------------------------------------------------------------ shapes to compile
-    def decode_spec(self, rows: int, window: int) -> DecodeBatch:
-        return self.decode(StepPlan(), rows, window)
+    def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:
+        return self.decode(StepPlan(), rows, window, dynamic=dynamic)
 
     def mixed_spec(self, decode_rows: int, shape: tuple[int, int]) -> MixedBatch:
         return self.mixed(StepPlan(chunk_shape=shape), decode_rows)

@@ -48,6 +48,8 @@ class EngineConfig:
     num_pages: int | None = None  # paged engine's pool; None = sized from free memory
     hbm_utilization: float = 0.6  # fraction of the free memory the pool may take
     enable_prefix_caching: bool = True
+    speculative_tokens: int = 0  # prompt-lookup drafts per greedy sequence and step (0 = off)
+    speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
     # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
     row_buckets: tuple[int, ...] = ()  # decode rows of decode programs
@@ -108,28 +110,40 @@ class EngineConfig:
         bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free)."""
         if self.row_buckets:
             return sorted(self.row_buckets)
-        return sorted({*_powers(2, self.max_slots), max(2, self.max_slots)})
+        most = max(self.max_slots, self.speculative_rows if self.speculative_tokens else 0)
+        return sorted({*_powers(2, most), max(2, most)})
 
     @property
     def mixed_decode_rows(self) -> list[int]:
-        """Decode rows of steps that also prefill: 0, 2, 8, 32, ... and max_slots (coarser than
-        decode_rows: such a step's cost is mostly its prompt tokens)."""
+        """Decode rows of steps that also prefill: 0, max_slots, and every quarter of it down to 32
+        (coarser than decode_rows: such a step's cost is mostly its prompt tokens)."""
         if self.prefill_first:
             return [0]
-        return sorted({0, *_powers(2, self.max_slots, 4), max(2, self.max_slots)})
+        rows, n = {0, max(2, self.max_slots)}, self.max_slots // 4
+        while n >= 32:
+            rows.add(n)
+            n //= 4
+        return sorted(rows)
 
     @property
     def chunk_shapes(self) -> list[tuple[int, int]]:
         """(rows, tokens per row) of the prompt part of a step, each about `prefill_tokens` tokens."""
-        lengths = self.chunk_lengths or tuple(n for n in (self.prefill_tokens, self.prefill_tokens // 4,
-                                                          self.prefill_tokens // 16) if n >= 16)
+        # rows of 1/16 of the budget pack short prompts; one full-budget row takes long ones with
+        # one gather of their pages per step
+        lengths = self.chunk_lengths or tuple(n for n in (self.prefill_tokens, self.prefill_tokens // 16) if n >= 16)
         rows_cap = self.max_prefill_rows or self.prefill_tokens
         return sorted({(max(1, min(self.prefill_tokens // n, rows_cap)), n) for n in lengths}, key=lambda s: s[1])
 
     @property
     def page_windows(self) -> list[int]:
-        """Pages a decode row may read: enough for 256, 512, 1024, ... tokens, and for max_length."""
+        """Pages a decode row may read: enough for 256 and 512 tokens (the page columns unrolled in
+        the program: fastest for short contexts), and max_length (`dynamic_window`: a loop over as
+        many columns as the step needs, which costs nothing extra once a row reads 8+ pages)."""
         if self.window_buckets:
             return sorted(self.window_buckets)
         last = self.pages_per_sequence
-        return sorted({min(last, math.ceil(t / self.page_size)) for t in _powers(256, self.max_length)} | {last})
+        return sorted({min(last, math.ceil(t / self.page_size)) for t in (256, 512)} | {last})
+
+    def dynamic_window(self, window: int) -> bool:
+        """Decode programs of this window loop over page columns instead of unrolling them."""
+        return window == self.pages_per_sequence and window > math.ceil(512 / self.page_size)

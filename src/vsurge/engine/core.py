@@ -147,7 +147,8 @@ class EngineCore:
             _, rows, window = key
             fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
                          donate_argnums=(2,))
-            return fn.lower(gs, go, state, _abstract(self.batches.decode_spec(rows, window))).compile()
+            spec = self.batches.decode_spec(rows, window, self.config.dynamic_window(window))
+            return fn.lower(gs, go, state, _abstract(spec)).compile()
         _, rows, shape = key
         fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,))
         return fn.lower(gs, go, state, _abstract(self.batches.mixed_spec(rows, shape))).compile()
@@ -177,8 +178,8 @@ class EngineCore:
             batch = self.batches.mixed(plan, rows, masks)
             state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
             return state, dataclasses.replace(out, chunk_offset=rows)
-        rows = next(n for n in c.decode_rows if n >= len(plan.decode))
+        rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
         needed = self.batches.decode_window(plan)
         window = next(w for w in c.page_windows if w >= needed)
-        batch = self.batches.decode(plan, rows, window, masks)
+        batch = self.batches.decode(plan, rows, window, masks, c.dynamic_window(window))
         return self._program(("decode", rows, window))(gs, go, state, batch)

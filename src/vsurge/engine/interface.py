@@ -42,5 +42,6 @@ class Engine(Protocol):
     def init_state(self) -> Any:
         """The device state (KV pages and per-slot sampling state), empty."""
 
-    def step(self, state: Any, plan: StepPlan) -> tuple[Any, StepResult]:
-        """Run one plan: the state is consumed (donated) and a new one returned."""
+    def step(self, state: Any, plan: StepPlan, masks: dict | None = None) -> tuple[Any, StepResult]:
+        """Run one plan: the state is consumed (donated) and a new one returned. masks: sequence ->
+        packed bits of its allowed next tokens (`Scheduler.masks(plan)`, structured outputs)."""

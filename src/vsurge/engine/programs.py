@@ -64,6 +64,7 @@ class DecodeBatch:
     budget: np.ndarray  # (D,) i32 tokens the row may still generate
     bitmask: np.ndarray  # (D, ceil(V/32)) i32 allowed next tokens (-1 = all)
     num_steps: np.ndarray  # () i32 steps to run (1 when a row is constrained)
+    num_columns: np.ndarray | None = None  # () i32: loop over this many page columns (None: all W, unrolled)
 
 
 @jax.tree_util.register_dataclass
@@ -155,8 +156,9 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
         step, state, tokens, positions, generated, active, out = carry
         column = jnp.minimum(positions // ps, batch.tables.shape[1] - 1)
         page = batch.tables[rows, column]
+        columns = None if batch.num_columns is None else jnp.maximum(batch.num_columns, jnp.max(column) + 1)
         layout = StepLayout(jnp.where(active, page * ps + positions % ps, skip), batch.tables,
-                            jnp.where(active, positions, -1)[:, None], *empty_chunks)
+                            jnp.where(active, positions, -1)[:, None], *empty_chunks, columns)
         hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
         hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
         logits = model.logits(hidden[0])  # (D, V)

@@ -24,6 +24,7 @@ import dataclasses
 import heapq
 from typing import Protocol, Sequence as Seq
 
+from . import speculation
 from .config import EngineConfig
 from .sequence import Sequence, Status
 
@@ -59,6 +60,16 @@ class StepPlan:
     chunks: list[ChunkRow] = dataclasses.field(default_factory=list)  # prompt rows, in order
     chunk_shape: tuple[int, int] | None = None  # (rows, tokens per row) of the prompt part
     num_steps: int = 1  # decode steps the device runs (decode-only plans)
+    drafts: dict = dataclasses.field(default_factory=dict)  # sequence -> speculative tokens (extra rows)
+
+    @property
+    def draft_rows(self) -> list[tuple[Sequence, int, int]]:
+        """(sequence, draft index, token) of the rows after the decode rows, in row order."""
+        return [(seq, i, token) for seq, tokens in self.drafts.items() for i, token in enumerate(tokens)]
+
+    @property
+    def decode_row_count(self) -> int:
+        return len(self.decode) + sum(len(t) for t in self.drafts.values())
 
     @property
     def empty(self) -> bool:
@@ -122,9 +133,25 @@ class Scheduler:
             # every running prompt waits for pages the others hold: recompute the newest later
             self._preempt(self.running[-1])
             return self.schedule()
-        if not plan.chunks and decode and not self.waiting:
-            plan.num_steps = self._decode_steps(decode)
+        if not plan.chunks and decode:
+            self._speculate(plan)
+            if not self.waiting and not plan.drafts:
+                plan.num_steps = self._decode_steps(decode)
         return plan
+
+    def _speculate(self, plan: StepPlan) -> None:
+        """Prompt-lookup drafts for greedy rows while the step stays small (speculation.py)."""
+        room = min(self.config.speculative_rows, self.config.decode_rows[-1]) - len(plan.decode)
+        for seq in plan.decode:
+            k = seq.request.params.speculative_tokens
+            k = self.config.speculative_tokens if k is None else k
+            k = min(k, room, seq.tokens_left - 1)
+            if k <= 0 or not speculation.eligible(seq):
+                continue
+            drafts = speculation.propose(seq.tokens, k)
+            if drafts and self.pool.reserve(seq.pages, len(seq.tokens) + len(drafts)):
+                plan.drafts[seq] = drafts
+                room -= len(drafts)
 
     def _schedule_decodes(self) -> list[Sequence]:
         """Running sequences with one token to compute; preempts the newest when pages run out."""
@@ -253,7 +280,17 @@ class Scheduler:
                 chosen, ids, values = out.logprobs
                 logprobs.setdefault(seq, []).append((chosen[k][row], ids[k][row], values[k][row]))
 
+        draft_row = len(plan.decode)
         for row, seq in enumerate(plan.decode):
+            drafts = plan.drafts.get(seq)
+            if drafts:  # the row's token, then one row per draft: keep what verification accepts
+                rows = [row, *range(draft_row, draft_row + len(drafts))]
+                draft_row += len(drafts)
+                kept = speculation.accepted([int(out.tokens[0][r]) for r in rows], drafts)
+                for r in rows[: len(kept)]:
+                    seq.num_computed += 1
+                    take(seq, 0, r)
+                continue
             for k in range(len(out.tokens)):
                 if out.valid[k][row]:
                     seq.num_computed += 1
