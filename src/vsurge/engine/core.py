@@ -4,6 +4,10 @@ vEngine (dense: a fixed run of pages per slot) and oEngine (paged: pages on
 demand, prefix caching, preemption) are this class with different page pools.
 Every program is compiled by `compile()` (a progress bar; the persistent
 compilation cache makes restarts fast), so nothing compiles while serving.
+The engine runs where the model's weights are: on their mesh (sharding.py),
+every program gets explicit shardings (KV cache split over KV heads, host
+inputs and outputs replicated) and XLA partitions it; otherwise on the default
+device.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..sharding import mesh_of, replicated, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import programs
 from .batch import BatchBuilder
@@ -44,6 +49,7 @@ class EngineCore:
         self.config = config
         self.pool = pool
         self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
+        self.mesh = mesh_of(model)  # None: the default device
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence)
         self._rng = np.random.default_rng(config.seed)
@@ -121,22 +127,36 @@ class EngineCore:
         return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots)
 
+    def _shardings(self, kind: str, state) -> dict:
+        """jax.jit's in/out shardings of a program on the model's mesh ({} on one device)."""
+        if self.mesh is None:
+            return {}
+        kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
+        if kind == "init":
+            return dict(out_shardings=kv)
+        if kind == "set_slot":
+            return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
+        weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
+                   jax.tree.map(lambda x: x.sharding, self.graphother))
+        return dict(in_shardings=(*weights, kv, rep), out_shardings=(kv, rep))
+
     def _build(self, key: tuple):
         kind = key[0]
         state = jax.eval_shape(self._empty_state)
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)
+        shardings = self._shardings(kind, state)
         if kind == "init":
-            return jax.jit(self._empty_state).lower().compile()
+            return jax.jit(self._empty_state, **shardings).lower().compile()
         if kind == "set_slot":
             arrays = self.batches.slot_arrays_spec()
-            return jax.jit(programs.set_slot, donate_argnums=(0,)).lower(state, *arrays).compile()
+            return jax.jit(programs.set_slot, donate_argnums=(0,), **shardings).lower(state, *arrays).compile()
         if kind == "decode":
             _, rows, window = key
             fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
-                         donate_argnums=(2,))
+                         donate_argnums=(2,), **shardings)
             return fn.lower(gs, go, state, _abstract(self.batches.decode_spec(rows, window))).compile()
         _, rows, shape = key
-        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,))
+        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,), **shardings)
         return fn.lower(gs, go, state, _abstract(self.batches.mixed_spec(rows, shape))).compile()
 
     # ------------------------------------------------------------ running
