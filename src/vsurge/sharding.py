@@ -217,6 +217,23 @@ def place_state(state, mesh: Mesh | None):
     return state if mesh is None else jax.device_put(state, state_shardings(state, mesh))
 
 
+def create_state(make, mesh: Mesh | None):
+    """Run `make()` (a function building a state or cache of zeros) straight into its shardings
+    on `mesh`: no device ever holds the whole state. Without a mesh, just `make()`."""
+    if mesh is None:
+        return make()
+    return jax.jit(make, out_shardings=state_shardings(jax.eval_shape(make), mesh))()
+
+
+def kv_page_shards(model) -> int:
+    """Into how many device memories one KV page is split: the tensor-parallel size on
+    accelerators; 1 on CPU, where every (virtual) device shares the host's memory."""
+    mesh = mesh_of(model)
+    if mesh is None or mesh.devices.flat[0].platform == "cpu":
+        return 1
+    return tensor_parallel_size(mesh)
+
+
 def per_device_bytes(arrays) -> dict:
     """device -> bytes of the given arrays' shards held there."""
     out: dict = {}
