@@ -56,6 +56,9 @@ class EngineCore:
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
         self.compile_seconds = 0.0
+        # on_call(key, program, *args) runs every program call when set: the multi-host leader
+        # publishes the call to the followers first (engine/multihost.py)
+        self.on_call = None
 
     def new_scheduler(self) -> Scheduler:
         return Scheduler(self.pool, self.config)
@@ -121,7 +124,8 @@ class EngineCore:
                 start = time.perf_counter()
                 self._compiled[key] = self._build(key)
                 self.compile_seconds += time.perf_counter() - start
-            return self._compiled[key]
+            program = self._compiled[key]
+        return program if self.on_call is None else partial(self.on_call, key, program)
 
     def _empty_state(self) -> EngineState:
         return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
