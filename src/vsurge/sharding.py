@@ -225,6 +225,33 @@ def create_state(make, mesh: Mesh | None):
     return jax.jit(make, out_shardings=state_shardings(jax.eval_shape(make), mesh))()
 
 
+def row_shardings(batch, mesh: Mesh, spec: PartitionSpec | None):
+    """Shardings of a step's host inputs: replicated, or with `spec` (vInference's
+    input_partition_spec) the leading (row) axis of every input split over the mesh axes of
+    spec[0], where they divide it evenly."""
+    rows = None if spec is None or len(spec) == 0 else spec[0]
+    names = () if rows is None else (rows if isinstance(rows, tuple) else (rows,))
+    size = math.prod(mesh.shape[n] for n in names)
+
+    def one(x):
+        if names and x.ndim and x.shape[0] % size == 0:
+            return NamedSharding(mesh, PartitionSpec(rows))
+        return replicated(mesh)
+
+    return jax.tree.map(one, batch)
+
+
+def check_input_partition_spec(spec, mesh: Mesh | None) -> None:
+    """A PartitionSpec naming only axes of `mesh` (vInference's input_partition_spec)."""
+    if spec is None or mesh is None:
+        return
+    names = [n for entry in spec if entry is not None for n in (entry if isinstance(entry, tuple) else (entry,))]
+    unknown = [n for n in names if n not in mesh.shape]
+    if unknown:
+        raise ValueError(f"input_partition_spec {spec} names mesh axes {unknown} that the model's mesh "
+                         f"{dict(mesh.shape)} does not have")
+
+
 def kv_page_shards(model) -> int:
     """Into how many device memories one KV page is split: the tensor-parallel size on
     accelerators; 1 on CPU, where every (virtual) device shares the host's memory."""

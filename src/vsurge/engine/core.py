@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..sharding import mesh_of, replicated, state_shardings
+from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import programs
 from .batch import BatchBuilder
@@ -50,6 +50,7 @@ class EngineCore:
         self.pool = pool
         self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
         self.mesh = mesh_of(model)  # None: the default device
+        self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence)
         self._rng = np.random.default_rng(config.seed)
@@ -131,7 +132,7 @@ class EngineCore:
         return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots)
 
-    def _shardings(self, kind: str, state) -> dict:
+    def _shardings(self, kind: str, state, batch=None) -> dict:
         """jax.jit's in/out shardings of a program on the model's mesh ({} on one device)."""
         if self.mesh is None:
             return {}
@@ -142,26 +143,29 @@ class EngineCore:
             return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
         weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
                    jax.tree.map(lambda x: x.sharding, self.graphother))
-        return dict(in_shardings=(*weights, kv, rep), out_shardings=(kv, rep))
+        inputs = row_shardings(batch, self.mesh, self.input_partition_spec)
+        return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
 
     def _build(self, key: tuple):
         kind = key[0]
         state = jax.eval_shape(self._empty_state)
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)
-        shardings = self._shardings(kind, state)
         if kind == "init":
-            return jax.jit(self._empty_state, **shardings).lower().compile()
+            return jax.jit(self._empty_state, **self._shardings(kind, state)).lower().compile()
         if kind == "set_slot":
             arrays = self.batches.slot_arrays_spec()
-            return jax.jit(programs.set_slot, donate_argnums=(0,), **shardings).lower(state, *arrays).compile()
+            fn = jax.jit(programs.set_slot, donate_argnums=(0,), **self._shardings(kind, state))
+            return fn.lower(state, *arrays).compile()
         if kind == "decode":
             _, rows, window = key
+            batch = _abstract(self.batches.decode_spec(rows, window))
             fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
-                         donate_argnums=(2,), **shardings)
-            return fn.lower(gs, go, state, _abstract(self.batches.decode_spec(rows, window))).compile()
+                         donate_argnums=(2,), **self._shardings(kind, state, batch))
+            return fn.lower(gs, go, state, batch).compile()
         _, rows, shape = key
-        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,), **shardings)
-        return fn.lower(gs, go, state, _abstract(self.batches.mixed_spec(rows, shape))).compile()
+        batch = _abstract(self.batches.mixed_spec(rows, shape))
+        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,), **self._shardings(kind, state, batch))
+        return fn.lower(gs, go, state, batch).compile()
 
     # ------------------------------------------------------------ running
     def init_state(self) -> EngineState:
