@@ -117,7 +117,34 @@ def check_engines(path):
     generator = [greedy_generate(tp4, ids, 10) for ids in prompts]
     print("RESULT " + json.dumps({"reference": reference, "dense_tp2": dense, "paged_tp4": paged_out,
                                   "generator_tp4": generator, "state_specs": sorted(state_specs),
-                                  "paged_mesh": dict(mesh_of(tp4).shape)}), flush=True)
+                                  "paged_mesh": dict(mesh_of(tp4).shape),
+                                  "prefix_spec": str(paged.engine.get_prefix_destination_sharding().spec),
+                                  **vinference_on_data_and_model(path, model, processor)}), flush=True)
+
+
+def vinference_on_data_and_model(path, model, processor) -> dict:
+    """vInference on a (data 2, model 2) mesh with input_partition_spec=PartitionSpec("data"): the
+    rows of every step input split over `data`; texts as on one device."""
+    from jax.sharding import PartitionSpec
+
+    from vsurge import SamplingParams, vInference, vInferenceConfig
+
+    mesh_model, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2,
+                                data_parallel_size=2)
+    config = vInferenceConfig(max_new_tokens=10, streaming_chunks=5)
+    try:
+        vInference(mesh_model, processor, generation_config=config, input_partition_spec=PartitionSpec("dp"))
+        bad_axis_error = ""
+    except ValueError as e:
+        bad_axis_error = str(e)
+    vinf = vInference(mesh_model, processor, generation_config=config, input_partition_spec=PartitionSpec("data"))
+    outputs = vinf.process_prompt(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    expected = [processor.decode(greedy_generate(model, vinf.prompt_ids(p), 10)) for p in PROMPTS]
+    engine = next(iter(vinf._buckets.buckets.values())).engine
+    decode = next(program for key, program in engine._compiled.items() if key[0] == "decode")
+    row_specs = sorted({str(s.spec) for s in jax.tree.leaves(decode.input_shardings[0][3])})
+    return {"vinference_texts": [o.text for o in outputs], "vinference_expected": expected,
+            "vinference_row_specs": row_specs, "vinference_bad_axis_error": bad_axis_error}
 
 
 def check_default_tp3():

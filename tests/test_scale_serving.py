@@ -121,6 +121,17 @@ def test_data_parallel_2_x_tensor_parallel_2_serves_like_one_device(tiny_llama, 
         assert server.stop() == 0, server.output[-3000:]
 
 
+def test_cli_generate_runs_tensor_parallel(tiny_llama, reference):
+    prompt = PROMPTS[0]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    out = subprocess.run([sys.executable, "-m", "vsurge.cli", "generate", prompt, "--raw", "--model", str(tiny_llama),
+                          "--dtype", "float32", "--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.rstrip("\n") == reference[prompt]
+
+
 def serve_command(model: Path, port: int, coordinator: int, process_id: int) -> list[str]:
     return [sys.executable, "-m", "vsurge.cli", "serve", "--model", str(model), "--served-model-name", "tiny",
             "--dtype", "float32", "--tensor-parallel-size", "4", "--engine", "dense",

@@ -82,13 +82,26 @@ def test_sharded_loading_never_holds_the_whole_model_on_one_device(logits_result
             assert r[str(tp)]["max_read_fraction"] <= max(1 / tp, 1 / 2), r[str(tp)]
 
 
-def test_dense_and_paged_engines_and_the_generator_run_sharded(tiny_dirs):
-    r = run_check("engines", tiny_dirs["llama"])
+@pytest.fixture(scope="session")
+def engines_result(tiny_dirs):
+    return run_check("engines", tiny_dirs["llama"])
+
+
+def test_dense_and_paged_engines_and_the_generator_run_sharded(engines_result):
+    r = engines_result
     assert r["dense_tp2"] == r["reference"]
     assert r["paged_tp4"] == r["reference"]
     assert r["generator_tp4"] == r["reference"]  # the dense KV cache of the reference path
     assert r["paged_mesh"] == {"data": 1, "model": 4}
     assert r["state_specs"] == ["P()", "P(None, 'model', None, None)"]  # KV pages over KV heads, slots replicated
+    assert r["prefix_spec"] == "P('data', 'model', None, None)"  # the seed's prefixes: over KV heads too
+
+
+def test_vinference_honours_input_partition_spec(engines_result):
+    r = engines_result
+    assert r["vinference_texts"] == r["vinference_expected"]
+    assert "P('data',)" in r["vinference_row_specs"]  # step inputs' rows split over the data axis
+    assert "'dp'" in r["vinference_bad_axis_error"]  # an axis the mesh lacks is refused by name
 
 
 def test_default_model_answers_the_same_at_tp3():

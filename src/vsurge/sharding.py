@@ -65,6 +65,15 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec())
 
 
+def constrain(x, axes):
+    """Inside a program traced under `jax.set_mesh(mesh)` (the engines compile that way): pin `x`'s
+    sharding to its logical axes; elsewhere (one device, no mesh) return x unchanged."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, partition_spec(axes, mesh, x.shape))
+
+
 # ------------------------------------------------------------------ meshes
 def _device_grid(devices: list, data: int, model: int) -> np.ndarray:
     """(data, model) devices. With several processes every replica row takes an equal share of

@@ -147,6 +147,12 @@ class EngineCore:
         return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
 
     def _build(self, key: tuple):
+        if self.mesh is None:
+            return self._lower_and_compile(key)
+        with jax.set_mesh(self.mesh):  # the model pins a few shardings (sharding.constrain)
+            return self._lower_and_compile(key)
+
+    def _lower_and_compile(self, key: tuple):
         kind = key[0]
         state = jax.eval_shape(self._empty_state)
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)

@@ -241,8 +241,6 @@ class Driver:
 
     def _shutdown(self, error: BaseException) -> None:
         self._running = self._accepting = False
-        for listener in self.listeners:
-            listener.stopped(self, error)
         with self._lock:
             live, self._live = list(self._live), set()
         for request in live:
@@ -254,6 +252,8 @@ class Driver:
             if thread is not current:
                 thread.join(timeout=5)
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
+        for listener in self.listeners:  # after the engine threads' last steps
+            listener.stopped(self, error)
 
 
 def _warn_unused(name: str, value, default, why: str) -> None:

@@ -81,7 +81,7 @@ class StepChannel:
     """Numbered messages from the leader to the followers of one engine replica."""
 
     def __init__(self, name: str):
-        self.prefix = f"vsurge/steps/{name}"
+        self.prefix = f"{name}/steps"
         self.sent = self.received = 0
 
     def send(self, key: tuple, leaves: list = ()) -> None:
@@ -125,8 +125,9 @@ def _check_spans_every_process(engine) -> None:
 class Leader:
     """Attached to a driver on process 0: publishes every program call, watches the followers."""
 
-    def __init__(self, driver, heartbeat_poll: float = 0.25, ready_timeout: float = 600.0):
+    def __init__(self, driver, name: str, heartbeat_poll: float = 0.25, ready_timeout: float = 600.0):
         self.driver = driver
+        self.name = name  # key prefix of this model's messages in the store
         self.poll = heartbeat_poll
         self.ready_timeout = ready_timeout
         self.followers = set(range(1, jax.process_count()))
@@ -135,10 +136,10 @@ class Leader:
         self._stopped = threading.Event()
         for replica in driver.replicas:
             _check_spans_every_process(replica.engine)
-            channel = StepChannel(str(replica.index))
+            channel = StepChannel(f"{name}/{replica.index}")
             self.channels.append(channel)
             replica.engine.on_call = self._publisher(channel, replica.engine)
-            distributed.client().key_value_set(f"vsurge/engine/{replica.index}", engine_fingerprint(replica.engine))
+            distributed.client().key_value_set(f"{name}/{replica.index}/engine", engine_fingerprint(replica.engine))
         driver.listeners.append(self)
         self._watchdog = threading.Thread(target=self._watch, name="vsurge-multihost-watchdog", daemon=True)
         self._watchdog.start()
@@ -181,10 +182,10 @@ class Leader:
         waiting = set(self.followers)
         while waiting:
             for pid in sorted(waiting):
-                failure = _try_get(store, f"vsurge/failed/{pid}")
+                failure = _try_get(store, f"{self.name}/failed/{pid}")
                 if failure is not None:
                     raise RuntimeError(f"follower process {pid} failed to start: {failure}")
-                if _try_get(store, f"vsurge/ready/{pid}") is not None:
+                if _try_get(store, f"{self.name}/ready/{pid}") is not None:
                     waiting.discard(pid)
             if self.lost:
                 raise FollowerLostError(self._lost_message())
@@ -243,11 +244,16 @@ def attach(surge) -> None:
     """Called by vSurge.create_* when several processes run: the leader publishes every program
     call; on followers the engines refuse to run on their own (they run `follow`)."""
     if jax.process_index() == 0:
-        surge._multihost_leader = Leader(surge.driver)
+        surge._multihost_leader = Leader(surge.driver, _store_name(surge))
     else:
         for engine in surge.driver.engines:
             _check_spans_every_process(engine)
             engine.on_call = _refuse
+
+
+def _store_name(surge) -> str:
+    """Every model served gets its own keys in the store (the same name on every process)."""
+    return f"vsurge/{surge.vsurge_name}"
 
 
 def _host_tree(engine, key: tuple):
@@ -282,24 +288,24 @@ def follow_engine(engine, channel: StepChannel) -> None:
 def follow(surge) -> None:
     """A follower's whole life: check its engines match the leader's, compile them, then run the
     leader's calls until the leader stops (or dies: the store then fails and this raises)."""
-    pid, store = jax.process_index(), distributed.client()
+    pid, store, name = jax.process_index(), distributed.client(), _store_name(surge)
     try:
         for i, engine in enumerate(surge.driver.engines):
-            theirs = store.blocking_key_value_get(f"vsurge/engine/{i}", 600_000)
+            theirs = store.blocking_key_value_get(f"{name}/{i}/engine", 600_000)
             mine = engine_fingerprint(engine)
             if mine != theirs:
                 raise RuntimeError(f"engine {i} differs from the leader's (same model, flags and devices are "
                                    f"needed on every process):\n leader: {theirs}\n here:   {mine}")
         surge.driver.compile()
     except BaseException as exc:
-        store.key_value_set(f"vsurge/failed/{pid}", str(exc))
+        store.key_value_set(f"{name}/failed/{pid}", str(exc))
         raise
-    store.key_value_set(f"vsurge/ready/{pid}", "1")
+    store.key_value_set(f"{name}/ready/{pid}", "1")
     errors: list[BaseException] = []
 
     def run(engine, index):
         try:
-            follow_engine(engine, StepChannel(str(index)))
+            follow_engine(engine, StepChannel(f"{name}/{index}"))
         except BaseException as exc:  # noqa: BLE001: reported below
             errors.append(exc)
 

@@ -36,6 +36,7 @@ from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from ..sharding import constrain
 from .fused import split_gate_up, split_qkv
 
 QUANTIZABLE = ("wqkv", "wo", "w_gate_up", "w_down")
@@ -230,4 +231,7 @@ class LlamaForCausalLM(nnx.Module):
             out = linear(hidden, self.lm_head[...], scale)
         else:
             out = matmul_t(hidden, self.embed[...])  # tied: hidden @ embed.T
-        return out.astype(jnp.float32)
+        # vocabulary-parallel head: each device computes its vocabulary slice, then the logits are
+        # gathered once here (not in every sampling stage, and not the head's weights instead)
+        out = constrain(out, (None,) * (out.ndim - 1) + ("vocab",))
+        return constrain(out.astype(jnp.float32), ())
