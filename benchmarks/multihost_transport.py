@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-STEPS = 200
+STEPS = int(os.environ.get("VSURGE_TRANSPORT_STEPS", "200"))
 
 
 def worker(rank: int, port: int) -> None:

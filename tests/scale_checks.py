@@ -41,8 +41,8 @@ def rel_err(a, b) -> float:
 
 
 def check_logits(*named_paths):
-    """NAME=PATH per model. Logits at TP 1/2/4 (loaded sharded, and an in-memory model placed on a mesh) and int8 at TP 2
-    vs one device; what each device holds; how much of each tensor a shard read."""
+    """NAME=PATH per model. Logits at TP 1/2/4 (loaded sharded, and an in-memory model placed on a
+    mesh) and int8 at TP 2 vs one device; what each device holds; how much of each tensor a read took."""
     reads: list[float] = []
     original = SafetensorsSource.read
 
@@ -67,7 +67,8 @@ def check_logits(*named_paths):
                                    tensor_parallel_size=tp)
             logits = forward(model)
             held = per_device_bytes(model.named_weights())
-            out[str(tp)] = {"rel_err": rel_err(logits, ref), "argmax": bool((logits.argmax(-1) == ref.argmax(-1)).all()),
+            same_argmax = bool((logits.argmax(-1) == ref.argmax(-1)).all())
+            out[str(tp)] = {"rel_err": rel_err(logits, ref), "argmax": same_argmax,
                             "kv_heads": model.config.num_kv_heads, "devices": len(held),
                             "max_device_bytes": max(held.values()), "max_read_fraction": max(reads),
                             "placed_rel_err": rel_err(forward(place_model(ref_model, make_mesh(tp))), ref)}
