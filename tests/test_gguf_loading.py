@@ -16,6 +16,7 @@ import transformers
 import vsurge
 from gguf_files import Q, write_gguf
 from vsurge.errors import UnsupportedModelError
+from vsurge.models.fused import unfuse_qkv
 
 LLAMA_TYPES = {
     "token_embd.weight": Q.F16,
@@ -54,20 +55,14 @@ def hf_gguf_logits(path, ids):
 
 def loaded_weight(model, hf_name: str) -> np.ndarray:
     """Pull one HF-named tensor back out of vsurge's fused layout (HF (out, in) order)."""
-    c = model.config
-    layer = int(hf_name.split(".")[2])
+    layer = model.layers[int(hf_name.split(".")[2])]
     part = hf_name.split(".", 3)[3]
-    slices = {
-        "self_attn.q_proj.weight": ("wqkv", 0, c.q_size),
-        "self_attn.k_proj.weight": ("wqkv", c.q_size, c.q_size + c.kv_size),
-        "self_attn.v_proj.weight": ("wqkv", c.q_size + c.kv_size, c.q_size + 2 * c.kv_size),
-        "mlp.gate_proj.weight": ("w_gate_up", 0, c.intermediate_size),
-        "mlp.up_proj.weight": ("w_gate_up", c.intermediate_size, 2 * c.intermediate_size),
-        "self_attn.o_proj.weight": ("wo", 0, c.hidden_size),
-        "mlp.down_proj.weight": ("w_down", 0, c.hidden_size),
-    }
-    name, lo, hi = slices[part]
-    return np.asarray(getattr(model.layers[layer], name)[...][:, lo:hi]).T
+    if part.startswith("self_attn.") and part[10] in "qkv" and part[11:17] == "_proj.":
+        q, k, v = unfuse_qkv(np.asarray(layer.wqkv[...]), model.config)
+        return {"q": q, "k": k, "v": v}[part[10]].T
+    if part in ("mlp.gate_proj.weight", "mlp.up_proj.weight"):
+        return np.asarray(layer.w_gate_up[...])[:, (0 if "gate" in part else 1)::2].T
+    return np.asarray(getattr(layer, {"self_attn.o_proj.weight": "wo", "mlp.down_proj.weight": "w_down"}[part])[...]).T
 
 
 @pytest.mark.parametrize("arch,cls_name,types,extra", [

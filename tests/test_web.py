@@ -389,7 +389,8 @@ def metric_samples(server) -> dict:
     samples = {}
     for family in text_string_to_metric_families(server.get("/metrics").text):
         for s in family.samples:
-            samples[(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name")))] = s.value
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "replica")))
+            samples[(s.name, labels)] = s.value  # one replica: its series are the model's
     return samples
 
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from .cli_parallel import add_parallel_args
+
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
@@ -18,6 +20,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--max-length", type=int, default=2048, help="context length of the KV cache")
+    add_parallel_args(p, multihost=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +78,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssl-keyfile", default=None)
     p.add_argument("--ssl-certfile", default=None)
     p.add_argument("--log-level", default="warning")
+    add_parallel_args(p, multihost=True)
 
 
 def _validate(args) -> None:
@@ -85,13 +89,15 @@ def _validate(args) -> None:
 
 
 def _load(args):
+    from .cli_parallel import load_kwargs, validate
     from .loading import load
     from .errors import ModelLoadError
 
+    validate(args)
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
-        return load(args.model, dtype=args.dtype, quantization=args.quantization)
-    except ModelLoadError as e:
+        return load(args.model, dtype=args.dtype, quantization=args.quantization, **load_kwargs(args))
+    except (ModelLoadError, ValueError) as e:
         raise SystemExit(f"vsurge: error: {e}") from None
 
 
@@ -164,6 +170,9 @@ def cmd_serve(args) -> int:
             or args.max_length < 2:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    from . import cli_parallel
+
+    multihost = cli_parallel.init_distributed(args)  # before anything else touches JAX
     if args.compilation_cache and args.compilation_cache.lower() != "none":
         from .vinference.persistence import use_compilation_cache
 
@@ -173,7 +182,8 @@ def cmd_serve(args) -> int:
     name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
-                  max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps)
+                  max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
+                  **cli_parallel.load_kwargs(args))
     try:
         if args.engine == "paged":
             surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
@@ -186,6 +196,8 @@ def cmd_serve(args) -> int:
             surge = vSurge.create_vdriver(model, processor, **common)
     except ValueError as e:
         raise SystemExit(f"vsurge: error: {e}") from None
+    if multihost and cli_parallel.is_follower():
+        return cli_parallel.follow(surge)
     server = vSurgeApiServer({name: surge}, api_key=args.api_key)
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
@@ -199,6 +211,7 @@ def cmd_serve(args) -> int:
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
+    cli_parallel.exit_after_serving(surge)
     return 0
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from .kv.dense import DenseKVCache
+from .sharding import create_state, mesh_of
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:
@@ -83,7 +84,8 @@ class Generator:
         width = min(bucket_length(n), self.max_length)
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = prompt_ids
-        cache = DenseKVCache.init(self.model.config, 1, self.max_length, self.model.dtype)
+        cache = create_state(partial(DenseKVCache.init, self.model.config, 1, self.max_length, self.model.dtype),
+                             mesh_of(self.model))  # on the model's mesh: split over KV heads
         key = jax.random.PRNGKey(seed)
         temp = jnp.full((1,), temperature, jnp.float32)
         key, sub = jax.random.split(key)

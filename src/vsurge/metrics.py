@@ -1,7 +1,10 @@
 """Prometheus metrics, named like vLLM's under a `vsurge:` prefix.
 
-Each engine owns a CollectorRegistry (several engines in one process must not
-collide); the server exposes them all.
+Each model owns a CollectorRegistry (several models in one process must not
+collide); the server exposes them all. Every series carries `model_name` and
+`replica` labels: a model served by several data-parallel replicas records each
+replica under its own label value (`for_replica`), and the model's totals are
+their sum (`value`, /v1/stats, or `sum by (model_name)` in PromQL).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ _COMPILE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 class EngineMetrics:
-    """Counters and histograms of one engine; `model_name` is a label on every series."""
+    """Counters and histograms of one model; this object records under replica `replica`."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, replica: int = 0):
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
-        labels = ["model_name"]
+        self.replica = replica
+        self._views = {replica: self}  # replica index -> the object recording under it (shared)
+        labels = ["model_name", "replica"]
         r = self.registry
         self._requests = Counter("vsurge:request_success", "Finished requests by finish reason",
                                  labels + ["finished_reason"], registry=r)
@@ -55,10 +60,29 @@ class EngineMetrics:
         for metric in vars(self).values():
             if isinstance(metric, MetricWrapperBase):
                 metric.clear()
-        self.model_name = model_name
+        for view in [self, *self._views.values()]:
+            view.model_name = model_name
+
+    def for_replica(self, index: int) -> "EngineMetrics":
+        """The same series recorded under replica `index` (created on first use)."""
+        if index not in self._views:
+            view = object.__new__(EngineMetrics)
+            view.__dict__.update(self.__dict__)
+            view.replica = index
+            self._views[index] = view
+        return self._views[index]
+
+    def replica_metrics(self) -> list["EngineMetrics"]:
+        """One object per replica that records here, by index."""
+        return [self._views[i] for i in sorted(self._views)]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The label values this object records under."""
+        return {"model_name": self.model_name, "replica": str(self.replica)}
 
     def _l(self, metric, **extra):
-        return metric.labels(model_name=self.model_name, **extra)
+        return metric.labels(**self.labels, **extra)
 
     # -- recording
     def request_finished(self, finish_reason: str, prompt_tokens: int, generated_tokens: int, e2e: float):
@@ -104,9 +128,11 @@ class EngineMetrics:
 
     # -- reading
     def value(self, name: str, **labels) -> float:
-        """Current value of a series, e.g. value("vsurge:generation_tokens_total")."""
-        v = self.registry.get_sample_value(name, {"model_name": self.model_name, **labels})
-        return 0.0 if v is None else v
+        """Current value of a series summed over replicas, e.g. value("vsurge:generation_tokens_total");
+        value(name, replica="1") reads one replica."""
+        wanted = {"model_name": self.model_name, **{k: str(v) for k, v in labels.items()}}
+        return sum(sample.value for family in self.registry.collect() for sample in family.samples
+                   if sample.name == name and all(sample.labels.get(k) == v for k, v in wanted.items()))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

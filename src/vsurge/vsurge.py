@@ -71,6 +71,10 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
+        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py)
+            from .engine.multihost import attach
+
+            attach(self)
 
     @classmethod
     def create_vdriver(cls, model, processor, max_concurrent_decodes: int | None = None,
@@ -78,19 +82,25 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                        max_length: int | None = None, seed: int = 894, vsurge_name: str | None = None,
                        max_queue: int | None = None, interleaved_mode: bool = False,
                        detokenizing_blocks: int = 8, max_concurrent_prefill: int | None = None,
-                       config: EngineConfig | None = None, **engine_settings) -> "vSurge":
+                       config: EngineConfig | None = None, tensor_parallel_size: int | None = None,
+                       data_parallel_size: int | None = None, mesh=None, **engine_settings) -> "vSurge":
         """A dense vEngine (a fixed run of KV pages per slot) driven by a vDriver.
 
         The seed's keyword arguments map onto an EngineConfig (`config` overrides them;
-        `engine_settings` are further EngineConfig fields, e.g. decode_steps)."""
+        `engine_settings` are further EngineConfig fields, e.g. decode_steps).
+        tensor_parallel_size / data_parallel_size (or a (data, model) `mesh`): one engine per
+        data-parallel replica, each tensor-parallel over its own device group (engine/replicas.py);
+        by default the engine runs where the model's weights are."""
+        from .engine.replicas import replica_models
         from .engine.vengine import vEngine
 
         config = config or EngineConfig.from_seed_kwargs(
             max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
             prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
             seed=seed, context=model.config.max_position_embeddings, **engine_settings)
-        engine = vEngine(model, processor, config=config)
-        driver = vDriver(prefill_engines=engine, decode_engines=engine, interleaved_mode=interleaved_mode,
+        engines = [vEngine(m, processor, config=config)
+                   for m in replica_models(model, tensor_parallel_size, data_parallel_size, mesh)]
+        driver = vDriver(prefill_engines=engines, decode_engines=engines, interleaved_mode=interleaved_mode,
                          detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
 
@@ -102,11 +112,15 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                        vsurge_name: str | None = None, num_pages: int | None = None,
                        enable_prefix_caching: bool = True, max_queue: int | None = None,
                        detokenizing_blocks: int = 8, config: EngineConfig | None = None,
-                       **engine_settings) -> "vSurge":
+                       tensor_parallel_size: int | None = None, data_parallel_size: int | None = None,
+                       mesh=None, **engine_settings) -> "vSurge":
         """A paged oEngine (pages on demand, prefix caching, preemption) driven by an oDriver.
 
-        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights."""
+        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights.
+        tensor_parallel_size / data_parallel_size / mesh: as for create_vdriver (each replica has
+        its own pool; `storage` and `manager` serve one replica only)."""
         from .engine.oengine import oEngine
+        from .engine.replicas import agreed_num_pages, replica_models
 
         config = config or EngineConfig.from_seed_kwargs(
             max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
@@ -115,8 +129,13 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             page_size=manager.page_size if manager else page_size, hbm_utilization=hbm_utilization,
             num_pages=manager.num_pages if manager else num_pages, enable_prefix_caching=enable_prefix_caching,
             **engine_settings)
-        engine = oEngine(model, processor, storage=storage, manager=manager, config=config)
-        driver = oDriver(engine, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
+        models = replica_models(model, tensor_parallel_size, data_parallel_size, mesh)
+        if len(models) > 1 and (storage is not None or manager is not None):
+            raise ValueError("storage and manager serve one engine; with data_parallel_size > 1 each replica "
+                             "builds its own page pool")
+        config = agreed_num_pages(models[0], config)
+        engines = [oEngine(m, processor, storage=storage, manager=manager, config=config) for m in models]
+        driver = oDriver(engines, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
 
     # ------------------------------------------------------------ seed properties
@@ -255,6 +274,12 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         async for index, sample in merged_updates(submissions):
             sample.metadata = {"request_index": index}
             yield [sample]
+
+
+def _several_processes() -> bool:
+    import sys
+
+    return "jax" in sys.modules and sys.modules["jax"].process_count() > 1
 
 
 class Submission:

@@ -4,6 +4,10 @@ vEngine (dense: a fixed run of pages per slot) and oEngine (paged: pages on
 demand, prefix caching, preemption) are this class with different page pools.
 Every program is compiled by `compile()` (a progress bar; the persistent
 compilation cache makes restarts fast), so nothing compiles while serving.
+The engine runs where the model's weights are: on their mesh (sharding.py),
+every program gets explicit shardings (KV cache split over KV heads, host
+inputs and outputs replicated) and XLA partitions it; otherwise on the default
+device.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import programs
 from .batch import BatchBuilder
@@ -45,12 +50,17 @@ class EngineCore:
         self.config = config
         self.pool = pool
         self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
+        self.mesh = mesh_of(model)  # None: the default device
+        self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence)
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
         self.compile_seconds = 0.0
+        # on_call(key, program, *args) runs every program call when set: the multi-host leader
+        # publishes the call to the followers first (engine/multihost.py)
+        self.on_call = None
 
     def new_scheduler(self) -> Scheduler:
         return Scheduler(self.pool, self.config)
@@ -128,30 +138,53 @@ class EngineCore:
                 start = time.perf_counter()
                 self._compiled[key] = self._build(key)
                 self.compile_seconds += time.perf_counter() - start
-            return self._compiled[key]
+            program = self._compiled[key]
+        return program if self.on_call is None else partial(self.on_call, key, program)
 
     def _empty_state(self) -> EngineState:
         return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots)
 
+    def _shardings(self, kind: str, state, batch=None) -> dict:
+        """jax.jit's in/out shardings of a program on the model's mesh ({} on one device)."""
+        if self.mesh is None:
+            return {}
+        kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
+        if kind == "init":
+            return dict(out_shardings=kv)
+        if kind == "set_slot":
+            return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
+        weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
+                   jax.tree.map(lambda x: x.sharding, self.graphother))
+        inputs = row_shardings(batch, self.mesh, self.input_partition_spec)
+        return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
+
     def _build(self, key: tuple):
+        if self.mesh is None:
+            return self._lower_and_compile(key)
+        with jax.set_mesh(self.mesh):  # the model pins a few shardings (sharding.constrain)
+            return self._lower_and_compile(key)
+
+    def _lower_and_compile(self, key: tuple):
         kind = key[0]
         state = jax.eval_shape(self._empty_state)
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)
         if kind == "init":
-            return jax.jit(self._empty_state).lower().compile()
+            return jax.jit(self._empty_state, **self._shardings(kind, state)).lower().compile()
         if kind == "set_slot":
             arrays = self.batches.slot_arrays_spec()
-            return jax.jit(programs.set_slot, donate_argnums=(0,)).lower(state, *arrays).compile()
+            fn = jax.jit(programs.set_slot, donate_argnums=(0,), **self._shardings(kind, state))
+            return fn.lower(state, *arrays).compile()
         if kind == "decode":
             _, rows, window = key
+            batch = _abstract(self.batches.decode_spec(rows, window, self.config.dynamic_window(window)))
             fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
-                         donate_argnums=(2,))
-            spec = self.batches.decode_spec(rows, window, self.config.dynamic_window(window))
-            return fn.lower(gs, go, state, _abstract(spec)).compile()
+                         donate_argnums=(2,), **self._shardings(kind, state, batch))
+            return fn.lower(gs, go, state, batch).compile()
         _, rows, shape = key
-        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,))
-        return fn.lower(gs, go, state, _abstract(self.batches.mixed_spec(rows, shape))).compile()
+        batch = _abstract(self.batches.mixed_spec(rows, shape))
+        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,), **self._shardings(kind, state, batch))
+        return fn.lower(gs, go, state, batch).compile()
 
     # ------------------------------------------------------------ running
     def init_state(self) -> EngineState:

@@ -5,7 +5,8 @@
     for seq, update in scheduler.postprocess(plan, out.to_host()): send update
 
 `submit_request` hands a request to the least loaded replica (several replicas
-of one model are data parallelism). The thread blocks on its inbox when idle
+of one model are data parallelism; each records its metrics under its own
+`replica` label). The thread blocks on its inbox when idle
 (no spinning). A thread that raises fails every live request with its error
 and marks the driver not ready; callers never hang. `stop()` drains, then
 fails what is left. vDriver (dense engines) and oDriver (a paged engine) are
@@ -39,6 +40,8 @@ class Replica:
         self.wake = threading.Event()
         self.live: dict[int, Sequence] = {}  # request id -> sequence (the thread's view)
         self.load = 0  # requests routed here and not finished (the router's view)
+        self.metrics: EngineMetrics | None = None  # this replica's series (set by the driver)
+        self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
 
 
 class Driver:
@@ -49,12 +52,16 @@ class Driver:
         self.replicas = [Replica(engine, i) for i, engine in enumerate(engines)]
         self.max_queue = max_queue
         self.metrics = metrics or EngineMetrics(engines[0].model_name)
+        for replica in self.replicas:
+            replica.metrics = self.metrics.for_replica(replica.index)
         self._lock = threading.Lock()
         self._live: set[ActiveRequest] = set()
         self._threads: list[threading.Thread] = []
         self._running = self._accepting = False
         self._error: BaseException | None = None
-        self._reported = {"preemptions": 0, "queries": 0, "hits": 0}
+        # notified after compile() (listener.compiled(driver)) and when the driver stops or fails
+        # (listener.stopped(driver, error)): the multi-host leader (engine/multihost.py)
+        self.listeners: list = []
 
     # ------------------------------------------------------------ public
     @property
@@ -96,6 +103,8 @@ class Driver:
     def compile(self) -> None:
         for engine in dict.fromkeys(self.engines):
             engine.compile()
+        for listener in self.listeners:
+            listener.compiled(self)
 
     def start(self) -> None:
         if self._running:
@@ -121,7 +130,7 @@ class Driver:
             self._live.add(request)
             replica = min(self.replicas, key=lambda r: (r.load, r.index))
             replica.load += 1
-            self.metrics.set_waiting(waiting + 1)
+            replica.metrics.set_waiting(len(replica.scheduler.waiting) + replica.inbox.qsize() + 1)
         replica.inbox.put(request)
         replica.wake.set()
 
@@ -165,7 +174,7 @@ class Driver:
             start = time.perf_counter()
             state, out = engine.step(state, plan, scheduler.masks(plan))
             host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
-            self.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
+            replica.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
             for seq, sample in scheduler.postprocess(plan, host):
                 self._emit(replica, seq, sample)
 
@@ -184,46 +193,52 @@ class Driver:
             self._emit(replica, seq, replica.scheduler.abort(seq))
 
     def _emit(self, replica: Replica, seq: Sequence, sample) -> None:
-        out = seq.output
+        out, metrics = seq.output, replica.metrics
         if sample.token_ids:
             if len(out.token_ids) == len(sample.token_ids):
-                self.metrics.first_token(time.perf_counter() - seq.request.submitted_at)
+                metrics.first_token(time.perf_counter() - seq.request.submitted_at)
                 if seq.admitted_at is not None:
-                    self.metrics.queued(seq.admitted_at - seq.request.submitted_at)
+                    metrics.queued(seq.admitted_at - seq.request.submitted_at)
             if out.previous_update_at is not None:  # a burst of k tokens after a gap: k gaps of gap/k
                 count = len(sample.token_ids) - (len(out.token_ids) == len(sample.token_ids))
                 if count > 0:
-                    self.metrics.inter_token((out.last_token_at - out.previous_update_at) / count, count)
+                    metrics.inter_token((out.last_token_at - out.previous_update_at) / count, count)
         if out.finished:  # settle the books before the caller sees the last sample
             replica.live.pop(seq.seq_id, None)
             with self._lock:
                 self._live.discard(seq.request)
                 replica.load -= 1
-            self.metrics.request_finished(out.finish_reason, len(seq.request.prompt_ids), len(out.token_ids),
-                                          time.perf_counter() - seq.request.submitted_at)
+            metrics.request_finished(out.finish_reason, len(seq.request.prompt_ids), len(out.token_ids),
+                                     time.perf_counter() - seq.request.submitted_at)
             self._update_gauges()
         seq.request.channel.put(sample)
 
     def _update_gauges(self) -> None:
-        pools = [r.scheduler for r in self.replicas]
-        self.metrics.set_kv_usage(sum(s.pool.usage for s in pools) / len(pools))
-        self.metrics.set_running(sum(len(s.running) for s in pools))
-        self.metrics.set_waiting(sum(len(s.waiting) for s in pools) + sum(r.inbox.qsize() for r in self.replicas))
+        for r in self.replicas:
+            s = r.scheduler
+            r.metrics.set_kv_usage(s.pool.usage)
+            r.metrics.set_running(len(s.running))
+            r.metrics.set_waiting(len(s.waiting) + r.inbox.qsize())
 
     def _report(self, replica: Replica) -> None:
-        """Pool and queue gauges, and counters as deltas since the last report."""
+        """Pool and queue gauges, and the replica's counters as deltas since its last report."""
         self._update_gauges()
-        pools = [r.scheduler for r in self.replicas]
-        seen = self._reported
-        totals = {"preemptions": sum(s.num_preemptions for s in pools),
-                  "queries": sum(s.pool.prefix_queries for s in pools), "hits": sum(s.pool.prefix_hits for s in pools)}
+        s, seen = replica.scheduler, replica.reported
+        totals = {"preemptions": s.num_preemptions, "queries": s.pool.prefix_queries, "hits": s.pool.prefix_hits}
         if totals["preemptions"] > seen["preemptions"]:
-            self.metrics.preempted(totals["preemptions"] - seen["preemptions"])
+            replica.metrics.preempted(totals["preemptions"] - seen["preemptions"])
         if totals["queries"] > seen["queries"]:
-            self.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
+            replica.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
         seen.update(totals)
 
     # ------------------------------------------------------------ failure and stop
+    def fail(self, error: BaseException) -> None:
+        """Fail every live request with `error` and stay not ready (e.g. a multi-host follower
+        was lost while an engine thread waits in a collective that will never complete)."""
+        if self._error is None:
+            self._error = error
+        self._shutdown(error)
+
     def _shutdown(self, error: BaseException) -> None:
         self._running = self._accepting = False
         with self._lock:
@@ -237,6 +252,8 @@ class Driver:
             if thread is not current:
                 thread.join(timeout=5)
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
+        for listener in self.listeners:  # after the engine threads' last steps
+            listener.stopped(self, error)
 
 
 def _warn_unused(name: str, value, default, why: str) -> None:
@@ -265,13 +282,13 @@ class vDriver(Driver):  # noqa: N801 (the seed's name)
 
 
 class oDriver(Driver):  # noqa: N801 (the seed's name)
-    """The seed's paged driver: one oEngine."""
+    """The seed's paged driver: one oEngine (or a list: one per data-parallel replica)."""
 
     def __init__(self, engine, detokenizing_blocks: int = 8, max_queue: int | None = None,
                  metrics: EngineMetrics | None = None):
         _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
                      "detokenization runs on the engine's thread right after its step")
-        super().__init__([engine], max_queue, metrics)
+        super().__init__(_as_list(engine), max_queue, metrics)
 
     @property
     def engine(self):

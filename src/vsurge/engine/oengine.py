@@ -17,13 +17,20 @@ from .seed_engine import SeedEngineAPI
 log = logging.getLogger(__name__)
 
 
+def pages_that_fit(model, config: EngineConfig) -> int:
+    """Pages the free memory holds (`hbm_utilization` of it), at most every slot at full length
+    (more would only feed the prefix cache). On a mesh each device holds its KV heads' share of
+    a page (sharding.kv_page_shards)."""
+    from ..sharding import kv_page_shards
+
+    per_device = page_bytes(model.config, config.page_size, model.dtype) // kv_page_shards(model)
+    budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
+    return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
+
+
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     per_page = page_bytes(model.config, config.page_size, model.dtype)
-    num_pages = config.num_pages
-    if num_pages is None:
-        budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
-        # more pages than every slot at full length would only feed the prefix cache
-        num_pages = min(budget // per_page, config.max_slots * config.pages_per_sequence)
+    num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each), %d tokens in all", num_pages,
              config.page_size, per_page / 2**20, num_pages * config.page_size)
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching)

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from ..kv.dense import DenseKVCache
+from ..sharding import named_sharding, replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
 from ..sampling_params import SamplingParams
 from .programs import StepOutput
@@ -122,13 +123,20 @@ class SeedEngineAPI:
         return out
 
     def get_state_shardings(self, is_decode: bool = False):
-        """The sharding of every leaf of the engine state."""
+        """The sharding of every leaf of the engine state: on the model's mesh the KV pages are split
+        over their KV heads and the per-slot sampling state is replicated; else the one device."""
         state = jax.eval_shape(self._empty_state)
+        if self.mesh is not None:
+            return state_shardings(state, self.mesh)
         device = jax.devices()[0]
         return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(device), state)
 
     def get_prefix_destination_sharding(self):
-        """Where prefixes are placed before `insert` (the engine's device)."""
+        """Where prefixes are placed before `insert`: their per-layer keys (1, KVH, hd, T) and values
+        (1, KVH, T, hd) split over KV heads on the model's mesh (as the pages they go to); else the
+        engine's device."""
+        if self.mesh is not None:
+            return named_sharding(self.mesh, DenseKVCache.K_AXES)
         return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
     def init_decode_state(self, *args, **kwargs):
@@ -153,7 +161,7 @@ class SeedEngineAPI:
         length = max(16, 1 << (len(ids) - 1).bit_length())
         padded = np.zeros((1, length), np.int32)
         padded[0, : len(ids)] = ids
-        fn = self._seed_program(("prefix", length), lambda: jax.jit(partial(_prefix_forward, self.graphdef)))
+        fn = self._seed_program(("prefix", length), self._prefix_program)
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphothers is None else graphothers
         k, v, first = fn(gs, go, padded, np.asarray([len(ids)], np.int32),
@@ -162,6 +170,12 @@ class SeedEngineAPI:
         sequence.num_computed = len(ids)
         sequence.tokens.append(int(first[0]))
         return Prefix(k, v, first, sequence), first
+
+    def _prefix_program(self):
+        if self.mesh is None:
+            return jax.jit(partial(_prefix_forward, self.graphdef))
+        prefix = self.get_prefix_destination_sharding()
+        return jax.jit(partial(_prefix_forward, self.graphdef), out_shardings=(prefix, prefix, replicated(self.mesh)))
 
     def insert(self, prefix: Prefix, decode_state, slot: int):
         """Put a prefix into `slot`: its K/V into the slot's pages, its sampling state into the slot."""

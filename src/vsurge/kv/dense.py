@@ -10,6 +10,7 @@ the plain reference path (`generation.Generator`); the engines use paged.py.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +38,10 @@ class NoCache:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DenseKVCache:
+    # logical axes (sharding.py): KV heads split over `model`
+    K_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "head_dim", "sequence")
+    V_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "sequence", "head_dim")
+
     k: list  # per layer (B, KVH, hd, S): keys transposed for the query-key dot
     v: list  # per layer (B, KVH, S, hd)
     # True while prefilling rows whose cache is empty: attend over the new

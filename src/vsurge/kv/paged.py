@@ -15,6 +15,7 @@ padding. `paged_attention` is the one function a fused kernel would replace.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,10 @@ class StepLayout:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PagedAttentionCache:
+    # logical axes (sharding.py): pages are shared by every sequence, KV heads split over `model`
+    K_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "head_dim", "page_offset")
+    V_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "page_offset", "head_dim")
+
     k: list  # per layer (num_pages, KVH, hd, page_size)
     v: list  # per layer (num_pages, KVH, page_size, hd)
     layout: StepLayout | None = None  # per step; None between steps

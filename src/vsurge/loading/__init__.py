@@ -12,7 +12,7 @@ from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
 from .gguf import GGUFSource, config_from_gguf, open_gguf
 from .hf import SafetensorsSource, load_hf_config
-from .weights import assemble_weights, build_model
+from .weights import assemble_weights, build_model, check_source
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,8 @@ def resolve_model_path(path: str | Path | None = "default") -> Path:
 
 
 def load(path: str | Path | None = "default", dtype=None, *, quantization: str | None = None,
-         progress: bool = True, load_processor: bool = True):
+         progress: bool = True, load_processor: bool = True, mesh=None, tensor_parallel_size: int | None = None,
+         data_parallel_size: int | None = None):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
     dtype: the weights' dtype; default bfloat16. Activations are float32 on CPU (the dots
@@ -37,7 +38,10 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         everything in float32 (what the numerical tests against transformers use).
     quantization: None (weights in `dtype`) or "int8" (per-channel int8 matrices; faster on CPU,
         slightly less exact: see README).
-    progress: show a progress bar while reading weights.
+    progress: show a progress bar while reading weights (one per device when sharded).
+    mesh: a jax Mesh (sharding.make_mesh) to load the weights onto, each device reading only its
+        shard; or tensor_parallel_size / data_parallel_size to build one over the first devices.
+        Without either, the model goes to the default device.
     """
     if quantization not in (None, "int8"):
         raise ValueError(f"unsupported quantization {quantization!r} (supported: int8)")
@@ -59,8 +63,21 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
             processor = Processor.from_gguf_metadata(fields, name_or_path=str(p))
     else:
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
-    weights = assemble_weights(config, source, dtype, progress=progress)
-    model = build_model(config, weights, dtype, compute_dtype(dtype))
+    if mesh is None and (tensor_parallel_size or data_parallel_size):
+        from ..sharding import make_mesh
+
+        mesh = make_mesh(tensor_parallel_size or 1, data_parallel_size or 1)
+    if mesh is None:
+        weights = assemble_weights(config, source, dtype, progress=progress)
+        model = build_model(config, weights, dtype, compute_dtype(dtype))
+    else:
+        from ..sharding import tensor_parallel_config, tensor_parallel_size as tp_of
+        from .sharded import load_sharded
+
+        check_source(config, source)
+        model_config = tensor_parallel_config(config, tp_of(mesh))
+        weights = load_sharded(config, model_config, source, dtype, mesh, progress=progress)
+        model = build_model(model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
         model.quantize(quantization)
     log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,

@@ -2,7 +2,9 @@
 
 Tensors are dequantized to float, renamed to HF names and, for arch `llama`,
 Q/K rows are permuted back from llama.cpp's interleaved RoPE layout to HF's
-rotate-half layout, so the same model code serves both sources.
+rotate-half layout, so the same model code serves both sources. Quantized
+blocks run along each row (HF's input dimension), so a range of rows (one
+device's shard of the output dimension) is dequantized on its own.
 """
 
 from __future__ import annotations
@@ -75,15 +77,16 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def dequantize(tensor) -> np.ndarray:
-    """A reader tensor -> float32 numpy in HF (out, in) order."""
+def dequantize(tensor, rows: tuple[int, int] | None = None) -> np.ndarray:
+    """A reader tensor (rows [start, stop) of it, or all) -> float32 numpy in HF (out, in) order."""
     kind = tensor.tensor_type
+    data = tensor.data if rows is None else tensor.data[rows[0]:rows[1]]
     if kind == gguf.GGMLQuantizationType.F32:
-        return np.asarray(tensor.data, np.float32)
+        return np.array(data, np.float32)
     if kind == gguf.GGMLQuantizationType.F16:
-        return np.asarray(tensor.data).astype(np.float32)
+        return np.asarray(data).astype(np.float32)
     try:
-        return gguf.quants.dequantize(tensor.data, kind).astype(np.float32, copy=False)
+        return gguf.quants.dequantize(data, kind).astype(np.float32, copy=False)
     except NotImplementedError:
         raise UnsupportedModelError(
             f"tensor {tensor.name!r} uses quantization type {kind.name}, which cannot be "
@@ -179,10 +182,24 @@ class GGUFSource:
         t = self._tensors.get(name)
         return f"{str(self.path)!r}" + (f" (GGUF tensor {t.name!r})" if t is not None else "")
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self._tensors[name].shape.tolist()))
+
+    def read(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> np.ndarray:
+        """Rows [start, stop) and columns [start, stop) in HF order (None: all); only those rows
+        are dequantized (whole heads of Q/K, which llama.cpp permutes within each head)."""
+        total = self.shape(name)[0]
+        start, stop = rows if rows is not None else (0, total)
+        permuted = self.permuted and (".q_proj." in name or ".k_proj." in name)
+        heads = (self.config.num_heads if ".q_proj." in name else self.config.num_kv_heads) if permuted else 1
+        if permuted and total % (2 * heads) == 0:
+            size = total // heads  # rows of one head
+            first, last = start // size, -(-stop // size)
+            arr = _unpermute_rows(dequantize(self._tensors[name], (first * size, last * size)), last - first)
+            arr = arr[start - first * size:stop - first * size]
+        else:
+            arr = dequantize(self._tensors[name], None if rows is None else (start, stop))
+        return arr if cols is None else arr[:, cols[0]:cols[1]]
+
     def get(self, name: str) -> np.ndarray:
-        arr = dequantize(self._tensors[name])
-        if self.permuted and (".q_proj." in name or ".k_proj." in name):
-            heads = self.config.num_heads if ".q_proj." in name else self.config.num_kv_heads
-            if arr.shape[0] % (2 * heads) == 0:
-                arr = _unpermute_rows(arr, heads)
-        return arr
+        return self.read(name)

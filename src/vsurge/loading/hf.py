@@ -1,10 +1,16 @@
-"""Load an HF model directory: config.json + single or sharded *.safetensors."""
+"""Load an HF model directory: config.json + single or sharded *.safetensors.
+
+Tensors are read through a memory map of each file, so reading a slice (one
+device's shard of a tensor) touches only the bytes of that slice.
+"""
 
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 from safetensors import safe_open
 
@@ -13,6 +19,10 @@ from ..errors import ModelLoadError
 from ..models.registry import config_from_hf
 
 INDEX_FILE = "model.safetensors.index.json"
+
+# safetensors dtype names -> numpy (bfloat16 through ml_dtypes, which numpy lacks)
+_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+           "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 
 
 def read_json(path: Path) -> dict:
@@ -63,7 +73,7 @@ class SafetensorsSource:
         for f in set(self._file_of.values()):
             if not f.exists():
                 raise ModelLoadError(f"file {str(f)!r} listed in {INDEX_FILE} is missing")
-        self._handles: dict[Path, object] = {}
+        self._maps: dict[Path, tuple[np.memmap, dict, int]] = {}  # file -> (bytes, header, data start)
 
     def names(self) -> set[str]:
         return set(self._file_of)
@@ -71,13 +81,33 @@ class SafetensorsSource:
     def where(self, name: str) -> str:
         return str(self._file_of.get(name, self._missing_where))
 
-    def get(self, name: str) -> np.ndarray:
+    def _mapped(self, name: str) -> np.ndarray:
+        """The tensor as a numpy view of the memory-mapped file (nothing is read yet)."""
         path = self._file_of[name]
-        handle = self._handles.get(path)
-        if handle is None:
-            handle = self._handles[path] = safe_open(path, framework="numpy")
-        if handle.get_slice(name).get_dtype() == "BF16":
-            # numpy has no bfloat16; read through JAX, which does (ml_dtypes).
-            with safe_open(path, framework="flax") as jax_handle:
-                return np.asarray(jax_handle.get_tensor(name))
-        return handle.get_tensor(name)
+        if path not in self._maps:
+            with open(path, "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+            self._maps[path] = (np.memmap(path, np.uint8, mode="r"), header, 8 + length)
+        data, header, start = self._maps[path]
+        info = header[name]
+        if info["dtype"] not in _DTYPES:
+            raise ModelLoadError(f"tensor {name!r} in {str(path)!r} has dtype {info['dtype']}, which vsurge "
+                                 f"cannot read (supported: {', '.join(_DTYPES)})")
+        begin, end = info["data_offsets"]
+        return data[start + begin:start + end].view(_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._mapped(name).shape)
+
+    def read(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> np.ndarray:
+        """Rows [start, stop) and columns [start, stop) of a tensor (None: all), copied out of the file."""
+        arr = self._mapped(name)
+        if rows is not None:
+            arr = arr[rows[0]:rows[1]]
+        if cols is not None:
+            arr = arr[:, cols[0]:cols[1]]
+        return np.array(arr)
+
+    def get(self, name: str) -> np.ndarray:
+        return self.read(name)

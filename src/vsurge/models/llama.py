@@ -5,15 +5,18 @@ over the layers (unrolled in the compiled program). XLA:CPU feeds a layer's
 own arrays straight into its dots, whereas a `lax.scan` over stacked weights
 copies every layer's slice before the dot (docs/performance.md); a KV cache
 keeps one array per layer for the same reason. Q/K/V and gate/up projections
-are fused into single matrices: fewer, larger matmuls.
+are fused into single matrices: fewer, larger matmuls. Their columns are laid out
+so that any tensor-parallel column shard holds whole KV groups and matching
+gate/up columns (models/fused.py).
 
 Weight names and shapes (D hidden, F ffn, V vocab, Q = H*hd, K = KVH*hd), per layer i:
     layers.i.attn_norm (D,)          layers.i.mlp_norm  (D,)
-    layers.i.wqkv      (D, Q+2K)     layers.i.bqkv      (Q+2K,)  [qkv_bias]
+    layers.i.wqkv      (D, Q+2K)     layers.i.bqkv      (Q+2K,)  [qkv_bias]  (grouped per KV head)
     layers.i.wo        (Q, D)        layers.i.bo        (D,)     [o_bias]
     layers.i.q_norm    (hd,)         layers.i.k_norm    (hd,)    [qk_norm]
-    layers.i.w_gate_up (D, 2F)       layers.i.w_down    (F, D)
-and embed (V, D), final_norm (D,), lm_head (D, V) [untied].
+    layers.i.w_gate_up (D, 2F)       layers.i.w_down    (F, D)           (gate/up interleaved)
+and embed (V, D), final_norm (D,), lm_head (D, V) [untied]. `weight_axes` names
+every axis logically; sharding.py maps the names onto mesh axes.
 
 Two dtypes: `param_dtype` for the weights and `dtype` for activations (the
 residual stream, norms, attention and the KV cache). bfloat16 weights with
@@ -33,6 +36,8 @@ from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope, inverse_frequencies, rope_cos_sin
+from ..sharding import constrain
+from .fused import split_gate_up, split_qkv
 
 QUANTIZABLE = ("wqkv", "wo", "w_gate_up", "w_down")
 
@@ -52,6 +57,26 @@ def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["q_norm"] = (c.head_dim,)
         shapes["k_norm"] = (c.head_dim,)
     return shapes
+
+
+def layer_axes(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Logical axis names of every weight of one layer (same keys as layer_shapes). The fused
+    qkv columns are whole KV groups ("kv_heads"); gate/up columns are interleaved units ("mlp")."""
+    axes = {"attn_norm": ("embed",), "wqkv": ("embed", "kv_heads"), "wo": ("heads", "embed"),
+            "mlp_norm": ("embed",), "w_gate_up": ("embed", "mlp"), "w_down": ("mlp", "embed"),
+            "bqkv": ("kv_heads",), "bo": ("embed",), "q_norm": ("head_dim",), "k_norm": ("head_dim",)}
+    return {name: axes[name] for name in layer_shapes(config)}
+
+
+def weight_axes(config: ModelConfig) -> dict[str, tuple[str, ...]]:
+    """Logical axis names of every parameter (same keys as weight_shapes; an int8 model's
+    `<name>_scale` takes the axis of its weight's columns)."""
+    axes = {"embed": ("vocab", "embed"), "final_norm": ("embed",)}
+    for i in range(config.num_layers):
+        axes.update({f"layers.{i}.{k}": v for k, v in layer_axes(config).items()})
+    if not config.tie_word_embeddings:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
 
 
 def weight_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -179,12 +204,10 @@ class LlamaForCausalLM(nnx.Module):
         c = self.config
         b, t, _ = x.shape
         h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
-        qkv = linear(h, w["wqkv"], w.get("wqkv_scale"))  # (B, T, Q+2K)
+        qkv = linear(h, w["wqkv"], w.get("wqkv_scale"))  # (B, T, Q+2K) grouped per KV head
         if c.qkv_bias:
             qkv = qkv + w["bqkv"].astype(qkv.dtype)
-        q = qkv[..., : c.q_size].reshape(b, t, c.num_heads, c.head_dim)
-        k = qkv[..., c.q_size : c.q_size + c.kv_size].reshape(b, t, c.num_kv_heads, c.head_dim)
-        v = qkv[..., c.q_size + c.kv_size :].reshape(b, t, c.num_kv_heads, c.head_dim)
+        q, k, v = split_qkv(qkv, c)  # (B, T, H, hd), (B, T, KVH, hd) x 2
         if c.qk_norm:
             q = rms_norm(q, w["q_norm"], c.rms_norm_eps)
             k = rms_norm(k, w["k_norm"], c.rms_norm_eps)
@@ -196,8 +219,8 @@ class LlamaForCausalLM(nnx.Module):
             out = out + w["bo"].astype(out.dtype)
         x = x + out
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-        gate_up = linear(h, w["w_gate_up"], w.get("w_gate_up_scale"))  # (B, T, 2F)
-        gate, up = gate_up[..., : c.intermediate_size], gate_up[..., c.intermediate_size :]
+        gate_up = linear(h, w["w_gate_up"], w.get("w_gate_up_scale"))  # (B, T, 2F) interleaved
+        gate, up = split_gate_up(gate_up)  # (B, T, F) x 2
         x = x + linear(jax.nn.silu(gate) * up, w["w_down"], w.get("w_down_scale"))
         return x, kv
 
@@ -208,4 +231,7 @@ class LlamaForCausalLM(nnx.Module):
             out = linear(hidden, self.lm_head[...], scale)
         else:
             out = matmul_t(hidden, self.embed[...])  # tied: hidden @ embed.T
-        return out.astype(jnp.float32)
+        # vocabulary-parallel head: each device computes its vocabulary slice, then the logits are
+        # gathered once here (not in every sampling stage, and not the head's weights instead)
+        out = constrain(out, (None,) * (out.ndim - 1) + ("vocab",))
+        return constrain(out.astype(jnp.float32), ())

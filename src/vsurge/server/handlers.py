@@ -83,7 +83,10 @@ class OpenAIHandlers:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return StreamingResponse(event_stream(streams, fmt, include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return JSONResponse(await collect(streams, fmt))
+        try:
+            return JSONResponse(await collect(streams, fmt))
+        except RuntimeError as exc:  # the engine failed mid-request (e.g. a lost multi-host follower): say why
+            raise APIError(503 if isinstance(exc, DriverNotReadyError) else 500, f"generation failed: {exc}") from None
 
     # ------------------------------------------------------------ the seed's handlers
     async def chat_completions(self, request: ChatCompletionRequest):

@@ -7,9 +7,9 @@ two snapshots over their `timestamp`s. Histograms come with p50/p90/p99
 estimated from their buckets the way Prometheus' histogram_quantile does, and
 with the buckets themselves so a client can estimate percentiles over a window.
 
-Each model lists its `replicas` (today exactly one: the model's vSurge); the
-model-level fields are the sum over replicas (percentiles from the summed
-buckets, KV-cache use the mean), so adding replicas later changes no field.
+Each model lists its `replicas` (one per data-parallel engine replica, read
+from the series of its `replica` label); the model-level fields are the sum over
+replicas (percentiles from the summed buckets, KV-cache use the mean).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class EngineStats(BaseModel):
 
 
 class _ReplicaIdentity(BaseModel):
-    id: int = Field(description="replica index within the model (today always 0)")
+    id: int = Field(description="replica index within the model (data parallelism)")
 
 
 class _ModelIdentity(BaseModel):
@@ -111,11 +111,11 @@ class EngineSnapshot:
 
     @classmethod
     def read(cls, metrics) -> "EngineSnapshot":
-        raw, name = cls(), metrics.model_name
+        raw, mine = cls(), metrics.labels
         registry = metrics.registry
 
         def value(series: str, **labels) -> float | None:
-            return registry.get_sample_value(series, {"model_name": name, **labels})
+            return registry.get_sample_value(series, {**mine, **labels})
 
         raw.running = value("vsurge:num_requests_running") or 0.0
         raw.waiting = value("vsurge:num_requests_waiting") or 0.0
@@ -125,7 +125,7 @@ class EngineSnapshot:
         # label values (finish reasons, bucket bounds) are only known by walking the families
         for family in registry.collect():
             for sample in family.samples:
-                if sample.labels.get("model_name") != name:
+                if any(sample.labels.get(k) != v for k, v in mine.items()):
                     continue
                 if sample.name == "vsurge:request_success_total":
                     reason = sample.labels["finished_reason"]
@@ -202,7 +202,7 @@ def histogram_stats(buckets: list[tuple[float, float]], total: float) -> Histogr
 
 # ---------------------------------------------------------------- the document
 def model_stats(name: str, surge, replicas: list) -> ModelStats:
-    """`replicas`: the vSurge instances serving `name` (today [surge])."""
+    """`replicas`: one object per replica of `name` with its `.metrics` (EngineMetrics)."""
     raws = [EngineSnapshot.read(r.metrics) for r in replicas]
     total = raws[0]
     for raw in raws[1:]:
@@ -212,8 +212,14 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
                       **total.fields())
 
 
+class _Replica:
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+
 def server_stats(server, started: float) -> ServerStats:
     """`started`: time.time() when the server was built."""
     now = time.time()
-    models = [model_stats(name, surge, [surge]) for name, surge in server.surges.items()]
+    models = [model_stats(name, surge, [_Replica(m) for m in surge.metrics.replica_metrics()])
+              for name, surge in server.surges.items()]
     return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models)

@@ -5,7 +5,7 @@ A bucket's engine has `batch` slots, each with a fixed run of pages for
 tokens per slot (the whole batch prefills in one step) and one decode program
 (`streaming_chunks` steps per call). `choose` picks the smallest compiled
 bucket that fits, else names a new power-of-two bucket, compiled on demand.
-All buckets share the model's weights.
+All buckets share the model's weights and run where they are (its mesh, if any).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ class Bucket:
 
 class BucketEngines:
     def __init__(self, model, processor, max_new_tokens: int, streaming_chunks: int, seed: int,
-                 on_compile: Callable[[float], None] | None = None):
+                 on_compile: Callable[[float], None] | None = None, input_partition_spec=None):
         self.model = model
+        self.input_partition_spec = input_partition_spec  # splits each step's input rows on the mesh
         self.processor = processor
         self.max_new_tokens = max_new_tokens
         self.streaming_chunks = streaming_chunks
@@ -74,6 +75,7 @@ class BucketEngines:
                 config = self.config(batch, prefill_length)
                 engine = EngineCore(self.model, self.processor, config,
                                     SlotPages(config.max_slots, config.max_length, config.page_size))
+                engine.input_partition_spec = self.input_partition_spec
                 engine.compile(progress=False)
                 self.buckets[key] = Bucket(batch, prefill_length, engine, engine.init_state())
                 if self.on_compile:

@@ -26,6 +26,7 @@ from ..engine.validation import prepare_requests
 from ..metrics import EngineMetrics
 from ..sampling_params import SamplingParams
 from ..seed.vinference_api import vInferenceSeedAPI
+from ..sharding import check_input_partition_spec, mesh_of
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
 from .buckets import BucketEngines
 from .config import vInferenceConfig, vInferencePreCompileConfig
@@ -50,6 +51,9 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         if config.bos_token_id is None:
             updates["bos_token_id"] = getattr(processor_class, "bos_token_id", None)
         self.generation_config = config.model_copy(update=updates)
+        # On a model whose weights live on a mesh, the rows of every step's inputs are split over
+        # the mesh axes of input_partition_spec[0] (e.g. PartitionSpec("data")); ignored on one device.
+        check_input_partition_spec(input_partition_spec, mesh_of(model))
         self.input_partition_spec = input_partition_spec
         self._inference_name = inference_name or (model.config.name or model.config.architecture).replace(" ", "-")
         self.uuid4 = str(uuid.uuid4())
@@ -58,7 +62,7 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         self._buckets = BucketEngines(model, processor_class, self.generation_config.max_new_tokens,
                                       self.generation_config.streaming_chunks,
                                       seed if seed is not None else int(np.random.default_rng().integers(2**31)),
-                                      on_compile=self._metrics.compiled)
+                                      on_compile=self._metrics.compiled, input_partition_spec=input_partition_spec)
         self.precompiled_configs: dict[int, vInferencePreCompileConfig] = {}
         self._limits = None  # built on first use: model_prefill_length may refuse the config
         self._device_lock = threading.Lock()  # one batch on the device at a time

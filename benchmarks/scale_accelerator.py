@@ -1,0 +1,154 @@
+"""On a machine with GPUs or TPUs: the model checks and the serving benchmark, sharded over every local device.
+
+    python benchmarks/scale_accelerator.py                    # checks, then serving at 1, 8, 16, 32 streams
+    python benchmarks/scale_accelerator.py --skip-tests --concurrency 1,32
+
+1. model checks: the repository's model tests (tests/test_default_model.py and
+   tests/test_models_vs_transformers.py) on the accelerator, then the default model in
+   bfloat16 at tensor parallelism over the local devices against one device (logits and
+   32 greedy tokens; bfloat16 sums in another order, so the table reports rather than asserts);
+2. serving: `vsurge serve --dtype bfloat16` with the largest tensor-parallel size that divides
+   the model's 9 query heads and fits the devices (3 on 4 or 8 GPUs), data-parallel replicas
+   on the rest, loaded by `vsurge bench serve` (128-token prompts and outputs, greedy, end
+   token banned), printed as the README's vSurge table with the device in the first column.
+
+Nothing here has been measured on an accelerator yet: the README's GPU/TPU column is empty
+until someone runs this script on one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent
+QUERY_HEADS = 9  # the default model (SmolLM2-135M): tensor-parallel sizes must divide it
+
+
+def parallel_sizes(devices: int) -> tuple[int, int]:
+    """(tensor, data) parallel sizes for the default model on `devices` devices."""
+    tp = max(t for t in range(1, devices + 1) if QUERY_HEADS % t == 0)
+    return tp, devices // tp
+
+
+def run_model_tests(platform: str) -> int:
+    env = {**os.environ, "JAX_PLATFORMS": platform, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "tests/test_default_model.py", "tests/test_models_vs_transformers.py"]
+    print("$", " ".join(cmd), flush=True)
+    return subprocess.call(cmd, cwd=ROOT, env=env)
+
+
+def tensor_parallel_check(tp: int) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    import vsurge
+    from vsurge.generation import greedy_generate
+
+    def forward(model, ids):
+        graphdef, state = nnx.split(model)
+        return np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0][0])(state, jnp.asarray([ids], jnp.int32)))
+
+    one, processor = vsurge.load("default", dtype="bfloat16", progress=False)
+    ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    ref_logits, ref_tokens = forward(one, ids), greedy_generate(one, ids, 32)
+    sharded, _ = vsurge.load("default", dtype="bfloat16", progress=False, load_processor=False,
+                             tensor_parallel_size=tp)
+    logits, tokens = forward(sharded, ids), greedy_generate(sharded, ids, 32)
+    same = next((i for i, (a, b) in enumerate(zip(ref_tokens, tokens)) if a != b), len(tokens))
+    err = float(np.abs(logits - ref_logits).max() / np.abs(ref_logits).max())
+    print(f"\n| check (bfloat16, TP {tp} vs 1 device) | value |\n|---|---|\n"
+          f"| max logit difference / max logit | {err:.2e} |\n"
+          f"| next-token argmax agreement | {float((logits.argmax(-1) == ref_logits.argmax(-1)).mean()):.3f} |\n"
+          f"| greedy tokens identical before the first difference | {same} / 32 |\n"
+          f"| text at TP {tp} | {processor.decode(tokens)!r} |\n", flush=True)
+
+
+def serve_and_bench(device: str, tp: int, dp: int, levels: list[int], input_len: int, output_len: int) -> None:
+    import httpx
+
+    sys.path.insert(0, str(HERE))
+    from serve import free_port, wait_ready  # benchmarks/serve.py
+
+    from vsurge.bench_serve import run
+
+    port = free_port()
+    slots = max(levels)
+    cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--dtype", "bfloat16", "--port", str(port),
+           "--metrics-port", "-1", "--tensor-parallel-size", str(tp), "--data-parallel-size", str(dp),
+           "--max-concurrent-decodes", str(max(1, slots // dp)), "--max-length", str(input_len + output_len + 64),
+           "--max-prefill-length", str(input_len * 2), "--prefill-lengths", str(input_len * 2), "--max-queue", "1024"]
+    log = tempfile.NamedTemporaryFile("w", prefix="scale-bench-", suffix=".log", delete=False)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc.log_path = Path(log.name)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, base + "/readiness")
+        model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
+        asyncio.run(run(base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
+        print(f"vSurge (paged), default model, bfloat16, TP {tp} x DP {dp}, {output_len} streamed tokens per "
+              f"request, all requests at once\n")
+        print("| device | weights | concurrent | output tok/s | TTFT p50 s | TTFT max s | TPOT p50 ms |\n"
+              "|---|---|---|---|---|---|---|", flush=True)
+        for n in levels:
+            s = asyncio.run(run(base, model, n, input_len, output_len, float("inf"), None, None, 2))
+            print(f"| {device} | bfloat16 | {n} | {s['output_throughput']:.1f} | {s['ttft']['median']:.2f} | "
+                  f"{s['ttft']['max']:.2f} | {s['tpot']['median'] * 1000:.0f} |", flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def local_devices() -> tuple[str, int, str]:
+    """(platform, count, kind) of the local devices, asked in a child process: JAX in this one
+    would take the accelerators' memory (XLA preallocates it) from the server started later."""
+    code = "import jax; d = jax.local_devices(); print(d[0].platform, len(d), d[0].device_kind, sep='|')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    platform, count, kind = out.strip().splitlines()[-1].split("|")
+    return platform, int(count), kind
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--concurrency", default="1,8,16,32")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--tp-check", type=int, default=None, help=argparse.SUPPRESS)  # the child of step 1
+    args = p.parse_args(argv)
+    if args.tp_check:
+        tensor_parallel_check(args.tp_check)
+        return 0
+    platform, count, kind = local_devices()
+    if platform == "cpu":
+        print("no GPU or TPU visible: this script is for accelerator machines (CPU numbers are in the README)")
+        return 1
+    tp, dp = parallel_sizes(count)
+    device = f"{count} x {kind}"
+    print(f"{device}: tensor parallel {tp}, data parallel {dp}", flush=True)
+    start = time.time()
+    if not args.skip_tests:
+        if run_model_tests(platform) != 0:
+            print("model tests failed", flush=True)
+        subprocess.call([sys.executable, __file__, "--tp-check", str(tp)])
+    serve_and_bench(device, tp, dp, [int(n) for n in args.concurrency.split(",")], args.input_len, args.output_len)
+    print(f"\n({time.time() - start:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

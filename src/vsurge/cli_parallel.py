@@ -1,0 +1,94 @@
+"""Command-line flags for tensor/data parallelism and multi-host runs (used by cli.py).
+
+    vsurge serve --tensor-parallel-size 4                       one host, 4 devices
+    vsurge serve --tensor-parallel-size 2 --data-parallel-size 2
+    vsurge serve --tensor-parallel-size 8 --coordinator-address 10.0.0.1:8476 \\
+                 --num-processes 2 --process-id {0,1}          two hosts (same command on each)
+    vsurge serve --tensor-parallel-size 16 --distributed        JAX's cluster auto-detection
+
+Process 0 serves HTTP; the others follow its steps (engine/multihost.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_parallel_args(p: argparse.ArgumentParser, multihost: bool) -> None:
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="devices each model replica is split over (heads, MLP, vocabulary, KV cache)")
+    if not multihost:
+        return
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=None,
+                   help="independent engine replicas, each on its own group of tensor-parallel-size devices")
+    p.add_argument("--coordinator-address", default=None,
+                   help="host:port of process 0 for multi-host runs (jax.distributed); every process gets the "
+                        "same flags plus its own --process-id")
+    p.add_argument("--num-processes", type=int, default=None, help="processes in a multi-host run")
+    p.add_argument("--process-id", type=int, default=None, help="this process's rank (0 serves HTTP)")
+    p.add_argument("--distributed", action="store_true",
+                   help="multi-host with JAX's cluster auto-detection (SLURM, Open MPI, TPU pod slices, ...)")
+    p.add_argument("--heartbeat-timeout", type=int, default=10,
+                   help="seconds without a heartbeat before a process counts as lost (multi-host)")
+
+
+def validate(args) -> None:
+    for name in ("tensor_parallel_size", "data_parallel_size", "num_processes"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise SystemExit(f"vsurge: error: --{name.replace('_', '-')} must be at least 1")
+
+
+def init_distributed(args) -> bool:
+    """jax.distributed for a multi-host run, before anything else touches JAX. True if it runs."""
+    from . import distributed
+
+    if not distributed.requested(args.coordinator_address, args.num_processes, args.process_id, args.distributed):
+        return False
+    try:
+        distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
+                               heartbeat_timeout_seconds=args.heartbeat_timeout)
+    except Exception as e:  # noqa: BLE001: bad flags, an unreachable coordinator
+        raise SystemExit(f"vsurge: error: jax.distributed could not start: {e}") from None
+    return True
+
+
+def load_kwargs(args) -> dict:
+    """vsurge.load's parallelism arguments (all of jax.devices() by default in a multi-host run)."""
+    import jax
+
+    tp, dp = args.tensor_parallel_size, getattr(args, "data_parallel_size", None)
+    if jax.process_count() > 1 and tp is None and dp is None:
+        tp = jax.device_count()
+    return {k: v for k, v in (("tensor_parallel_size", tp), ("data_parallel_size", dp)) if v is not None}
+
+
+def is_follower() -> bool:
+    import jax
+
+    return jax.process_index() != 0
+
+
+def follow(surge) -> int:
+    """A follower process: run the leader's steps until it stops. Exit status 0 after a clean stop."""
+    from .engine.multihost import follow as run
+
+    import jax
+
+    print(f"vsurge: process {jax.process_index()} follows process 0", file=sys.stderr, flush=True)
+    try:
+        run(surge)
+    except Exception as e:  # noqa: BLE001: the leader is gone or the engines differ
+        print(f"vsurge: follower stopped: {e}", file=sys.stderr, flush=True)
+        os._exit(1)  # an engine thread may still wait in a collective: do not wait for it
+    return 0
+
+
+def exit_after_serving(surge) -> None:
+    """A leader that lost a follower cannot finish its stuck collectives: exit without waiting."""
+    leader = getattr(surge, "_multihost_leader", None)
+    if leader is not None and leader.lost:
+        sys.stderr.flush()
+        os._exit(1)

@@ -1,0 +1,169 @@
+"""Sharded checks that need several JAX devices, run in a subprocess by test_sharding.py.
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python tests/scale_checks.py CHECK ARGS...
+
+(the device count is fixed when JAX starts, and pytest's own process already has one device).
+Each check prints one JSON line `RESULT {...}` that the test reads and asserts on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import vsurge  # noqa: E402
+from vsurge.generation import greedy_generate  # noqa: E402
+from vsurge.loading.hf import SafetensorsSource  # noqa: E402
+from vsurge.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
+
+IDS = [[1, 5, 9, 200, 3000, 7, 11, 400, 42, 4242, 17, 99]]
+PROMPTS = ["Hello there", "The capital of France", "1 2 3 4", "Once upon a time in a land far away"]
+
+
+def forward(model, ids=IDS):
+    """Full-sequence logits (T, V) of one jitted forward pass (sharded by the weights' shardings)."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)[0][0])(state, jnp.asarray(ids, jnp.int32)))
+
+
+def rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def check_logits(*named_paths):
+    """NAME=PATH per model. Logits at TP 1/2/4 (loaded sharded, and an in-memory model placed on a
+    mesh) and int8 at TP 2 vs one device; what each device holds; how much of each tensor a read took."""
+    reads: list[float] = []
+    original = SafetensorsSource.read
+
+    def counting_read(self, name, rows=None, cols=None):  # fraction of the tensor each read touches
+        out = original(self, name, rows, cols)
+        if len(self.shape(name)) == 2:
+            reads.append(out.size / float(np.prod(self.shape(name))))
+        return out
+
+    SafetensorsSource.read = counting_read
+    result = {}
+    for named in named_paths:
+        name, path = named.split("=", 1)
+        ref_model, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False)
+        ref = forward(ref_model)
+        int8_ref = forward(vsurge.load(path, dtype="float32", quantization="int8", progress=False,
+                                       load_processor=False)[0])
+        out = {"kv_heads": ref_model.config.num_kv_heads, "total_bytes": ref_model.weight_bytes}
+        for tp in (1, 2, 4):
+            reads.clear()
+            model, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False,
+                                   tensor_parallel_size=tp)
+            logits = forward(model)
+            held = per_device_bytes(model.named_weights())
+            same_argmax = bool((logits.argmax(-1) == ref.argmax(-1)).all())
+            out[str(tp)] = {"rel_err": rel_err(logits, ref), "argmax": same_argmax,
+                            "kv_heads": model.config.num_kv_heads, "devices": len(held),
+                            "max_device_bytes": max(held.values()), "max_read_fraction": max(reads),
+                            "placed_rel_err": rel_err(forward(place_model(ref_model, make_mesh(tp))), ref)}
+        q8, _ = vsurge.load(path, dtype="float32", quantization="int8", progress=False, load_processor=False,
+                            tensor_parallel_size=2)
+        out["int8_tp2_rel_err"] = rel_err(forward(q8), int8_ref)
+        result[name] = out
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def _surge(model, processor, kind: str, **parallel):
+    """A small started vSurge: 4 slots, one decode and one prefill program shape."""
+    from vsurge import EngineConfig, vSurge
+
+    config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=128, chunk_lengths=(32,), row_buckets=(4,),
+                          window_buckets=(1,), prefill_first=True, page_size=128, num_pages=8, decode_steps=4)
+    make = vSurge.create_vdriver if kind == "dense" else vSurge.create_odriver
+    surge = make(model, processor, config=config, **parallel)
+    surge.compile()
+    surge.start()
+    return surge
+
+
+def _generate(surge, prompts, max_tokens: int):
+    from vsurge import SamplingParams
+
+    try:
+        results = asyncio.run(surge.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                                                     ignore_eos=True)))
+        return [r.token_ids for r in results]
+    finally:
+        surge.stop(5)
+
+
+def check_engines(path):
+    """Greedy tokens of the dense engine at TP 2, the paged engine at TP 4 (KV heads replicated) and
+    the reference Generator (dense KV cache) at TP 4 against the Generator on one device."""
+    model, processor = vsurge.load(path, dtype="float32", progress=False)
+    prompts = [processor.encode(p) for p in PROMPTS]
+    reference = [greedy_generate(model, ids, 10) for ids in prompts]
+    tp2, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2)
+    tp4, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=4)
+    dense = _generate(_surge(tp2, processor, "dense"), prompts, 10)
+    paged = _surge(tp4, processor, "paged")
+    state_specs = {str(s.spec) for s in jax.tree.leaves(paged.engine.get_state_shardings())}
+    paged_out = _generate(paged, prompts, 10)
+    generator = [greedy_generate(tp4, ids, 10) for ids in prompts]
+    print("RESULT " + json.dumps({"reference": reference, "dense_tp2": dense, "paged_tp4": paged_out,
+                                  "generator_tp4": generator, "state_specs": sorted(state_specs),
+                                  "paged_mesh": dict(mesh_of(tp4).shape),
+                                  "prefix_spec": str(paged.engine.get_prefix_destination_sharding().spec),
+                                  **vinference_on_data_and_model(path, model, processor)}), flush=True)
+
+
+def vinference_on_data_and_model(path, model, processor) -> dict:
+    """vInference on a (data 2, model 2) mesh with input_partition_spec=PartitionSpec("data"): the
+    rows of every step input split over `data`; texts as on one device."""
+    from jax.sharding import PartitionSpec
+
+    from vsurge import SamplingParams, vInference, vInferenceConfig
+
+    mesh_model, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2,
+                                data_parallel_size=2)
+    config = vInferenceConfig(max_new_tokens=10, streaming_chunks=5)
+    try:
+        vInference(mesh_model, processor, generation_config=config, input_partition_spec=PartitionSpec("dp"))
+        bad_axis_error = ""
+    except ValueError as e:
+        bad_axis_error = str(e)
+    vinf = vInference(mesh_model, processor, generation_config=config, input_partition_spec=PartitionSpec("data"))
+    outputs = vinf.process_prompt(PROMPTS, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True))
+    expected = [processor.decode(greedy_generate(model, vinf.prompt_ids(p), 10)) for p in PROMPTS]
+    engine = next(iter(vinf._buckets.buckets.values())).engine
+    decode = next(program for key, program in engine._compiled.items() if key[0] == "decode")
+    row_specs = sorted({str(s.spec) for s in jax.tree.leaves(decode.input_shardings[0][3])})
+    return {"vinference_texts": [o.text for o in outputs], "vinference_expected": expected,
+            "vinference_row_specs": row_specs, "vinference_bad_axis_error": bad_axis_error}
+
+
+def check_default_tp3():
+    """The embedded default model (9 query heads, 3 KV heads; GGUF dequantized per shard): greedy
+    text at TP 3 vs one device."""
+    model, processor = vsurge.load("default", dtype="float32", progress=False)
+    ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    one = greedy_generate(model, ids, 12)
+    del model
+    tp3, _ = vsurge.load("default", dtype="float32", progress=False, load_processor=False, tensor_parallel_size=3)
+    three = greedy_generate(tp3, ids, 12)
+    held = per_device_bytes(tp3.named_weights())
+    print("RESULT " + json.dumps({"tp1": processor.decode(one), "tp3": processor.decode(three),
+                                  "kv_heads": tp3.config.num_kv_heads, "devices": len(held),
+                                  "max_device_bytes": max(held.values()), "total_bytes": tp3.weight_bytes}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3}
+    checks[sys.argv[1]](*sys.argv[2:])
