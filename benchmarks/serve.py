@@ -63,7 +63,8 @@ def llama_server_binary() -> str:
 class Server:
     """A server process on loopback; its output goes to a file (an unread pipe would block it)."""
 
-    def __init__(self, cmd: list[str], ready_path: str):
+    def __init__(self, name: str, cmd: list[str], ready_path: str):
+        self.name = name
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.ready_url = self.base + ready_path
@@ -150,11 +151,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     print(TABLE_HEADER)
     # vsurge: a first start fills the compilation cache, the second is timed warm
-    warmup = Server(vsurge_cmd(args.vsurge_args), "/readiness")
+    warmup = Server("vsurge", vsurge_cmd(args.vsurge_args), "/readiness")
     cold = warmup.wait_ready()
     warmup.stop()
-    server = Server(vsurge_cmd(args.vsurge_args), "/readiness")
-    server.name = "vsurge"
+    server = Server("vsurge", vsurge_cmd(args.vsurge_args), "/readiness")
     warm = server.wait_ready()
     print(f"vsurge ready in {cold:.1f} s (first start), {warm:.1f} s (warm compilation cache)", flush=True)
     try:
@@ -164,9 +164,9 @@ def main(argv=None) -> int:
     peer = None
     if not args.skip_llama:
         binary = llama_server_binary()
-        llama = Server([binary, "-m", str(default_model_path()), "--host", "127.0.0.1", "--port", "{port}",
-                        "-np", "32", "-c", "32768", "-t", str(os.cpu_count() or 2)], "/health")
-        llama.name = "llama-server"
+        llama = Server("llama-server", [binary, "-m", str(default_model_path()), "--host", "127.0.0.1", "--port",
+                                        "{port}", "-np", "32", "-c", "32768", "-t", str(os.cpu_count() or 2)],
+                       "/health")
         llama.wait_ready()
         try:
             peer = measure(llama, args)

@@ -1,8 +1,11 @@
 """vInference speed on the default model: single-stream decode, prefill, batch-8 throughput.
 
 Peers in the same run: HF transformers (torch, float32) and llama-cpp-python
-(when installed). vsurge runs in float32 and with int8 weights. Prints a
-markdown table of medians and the ratio of vsurge to each peer.
+(when installed). vsurge runs with its default bfloat16 weights, float32 and
+int8 weights. Prints a markdown table of medians and the ratio of vsurge to each
+peer, then the issue's batching check: a fresh vInference's first
+`process_prompts_concurrently` of 8 prompts against its first single prompt,
+compilation included in both.
 
     python benchmarks/vinference.py [--tokens 128] [--reps 3] [--prefill 512]
 """
@@ -16,11 +19,11 @@ import sys
 from common import STORY, chat, default_gguf, llama_cpp_model, measure_read_bandwidth, median_time, transformers_model
 
 
-def bench_vsurge(quantization, tokens: int, reps: int, prefill: int):
+def bench_vsurge(dtype, quantization, tokens: int, reps: int, prefill: int):
     import vsurge
     from vsurge import SamplingParams, vInference, vInferenceConfig, vInferencePreCompileConfig
 
-    model, processor = vsurge.load("default", quantization=quantization, progress=False)
+    model, processor = vsurge.load("default", dtype=dtype, quantization=quantization, progress=False)
     vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=tokens))
     vi.precompile(vInferencePreCompileConfig(batch_size=[1, 8], prefill_length=[64, prefill]))
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
@@ -34,6 +37,24 @@ def bench_vsurge(quantization, tokens: int, reps: int, prefill: int):
     batch = median_time(lambda: asyncio.run(vi.process_prompts_concurrently(prompts, 8, params)), reps)
     return {"decode": (tokens - 1) / (full - first), "prefill": prefill / prefill_time,
             "batch8": 8 * tokens / batch, "bytes": model.decode_bytes}
+
+
+def first_calls(tokens: int) -> tuple[float, float]:
+    """Seconds of a fresh vInference's first single prompt and first 8 concurrent prompts."""
+    import time
+
+    import vsurge
+    from vsurge import SamplingParams, vInference, vInferenceConfig
+
+    model, processor = vsurge.load("default", progress=False)
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=tokens))
+    start = time.perf_counter()
+    vi.process_prompt(chat(0), params)
+    one = time.perf_counter() - start
+    start = time.perf_counter()
+    asyncio.run(vi.process_prompts_concurrently([chat(i) for i in range(8)], 8, params))
+    return one, time.perf_counter() - start
 
 
 def bench_transformers(tokens: int, reps: int, prefill: int):
@@ -90,15 +111,17 @@ def main(argv=None) -> int:
     parser.add_argument("--prefill", type=int, default=512)
     args = parser.parse_args(argv)
     bandwidth = measure_read_bandwidth()
-    rows = [("vsurge vInference f32", bench_vsurge(None, args.tokens, args.reps, args.prefill)),
-            ("vsurge vInference int8", bench_vsurge("int8", args.tokens, args.reps, args.prefill)),
+    one, eight = first_calls(args.tokens)
+    rows = [("vsurge vInference bf16 (default)", bench_vsurge(None, None, args.tokens, args.reps, args.prefill)),
+            ("vsurge vInference f32", bench_vsurge("float32", None, args.tokens, args.reps, args.prefill)),
+            ("vsurge vInference int8", bench_vsurge(None, "int8", args.tokens, args.reps, args.prefill)),
             ("transformers f32", bench_transformers(args.tokens, args.reps, args.prefill))]
     cpp = bench_llama_cpp(args.tokens, args.reps, args.prefill)
     if cpp:
         rows.append(("llama.cpp Q4_1", cpp))
     else:
         print("(llama-cpp-python is not installed: pip install -e '.[bench]')", file=sys.stderr)
-    best = max(rows[0][1]["decode"], rows[1][1]["decode"])
+    best = max(r["decode"] for name, r in rows if name.startswith("vsurge"))
     print(f"\nvInference, default model, {args.tokens} new tokens (greedy, no early stop), prefill {args.prefill} "
           f"tokens, medians of {args.reps}; machine read bandwidth {bandwidth:.1f} GB/s\n")
     print("| engine | decode tok/s (1 stream) | weight GB/s | prefill tok/s | batch-8 tok/s | batch-8 / 1 stream "
@@ -107,6 +130,8 @@ def main(argv=None) -> int:
     for name, r in rows:
         print(f"| {name} | {r['decode']:.1f} | {r['bytes'] * r['decode'] / 1e9:.1f} | {r['prefill']:.0f} | "
               f"{r['batch8']:.1f} | {r['batch8'] / r['decode']:.1f}x | {best / r['decode']:.2f}x |")
+    print(f"\nFresh vInference, first calls (compilation included): one prompt {one:.1f} s, "
+          f"process_prompts_concurrently of 8 prompts {eight:.1f} s ({eight / one:.2f}x)")
     return 0
 
 

@@ -54,6 +54,9 @@ class vSurgeRequest:  # noqa: N801 (the seed's name)
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
     structured: dict | None = None  # a StructuredOutput or its fields: {"json": schema}, {"regex": ...}, ...
+    logprobs: int | None = None  # beyond the seed: every SamplingParams field travels through a request
+    speculative_tokens: int | None = None
+    extra: dict | None = None
 
     @classmethod
     def from_sampling_params(cls, prompt, sampling_params: SamplingParams) -> "vSurgeRequest":
@@ -64,6 +67,7 @@ class vSurgeRequest:  # noqa: N801 (the seed's name)
     def to_sampling_params(self) -> SamplingParams:
         fields = {f.name for f in dataclasses.fields(SamplingParams)}
         values = {k: v for k, v in dataclasses.asdict(self).items() if k in fields}
+        values["extra"] = values["extra"] or {}
         return SamplingParams(**values)
 
 

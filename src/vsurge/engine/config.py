@@ -145,5 +145,6 @@ class EngineConfig:
         return sorted({min(last, math.ceil(t / self.page_size)) for t in (256, 512)} | {last})
 
     def dynamic_window(self, window: int) -> bool:
-        """Decode programs of this window loop over page columns instead of unrolling them."""
-        return window == self.pages_per_sequence and window > math.ceil(512 / self.page_size)
+        """Decode programs of this window loop over page columns instead of unrolling them (more than
+        4 columns: the loop costs nothing extra there, and unrolling makes programs slow to compile)."""
+        return window == self.pages_per_sequence and window > 4

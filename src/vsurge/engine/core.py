@@ -21,7 +21,6 @@ from functools import partial
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -62,8 +61,9 @@ class EngineCore:
         # publishes the call to the followers first (engine/multihost.py)
         self.on_call = None
 
-    def new_scheduler(self) -> Scheduler:
-        return Scheduler(self.pool, self.config)
+    def new_scheduler(self, pool=None) -> Scheduler:
+        """A scheduler over the engine's page pool, or over `pool` (a run with its own engine state)."""
+        return Scheduler(self.pool if pool is None else pool, self.config)
 
     # ------------------------------------------------------------ properties the drivers and vSurge read
     @property

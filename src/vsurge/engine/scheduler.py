@@ -287,6 +287,8 @@ class Scheduler:
                 rows = [row, *range(draft_row, draft_row + len(drafts))]
                 draft_row += len(drafts)
                 kept = speculation.accepted([int(out.tokens[0][r]) for r in rows], drafts)
+                if len(kept) == 1:
+                    seq.speculate_after = len(seq.tokens) + speculation.BACKOFF_TOKENS
                 for r in rows[: len(kept)]:
                     seq.num_computed += 1
                     take(seq, 0, r)

@@ -36,6 +36,7 @@ class Sequence:
     needs_setup: bool = False  # the engine must (re)load this slot's sampling state before its next step
     admitted_at: float | None = None
     matcher: object | None = None  # a GrammarMatcher when the output is constrained (structured outputs)
+    speculate_after: int = 0  # no drafts before the sequence holds this many tokens (after a miss)
 
     @classmethod
     def of(cls, request: ActiveRequest, processor, vocab_size: int | None = None) -> "Sequence":

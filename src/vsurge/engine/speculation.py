@@ -16,6 +16,9 @@ from __future__ import annotations
 from typing import Sequence as Seq
 
 MAX_NGRAM = 3
+# After a step whose drafts all failed, decode this many tokens plainly (multi-step) before drafting
+# again: text that stopped repeating would otherwise cost a one-token step per rejected guess.
+BACKOFF_TOKENS = 8
 
 
 def propose(tokens: Seq[int], max_drafts: int, max_ngram: int = MAX_NGRAM) -> list[int]:
@@ -33,8 +36,8 @@ def propose(tokens: Seq[int], max_drafts: int, max_ngram: int = MAX_NGRAM) -> li
 
 def eligible(seq) -> bool:
     p = seq.request.params
-    return (p.temperature == 0.0 and p.repetition_penalty == 1.0 and p.frequency_penalty == 0.0
-            and p.presence_penalty == 0.0 and seq.matcher is None)
+    return (len(seq.tokens) >= seq.speculate_after and p.temperature == 0.0 and p.repetition_penalty == 1.0
+            and p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and seq.matcher is None)
 
 
 def accepted(sampled: Seq[int], drafts: Seq[int]) -> list[int]:

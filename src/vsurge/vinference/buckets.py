@@ -35,7 +35,15 @@ class Bucket:
     batch: int
     prefill_length: int
     engine: EngineCore
-    state: object  # the engine state between runs (donated through every step)
+    state: object  # the engine state between runs (donated through every step); None while a run holds it
+
+    def take_state(self):
+        """The bucket's state for one run, or a fresh one while another (suspended) run holds it."""
+        state, self.state = self.state, None
+        return state if state is not None else self.engine.init_state()
+
+    def give_back(self, state) -> None:
+        self.state = state
 
 
 class BucketEngines:

@@ -23,6 +23,7 @@ from flax import nnx
 from ..engine.request import ActiveRequest, ReturnChannel
 from ..engine.sequence import Sequence as EngineSequence
 from ..engine.validation import prepare_requests
+from ..kv.page_manager import SlotPages
 from ..metrics import EngineMetrics
 from ..sampling_params import SamplingParams
 from ..seed.vinference_api import vInferenceSeedAPI
@@ -183,28 +184,36 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         batch = min(len(rows), slots or len(rows))
         bucket = self._buckets.get(*self._buckets.choose(batch, longest, self.model_prefill_length))
         engine = bucket.engine
-        scheduler = engine.new_scheduler()
+        config = engine.config
+        # Each run owns its slots and state, so two suspended runs never share a slot.
+        scheduler = engine.new_scheduler(SlotPages(config.max_slots, config.max_length, config.page_size))
         seqs = [EngineSequence.of(r, self.processor, engine.vocab_size) for r in rows]
         index = {seq: i for i, seq in enumerate(seqs)}
         for seq in seqs:
             scheduler.add(seq)
         want_logprobs = any(r.params.logprobs is not None for r in rows)
+        # The lock guards each step, not the run: a caller may hold two suspended runs (seed step API).
         with self._device_lock:
-            start = time.perf_counter()
-            try:
-                while scheduler.has_work:
-                    plan = scheduler.schedule()
-                    tick = time.perf_counter()
-                    bucket.state, out = engine.step(bucket.state, plan, scheduler.masks(plan), graphstate=graphstate,
-                                                    graphother=graphother)
+            state = bucket.take_state()
+        start = time.perf_counter()
+        try:
+            while scheduler.has_work:
+                plan = scheduler.schedule()
+                tick = time.perf_counter()
+                with self._device_lock:
+                    donated, state = state, None  # a failed step leaves no usable state to give back
+                    state, out = engine.step(donated, plan, scheduler.masks(plan), graphstate=graphstate,
+                                             graphother=graphother)
                     updates = scheduler.postprocess(plan, out.to_host(want_logprobs))
-                    self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
-                    yield (self._snapshot(seqs, bucket.prefill_length, start),
-                           [(index[seq], sample) for seq, sample in updates])
-            finally:
-                for seq in seqs:
-                    if not seq.finished:
-                        scheduler.abort(seq)
+                self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
+                yield (self._snapshot(seqs, bucket.prefill_length, start),
+                       [(index[seq], sample) for seq, sample in updates])
+        finally:
+            for seq in seqs:
+                if not seq.finished:
+                    scheduler.abort(seq)
+            if state is not None:
+                bucket.give_back(state)
 
     def _snapshot(self, seqs: list[EngineSequence], padded_length: int, start: float) -> SampleState:
         cap = self.generation_config.max_new_tokens

@@ -1,0 +1,181 @@
+"""The scheduler alone: pure Python over a real page pool, no JAX, milliseconds per test.
+
+A fake step (`run`) plays the device: prompt rows that end their sequence and
+decode rows sample token 7, so plans and page tables can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from vsurge.engine.config import EngineConfig
+from vsurge.engine.request import ActiveRequest, ReturnChannel
+from vsurge.engine.scheduler import Scheduler
+from vsurge.engine.sequence import Sequence, Status
+from vsurge.kv.page_manager import HBMPageManager, SlotPages
+from vsurge.sampling_params import SamplingParams
+
+
+class Letters:
+    """token i <-> letter chr(97 + i % 26); eos 0."""
+
+    eos_token_ids = [0]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(97 + int(i) % 26) for i in ids)
+
+
+def seq(prompt_len: int, max_tokens: int = 4, first: int = 1) -> Sequence:
+    prompt = list(range(first, first + prompt_len))
+    request = ActiveRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), 0, max_tokens, [0],
+                            ReturnChannel())
+    return Sequence.of(request, Letters())
+
+
+class Out:
+    def __init__(self, plan, token=7):
+        rows = plan.decode_row_count + len(plan.chunks)
+        self.tokens = np.full((plan.num_steps, rows), token)
+        self.valid = np.ones((plan.num_steps, rows), bool)
+        self.logprobs = None
+        self.chunk_offset = plan.decode_row_count
+
+
+def run(scheduler, steps=1):
+    plans = []
+    for _ in range(steps):
+        plan = scheduler.schedule()
+        scheduler.postprocess(plan, Out(plan))
+        plans.append(plan)
+    return plans
+
+
+def make(pages=64, page_size=4, slots=4, prefill_tokens=16, chunk_lengths=(4, 16), paged=True, decode_steps=1):
+    config = EngineConfig(max_slots=slots, max_length=32, page_size=page_size, prefill_tokens=prefill_tokens,
+                          chunk_lengths=chunk_lengths, decode_steps=decode_steps)
+    pool = HBMPageManager(pages, page_size) if paged else SlotPages(slots, 32, page_size)
+    return Scheduler(pool, config)
+
+
+def test_no_jax_is_imported():
+    code = ("import sys; import vsurge.engine.scheduler, vsurge.kv.page_manager, vsurge.engine.sequence; "
+            "assert 'jax' not in sys.modules, 'jax was imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_admission_is_fifo_and_prompts_share_a_step():
+    s = make()
+    a, b, c = seq(5), seq(3, first=20), seq(9, first=40)
+    for x in (a, b, c):
+        s.add(x)
+    plan = s.schedule()
+    assert plan.chunk_shape == (4, 4)  # 4 rows of 4 tokens schedule 16 prompt tokens, more than 1 row of 16
+    assert [(r.seq, r.start, r.length) for r in plan.chunks] == [(a, 0, 4), (a, 4, 1), (b, 0, 3), (c, 0, 4)]
+    assert [x.slot for x in (a, b, c)] == [0, 1, 2] and not plan.decode
+    assert [r.samples for r in plan.chunks] == [False, True, True, False]
+    s.postprocess(plan, Out(plan))
+    assert a.tokens[-1] == 7 and b.tokens[-1] == 7 and c.remaining == 5
+    plan = s.schedule()
+    # 5 tokens left either way: the longer row wins the tie (one gather of c's pages, not two)
+    assert plan.decode == [a, b] and [(r.seq, r.start, r.length) for r in plan.chunks] == [(c, 4, 5)]
+
+
+def test_a_long_prompt_is_cut_to_the_budget_and_resumes():
+    s = make(chunk_lengths=(16,))
+    long = seq(40)
+    s.add(long)
+    first, second, third = run(s, 3)
+    assert [(r.start, r.length) for r in first.chunks] == [(0, 16)]
+    assert [(r.start, r.length) for r in second.chunks] == [(16, 16)]
+    assert [(r.start, r.length) for r in third.chunks] == [(32, 8)]  # ends the prompt: it samples
+    assert long.generated == [7] and long.num_computed == 40
+
+
+def test_one_token_prompt_decodes_at_once():
+    s = make()
+    one = seq(1)
+    s.add(one)
+    plan = s.schedule()
+    assert plan.decode == [one] and not plan.chunks
+
+
+def test_finished_sequences_free_slot_and_pages():
+    s = make(decode_steps=4)
+    a = seq(3, max_tokens=3)
+    s.add(a)
+    run(s, 2)  # prompt, then a multi-step decode ends it
+    assert a.status is Status.FINISHED and a.output.finish_reason == "length" and a.generated == [7, 7, 7]
+    assert s.pool.num_used_pages == 0 and not s.running and s._free_slots == [0, 1, 2, 3]
+
+
+def test_decode_steps_shrink_to_what_rows_may_still_generate():
+    s = make(decode_steps=8)
+    a, b = seq(3, max_tokens=10), seq(3, max_tokens=3, first=9)
+    s.add(a), s.add(b)
+    run(s)
+    plan = s.schedule()
+    assert plan.num_steps == 2  # b may make 2 more tokens
+
+
+def test_preemption_takes_the_newest_and_recomputes_it():
+    s = make(pages=5, page_size=4, slots=2, chunk_lengths=(8,), prefill_tokens=8)
+    old, new = seq(8, max_tokens=12), seq(8, max_tokens=12, first=30)
+    s.add(old), s.add(new)
+    for _ in range(12):  # 5 pages cannot hold both at 9+ tokens each
+        run(s)
+        if s.num_preemptions:
+            break
+    assert s.num_preemptions == 1 and new.status is Status.WAITING and new.num_computed == 0
+    assert old.status is Status.RUNNING and new.generated  # what it made is kept for the recompute
+    kept = list(new.generated)
+    while s.has_work:
+        run(s)
+    assert old.generated == [7] * 12 and new.generated == [7] * 12 and new.generated[: len(kept)] == kept
+    assert s.pool.num_used_pages == 0
+
+
+def test_prefix_cache_hit_skips_the_cached_pages():
+    s = make(page_size=4)
+    a = seq(10)
+    s.add(a)
+    run(s, 2)
+    b = seq(10)
+    s.add(b)
+    plan = s.schedule()
+    assert b.num_computed == 8 and [(r.start, r.length) for r in plan.chunks if r.seq is b] == [(8, 2)]
+    assert s.pool.prefix_hits == 8
+
+
+def test_dense_pool_gives_each_slot_its_own_pages():
+    s = make(paged=False, page_size=8)
+    a, b = seq(3), seq(3, first=9)
+    s.add(a), s.add(b)
+    run(s)
+    assert a.pages.pages == [0, 1, 2, 3] and b.pages.pages == [4, 5, 6, 7]
+
+
+def test_abort_while_waiting_or_running():
+    s = make(slots=1)
+    running, waiting = seq(3), seq(3, first=9)
+    s.add(running), s.add(waiting)
+    run(s)
+    assert s.abort(waiting).finish_reason == "abort" and waiting not in s.waiting
+    assert s.abort(running).finish_reason == "abort" and not s.running and s.pool.num_used_pages == 0
+
+
+@pytest.mark.parametrize("prompt_len", [1, 4, 5, 17])
+def test_every_prompt_token_is_computed_once(prompt_len):
+    s = make(chunk_lengths=(4,))
+    a = seq(prompt_len)
+    s.add(a)
+    computed = []
+    while not a.generated:
+        plan = s.schedule()
+        computed += [t for r in plan.chunks for t in range(r.start, r.start + r.length)]
+        computed += [len(x.tokens) - 1 for x in plan.decode]
+        s.postprocess(plan, Out(plan))
+    assert computed == list(range(prompt_len))

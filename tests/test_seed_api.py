@@ -1,0 +1,191 @@
+"""The seed API's compatibility surface (engine/seed_engine.py, seed/, server/handlers.py): every
+shim, called the way code written against EasyDeL calls it, plus the bugs found in the old surface."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+import vsurge
+from vsurge import SamplingParams, oEngine, vEngine, vInference, vInferenceConfig, vSurge, vSurgeRequest
+from vsurge.engine.seed_engine import ModelOutputBatch, Prefix, ResultTokens
+from vsurge.generation import greedy_generate
+from vsurge.server.protocol import ChatCompletionRequest, CountTokenRequest
+from vsurge.vsurge import vSurgeMetadata
+from tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, default_processor_dir):
+    folder = tmp_path_factory.mktemp("tiny_seed")
+    write_tiny_model("llama", folder, default_processor_dir)
+    return vsurge.load(folder, dtype="float32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def v_engine(tiny):
+    with pytest.warns(UserWarning, match="batch_size has no effect"):
+        engine = vEngine(*tiny, max_concurrent_decodes=4, max_length=64, prefill_lengths=[16], batch_size=3)
+    return engine
+
+
+def test_vengine_prefill_insert_decode_loop_matches_greedy(v_engine, tiny):
+    model, processor = tiny
+    prompt = [5, 17, 300, 42, 7]
+    tokens = np.zeros((1, 16), np.int32)
+    tokens[0, :5] = prompt
+    state = v_engine.init_decode_state("ignored", extra=1)  # the seed's *args/**kwargs are accepted
+    prefix, first = v_engine.prefill(None, None, tokens, tokens > 0, 5, temperature=0.0, top_p=1.0, top_k=0,
+                                     rngs=v_engine.prng_key, max_new_tokens=10)
+    assert isinstance(prefix, Prefix) and int(first[0]) == prefix.sequence.tokens[-1]
+    state = v_engine.insert(prefix, state, 2)
+    got = [int(first[0])]
+    for _ in range(5):
+        state, result = v_engine.decode(None, None, state, v_engine.prng_key)
+        assert isinstance(result, ResultTokens) and result.valid.tolist() == [False, False, True, False]
+        got.append(int(result.tokens[2]))
+    assert got == greedy_generate(model, prompt, 6)
+    state = v_engine.bulk_insert(prefix, state, [0, 1])  # one prefix copied into two slots
+    state, result = v_engine.decode(None, None, state)
+    assert result.tokens[0] == result.tokens[1] == got[1] and result.valid[:3].all()
+    assert v_engine.free_resource(2) and not v_engine.free_resource(3)
+    for slot in (0, 1):
+        v_engine.free_resource(slot)
+    assert v_engine.pool.num_used_pages == 0
+
+
+def test_vengine_properties_and_shardings(v_engine):
+    assert (v_engine.max_prefill_length, v_engine.prefill_lengths, v_engine.max_length) == (63, [16], 64)
+    assert v_engine.max_concurrent_prefill >= 1 and v_engine.samples_per_slot == 1
+    assert v_engine.batch_size == 3 and v_engine.colocated_cpus is None
+    assert not np.array_equal(jax.random.key_data(v_engine.prng_key), jax.random.key_data(v_engine.prng_key))
+    shardings = v_engine.get_state_shardings(is_decode=True)
+    state = v_engine.init_decode_state()
+    assert jax.tree.structure(shardings) == jax.tree.structure(state)
+    assert all(leaf.sharding == s for leaf, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)))
+    assert isinstance(v_engine.get_prefix_destination_sharding(), jax.sharding.Sharding)
+
+
+def test_oengine_forward_returns_a_model_output_batch(tiny):
+    model, processor = tiny
+    engine = oEngine(model, processor, max_concurrent_decodes=2, max_length=64, prefill_lengths=[16], num_pages=8,
+                     page_size=16)
+    scheduler, state = engine.new_scheduler(), engine.init_decode_state()
+    from vsurge.engine.request import ActiveRequest, ReturnChannel
+    from vsurge.engine.sequence import Sequence
+
+    request = ActiveRequest([5, 17, 300], SamplingParams(max_tokens=4, temperature=0.0), 0, 4, [], ReturnChannel())
+    scheduler.add(Sequence.of(request, processor))
+    plan = scheduler.schedule()
+    out = engine.forward(None, None, state, plan)
+    assert isinstance(out, ModelOutputBatch) and out.prefill_row == 0
+    assert int(out.tokens[0, out.prefill_row]) == greedy_generate(model, [5, 17, 300], 1)[0]
+
+
+def test_vinference_step_methods(default_model):
+    model, processor = default_model
+    inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=4))
+    kwargs = inf.adjust_kwargs(np.asarray([[0, 0, 5, 6], [7, 8, 9, 10]]), np.asarray([[0, 0, 1, 1], [1, 1, 1, 1]]))
+    assert kwargs["prompts"] == [[5, 6], [7, 8, 9, 10]]
+    with pytest.warns(UserWarning, match="'pixel_values' is not used"):
+        inf.adjust_kwargs([[1, 2]], pixel_values=1)
+    rows = [r for ids in kwargs["prompts"] for r in inf.make_rows(ids, SamplingParams(max_tokens=8, temperature=0))]
+    state = inf.start_state(rows)
+    state = inf.execute_prefill(state)
+    assert (state.generated_tokens_per_row == 1).all()
+    state = inf.execute_decode(state)
+    assert (state.generated_tokens_per_row == 5).all()
+    assert inf.execute_decode(state, func=lambda s: "custom") == "custom"
+    states = list(inf.generate([[5, 6]], position_ids=[[0, 1]], sampling_params=SamplingParams(max_tokens=8,
+                                                                                                temperature=0)))
+    assert states[-1].row_tokens(0) == greedy_generate(model, [5, 6], 8)
+    assert inf.precompile(vsurge.vInferencePreCompileConfig(batch_size=1, prefill_length=10**6)) is False
+
+
+def test_vinference_streams_of_a_list_can_be_read_in_turns(default_model):
+    """Old bug: the generators of process_prompt([a, b], stream=True) deadlocked when read in turns."""
+    model, processor = default_model
+    inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=2))
+    gens = inf.process_prompt(["Hello", "Once upon a time"], SamplingParams(max_tokens=8, temperature=0.0),
+                              stream=True)
+    done = threading.Event()
+    texts = ["", ""]
+
+    def read():
+        for pieces in zip(*gens):
+            texts[0] += pieces[0]
+            texts[1] += pieces[1]
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    assert done.wait(120), "reading the streams in turns blocked"
+    assert all(texts)
+
+
+def test_vsurge_seed_helpers_and_metadata(dense_surge, default_model):
+    processor = default_model[1]
+    ids = processor.encode("caf\u00e9 \U0001f600")
+    byte_token = next(t for t in ids if "\ufffd" in processor.decode([t]))
+    sample = vsurge.ReturnSample(text="", token_ids=[byte_token], accumulated_text="", tokens_per_second=1.0,
+                                 num_generated_tokens=1, time_spent_computing=0.1)
+    whole = vsurge.ReturnSample(text="ok", token_ids=[processor.encode("ok")[0]], accumulated_text="ok",
+                                tokens_per_second=2.0, num_generated_tokens=2, time_spent_computing=0.2)
+    assert dense_surge.should_buffer_response([sample]) and not dense_surge.should_buffer_response([whole])
+    assert dense_surge.process_client_side_tokenization_response([whole]) == [whole]
+    joined = dense_surge.process_server_side_tokenization_response([whole], [[sample]])
+    assert joined == [("ok", [byte_token, whole.token_ids[0]], 2.0, 2)]
+
+    seen = {}
+    original = dense_surge.driver.submit_request
+
+    def spy(request):
+        seen.update(request.metadata)
+        return original(request)
+
+    dense_surge.driver.submit_request = spy
+    try:
+        request = vSurgeRequest(prompt="Hi", max_tokens=2, temperature=0.0,
+                                metadata=vSurgeMetadata({"request_id": "abc"}))
+
+        async def run():
+            return [s async for samples in dense_surge.complete(request) for s in samples]
+
+        assert asyncio.run(run())[-1].finish_reason
+    finally:
+        dense_surge.driver.submit_request = original
+    assert seen == {"request_id": "abc"}
+    results = asyncio.run(dense_surge.generate("Hi", SamplingParams(max_tokens=2, temperature=0.0)))
+    assert isinstance(results, list) and len(results) == 1  # one entry per prompt, as the seed returns
+
+
+def test_api_server_handlers_are_methods(dense_surge):
+    from vsurge import vSurgeApiServer
+
+    with pytest.warns(UserWarning, match="no effect"):
+        server = vSurgeApiServer({"smol": dense_surge}, max_workers=3)
+
+    async def run():
+        models = await server.available_inference()
+        count = await server.count_tokens(CountTokenRequest(text="hello world"))
+        alive, ready = await server.liveness(), await server.readiness()
+        reply = await server.chat_completions(ChatCompletionRequest(
+            messages=[{"role": "user", "content": "What is the capital of France?"}], temperature=0.0, max_tokens=16))
+        return models, count, alive, ready, reply
+
+    models, count, alive, ready, reply = asyncio.run(run())
+    assert models["data"][0]["id"] == "smol" and count["count"] == 2 and alive == {"status": "alive"}
+    assert ready == {"status": "ready"} and b"Paris" in reply.body
+    # metrics carry the served name (the old bug: the GGUF's internal name)
+    assert 'model_name="smol"' in server.metrics_text().decode()
+    assert dense_surge.metrics.model_name == "smol"
+
+
+def test_seed_names_import_from_the_package():
+    for name in ("vSurgeApiServer", "vSurge", "vSurgeRequest", "vDriver", "vEngine", "oDriver", "oEngine",
+                 "PagedAttentionCache", "HBMPageManager", "vInference", "SampleState", "PromptOutput"):
+        assert getattr(vsurge, name).__name__ == name
+    assert issubclass(vSurge, object)
