@@ -16,13 +16,16 @@ from typing import Callable
 
 from .sampling_params import SamplingParams
 
-# One user: 2 decode rows (the smallest decode program; a lone row runs as two anyway), prompt rows of
-# 32/128/512 tokens one at a time, and no decode rows beside a prompt: a third of the programs the
-# server compiles. The prefix cache keeps whole pages of the conversation, so the next turn prefills
-# little more than what is new. Smaller pages would cache more, but a decode program unrolls its
-# attention per page of its window: 32-token pages made a 2048-token window take minutes to load.
+# One user: 2 decode rows (the smallest decode program; a lone row runs as two anyway) and prompts
+# prefilled 64 tokens a step, with no decode rows beside them. One prompt-row length only: the
+# scheduler fills the longest row a prompt fits, so with 512-token rows too a 26-token question would
+# pay for 512 (0.8 s instead of 0.15 s on 2 loaded cores); 64 covers a first chat turn in one step,
+# and longer prompts take more steps (600 tokens: ~1.9 s, against ~1.5 s with 128-token rows).
+# The prefix cache keeps whole pages of the conversation, so a later turn prefills little more than
+# what is new. Smaller pages would cache more, but a decode program unrolls its attention per page
+# of its window: 32-token pages made the 2048-token window take minutes to load from the cache.
 CLI_SLOTS = 2
-CLI_PROMPT_ROWS = (32, 128, 512)
+CLI_PROMPT_ROWS = (64,)
 CLI_PAGE_SIZE = 128
 CLI_DECODE_STEPS = 4
 
@@ -85,17 +88,16 @@ def status(message: str) -> None:
 class LocalEngine:
     """A loaded, compiled and running vSurge for the command line. Use as a context manager."""
 
-    def __init__(self, surge, processor, model_path: Path | None):
+    def __init__(self, surge, processor):
         self.surge = surge
         self.processor = processor
-        self.model_path = model_path
         self._runner = asyncio.Runner()
 
     @classmethod
     def start(cls, model: str, *, dtype=None, quantization=None, max_length: int = 2048,
-              compilation_cache: str | None = None, seed: int | None = None) -> "LocalEngine":
+              compilation_cache: str | None = None) -> "LocalEngine":
         from .errors import ModelLoadError
-        from .loading import load, resolve_model_path
+        from .loading import DEFAULT_MODEL_NAME, load, resolve_model_path
         from .vsurge import vSurge
 
         use_cache_dir(compilation_cache)
@@ -110,13 +112,13 @@ class LocalEngine:
                 loaded, processor, max_concurrent_decodes=CLI_SLOTS, max_concurrent_prefill=1,
                 prefill_lengths=list(CLI_PROMPT_ROWS), max_length=max_length, page_size=CLI_PAGE_SIZE,
                 decode_steps=CLI_DECODE_STEPS,
-                prefill_first=True, **({"seed": seed} if seed is not None else {}))
+                prefill_first=True, vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
         except ValueError as e:
             raise SystemExit(f"vsurge: error: {e}") from None
         begin = time.perf_counter()
         surge.compile()  # the engine's progress bar: "Compiling oEngine: n/N programs"
         surge.start()
-        engine = cls(surge, processor, path)
+        engine = cls(surge, processor)
         engine.warm_up()
         cached = compilation_cache if compilation_cache and compilation_cache.lower() != "none" else None
         status(f"Ready in {time.perf_counter() - begin:.1f}s"
