@@ -90,6 +90,18 @@ def test_chat_keeps_history_joins_multiline_input_and_obeys_commands():
     assert [r["prompt_tokens"] for r in replies] == [len(chat_prompt_ids(processor, m)) for m in (first, second, third)]
 
 
+def test_a_chat_longer_than_the_context_drops_its_oldest_exchanges():
+    questions = [f"What is the capital of {country}?" for country in
+                 ("France", "Italy", "Spain", "Germany", "Portugal", "Austria", "Poland", "Greece")]
+    out = run_cli("chat", "--max-length", "256", "--max-tokens", "48", "--temperature", "0", "--json",
+                  stdin="\n".join(questions) + "\n")
+    assert out.returncode == 0, out.stderr
+    replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(replies) == len(questions), out.stdout
+    assert "dropped the oldest exchange" in out.stderr
+    assert all(r["prompt_tokens"] + 48 <= 256 for r in replies), replies
+
+
 class _Lines:
     """Lines of a pipe, read on a thread so the test can wait for one with a timeout."""
 

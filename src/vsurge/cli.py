@@ -239,7 +239,10 @@ def cmd_generate(args) -> int:
             raise _fail(f"the prompt has {len(ids)} tokens; the context (--max-length) holds {engine.max_length}")
         params = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
         status(_describe_sampling(params, defaults))
-        reply = engine.reply(ids, params, on_text=None if args.json else write_text)
+        try:
+            reply = engine.reply(ids, params, on_text=None if args.json else write_text)
+        except ValueError as e:  # the engine refused the request (its message says why)
+            raise _fail(str(e)) from None
         if args.json:
             print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
         else:

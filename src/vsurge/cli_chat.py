@@ -87,13 +87,14 @@ class Conversation:
     def prompt_ids(self, engine: LocalEngine, room_for_reply: int) -> list[int] | None:
         """Token ids of the conversation, leaving `room_for_reply` tokens; None if even the last
         message alone does not fit."""
+        first = 1 if self.system else 0
+        alone = self.messages[:first] + self.messages[-1:]
+        if len(engine.chat_prompt(alone)) + room_for_reply > engine.max_length:
+            return None  # keep the history: dropping it would not make room
         while True:
             ids = engine.chat_prompt(self.messages)
             if len(ids) + room_for_reply <= engine.max_length:
                 return ids
-            first = 1 if self.system else 0
-            if len(self.messages) - first <= 1:
-                return None
             # drop the oldest user message and the reply to it
             del self.messages[first: first + 2]
             status("(the conversation outgrew the context: dropped the oldest exchange)")
@@ -138,7 +139,12 @@ def run_chat(engine: LocalEngine, params: SamplingParams, *, system: str | None,
             conversation.messages.pop()
             continue
         room = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
-        reply = engine.reply(ids, room, on_text=None if as_json else write_text)
+        try:
+            reply = engine.reply(ids, room, on_text=None if as_json else write_text)
+        except ValueError as e:  # the engine refused the request (its message says why)
+            status(f"vsurge: error: {e}")
+            conversation.messages.pop()
+            continue
         if as_json:
             print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
         else:
