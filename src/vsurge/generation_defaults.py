@@ -30,9 +30,10 @@ class GenerationDefaults:
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
-    # HF semantics: divides the logits of every token already in the prompt or the reply. 1.1 (llama.cpp's
-    # classic value) stops the 135M default model's loops; our penalty also covers the prompt, and a
-    # factor of 1.1 still leaves "Paris" first for "What is the capital of France?".
+    # HF semantics: divides the logits of every token already in the prompt or the reply. On the default
+    # model at temperature 0.8 (32 seeds "What is the capital of France?", 16 seeds "Write a short poem
+    # about the sea."): 1.0 loops (a line 3+ times) in 8/16 poems, 1.05 in 5/16, 1.1 in none, and 1.1
+    # answers "Paris" as often as any (16/32, against 11/32 without a penalty; 1.15: 10/32).
     repetition_penalty: float = 1.1
     max_tokens: int | None = None  # None: until the model stops or the context is full
     source: str = "vsurge defaults"  # where the values came from, for people reading the start-up line
