@@ -95,3 +95,41 @@ def test_server_without_defaults_keeps_openais():
     assert (params.temperature, params.top_p, params.top_k, params.min_p, params.repetition_penalty) == (
         expected.temperature, expected.top_p, expected.top_k, expected.min_p, expected.repetition_penalty) == (
         1.0, 1.0, 0, 0.0, 1.0)
+
+
+def test_the_server_gives_unset_fields_its_generation_defaults():
+    """Through the real HTTP app and driver (a mock engine records what each request samples with)."""
+    from fastapi.testclient import TestClient
+    from mock_engine import MockEngine
+
+    from vsurge.engine.driver import vDriver
+    from vsurge.server import vSurgeApiServer
+    from vsurge.vsurge import vSurge
+
+    seen = []
+
+    class RecordingEngine(MockEngine):
+        def step(self, state, plan, *masks):  # masks: structured outputs, none here
+            seen.extend(seq.request.params for seq in plan.sequences)
+            return super().step(state, plan)
+
+    surge = vSurge(vDriver(RecordingEngine()), vsurge_name="mock")
+    surge.start()
+    try:
+        server = vSurgeApiServer({"mock": surge})
+        server.generation_defaults = {"mock": GenerationDefaults(temperature=0.3, top_k=7, max_tokens=2)}
+        client = TestClient(server.app)
+        assert client.post("/v1/completions", json={"prompt": "abc"}).status_code == 200
+        unset = seen[-1]
+        assert (unset.temperature, unset.top_k, unset.repetition_penalty, unset.max_tokens) == (0.3, 7, 1.1, 2)
+        body = {"prompt": "abc", "temperature": 1.0, "top_k": 0, "repetition_penalty": 1.0, "max_tokens": 3}
+        assert client.post("/v1/completions", json=body).status_code == 200
+        explicit = seen[-1]
+        assert (explicit.temperature, explicit.top_k, explicit.repetition_penalty, explicit.max_tokens) == (
+            1.0, 0, 1.0, 3)
+        server.generation_defaults = None  # a server built in Python without them: OpenAI's defaults
+        assert client.post("/v1/completions", json={"prompt": "abc"}).status_code == 200
+        openai = seen[-1]
+        assert (openai.temperature, openai.top_k, openai.repetition_penalty, openai.max_tokens) == (1.0, 0, 1.0, 16)
+    finally:
+        surge.stop(timeout=1)
