@@ -1,40 +1,183 @@
-"""The `vsurge` command on the real default model, run as users run it."""
+"""The `vsurge` command on the real default model, run as users run it (a subprocess each).
+
+Every command shares one compilation cache (tests/cli_helpers.py), so only the first one compiles the
+CLI engine's programs; the others load them from disk.
+"""
 
 from __future__ import annotations
 
-import os
+import collections
+import json
+import queue
+import signal
 import subprocess
-import sys
+import threading
+import time
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"}
+from cli_helpers import popen_cli, run_cli
+
+FRANCE = "What is the capital of France?"
+POEM = "Write a short poem about the sea."
 
 
-def run_cli(*args, stdin=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "vsurge.cli", *args], input=stdin, capture_output=True,
-                          text=True, timeout=timeout, env=ENV)
-
-
-def test_generate_answers_with_paris():
-    out = run_cli("generate", "What is the capital of France?", "--max-tokens", "16")
+def test_generate_greedy_answers_with_paris_and_reports_speed():
+    out = run_cli("generate", FRANCE, "--temperature", "0", "--max-tokens", "16")
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("The capital of France is Paris."), out.stdout
-    assert "Loading" in out.stderr and "tok/s" in out.stderr
+    assert "Loading" in out.stderr and "Compiling" in out.stderr and "Sampling: greedy" in out.stderr
+    assert "tok/s]" in out.stderr
 
 
-def test_chat_streams_replies_and_keeps_history():
-    out = run_cli("chat", "--max-tokens", "24", stdin="What is the capital of France?\nAnd of Italy?\n\n")
+def test_generate_json_from_a_file_for_scripts(tmp_path):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(FRANCE + "\n")
+    out = run_cli("generate", "--file", str(prompt), "--json", "--temperature", "0", "--max-tokens", "12")
     assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout and "Rome" in out.stdout, out.stdout
+    result = json.loads(out.stdout)  # exactly one JSON object on stdout, nothing else
+    assert result["text"].startswith("The capital of France is Paris.")
+    assert result["finish_reason"] in ("stop", "length") and 0 < len(result["tokens"]) <= 12
+    assert result["completion_tokens"] == len(result["tokens"]) and result["prompt_tokens"] > 10
+    timings = result["timings"]
+    assert 0 < timings["first_token_s"] <= timings["total_s"] and timings["decode_tokens_per_s"] > 0
 
 
 def test_raw_prompt_skips_template():
-    out = run_cli("generate", "The capital of France is", "--raw", "--max-tokens", "4")
+    out = run_cli("generate", "The capital of France is", "--raw", "--temperature", "0", "--max-tokens", "4")
     assert out.returncode == 0, out.stderr
     assert "Paris" in out.stdout
 
 
+def test_generate_follows_a_json_schema(tmp_path):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "is_capital": {"type": "boolean"}},
+              "required": ["city", "is_capital"], "additionalProperties": False}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    out = run_cli("generate", "Describe Paris as JSON.", "--json-schema", str(path), "--temperature", "0",
+                  "--max-tokens", "48")
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert set(reply) == {"city", "is_capital"} and isinstance(reply["is_capital"], bool), out.stdout
+    assert len(reply["city"]) <= 20
+
+
+def test_default_sampling_does_not_loop_on_a_poem():
+    """The issue's loop: greedy decoding repeated one line for 256 tokens. The default sampling must not."""
+    out = run_cli("generate", POEM, "--system", "You are terse.", "--seed", "0", "--max-tokens", "256", "--json")
+    assert out.returncode == 0, out.stderr
+    assert "temperature 0.8" in out.stderr and "repetition_penalty 1.1" in out.stderr
+    text = json.loads(out.stdout)["text"]
+    lines = collections.Counter(line.strip() for line in text.splitlines() if line.strip())
+    assert lines and max(lines.values()) <= 2, text
+
+
+def test_chat_keeps_history_joins_multiline_input_and_obeys_commands():
+    from vsurge.loading import load_processor
+    from vsurge.tokenizer.compat import chat_prompt_ids
+
+    stdin = "\n".join([
+        FRANCE,
+        "And of \\",  # a trailing backslash continues the message on the next line
+        "Italy?",
+        "/help",
+        "/reset",
+        '"""',  # a block: everything up to the closing quotes is one message
+        "Say hello",
+        "",
+        "in French.",
+        '"""',
+        "/exit",
+        "never sent",
+    ]) + "\n"
+    out = run_cli("chat", "--temperature", "0", "--max-tokens", "24", "--json", stdin=stdin)
+    assert out.returncode == 0, out.stderr
+    replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(replies) == 3, out.stdout  # /help, /reset and /exit are commands; "never sent" is not read
+    assert "Paris" in replies[0]["text"] and "Rome" in replies[1]["text"], replies
+    assert "/reset forgets the conversation" in out.stderr
+    # each prompt is exactly the conversation the commands leave: history, joined lines, reset
+    processor = load_processor("default")
+    first = [{"role": "user", "content": FRANCE}]
+    second = first + [{"role": "assistant", "content": replies[0]["text"]},
+                      {"role": "user", "content": "And of \nItaly?"}]
+    third = [{"role": "user", "content": "Say hello\n\nin French."}]
+    assert [r["prompt_tokens"] for r in replies] == [len(chat_prompt_ids(processor, m)) for m in (first, second, third)]
+
+
+def test_a_chat_longer_than_the_context_drops_its_oldest_exchanges():
+    questions = [f"What is the capital of {country}?" for country in
+                 ("France", "Italy", "Spain", "Germany", "Portugal", "Austria", "Poland", "Greece")]
+    out = run_cli("chat", "--max-length", "256", "--max-tokens", "48", "--temperature", "0", "--json",
+                  stdin="\n".join(questions) + "\n")
+    assert out.returncode == 0, out.stderr
+    replies = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(replies) == len(questions), out.stdout
+    assert "dropped the oldest exchange" in out.stderr
+    assert all(r["prompt_tokens"] + 48 <= 256 for r in replies), replies
+
+
+class _Lines:
+    """Lines of a pipe, read on a thread so the test can wait for one with a timeout."""
+
+    def __init__(self, pipe):
+        self.lines: queue.Queue = queue.Queue()
+        threading.Thread(target=self._pump, args=(pipe,), daemon=True).start()
+
+    def _pump(self, pipe):
+        for line in pipe:
+            self.lines.put(line)
+
+    def wait_for(self, predicate, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        seen = []
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            seen.append(line)
+            if predicate(line):
+                return line
+        raise AssertionError(f"timed out; saw: {''.join(seen)[-2000:]}")
+
+
+def test_ctrl_c_stops_a_reply_and_a_second_at_the_prompt_quits():
+    proc = popen_cli("chat", "--max-tokens", "2000", "--json", "--temperature", "0", stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = _Lines(proc.stdout), _Lines(proc.stderr)
+        stderr.wait_for(lambda line: line.startswith("Sampling:"), timeout=600)  # compiled, warmed up
+        proc.stdin.write("Write a very long story about a dragon who learns to cook.\n")
+        proc.stdin.flush()
+        time.sleep(3)  # the reply is streaming (2000 tokens take minutes)
+        proc.send_signal(signal.SIGINT)
+        stopped = json.loads(stdout.wait_for(lambda line: line.startswith("{"), timeout=60))
+        assert stopped["finish_reason"] == "interrupted" and proc.poll() is None
+        proc.stdin.write(FRANCE + "\n")  # the chat goes on
+        proc.stdin.flush()
+        answer = json.loads(stdout.wait_for(lambda line: line.startswith("{"), timeout=120))
+        assert "Paris" in answer["text"] and answer["finish_reason"] == "stop"
+        proc.send_signal(signal.SIGINT)  # at the prompt: quit
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_bad_arguments_fail_cleanly(tmp_path):
-    out = run_cli("generate", "hi", "--max-tokens", "0")
-    assert out.returncode != 0 and "--max-tokens must be at least 1" in out.stderr
-    out = run_cli("generate", "hi", "--model", str(tmp_path / "missing"))
-    assert out.returncode != 0 and "does not exist" in out.stderr and "Traceback" not in out.stderr
+    for args, message in [
+        (("generate", "hi", "--max-tokens", "0"), "--max-tokens must be at least 1"),
+        (("generate", "hi", "--top-p", "1.5"), "--top-p must be in (0, 1]"),
+        (("chat", "--repeat-penalty", "0"), "--repeat-penalty must be in (0, 100]"),
+        (("generate",), "give a prompt"),
+        (("generate", "--file", str(tmp_path / "absent.txt")), "cannot read --file"),
+        (("generate", "hi", "--generation-config", str(tmp_path / "absent.json")), "--generation-config"),
+        (("generate", "hi", "--model", str(tmp_path / "missing")), "does not exist"),
+        (("generate", "hi", "--json-schema", str(tmp_path / "absent.json")), "cannot read --json-schema"),
+        (("generate", "hi", "--json-schema", "-", "--regex", "a+"), "not both"),
+        (("generate", "hi", "--tensor-parallel-size", "0"), "--tensor-parallel-size must be at least 1"),
+        (("serve", "--speculative-tokens", "17"), "--speculative-tokens must be in [0, 16]"),
+    ]:
+        out = run_cli(*args, timeout=120)
+        assert out.returncode != 0 and "vsurge: error: " in out.stderr and message in out.stderr, (args, out.stderr)
+        assert "Traceback" not in out.stderr and "Loading" not in out.stderr  # refused before loading

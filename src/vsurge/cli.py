@@ -3,35 +3,83 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 
 from .cli_parallel import add_parallel_args
+
+DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
+DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
+COMPILATION_CACHE_ENV = "VSURGE_COMPILATION_CACHE"  # overrides the default directory (e.g. for tests)
+
+
+def _default_cache() -> str:
+    return os.environ.get(COMPILATION_CACHE_ENV) or DEFAULT_COMPILATION_CACHE
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights/compute dtype (default: float32 on CPU, bfloat16 on GPU/TPU)")
+                   help="weights dtype (default: bfloat16)")
     p.add_argument("--quantization", default=None, choices=["int8"],
                    help="int8: per-channel int8 weights, faster on CPU (slightly less exact)")
-    p.add_argument("--max-tokens", type=int, default=256, help="most new tokens to generate")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--max-length", type=int, default=2048, help="context length of the KV cache")
+    p.add_argument("--max-length", type=int, default=2048,
+                   help="context length: the conversation plus the reply (default 2048, at most the model's)")
+    p.add_argument("--compilation-cache", default=_default_cache(),
+                   help=f"directory of compiled programs reused across runs ('none' to disable; default "
+                        f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE}, shared with `vsurge serve`)")
     add_parallel_args(p, multihost=False)
+
+
+def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--generation-config", default="auto", metavar="auto|vsurge|PATH",
+                   help="sampling defaults: auto = the model's (generation_config.json, GGUF general.sampling.*) "
+                        "over vsurge's; vsurge = vsurge's only; PATH = a generation_config.json (default auto)")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (unset: from --generation-config; --temperature 0 is greedy)")
+    g.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default 0.8)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95)")
+    g.add_argument("--top-k", type=int, default=None, help="0 = off (default 40)")
+    g.add_argument("--min-p", type=float, default=None, help="0 = off (default 0.05)")
+    g.add_argument("--repeat-penalty", "--repetition-penalty", dest="repeat_penalty", type=float, default=None,
+                   help="divides the logits of tokens already in the prompt or reply; 1 = off (default 1.1)")
+    g.add_argument("--presence-penalty", type=float, default=None, help="OpenAI's, on generated tokens (default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=None, help="OpenAI's, on generated tokens (default 0)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--max-tokens", "-n", type=int, default=None,
+                   help=f"most new tokens per reply (default {DEFAULT_MAX_TOKENS})")
+    g.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop at TEXT (repeatable)")
+    _add_generation_config_arg(g)
+
+
+def _add_prompt_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--system", default=None, help="system prompt")
+    p.add_argument("--file", "-f", default=None, help="read the prompt from this file ('-' = stdin)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object per reply (text, tokens, finish_reason, timings) instead of text")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vsurge", description="Run Llama-family models with JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a reply to one prompt, streamed to stdout")
-    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("prompt", nargs="?", help="the prompt text (or --file)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--json-schema", default=None, metavar="FILE",
+                     help="constrain the reply to this JSON schema (a file; '-' = stdin)")
+    gen.add_argument("--regex", default=None, help="constrain the reply to match this regular expression")
+    _add_prompt_args(gen)
+    _add_sampling_args(gen)
     _add_model_args(gen)
-    chat = sub.add_parser("chat", help="interactive chat with streaming replies")
-    chat.add_argument("--system", default=None, help="system prompt")
+    chat = sub.add_parser("chat", help="interactive chat with streaming replies",
+                          description="Interactive chat. A line ending with \\ continues on the next line; "
+                                      '""" opens and closes a multi-line block. /reset forgets the conversation, '
+                                      "/exit or Ctrl-D quits; Ctrl-C stops a reply, and quits at the prompt.")
+    _add_prompt_args(chat)
+    _add_sampling_args(chat)
     _add_model_args(chat)
     serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     _add_serve_args(serve)
@@ -73,116 +121,216 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hbm-utilization", type=float, default=0.6,
                    help="fraction of the memory left after the weights that KV pages may take (paged engine)")
     p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
-    p.add_argument("--compilation-cache", default="~/.cache/vsurge/xla",
-                   help="directory of compiled programs reused across restarts ('none' to disable)")
+    p.add_argument("--speculative-tokens", type=int, default=0,
+                   help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
+    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "hermes", "llama3_json"],
+                   help="how tool calls are read from the model's text (auto: from the chat template)")
+    p.add_argument("--compilation-cache", default=_default_cache(),
+                   help=f"directory of compiled programs reused across restarts ('none' to disable; default "
+                        f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE})")
+    _add_generation_config_arg(p)
     p.add_argument("--ssl-keyfile", default=None)
     p.add_argument("--ssl-certfile", default=None)
     p.add_argument("--log-level", default="warning")
     add_parallel_args(p, multihost=True)
 
 
-def _validate(args) -> None:
-    if args.max_tokens < 1:
-        raise SystemExit("vsurge: error: --max-tokens must be at least 1")
-    if args.temperature < 0:
-        raise SystemExit("vsurge: error: --temperature must be non-negative")
+def _fail(message: str) -> SystemExit:
+    return SystemExit(f"vsurge: error: {message}")
+
+
+# SamplingParams' field names -> the flags that set them, for error messages in the user's words
+_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
+          "min_p": "--min-p", "repetition_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
+          "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop": "--stop"}
+
+
+def _generation_defaults(args):
+    from .errors import ModelLoadError
+    from .generation_defaults import resolve_generation_defaults
+    from .loading import resolve_model_path
+
+    try:
+        path = resolve_model_path(args.model)
+    except ModelLoadError as e:
+        raise _fail(str(e)) from None
+    try:
+        return resolve_generation_defaults(args.generation_config, path)
+    except (ModelLoadError, ValueError) as e:
+        raise _fail(f"--generation-config {args.generation_config}: {e}") from None
+
+
+def _sampling_params(args, defaults, seed: int):
+    """The flags over the generation defaults -> SamplingParams (bad values exit with the flag's name)."""
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise _fail("--max-tokens must be at least 1")
+    explicit = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+                    repetition_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
+                    frequency_penalty=args.frequency_penalty, stop=args.stop, seed=seed,
+                    max_tokens=args.max_tokens or defaults.max_tokens or DEFAULT_MAX_TOKENS)
+    try:
+        return defaults.sampling_params(**explicit)
+    except ValueError as e:
+        message = str(e)
+        for field, flag in _FLAGS.items():
+            if message.startswith(field + " "):
+                message = flag + message[len(field):]
+        raise _fail(message) from None
+
+
+def _check_model_args(args) -> None:
+    from .cli_parallel import validate
+
+    validate(args)
+    if args.max_length < 2:
+        raise _fail("--max-length must be at least 2")
+
+
+def _read_prompt_file(path: str, flag: str = "--file") -> str:
+    """The file's text without its final newline (as llama.cpp's -f), which editors add and models notice."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(os.path.expanduser(path), encoding="utf-8") as f:
+                text = f.read()
+    except OSError as e:
+        raise _fail(f"cannot read {flag} {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise _fail(f"{flag} {path} is not UTF-8 text") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def _prepare(args):
+    """Everything that can fail on the arguments, checked before the model loads: (defaults, params)."""
+    import secrets
+
+    _check_model_args(args)
+    defaults = _generation_defaults(args)
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    return defaults, _sampling_params(args, defaults, seed)
+
+
+def _start_engine(args):
+    from .cli_engine import LocalEngine
+
+    return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
+                             max_length=args.max_length, compilation_cache=args.compilation_cache,
+                             tensor_parallel_size=args.tensor_parallel_size)
+
+
+def _describe_sampling(params, defaults) -> str:
+    if params.temperature == 0:
+        return "Sampling: greedy" + (f", repetition_penalty {params.repetition_penalty:g}"
+                                     if params.repetition_penalty != 1 else "")
+    return (f"Sampling: temperature {params.temperature:g}, top_k {params.top_k}, top_p {params.top_p:g}, "
+            f"min_p {params.min_p:g}, repetition_penalty {params.repetition_penalty:g}, seed {params.seed} "
+            f"(unset flags: {defaults.source})")
+
+
+def _structured(args):
+    """--json-schema / --regex -> a StructuredOutput (checked before the model loads), or None."""
+    from .structured.spec import StructuredOutput
+
+    if args.json_schema is not None and args.regex is not None:
+        raise _fail("give --json-schema or --regex, not both")
+    try:
+        if args.json_schema is not None:
+            return StructuredOutput(json=_read_prompt_file(args.json_schema, "--json-schema"))
+        if args.regex is not None:
+            return StructuredOutput(regex=args.regex)
+    except ValueError as e:
+        raise _fail(f"--json-schema {args.json_schema}: {e}" if args.json_schema else f"--regex: {e}") from None
+    return None
+
+
+def cmd_generate(args) -> int:
+    import json
+
+    from .cli_chat import write_text
+    from .cli_engine import status
+
+    if args.prompt is not None and args.file is not None:
+        raise _fail("give the prompt as an argument or with --file, not both")
+    if args.prompt is None and args.file is None:
+        raise _fail("give a prompt: vsurge generate \"...\" (or --file PATH)")
+    text = args.prompt if args.prompt is not None else _read_prompt_file(args.file)
+    if not text.strip():
+        raise _fail("the prompt is empty")
+    defaults, params = _prepare(args)
+    params = params.replace(structured=_structured(args))
+    with _start_engine(args) as engine:
+        if args.raw:
+            ids = engine.raw_prompt(text)
+        else:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                [{"role": "user", "content": text}]
+            ids = engine.chat_prompt(messages)
+        if len(ids) >= engine.max_length:
+            raise _fail(f"the prompt has {len(ids)} tokens; the context (--max-length) holds {engine.max_length}")
+        params = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
+        status(_describe_sampling(params, defaults))
+        try:
+            reply = engine.reply(ids, params, on_text=None if args.json else write_text)
+        except ValueError as e:  # the engine refused the request (its message says why)
+            raise _fail(str(e)) from None
+        if args.json:
+            print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
+        else:
+            write_text("\n")
+            status(reply.timing_line())
+    return 130 if reply.finish_reason == "interrupted" else 0
+
+
+def cmd_chat(args) -> int:
+    from .cli_chat import run_chat
+    from .cli_engine import status
+
+    defaults, params = _prepare(args)
+    first = _read_prompt_file(args.file) if args.file else None
+    with _start_engine(args) as engine:
+        status(_describe_sampling(params, defaults))
+        return run_chat(engine, params, system=args.system, as_json=args.json, first_message=first)
 
 
 def _load(args):
     from .cli_parallel import load_kwargs, validate
-    from .loading import load
     from .errors import ModelLoadError
+    from .loading import load
 
     validate(args)
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
         return load(args.model, dtype=args.dtype, quantization=args.quantization, **load_kwargs(args))
     except (ModelLoadError, ValueError) as e:
-        raise SystemExit(f"vsurge: error: {e}") from None
-
-
-def _stream_reply(generator, processor, prompt_ids, args, out=sys.stdout) -> str:
-    """Generate, printing text as it completes; returns the full reply."""
-    detok = processor.incremental_detokenizer(prompt_ids=prompt_ids)
-    stops = processor.eos_token_ids
-    start, first, count = time.perf_counter(), None, 0
-    for token in generator.stream(prompt_ids, args.max_tokens, temperature=args.temperature,
-                                  seed=args.seed, stop_token_ids=stops):
-        first = first or time.perf_counter()
-        count += 1
-        if token in stops:
-            break
-        out.write(detok.add([token]))
-        out.flush()
-    out.write(detok.flush() + "\n")
-    out.flush()
-    if count > 1:
-        rate = (count - 1) / max(time.perf_counter() - first, 1e-9)
-        print(f"[{count} tokens, first after {first - start:.2f}s, then {rate:.1f} tok/s]",
-              file=sys.stderr, flush=True)
-    return detok.text
-
-
-def cmd_generate(args) -> int:
-    from .generation import Generator
-
-    _validate(args)
-    model, processor = _load(args)
-    if args.raw:
-        prompt_ids = processor.encode(args.prompt)
-    else:
-        prompt_ids = processor.apply_chat_template([{"role": "user", "content": args.prompt}])
-    print("Compiling ...", file=sys.stderr, flush=True)
-    _stream_reply(Generator(model, max_length=args.max_length), processor, prompt_ids, args)
-    return 0
-
-
-def cmd_chat(args) -> int:
-    from .generation import Generator
-
-    _validate(args)
-    model, processor = _load(args)
-    generator = Generator(model, max_length=args.max_length)
-    history = [{"role": "system", "content": args.system}] if args.system else []
-    print("Chat with the model. Empty line or Ctrl-D to quit.", file=sys.stderr, flush=True)
-    while True:
-        try:
-            line = input("> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
-        history.append({"role": "user", "content": line})
-        prompt_ids = processor.apply_chat_template(history)
-        reply = _stream_reply(generator, processor, prompt_ids, args)
-        history.append({"role": "assistant", "content": reply})
-    return 0
+        raise _fail(str(e)) from None
 
 
 def cmd_serve(args) -> int:
     import logging
-    from pathlib import Path
 
+    from .cli_engine import status, use_cache_dir
     from .server import vSurgeApiServer
     from .vsurge import vSurge
 
     if (args.max_concurrent_decodes is not None and args.max_concurrent_decodes < 1) or args.max_queue < 0 \
             or args.max_length < 2:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
+    if not 0 <= args.speculative_tokens <= 16:
+        raise _fail("--speculative-tokens must be in [0, 16]")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from . import cli_parallel
 
     multihost = cli_parallel.init_distributed(args)  # before anything else touches JAX
-    if args.compilation_cache and args.compilation_cache.lower() != "none":
-        from .vinference.persistence import use_compilation_cache
-
-        use_compilation_cache(Path(args.compilation_cache).expanduser())
+    defaults = _generation_defaults(args)
+    use_cache_dir(args.compilation_cache)
     model, processor = _load(args)
     buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
     name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
+                  speculative_tokens=args.speculative_tokens,
                   **cli_parallel.load_kwargs(args))
     try:
         if args.engine == "paged":
@@ -198,7 +346,9 @@ def cmd_serve(args) -> int:
         raise SystemExit(f"vsurge: error: {e}") from None
     if multihost and cli_parallel.is_follower():
         return cli_parallel.follow(surge)
-    server = vSurgeApiServer({name: surge}, api_key=args.api_key)
+    server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser)
+    server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
+    status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
@@ -224,7 +374,11 @@ def cmd_bench(args) -> int:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {"generate": cmd_generate, "chat": cmd_chat, "serve": cmd_serve, "bench": cmd_bench}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or compiling: no traceback
+        print("\nvsurge: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

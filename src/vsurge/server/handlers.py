@@ -35,6 +35,9 @@ class OpenAIHandlers:
     """Mixed into vSurgeApiServer: self.surges, get(), name_of(), ready, draining, tool_call_parser."""
 
     tool_call_parser: str = "auto"
+    # served name -> GenerationDefaults for the sampling fields a request leaves unset (`vsurge serve
+    # --generation-config`); a model without an entry gets OpenAI's defaults
+    generation_defaults: dict | None = None
 
     # ------------------------------------------------------------ helpers
     def surge_for(self, model: str | None):
@@ -45,6 +48,9 @@ class OpenAIHandlers:
             raise APIError(503, "the model is not ready (starting, compiling or shutting down)", None,
                            {"Retry-After": "1"})
         return surge
+
+    def _defaults(self, surge):
+        return (self.generation_defaults or {}).get(self.name_of(surge))
 
     @staticmethod
     def _refuse_unsupported(body) -> None:
@@ -99,7 +105,9 @@ class OpenAIHandlers:
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         structured = await self._structured(body, surge)
         try:
-            params = body.sampling_params(body.max_completion_tokens or body.max_tokens, logprobs)
+            defaults = self._defaults(surge)
+            max_tokens = body.max_completion_tokens or body.max_tokens or (defaults and defaults.max_tokens)
+            params = body.sampling_params(max_tokens, logprobs, defaults)
             params = params.replace(structured=structured.constraint)
             messages = messages_as_dicts(body.messages)
             large = sum(len(m["content"] or "") for m in messages) > _LARGE_INPUT_CHARS
@@ -123,7 +131,9 @@ class OpenAIHandlers:
             raise APIError(400, "tools need /v1/chat/completions", "tools")
         structured = await self._structured(body, surge)
         try:
-            params = body.sampling_params(body.max_tokens if body.max_tokens is not None else 16, body.logprobs)
+            defaults = self._defaults(surge)
+            max_tokens = body.max_tokens or (defaults and defaults.max_tokens) or 16  # 16: OpenAI's default
+            params = body.sampling_params(max_tokens, body.logprobs, defaults)
             params = params.replace(structured=structured.constraint)
             prompts = await self._prompt_token_lists(surge, body.prompt)
         except ValueError as exc:

@@ -10,6 +10,7 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
+from ..generation_defaults import OPENAI_DEFAULTS, GenerationDefaults
 from ..sampling_params import SamplingParams
 
 MAX_STOP = 16
@@ -61,23 +62,26 @@ class _SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     user: Optional[StrictStr] = None
 
-    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int]) -> SamplingParams:
-        """Raises ValueError (-> 400) for values SamplingParams refuses."""
+    def sampling_params(self, max_tokens: Optional[int], logprobs: Optional[int],
+                        defaults: Optional[GenerationDefaults] = None) -> SamplingParams:
+        """The request's fields over `defaults` (`vsurge serve --generation-config`; None: OpenAI's own
+        defaults) for the sampling fields it leaves unset. Raises ValueError (-> 400) for values
+        SamplingParams refuses."""
         logit_bias = None
         if self.logit_bias:
             try:
                 logit_bias = {int(k): v for k, v in self.logit_bias.items()}
             except ValueError:
                 raise ValueError("logit_bias keys must be token ids (integers)") from None
-        return SamplingParams(
+        return (defaults or OPENAI_DEFAULTS).sampling_params(
             max_tokens=max_tokens,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos,

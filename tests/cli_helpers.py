@@ -1,0 +1,41 @@
+"""Running the real `vsurge` command in tests: offline, on CPU, all sharing one compilation cache.
+
+The cache directory is made once per test session (VSURGE_TEST_COMPILATION_CACHE names a lasting one), so
+the first `vsurge chat`/`generate` compiles the CLI engine's programs and every later one loads them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import vsurge
+
+
+def _cache_dir() -> str:
+    lasting = os.environ.get("VSURGE_TEST_COMPILATION_CACHE")
+    if lasting:
+        return lasting
+    made = tempfile.mkdtemp(prefix="vsurge-cli-xla-")
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+    return made
+
+
+CACHE_DIR = _cache_dir()
+SRC_DIR = str(Path(vsurge.__file__).resolve().parents[1])  # the vsurge under test, also in subprocesses
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "VSURGE_COMPILATION_CACHE": CACHE_DIR,
+       "PYTHONPATH": os.pathsep.join(p for p in (SRC_DIR, os.environ.get("PYTHONPATH")) if p)}
+VSURGE = [sys.executable, "-m", "vsurge.cli"]
+
+
+def run_cli(*args: str, stdin: str | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*VSURGE, *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def popen_cli(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([*VSURGE, *args], text=True, env=ENV, **kwargs)

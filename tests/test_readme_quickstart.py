@@ -1,0 +1,135 @@
+"""README's quick start, run as written: so it cannot drift from what the program does.
+
+Every command of the shell blocks under "## Quick start" runs against the real CLI on the default model:
+`vsurge generate` as is, `vsurge chat` with a question on stdin, `vsurge serve` until it is ready (then
+the `curl` lines run against it, and SIGTERM must drain it to exit 0). `make` lines are the set-up this
+test environment already has. Any other command fails the test until this file learns it.
+Also: every `vsurge ...` line in any of README's shell blocks must parse with the real argument parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from cli_helpers import popen_cli, run_cli
+from server_process import free_port
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+QUESTION = "What is the capital of France?\n"
+README_PORT = "11556"
+# The README's `vsurge serve` runs as written plus these: a free port, and an engine small enough to
+# compile in seconds (the server's default engine is sized for 32 concurrent requests).
+SERVE_TEST_FLAGS = ["--metrics-port", "-1", "--max-concurrent-decodes", "2", "--max-length", "256",
+                    "--prefill-tokens", "64", "--prefill-lengths", "64"]
+
+
+def shell_blocks(section: str | None = None) -> list[str]:
+    text = README.read_text(encoding="utf-8")
+    if section is not None:
+        text = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+def commands(block: str) -> list[list[str]]:
+    """argv of each command in a block (comments dropped, backslash-continued lines joined)."""
+    out = []
+    for line in block.replace("\\\n", " ").splitlines():
+        argv = shlex.split(line, comments=True)
+        if argv:
+            out.append(argv)
+    return out
+
+
+def quick_start_commands() -> list[list[str]]:
+    return [argv for block in shell_blocks("Quick start") for argv in commands(block)]
+
+
+def test_the_quick_start_has_the_commands_a_new_user_needs():
+    firsts = [" ".join(argv[:2]) for argv in quick_start_commands()]
+    for needed in ("vsurge generate", "vsurge chat", "vsurge serve", "curl http://127.0.0.1:11556/v1/chat/completions"):
+        assert needed in firsts, firsts
+
+
+def test_every_vsurge_line_in_the_readme_parses():
+    from vsurge.cli import build_parser
+
+    lines = [argv for block in shell_blocks() for argv in commands(block) if argv[0] == "vsurge"]
+    assert len(lines) > 10
+    for argv in lines:
+        try:
+            build_parser().parse_args(argv[1:])
+        except SystemExit:
+            pytest.fail(f"README command does not parse: {shlex.join(argv)}")
+
+
+class _Server:
+    def __init__(self, argv: list[str]):
+        self.port = free_port()
+        self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: nobody reads while it serves
+        self.proc = popen_cli(*argv[1:], "--port", str(self.port), *SERVE_TEST_FLAGS, stdout=self.log,
+                              stderr=subprocess.STDOUT)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"`{shlex.join(argv)}` exited early:\n{self.output()}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/readiness", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.proc.kill()
+        pytest.fail(f"`{shlex.join(argv)}` did not become ready:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+def test_quick_start_commands_run():
+    server = None
+    try:
+        for argv in quick_start_commands():
+            shown = shlex.join(argv)
+            if argv[0] == "make":
+                continue
+            if argv[:2] == ["vsurge", "serve"]:
+                server = _Server(argv)
+                assert "Sampling defaults for unset request fields" in server.output()
+            elif argv[0] == "vsurge":
+                stdin = QUESTION if argv[1] == "chat" else None
+                out = run_cli(*argv[1:], stdin=stdin)
+                assert out.returncode == 0, f"`{shown}` failed:\n{out.stderr[-3000:]}"
+                assert out.stdout.strip(), f"`{shown}` printed no reply"
+                assert re.search(r"tok/s(, \w+)?\]", out.stderr) and "Traceback" not in out.stderr, out.stderr[-3000:]
+            elif argv[0] == "curl":
+                assert server is not None, f"`{shown}` needs the `vsurge serve` of an earlier line"
+                argv = [a.replace(f"127.0.0.1:{README_PORT}", f"127.0.0.1:{server.port}") for a in argv]
+                out = subprocess.run([*argv, "--silent", "--show-error"], capture_output=True, text=True, timeout=300)
+                assert out.returncode == 0, f"`{shown}` failed: {out.stderr}"
+                answer = json.loads(out.stdout)["choices"][0]["message"]["content"]
+                assert "Paris" in answer, answer
+            else:
+                pytest.fail(f"the quick start has a command this test does not know how to run: {shown}")
+        if server is not None:
+            assert server.stop() == 0, server.output()
+            server = None
+    finally:
+        if server is not None and server.proc.poll() is None:
+            server.proc.kill()
