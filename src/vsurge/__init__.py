@@ -16,6 +16,7 @@ _EXPORTS = {
     "RopeScaling": ".config",
     "Processor": ".tokenizer",
     "SamplingParams": ".sampling_params",
+    "StructuredOutput": ".structured.spec",
     "EngineConfig": ".engine.config",
     "PromptOutput": ".vinference",
     "SampleState": ".vinference",

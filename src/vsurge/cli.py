@@ -109,7 +109,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-tokens", type=int, default=512,
                    help="prompt tokens one step computes (prompts longer than this take several steps)")
     p.add_argument("--prefill-lengths", default=None,
-                   help="comma-separated prompt-row lengths a step may use (default: 512, 128, 32)")
+                   help="comma-separated prompt-row lengths a step may use (default: prefill-tokens and 1/16 of it)")
     p.add_argument("--decode-steps", type=int, default=4,
                    help="decode steps per device call while no prompt waits")
     p.add_argument("--engine", default="paged", choices=["dense", "paged"],
