@@ -1,0 +1,25 @@
+"""What XLA:CPU makes of the engine's programs with bfloat16 weights and float32 activations: no
+program may convert a whole weight table to float32 (it did, every decode call, for the embedding
+lookup and the tied output head: ~30 ms per call on the default model)."""
+
+from __future__ import annotations
+
+import re
+
+import vsurge
+from vsurge import vEngine
+from tiny_models import VOCAB, write_tiny_model
+
+
+def test_decode_never_converts_the_embedding_table(tmp_path, default_processor_dir):
+    write_tiny_model("llama_tied_mha", tmp_path, default_processor_dir)
+    model, processor = vsurge.load(tmp_path, dtype="bfloat16", progress=False)
+    assert model.param_dtype.name == "bfloat16" and model.dtype.name == "float32"
+    assert hasattr(model, "lm_head")  # the tied head got its (D, V) copy for the native bf16 dot
+    engine = vEngine(model, processor, max_concurrent_decodes=4, max_length=64, prefill_lengths=[16])
+    key = next(k for k in engine.buckets() if k[0] == "decode")
+    hlo = engine._program(key).as_text()
+    hidden = model.config.hidden_size
+    table = re.compile(rf"= f32\[({VOCAB},{hidden}|{hidden},{VOCAB})\]")  # an instruction yielding a f32 table
+    converted = [line for line in hlo.splitlines() if table.search(line)]
+    assert not converted, converted[:3]
