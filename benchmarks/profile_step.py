@@ -5,7 +5,8 @@ then traces decode steps at that many rows (one step per call) and one prompt st
 of `--prefill-tokens`, and splits each op's time by what it belongs to (the ops
 carry the model's `named_scope`s): weight matmuls, attention (reads of the KV
 pages and the dots), cache writes, the output head, sampling, other elementwise
-work, and the host's share (wall time minus device ops).
+work. The untraced wall time per call is split in proportion to each category's
+traced op time (host work between calls is not in it: `benchmarks/serve.py` shows it).
 
     python benchmarks/profile_step.py [--rows 1,16,32] [--engine paged] [--quantization int8]
 """
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +37,7 @@ from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.sampling_params import SamplingParams  # noqa: E402
 
-CATEGORIES = ("weight matmuls", "attention", "cache writes", "output head", "sampling", "elementwise", "host")
+CATEGORIES = ("weight matmuls", "attention", "cache writes", "output head", "sampling", "elementwise")
 
 
 def op_table(hlo_text: str) -> dict[str, tuple[str, str]]:
@@ -64,24 +66,35 @@ def category(opcode_and_name: tuple[str, str]) -> str:
     return "elementwise"
 
 
-def profile(fn, hlo_text: str, reps: int) -> dict[str, float]:
-    """ms per call by category (mean over reps)."""
-    folder = tempfile.mkdtemp(prefix="vsurge-trace-")
+def wall_ms(fn, reps: int) -> float:
+    """Median ms per call, measured before any trace: once the profiler has run, every later call in
+    the process is slower (which is also why each row count runs in its own process)."""
     fn()  # warm
-    jax.profiler.start_trace(folder, create_perfetto_trace=True)
-    start = time.perf_counter()
+    walls = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        walls.append((time.perf_counter() - start) * 1000)
+    return float(np.median(walls))
+
+
+def split(fn, hlo_text: str, reps: int, wall: float) -> dict[str, float]:
+    """`wall` split by category in proportion to each category's traced op time (the trace slows
+    every op down, one event per thunk, so only the proportions are kept)."""
+    folder = tempfile.mkdtemp(prefix="vsurge-trace-")
+    jax.profiler.start_trace(folder)
     for _ in range(reps):
         fn()
-    wall = (time.perf_counter() - start) / reps * 1000
     jax.profiler.stop_trace()
     events = json.load(gzip.open(glob.glob(folder + "/**/*.json.gz", recursive=True)[0]))["traceEvents"]
     shutil.rmtree(folder, ignore_errors=True)
     table = op_table(hlo_text)
-    out = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and e["name"] in table:
-            out[category(table[e["name"]])] += e["dur"] / 1000 / reps
-    out["host"] = max(0.0, wall - sum(out.values()))
+    traced = collections.Counter()
+    for e in events:  # leaf ops only: a while loop's or a call's own event spans its body
+        if e.get("ph") == "X" and e["name"] in table and table[e["name"]][0] not in ("while", "call", "conditional"):
+            traced[category(table[e["name"]])] += e["dur"]
+    total = sum(traced.values()) or 1.0
+    out = {c: wall * t / total for c, t in traced.items()}
     out["total"] = wall
     return out
 
@@ -104,43 +117,53 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=512)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    all_rows = [int(r) for r in args.rows.split(",")]
+    if not args.no_header:
+        print(f"default model, {args.engine} engine, {args.quantization or 'bfloat16'} weights; ms per call\n")
+        print("| step | " + " | ".join(CATEGORIES) + " | total | tok/s |")
+        print("|---|" + "---|" * (len(CATEGORIES) + 2), flush=True)
+    if len(all_rows) > 1:  # one process per row count (see wall_ms)
+        for rows in all_rows:
+            forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+            subprocess.run([sys.executable, __file__, *forwarded, "--rows", str(rows), "--no-header"], check=True)
+        return 0
+    rows = all_rows[0]
     rng = np.random.default_rng(0)
-    print(f"default model, {args.engine} engine, {args.quantization or 'bfloat16'} weights; ms per call\n")
-    print("| step | " + " | ".join(CATEGORIES) + " | total | tok/s |")
-    print("|---|" + "---|" * (len(CATEGORIES) + 2))
-    for rows in [int(r) for r in args.rows.split(",")]:
-        engine, processor = build(args, rows)
-        scheduler, state = engine.new_scheduler(), engine.init_state()
-        for _ in range(rows):
-            ids = rng.integers(100, 40000, 128).tolist()
-            request = ActiveRequest(ids, SamplingParams(max_tokens=args.max_length - 200, temperature=0.0,
-                                                        ignore_eos=True), 0, args.max_length - 200, [], ReturnChannel())
-            scheduler.add(Sequence.of(request, processor))
-        prompt_plan = scheduler.schedule()
-        engine.compile(progress=False)
-        holder = {"state": state}
+    engine, processor = build(args, rows)
+    scheduler, state = engine.new_scheduler(), engine.init_state()
+    for _ in range(rows):
+        ids = rng.integers(100, 40000, 128).tolist()
+        request = ActiveRequest(ids, SamplingParams(max_tokens=args.max_length - 200, temperature=0.0,
+                                                    ignore_eos=True), 0, args.max_length - 200, [], ReturnChannel())
+        scheduler.add(Sequence.of(request, processor))
+    prompt_plan = scheduler.schedule()
+    engine.compile(progress=False)
+    holder = {"state": state}
 
-        def run(plan):
-            holder["state"], out = engine.step(holder["state"], plan)
-            jax.block_until_ready(out.tokens)
-            return out
+    def run(plan):
+        holder["state"], out = engine.step(holder["state"], plan)
+        jax.block_until_ready(out.tokens)
+        return out
 
-        key = ("mixed", 0, prompt_plan.chunk_shape)
-        prompt = profile(lambda: run(prompt_plan), engine._program(key).as_text(), 1)
-        out = run(prompt_plan)
-        scheduler.postprocess(prompt_plan, out.to_host(False))
-        while any(s.remaining > 1 for s in scheduler.running):  # finish prefilling every prompt
-            plan = scheduler.schedule()
-            scheduler.postprocess(plan, run(plan).to_host(False))
+    prompt_wall = wall_ms(lambda: run(prompt_plan), 2)
+    scheduler.postprocess(prompt_plan, run(prompt_plan).to_host(False))
+    plan = scheduler.schedule()
+    while plan.chunks:  # admit and prefill every prompt: then a plan is decode rows only
+        scheduler.postprocess(plan, run(plan).to_host(False))
         plan = scheduler.schedule()
-        d = next(n for n in engine.config.decode_rows if n >= len(plan.decode))
-        w = next(x for x in engine.config.page_windows if x >= engine.batches.decode_window(plan))
-        decode = profile(lambda: run(plan), engine._program(("decode", d, w)).as_text(), args.reps)
-        tokens = sum(c.length for c in prompt_plan.chunks)
-        for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):
-            cells = " | ".join(f"{cost[c]:.1f}" for c in CATEGORIES)
-            print(f"| {name} | {cells} | {cost['total']:.1f} | {made / cost['total'] * 1000:.0f} |", flush=True)
+    assert len(plan.decode) == rows, (len(plan.decode), rows)
+    decode_wall = wall_ms(lambda: run(plan), args.reps)
+    d = next(n for n in engine.config.decode_rows if n >= len(plan.decode))
+    w = next(x for x in engine.config.page_windows if x >= engine.batches.decode_window(plan))
+    prompt = split(lambda: run(prompt_plan), engine._program(("mixed", 0, prompt_plan.chunk_shape)).as_text(), 1,
+                   prompt_wall)
+    decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall)
+    tokens = sum(c.length for c in prompt_plan.chunks)
+    for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):
+        cells = " | ".join(f"{cost.get(c, 0.0):.1f}" for c in CATEGORIES)
+        print(f"| {name} | {cells} | {cost['total']:.1f} | {made / cost['total'] * 1000:.0f} |", flush=True)
     return 0
 
 
