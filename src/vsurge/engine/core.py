@@ -26,7 +26,7 @@ from flax import nnx
 
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
-from . import program_store, programs
+from . import programs
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
@@ -161,13 +161,7 @@ class EngineCore:
 
     def _build(self, key: tuple):
         if self.mesh is None:
-            stored = program_store.program_key(self.model.config, _abstract(self.graphstate),
-                                               _abstract(self.graphother), self.pool.num_pages, self.config, key)
-            program = program_store.load(stored)
-            if program is None:
-                program = self._lower_and_compile(key)
-                program_store.save(stored, program)
-            return program
+            return self._lower_and_compile(key)
         with jax.set_mesh(self.mesh):  # the model pins a few shardings (sharding.constrain)
             return self._lower_and_compile(key)
 

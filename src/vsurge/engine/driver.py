@@ -120,9 +120,9 @@ class Driver:
     def submit_request(self, request: ActiveRequest) -> None:
         if not isinstance(request, ActiveRequest):
             raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
-        if not self.ready:
-            raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
-        with self._lock:
+        with self._lock:  # the same lock as _shutdown: a request is either failed by it or never taken
+            if not self.ready:
+                raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
             waiting = len(self._live) - self.num_used_slots
             if self.max_queue is not None and waiting >= self.max_queue:
                 raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
@@ -240,8 +240,8 @@ class Driver:
         self._shutdown(error)
 
     def _shutdown(self, error: BaseException) -> None:
-        self._running = self._accepting = False
         with self._lock:
+            self._running = self._accepting = False
             live, self._live = list(self._live), set()
         for request in live:
             request.channel.put(error)
