@@ -126,7 +126,8 @@ def test_cli_generate_runs_tensor_parallel(tiny_llama, reference):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
     out = subprocess.run([sys.executable, "-m", "vsurge.cli", "generate", prompt, "--raw", "--model", str(tiny_llama),
-                          "--dtype", "float32", "--max-tokens", str(MAX_TOKENS), "--tensor-parallel-size", "2"],
+                          "--dtype", "float32", "--max-tokens", str(MAX_TOKENS), "--temperature", "0",
+                          "--tensor-parallel-size", "2"],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.rstrip("\n") == reference[prompt]
