@@ -110,47 +110,56 @@ def run_chat(engine: LocalEngine, params: SamplingParams, *, system: str | None,
     pending = first_message
     while True:
         try:
-            message = pending if pending is not None else read_message(reader)
-        except KeyboardInterrupt:  # Ctrl-C at the prompt: leave, as llama.cpp's CLI does
-            print(file=sys.stderr)
+            done = _turn(engine, params, conversation, reader, pending, as_json)
+        except KeyboardInterrupt:  # Ctrl-C outside a reply (at the prompt): leave, as llama.cpp's CLI does;
+            print(file=sys.stderr)  # one during a reply only stops it (LocalEngine.reply)
+            return 0
+        if done:
             return 0
         pending = None
-        if message is None:
-            return 0
-        command = message.strip()
-        if not command:
-            continue
-        if command in ("/exit", "/quit"):
-            return 0
-        if command == "/reset":
-            conversation.reset()
-            status("(conversation cleared)")
-            continue
-        if command == "/help":
-            status(HELP)
-            continue
-        if command.startswith("/") and " " not in command:
-            status(f"unknown command {command}: /help lists the commands")
-            continue
-        conversation.add("user", message)
-        ids = conversation.prompt_ids(engine, room_for_reply=min(params.max_tokens, engine.max_length // 2))
-        if ids is None:
-            status(f"vsurge: error: that message does not fit in the context of {engine.max_length} tokens")
-            conversation.messages.pop()
-            continue
-        room = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
-        try:
-            reply = engine.reply(ids, room, on_text=None if as_json else write_text)
-        except ValueError as e:  # the engine refused the request (its message says why)
-            status(f"vsurge: error: {e}")
-            conversation.messages.pop()
-            continue
-        if as_json:
-            print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
-        else:
-            write_text("\n")
-            status(reply.timing_line())
-        conversation.add("assistant", reply.text)
+
+
+def _turn(engine: LocalEngine, params: SamplingParams, conversation: Conversation, reader: LineReader,
+          pending: str | None, as_json: bool) -> bool:
+    """Read one message and answer it; True when the chat should end."""
+    message = pending if pending is not None else read_message(reader)
+    if message is None:
+        return True
+    command = message.strip()
+    if not command:
+        return False
+    if command in ("/exit", "/quit"):
+        return True
+    if command == "/reset":
+        conversation.reset()
+        status("(conversation cleared)")
+        return False
+    if command == "/help":
+        status(HELP)
+        return False
+    if command.startswith("/") and " " not in command:
+        status(f"unknown command {command}: /help lists the commands")
+        return False
+    conversation.add("user", message)
+    ids = conversation.prompt_ids(engine, room_for_reply=min(params.max_tokens, engine.max_length // 2))
+    if ids is None:
+        status(f"vsurge: error: that message does not fit in the context of {engine.max_length} tokens")
+        conversation.messages.pop()
+        return False
+    room = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
+    try:
+        reply = engine.reply(ids, room, on_text=None if as_json else write_text)
+    except ValueError as e:  # the engine refused the request (its message says why)
+        status(f"vsurge: error: {e}")
+        conversation.messages.pop()
+        return False
+    if as_json:
+        print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
+    else:
+        write_text("\n")
+        status(reply.timing_line())
+    conversation.add("assistant", reply.text)
+    return False
 
 
 def write_text(text: str) -> None:
