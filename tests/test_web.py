@@ -23,7 +23,7 @@ from server_process import DEFAULT_SERVER_ARGS, ENV, ServerProcess
 
 try:
     from selenium import webdriver
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -77,7 +77,9 @@ def screenshot(driver, tmp_path: Path, name: str) -> None:
 
 
 def wait(driver, condition, timeout=30, message=""):
-    return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition, message)
+    """Poll `condition`; an element replaced by a redraw while it was read counts as "not yet"."""
+    return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,)).until(condition, message)
 
 
 def stats(server) -> dict:
@@ -365,7 +367,8 @@ def test_dashboard_follows_eight_running_requests(browser, server, tmp_path):
         wait(browser, lambda d: tile(d, "running") == "8", timeout=60, message="8 running requests")
         wait(browser, lambda d: (json.loads(chart.get_attribute("data-latest") or "{}").get("toks") or 0) > 0,
              timeout=30, message="tokens per second above 0")
-        path = chart.find_element(By.CSS_SELECTOR, "path[data-series=toks]").get_attribute("d")
+        path = wait(browser, lambda d: chart.find_element(By.CSS_SELECTOR, "path[data-series=toks]").get_attribute("d"),
+                    timeout=10, message="the tok/s chart's line")
         wait(browser, lambda d: chart.find_element(By.CSS_SELECTOR, "path[data-series=toks]").get_attribute("d")
              != path, timeout=10, message="the tok/s chart to move")
         seen = updates(browser)
