@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from common import default_gguf
+from serve import Server
 
 SYSTEM = "You are terse."
 QUESTIONS = ["What is the capital of France?", "Write a short poem about the sea."]
@@ -45,12 +45,6 @@ def run_vsurge(seed: int, max_tokens: int, extra: list[str]) -> tuple[list[dict]
     ready = next((line for line in out.stderr.splitlines() if line.startswith("Ready in")), "")
     print(f"vsurge: {ready}", file=sys.stderr)
     return replies, time.perf_counter() - start
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def find_llama_server(given: str | None) -> Path | None:
@@ -82,33 +76,19 @@ def stream_chat(base: str, messages: list[dict], seed: int, max_tokens: int) -> 
 
 
 def run_llama_server(binary: Path, seed: int, max_tokens: int) -> list[dict]:
-    port = free_port()
-    cmd = [str(binary), "-m", str(default_gguf()), "-c", "4096", "-t", "2", "--host", "127.0.0.1",
-           "--port", str(port)]
-    log = open(os.devnull, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+    server = Server("llama-server", [str(binary), "-m", str(default_gguf()), "-c", "4096", "-t", "2",
+                                     "--host", "127.0.0.1", "--port", "{port}"], "/health")
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        else:
-            raise SystemExit("llama-server did not become ready")
+        server.wait_ready(timeout=300)
         messages = [{"role": "system", "content": SYSTEM}]
         replies = []
         for question in QUESTIONS:
             messages.append({"role": "user", "content": question})
-            replies.append(stream_chat(base, messages, seed, max_tokens))
+            replies.append(stream_chat(server.base, messages, seed, max_tokens))
             messages.append({"role": "assistant", "content": replies[-1]["text"]})
         return replies
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.stop()
 
 
 def fmt(value, digits=2):

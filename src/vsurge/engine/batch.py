@@ -52,8 +52,9 @@ class BatchBuilder:
                    for s in plan.decode)
 
     def decode(self, plan: StepPlan, rows: int, window: int, masks: dict | None = None,
-               dynamic: bool = False) -> DecodeBatch:
-        """dynamic: the program loops over as many page columns as the rows need (not all `window`)."""
+               columns: int | None = None) -> DecodeBatch:
+        """columns: pages the rows read (`decode_window`) when the program loops over page columns
+        instead of unrolling all `window` of them; None for unrolled programs."""
         d = len(plan.decode)
         tokens, positions = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
         tables = np.zeros((rows, window), np.int32)
@@ -70,10 +71,9 @@ class BatchBuilder:
             eos[i, : len(ids)] = ids
             budget[i] = len(seq.generated) + seq.tokens_left
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
-        columns = np.asarray(self.decode_window(plan) if d else 1, np.int32) if dynamic else None
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
                            self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
-                           columns)
+                           None if columns is None else np.asarray(columns, np.int32))
 
     # ------------------------------------------------------------ mixed
     def mixed(self, plan: StepPlan, decode_rows: int, masks: dict | None = None) -> MixedBatch:
@@ -118,7 +118,7 @@ class BatchBuilder:
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:
-        return self.decode(StepPlan(), rows, window, dynamic=dynamic)
+        return self.decode(StepPlan(), rows, window, columns=1 if dynamic else None)
 
     def mixed_spec(self, decode_rows: int, shape: tuple[int, int]) -> MixedBatch:
         return self.mixed(StepPlan(chunk_shape=shape), decode_rows)

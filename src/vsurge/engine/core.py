@@ -214,5 +214,5 @@ class EngineCore:
         rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
         needed = self.batches.decode_window(plan)
         window = next(w for w in c.page_windows if w >= needed)
-        batch = self.batches.decode(plan, rows, window, masks, c.dynamic_window(window))
+        batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
         return self._program(("decode", rows, window))(gs, go, state, batch)

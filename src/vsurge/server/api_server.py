@@ -8,9 +8,9 @@ readiness flips to 503, in-flight requests finish, then the process exits 0.
 from __future__ import annotations
 
 import logging
-import warnings
 import threading
 import time
+import warnings
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
