@@ -7,13 +7,16 @@
    tests/test_models_vs_transformers.py) on the accelerator, then the default model in
    bfloat16 at tensor parallelism over the local devices against one device (logits and
    32 greedy tokens; bfloat16 sums in another order, so the table reports rather than asserts);
-2. serving: `vsurge serve --dtype bfloat16` with the largest tensor-parallel size that divides
+2. vInference on one device, bfloat16: the greedy reply to "What is the capital of France?"
+   (is the output sane there?) and single-stream decode tok/s measured as
+   benchmarks/vinference.py does (128 new tokens minus the first, medians of 3);
+3. serving: `vsurge serve --dtype bfloat16` with the largest tensor-parallel size that divides
    the model's 9 query heads and fits the devices (3 on 4 or 8 GPUs), data-parallel replicas
    on the rest, loaded by `vsurge bench serve` (128-token prompts and outputs, greedy, end
-   token banned), printed as the README's vSurge table with the device in the first column.
+   token banned; 1 stream is 4 requests one after another, as benchmarks/serve.py does),
+   printed as the README's vSurge table with the device in the first column.
 
-Nothing here has been measured on an accelerator yet: the README's GPU/TPU column is empty
-until someone runs this script on one.
+benchmarks/gpu_session.sh runs it on a borrowed one-GPU machine (README, GPU / TPU).
 """
 
 from __future__ import annotations
@@ -21,10 +24,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -74,43 +76,71 @@ def tensor_parallel_check(tp: int) -> None:
           f"| text at TP {tp} | {processor.decode(tokens)!r} |\n", flush=True)
 
 
-def serve_and_bench(device: str, tp: int, dp: int, levels: list[int], input_len: int, output_len: int) -> None:
-    import httpx
-
+def vinference_check(tokens: int, reps: int) -> None:
+    """The default model in bfloat16 on one device: a greedy reply, then single-stream decode speed
+    as benchmarks/vinference.py measures it (decode excludes the prefill: 128 tokens minus 1)."""
     sys.path.insert(0, str(HERE))
-    from serve import free_port, wait_ready  # benchmarks/serve.py
+    from common import STORY, median_time  # benchmarks/common.py
+
+    import jax
+
+    import vsurge
+    from vsurge import SamplingParams, vInference, vInferenceConfig
+
+    start = time.perf_counter()
+    model, processor = vsurge.load("default", dtype="bfloat16", progress=False)
+    print(f"default model loaded in bfloat16 on {jax.devices()[0].device_kind} in {time.perf_counter() - start:.1f} s",
+          flush=True)
+    vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=tokens))
+    start = time.perf_counter()
+    reply = vi.process_prompt([{"role": "user", "content": "What is the capital of France?"}],
+                              SamplingParams(max_tokens=32, temperature=0.0))
+    print(f"greedy reply ({time.perf_counter() - start:.1f} s, compilation included): {reply.text!r}", flush=True)
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    vi.process_prompt(STORY, params)
+    vi.process_prompt(STORY, one)
+    full = median_time(lambda: vi.process_prompt(STORY, params), reps)
+    first = median_time(lambda: vi.process_prompt(STORY, one), reps)
+    print(f"\n| vInference, bfloat16, 1 stream, {tokens} new tokens, medians of {reps} | value |\n|---|---|\n"
+          f"| decode tok/s (prefill excluded) | {(tokens - 1) / (full - first):.1f} |\n"
+          f"| whole request s | {full:.3f} |\n| first token s | {first:.3f} |\n", flush=True)
+
+
+def serve_and_bench(device: str, tp: int, dp: int, levels: list[int], input_len: int, output_len: int,
+                    server_log: str | None) -> None:
+    sys.path.insert(0, str(HERE))
+    from serve import Server  # benchmarks/serve.py
 
     from vsurge.bench_serve import run
 
-    port = free_port()
     slots = max(levels)
-    cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--dtype", "bfloat16", "--port", str(port),
+    cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--dtype", "bfloat16", "--port", "{port}",
            "--metrics-port", "-1", "--tensor-parallel-size", str(tp), "--data-parallel-size", str(dp),
            "--max-concurrent-decodes", str(max(1, slots // dp)), "--max-length", str(input_len + output_len + 64),
            "--max-prefill-length", str(input_len * 2), "--prefill-lengths", str(input_len * 2), "--max-queue", "1024"]
-    log = tempfile.NamedTemporaryFile("w", prefix="scale-bench-", suffix=".log", delete=False)
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    proc.log_path = Path(log.name)
-    base = f"http://127.0.0.1:{port}"
+    print("$", " ".join(cmd), flush=True)
+    server = Server("vsurge", cmd, "/readiness")
     try:
-        wait_ready(proc, base + "/readiness")
-        model = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
-        asyncio.run(run(base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
-        print(f"vSurge (paged), default model, bfloat16, TP {tp} x DP {dp}, {output_len} streamed tokens per "
-              f"request, all requests at once\n")
-        print("| device | weights | concurrent | output tok/s | TTFT p50 s | TTFT max s | TPOT p50 ms |\n"
-              "|---|---|---|---|---|---|---|", flush=True)
+        print(f"vsurge serve ready in {server.wait_ready():.1f} s", flush=True)
+        model = server.model()
+        asyncio.run(run(server.base, model, 2, 16, 4, float("inf"), None, None, 2))  # warm-up
+        print(f"\nvSurge (paged), default model, bfloat16, TP {tp} x DP {dp}, {input_len}-word prompts, "
+              f"{output_len} streamed tokens per request, all requests at once (1 stream: 4 in turn)\n")
+        print("| device | weights | concurrent | output tok/s | TTFT p50 s | TTFT max s | TPOT p50 ms "
+              "| output tokens |\n|---|---|---|---|---|---|---|---|", flush=True)
         for n in levels:
-            s = asyncio.run(run(base, model, n, input_len, output_len, float("inf"), None, None, 2))
+            prompts = 4 if n == 1 else n
+            s = asyncio.run(run(server.base, model, prompts, input_len, output_len, float("inf"), n, None, 2))
             print(f"| {device} | bfloat16 | {n} | {s['output_throughput']:.1f} | {s['ttft']['median']:.2f} | "
-                  f"{s['ttft']['max']:.2f} | {s['tpot']['median'] * 1000:.0f} |", flush=True)
+                  f"{s['ttft']['max']:.2f} | {s['tpot']['median'] * 1000:.0f} | "
+                  f"{s['output_throughput'] * s['duration_s']:.0f} |", flush=True)
+            if s["failed"]:
+                print(f"({s['failed']} of {prompts} requests failed: {s['errors']})", flush=True)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        server.stop()
+        if server_log:
+            shutil.copyfile(server.log.name, server_log)
 
 
 def local_devices() -> tuple[str, int, str]:
@@ -128,10 +158,15 @@ def main(argv=None) -> int:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--server-log", default=None, help="copy the server's output to this file")
     p.add_argument("--tp-check", type=int, default=None, help=argparse.SUPPRESS)  # the child of step 1
+    p.add_argument("--vinference-check", action="store_true", help=argparse.SUPPRESS)  # the child of step 2
     args = p.parse_args(argv)
     if args.tp_check:
         tensor_parallel_check(args.tp_check)
+        return 0
+    if args.vinference_check:
+        vinference_check(args.output_len, 3)
         return 0
     platform, count, kind = local_devices()
     if platform == "cpu":
@@ -144,8 +179,13 @@ def main(argv=None) -> int:
     if not args.skip_tests:
         if run_model_tests(platform) != 0:
             print("model tests failed", flush=True)
-        subprocess.call([sys.executable, __file__, "--tp-check", str(tp)])
-    serve_and_bench(device, tp, dp, [int(n) for n in args.concurrency.split(",")], args.input_len, args.output_len)
+        if tp > 1:
+            subprocess.call([sys.executable, __file__, "--tp-check", str(tp)])
+    # a child process each: JAX here would take the accelerators' memory from the server started later
+    if subprocess.call([sys.executable, __file__, "--vinference-check", "--output-len", str(args.output_len)]):
+        print("vInference check failed", flush=True)
+    serve_and_bench(device, tp, dp, [int(n) for n in args.concurrency.split(",")], args.input_len, args.output_len,
+                    args.server_log)
     print(f"\n({time.time() - start:.0f} s)")
     return 0
 
