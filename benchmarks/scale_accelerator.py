@@ -94,7 +94,7 @@ def vinference_check(tokens: int, reps: int) -> None:
     vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=tokens))
     start = time.perf_counter()
     reply = vi.process_prompt([{"role": "user", "content": "What is the capital of France?"}],
-                              SamplingParams(max_tokens=32, temperature=0.0))
+                              SamplingParams(max_tokens=min(32, tokens), temperature=0.0))
     print(f"greedy reply ({time.perf_counter() - start:.1f} s, compilation included): {reply.text!r}", flush=True)
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     one = SamplingParams(max_tokens=1, temperature=0.0)
