@@ -58,8 +58,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         source = GGUFSource(reader, config, p)
         processor = None
         if load_processor:
-            fields = {k: f.contents() for k, f in reader.fields.items()
-                      if k.startswith("tokenizer.")}
+            fields = {k: v for k, v in reader.fields.items() if k.startswith("tokenizer.")}
             processor = Processor.from_gguf_metadata(fields, name_or_path=str(p))
     else:
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
@@ -93,5 +92,5 @@ def load_processor(path: str | Path | None = "default") -> Processor:
     if p.is_dir():
         return Processor.from_dir(p, extra_eos_token_ids=load_hf_config(p).eos_token_ids)
     reader = open_gguf(p)
-    fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.")}
+    fields = {k: v for k, v in reader.fields.items() if k.startswith("tokenizer.")}
     return Processor.from_gguf_metadata(fields, name_or_path=str(p))

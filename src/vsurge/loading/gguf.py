@@ -1,4 +1,4 @@
-"""Load a GGUF file (llama.cpp's format) through the `gguf` package's reader and dequantizers.
+"""Load a GGUF file (llama.cpp's format): our reader (gguf_file.py), the `gguf` package's dequantizers.
 
 Tensors are dequantized to float, renamed to HF names and, for arch `llama`,
 Q/K rows are permuted back from llama.cpp's interleaved RoPE layout to HF's
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..config import ModelConfig, RopeScaling
 from ..errors import ModelLoadError, UnsupportedModelError
+from .gguf_file import GGUFFile
 
 # GGUF arch -> flags that differ from plain Llama, and whether Q/K rows are permuted.
 GGUF_ARCHITECTURES = {
@@ -52,20 +53,18 @@ _LAYER_NAMES = {
 }
 
 
-def open_gguf(path: Path) -> gguf.GGUFReader:
+def open_gguf(path: Path) -> GGUFFile:
     if not path.exists():
         raise ModelLoadError(f"file {str(path)!r} is missing")
     try:
-        return gguf.GGUFReader(path)
-    except Exception as e:  # the reader raises ValueError/struct.error/etc. on garbage
+        return GGUFFile(path)
+    except Exception as e:  # ValueError/struct.error/UnicodeError/... on garbage
         raise ModelLoadError(f"file {str(path)!r} is not a readable GGUF file: {e}") from None
 
 
-def field_value(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
+def field_value(reader: GGUFFile, key: str, default=None):
+    value = reader.fields.get(key)
+    return default if value is None else value
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -101,7 +100,7 @@ def _unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def config_from_gguf(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
+def config_from_gguf(reader: GGUFFile, path: Path) -> ModelConfig:
     arch = field_value(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -164,7 +163,7 @@ def config_from_gguf(reader: gguf.GGUFReader, path: Path) -> ModelConfig:
 class GGUFSource:
     """The tensors of a GGUF file under their HF names, dequantized on demand."""
 
-    def __init__(self, reader: gguf.GGUFReader, config: ModelConfig, path: Path):
+    def __init__(self, reader: GGUFFile, config: ModelConfig, path: Path):
         self.path = path
         self.config = config
         self.permuted = GGUF_ARCHITECTURES[config.architecture]["permuted_qk"]
@@ -183,7 +182,7 @@ class GGUFSource:
         return f"{str(self.path)!r}" + (f" (GGUF tensor {t.name!r})" if t is not None else "")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in reversed(self._tensors[name].shape.tolist()))
+        return tuple(int(n) for n in reversed(self._tensors[name].shape))
 
     def read(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> np.ndarray:
         """Rows [start, stop) and columns [start, stop) in HF order (None: all); only those rows
