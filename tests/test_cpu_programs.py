@@ -1,6 +1,7 @@
 """What XLA:CPU makes of the engine's programs with bfloat16 weights and float32 activations: no
-program may convert a whole weight table to float32 (it did, every decode call, for the embedding
-lookup and the tied output head: ~30 ms per call on the default model)."""
+program may compute a whole (V, D) table from a weight (it did, every decode call: a float32 copy
+for the embedding lookup and the tied output head, ~30 ms per call on the default model; then a
+uint16 copy of the embedding hoisted out of the decode loop, ~16 ms)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def test_decode_never_converts_the_embedding_table(tmp_path, default_processor_d
     key = next(k for k in engine.buckets() if k[0] == "decode")
     hlo = engine._program(key).as_text()
     hidden = model.config.hidden_size
-    table = re.compile(rf"= f32\[({VOCAB},{hidden}|{hidden},{VOCAB})\]")  # an instruction yielding a f32 table
-    converted = [line for line in hlo.splitlines() if table.search(line)]
+    table = re.compile(rf"= \w+\[({VOCAB},{hidden}|{hidden},{VOCAB})\]")  # an instruction yielding a table
+    free = (" parameter(", " get-tuple-element(", " bitcast(")  # views of the weight, no work
+    converted = [line for line in hlo.splitlines() if table.search(line) and not any(f in line for f in free)]
     assert not converted, converted[:3]

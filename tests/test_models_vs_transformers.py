@@ -79,7 +79,7 @@ def test_no_cache_forward_equals_reference(tmp_path, default_processor_dir):
 def test_bfloat16_weights_stay_close(tmp_path, default_processor_dir):
     torch_model = write_tiny_model("llama", tmp_path, default_processor_dir)
     model, _ = vsurge.load(tmp_path, dtype=jnp.bfloat16, progress=False)
-    assert model.embed[...].dtype == jnp.bfloat16
+    assert model.embedding_table().dtype == jnp.bfloat16 and model.lm_head[...].dtype == jnp.bfloat16
     ids = np.random.default_rng(4).integers(0, VOCAB, 10)
     logits, _ = model(jnp.asarray(ids[None], jnp.int32))
     ref = reference_logits(torch_model, ids)

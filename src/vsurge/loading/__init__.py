@@ -68,7 +68,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         mesh = make_mesh(tensor_parallel_size or 1, data_parallel_size or 1)
     if mesh is None:
         weights = assemble_weights(config, source, dtype, progress=progress)
-        model = build_model(config, weights, dtype, compute_dtype(dtype)).untie_mixed_head()
+        model = build_model(config, weights, dtype, compute_dtype(dtype)).prepare_mixed_dtypes()
     else:
         from ..sharding import tensor_parallel_config, tensor_parallel_size as tp_of
         from .sharded import load_sharded

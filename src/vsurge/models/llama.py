@@ -146,15 +146,28 @@ class LlamaForCausalLM(nnx.Module):
         self.lm_head_scale = nnx.Param(scale)
         return self
 
-    def untie_mixed_head(self) -> "LlamaForCausalLM":
-        """Give a tied model a (D, V) copy of its embedding as the output head when weights and
-        activations differ in dtype (bfloat16 weights on CPU). XLA:CPU has no bfloat16 dot that reads
-        the (V, D) table transposed: it converted the whole table to float32 every decode call (~30 ms
-        for a 49k vocabulary), while the (D, V) copy runs the native bfloat16 dot. Costs V * D weights."""
-        if not self.config.tie_word_embeddings or hasattr(self, "lm_head") or self.param_dtype == self.dtype:
+    def prepare_mixed_dtypes(self) -> "LlamaForCausalLM":
+        """Layouts for weights whose dtype differs from the activations' (bfloat16 weights on CPU),
+        so that XLA:CPU never converts a whole (V, D) table inside a program:
+        - a tied model gets a (D, V) copy of its embedding as the output head: XLA:CPU has no
+          bfloat16 dot that reads the (V, D) table transposed and converted all of it to float32
+          every decode call (~30 ms at V=49k); costs V * D weights;
+        - the embedding is held as its raw bits (uint16): a bfloat16 gather inside the decode loop
+          made XLA convert the whole table (hoisted out of the loop) before taking a few rows,
+          ~16 ms per call at V=49k; a gather of integer rows is exact and reads only those rows."""
+        if self.param_dtype == self.dtype:
             return self
-        self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
+        if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
+            self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
+        table = self.embed[...]
+        if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
+            self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
         return self
+
+    def embedding_table(self) -> jax.Array:
+        """The (V, D) embedding in the weights' dtype (whichever way it is held)."""
+        table = self.embed[...]
+        return jax.lax.bitcast_convert_type(table, self.param_dtype) if table.dtype == jnp.uint16 else table
 
     def named_weights(self) -> dict[str, jax.Array]:
         out = {"embed": self.embed[...], "final_norm": self.final_norm[...]}
@@ -200,12 +213,9 @@ class LlamaForCausalLM(nnx.Module):
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """(...) int32 -> (..., D) in the activation dtype."""
         table = self.embed[...]
-        if table.dtype == self.dtype:
-            return table[input_ids]
-        # Gather the bits, then convert the rows: XLA:CPU gathers bfloat16 by converting the whole
-        # (V, D) table to float32 first (hoisted out of the decode loop: ~30 ms per call at V=49k).
-        bits = jax.lax.bitcast_convert_type(table, jnp.uint16 if table.dtype.itemsize == 2 else jnp.uint32)
-        return jax.lax.bitcast_convert_type(bits[input_ids], table.dtype).astype(self.dtype)
+        if table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+            return jax.lax.bitcast_convert_type(table[input_ids], self.param_dtype).astype(self.dtype)
+        return table[input_ids].astype(self.dtype)
 
     def decode_layers(self, hidden, positions, cache):
         """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm."""
