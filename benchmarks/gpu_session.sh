@@ -27,7 +27,7 @@
 set -u
 PARTS=$1
 BUDGET=${2:-300}
-CODE=${3:-.}
+CODE=$(cd "${3:-.}" && pwd)
 START=$(date +%s)
 OUT=${OUT:-/tmp/gpu-session-out}
 mkdir -p "$OUT"
@@ -129,8 +129,9 @@ cat /tmp/vsurge-weights
 
 if grep -q "real default model" /tmp/vsurge-weights && [ "$(left)" -gt 100 ]; then
     echo "== tests/test_default_model.py on the GPU, float32 against transformers ($(left) s left)"
-    (cd "$CODE" && JAX_PLATFORMS=cuda timeout $(($(left) - 10)) python3 -m pytest -q -p no:cacheprovider \
-        tests/test_default_model.py)
+    # JAX's default float32 matmul precision on GPU fails the logits test (0.083 > 2e-3); highest passes
+    (cd "$CODE" && JAX_PLATFORMS=cuda JAX_DEFAULT_MATMUL_PRECISION=highest timeout $(($(left) - 10)) \
+        python3 -m pytest -q -p no:cacheprovider tests/test_default_model.py)
     echo "tests exit $?"
 fi
 echo "== done in $(($(date +%s) - START)) s"
