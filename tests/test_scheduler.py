@@ -179,3 +179,20 @@ def test_every_prompt_token_is_computed_once(prompt_len):
         computed += [len(x.tokens) - 1 for x in plan.decode]
         s.postprocess(plan, Out(plan))
     assert computed == list(range(prompt_len))
+
+
+def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
+    """A step costs the tokens its shape holds: one 100-token prompt runs in the 128-token shape,
+    a burst of them in the full 512-token ones, and a long prompt in the long rows."""
+    config = EngineConfig(max_slots=8, max_length=1024, page_size=16)
+    assert config.chunk_shapes == [(4, 32), (16, 32), (1, 512)]
+
+    def first_shape(*lengths):
+        s = Scheduler(HBMPageManager(512, 16), config)
+        for i, n in enumerate(lengths):
+            s.add(seq(n, first=1 + 1000 * i))
+        return s.schedule().chunk_shape
+
+    assert first_shape(100) == (4, 32)
+    assert first_shape(100, 100, 100) == (16, 32)
+    assert first_shape(300) == (1, 512)

@@ -186,8 +186,9 @@ class Scheduler:
         return prefilling + list(self.waiting)[: len(self._free_slots)]
 
     def _choose_shape(self, candidates: list[Sequence]) -> tuple[int, int] | None:
-        """The chunk shape that schedules the most prompt tokens (ties: longer rows, fewer gathers)."""
-        best, best_tokens = None, 0
+        """The chunk shape that schedules the most prompt tokens; among equals the smallest (a step
+        costs the tokens its shape holds), then the one of longer rows (fewer gathers)."""
+        best, best_key = None, None
         for rows, length in self.config.chunk_shapes:
             tokens, left = 0, rows
             for seq in candidates:
@@ -196,8 +197,9 @@ class Scheduler:
                 need = seq.remaining if seq.status is Status.RUNNING else len(seq.tokens)
                 used = min(left, -(-need // length))
                 tokens, left = tokens + min(need, used * length), left - used
-            if tokens > best_tokens or (tokens == best_tokens and best is not None and length > best[1]):
-                best, best_tokens = (rows, length), tokens
+            key = (tokens, -rows * length, length)
+            if tokens and (best_key is None or key > best_key):
+                best, best_key = (rows, length), key
         return best
 
     def _schedule_chunks(self, plan: StepPlan) -> None:

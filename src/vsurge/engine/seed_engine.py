@@ -94,7 +94,7 @@ class SeedEngineAPI:
 
     @property
     def prefill_lengths(self) -> list[int]:
-        return [length for _, length in self.config.chunk_shapes]
+        return sorted({length for _, length in self.config.chunk_shapes})
 
     @property
     def max_concurrent_prefill(self) -> int:
