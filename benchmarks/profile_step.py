@@ -157,8 +157,9 @@ def main(argv=None) -> int:
     decode_wall = wall_ms(lambda: run(plan), args.reps)
     d = next(n for n in engine.config.decode_rows if n >= len(plan.decode))
     w = next(x for x in engine.config.page_windows if x >= engine.batches.decode_window(plan))
-    prompt = split(lambda: run(prompt_plan), engine._program(("mixed", 0, prompt_plan.chunk_shape)).as_text(), 1,
-                   prompt_wall)
+    shape = prompt_plan.chunk_shape
+    prompt_program = engine._program(("mixed", engine.config.mixed_rows(shape)[0], shape))
+    prompt = split(lambda: run(prompt_plan), prompt_program.as_text(), 1, prompt_wall)
     decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall)
     tokens = sum(c.length for c in prompt_plan.chunks)
     for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):

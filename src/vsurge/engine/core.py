@@ -109,7 +109,7 @@ class EngineCore:
         c = self.config
         jobs: list[tuple] = [("init",), ("set_slot",)]
         jobs += [("decode", rows, window) for window in c.page_windows for rows in c.decode_rows]
-        jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_decode_rows]
+        jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_rows(shape)]
         return jobs
 
     def compile(self, progress: bool = True) -> None:
@@ -190,6 +190,27 @@ class EngineCore:
     def init_state(self) -> EngineState:
         return self._program(("init",))()
 
+    def warm_up(self, state: EngineState) -> EngineState:
+        """Run one short greedy sequence through the programs a lone request uses first (a short
+        prompt's step, then decode steps): their first runs cost ~0.2-0.3 s each (buffers
+        allocated, code paged in), which the first request's TTFT paid before. Slots and pages
+        it takes are free again when it returns."""
+        from ..sampling_params import SamplingParams
+        from .request import ActiveRequest, ReturnChannel
+        from .sequence import Sequence
+
+        steps = self.config.decode_steps + 1
+        prompt = [self.pad_token_id] * min(16, self.config.prompt_limit)
+        request = ActiveRequest(prompt, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True), 0,
+                                steps, [], ReturnChannel(), detokenize=False)
+        scheduler = self.new_scheduler()
+        scheduler.add(Sequence.of(request, self._processor, self.vocab_size))
+        while scheduler.has_work:
+            plan = scheduler.schedule()
+            state, out = self.step(state, plan)
+            scheduler.postprocess(plan, out.to_host(False))
+        return state
+
     def setup_slots(self, state: EngineState, plan: StepPlan) -> EngineState:
         """Load the sampling state of sequences admitted (or re-admitted) since their last step."""
         for seq in plan.sequences:
@@ -207,7 +228,7 @@ class EngineCore:
         go = self.graphother if graphother is None else graphother
         c = self.config
         if plan.chunks:
-            rows = next(n for n in c.mixed_decode_rows if n >= len(plan.decode))
+            rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
             batch = self.batches.mixed(plan, rows, masks)
             state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
             return state, dataclasses.replace(out, chunk_offset=rows)
