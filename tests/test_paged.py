@@ -190,3 +190,30 @@ def test_a_failing_step_fails_requests_loudly(default_model, monkeypatch):
         assert not s.ready
     finally:
         s.stop(timeout=1)
+
+
+def test_compile_makes_a_warm_state_and_leaves_nothing_behind(default_model):
+    """compile() makes the engine state and runs one short sequence through the programs a lone
+    request uses first (readiness follows it): afterwards every page and slot is free, the warm-up's
+    prefix-cache lookups are not reported as users', and the first request's tokens are a later
+    identical request's."""
+    processor = default_model[1]
+    s = vSurge.create_odriver(*default_model, max_concurrent_decodes=4, prefill_lengths=[CHUNK],
+                              max_length=MAX_LENGTH, page_size=PAGE, num_pages=PAGES, seed=1)
+    s.compile()
+    replica = s.driver.replicas[0]
+    manager = s.driver.engine.manager
+    assert replica.state is not None
+    manager.check()
+    assert manager.num_used_pages == 0 and len(replica.scheduler.running) == 0
+    warm_queries = manager.prefix_queries
+    assert warm_queries > 0  # the warm-up did run a sequence through the pool
+    s.start()
+    try:
+        prompt = chat_text(processor, QUESTIONS[0])
+        first = token_ids(s, [prompt], [greedy(10)])
+        assert first == token_ids(s, [prompt], [greedy(10)])
+        wait_idle(s.driver)
+        assert s.metrics.value("vsurge:prefix_cache_queries_total") == manager.prefix_queries - warm_queries
+    finally:
+        s.stop(timeout=5)
