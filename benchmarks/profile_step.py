@@ -101,9 +101,10 @@ def split(fn, hlo_text: str, reps: int, wall: float) -> dict[str, float]:
 
 def build(args, rows: int):
     model, processor = vsurge.load("default", quantization=args.quantization, progress=False)
+    pages = -(-args.max_length // 128)  # the default page size
     config = EngineConfig(max_slots=max(rows, 2), max_length=args.max_length, decode_steps=1,
-                          prefill_tokens=args.prefill_tokens, num_pages=max(rows, 2) * 4 if args.engine == "paged"
-                          else None)
+                          prefill_tokens=args.prefill_tokens,
+                          num_pages=max(rows, 2) * pages if args.engine == "paged" else None)
     engine_cls = (vsurge.oEngine if args.engine == "paged" else vsurge.vEngine)
     engine = engine_cls(model, processor, config=config)
     return engine, processor
@@ -114,7 +115,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="1,16,32")
     p.add_argument("--engine", default="paged", choices=["paged", "dense"])
     p.add_argument("--quantization", default=None)
-    p.add_argument("--max-length", type=int, default=512)
+    p.add_argument("--max-length", type=int, default=2048, help="the serving default: decode rows loop over "
+                   "the page columns they use (512 and less: every column of the window, unrolled)")
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
