@@ -69,7 +69,16 @@ def run_table(batches: list[int]) -> None:
             times.append(time.perf_counter() - start)
         return 1 / statistics.median(times)
 
+    def weight_bytes(per_layer, head):
+        return sum(a.nbytes for a in jax.tree.leaves((per_layer, head)))
+
     rng = np.random.default_rng(0)
+    memory = np.ones(64 * 2**20, np.float32)  # 256 MB: what one core reads from memory, for scale
+    memory.sum()
+    start = time.perf_counter()
+    memory.sum()
+    memory_rate = memory.nbytes / (time.perf_counter() - start) / 1e9
+    read_rates = []
     print("| weights | layers as | " + " | ".join(f"B={b} tok/s" for b in batches) + " |")
     print("|---|---|" + "---|" * len(batches))
     for kind in ("float32", "bfloat16", "int8"):
@@ -78,8 +87,14 @@ def run_table(batches: list[int]) -> None:
             cells = []
             for b in batches:
                 x = jnp.asarray(rng.normal(0, 1, (b, D)).astype(np.float32))
-                cells.append(f"{b * rate(jax.jit(fn), (w, head, x)):.0f}")
+                calls = rate(jax.jit(fn), (w, head, x))
+                cells.append(f"{b * calls:.0f}")
+                if b == 2 and fn is unrolled:
+                    read_rates.append(f"{kind} {weight_bytes(w, head) * calls / 1e9:.1f} GB/s")
             print(f"| {kind} | {name} | " + " | ".join(cells) + " |", flush=True)
+    if read_rates:
+        print(f"\nWeights read per second at B=2, unrolled: {', '.join(read_rates)}; numpy sums memory at "
+              f"{memory_rate:.1f} GB/s on one core.", flush=True)
 
 
 def main(argv=None) -> int:
