@@ -66,3 +66,10 @@ def test_wrong_version_is_refused(tmp_path):
     path.write_bytes(b"GGUF" + (9).to_bytes(4, "little") + bytes(16))
     with pytest.raises(ModelLoadError, match="version 9"):
         open_gguf(path)
+
+
+def test_big_endian_file_is_named(tmp_path):
+    path = tmp_path / "be.gguf"
+    path.write_bytes(b"GGUF" + (3).to_bytes(4, "big") + bytes(16))
+    with pytest.raises(ModelLoadError, match="big-endian"):
+        open_gguf(path)

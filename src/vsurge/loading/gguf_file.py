@@ -55,6 +55,8 @@ class GGUFFile:
         if self._read(4) != MAGIC:
             raise ValueError("no GGUF magic number at the start")
         version = self._scalar("I")
+        if version not in (2, 3) and int.from_bytes(version.to_bytes(4, "little"), "big") in (2, 3):
+            raise ValueError("big-endian GGUF files are not supported (convert the file on a little-endian machine)")
         if version not in (2, 3):
             raise ValueError(f"GGUF version {version} is not supported (2 and 3 are)")
         tensor_count, field_count = self._scalar("Q"), self._scalar("Q")
