@@ -37,6 +37,20 @@ def measure_read_bandwidth(gigabytes: float = 0.5, reps: int = 5) -> float:
     return x.nbytes / median_time(lambda: total(x).block_until_ready(), reps) / 1e9
 
 
+def single_stream_decode(vi, tokens: int, reps: int) -> tuple[float, float, float]:
+    """One greedy prompt (STORY) through a vInference: (decode tok/s without the prefill, whole
+    request s, first token s); decode = (tokens - 1) / (whole - first), medians of `reps`."""
+    from vsurge import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    one = SamplingParams(max_tokens=1, temperature=0.0)
+    vi.process_prompt(STORY, params)
+    vi.process_prompt(STORY, one)
+    full = median_time(lambda: vi.process_prompt(STORY, params), reps)
+    first = median_time(lambda: vi.process_prompt(STORY, one), reps)
+    return (tokens - 1) / (full - first), full, first
+
+
 def default_gguf():
     from vsurge.loading import default_model_path
 

@@ -32,6 +32,7 @@ def run_table(batches: list[int]) -> None:
     import jax.numpy as jnp
     import numpy as np
 
+    from common import measure_read_bandwidth
     from vsurge.ops.linear import linear, quantize_int8
 
     def layer(x, w):
@@ -73,11 +74,6 @@ def run_table(batches: list[int]) -> None:
         return sum(a.nbytes for a in jax.tree.leaves((per_layer, head)))
 
     rng = np.random.default_rng(0)
-    memory = np.ones(64 * 2**20, np.float32)  # 256 MB: what one core reads from memory, for scale
-    memory.sum()
-    start = time.perf_counter()
-    memory.sum()
-    memory_rate = memory.nbytes / (time.perf_counter() - start) / 1e9
     read_rates = []
     print("| weights | layers as | " + " | ".join(f"B={b} tok/s" for b in batches) + " |")
     print("|---|---|" + "---|" * len(batches))
@@ -93,8 +89,8 @@ def run_table(batches: list[int]) -> None:
                     read_rates.append(f"{kind} {weight_bytes(w, head) * calls / 1e9:.1f} GB/s")
             print(f"| {kind} | {name} | " + " | ".join(cells) + " |", flush=True)
     if read_rates:
-        print(f"\nWeights read per second at B=2, unrolled: {', '.join(read_rates)}; numpy sums memory at "
-              f"{memory_rate:.1f} GB/s on one core.", flush=True)
+        print(f"\nWeights read per second at B=2, unrolled: {', '.join(read_rates)}; the machine reads "
+              f"memory at {measure_read_bandwidth():.1f} GB/s (a jitted sum, benchmarks/common.py).", flush=True)
 
 
 def main(argv=None) -> int:

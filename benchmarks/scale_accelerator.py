@@ -84,7 +84,7 @@ def vinference_check(tokens: int, reps: int) -> None:
     """The default model in bfloat16 on one device: a greedy reply, then single-stream decode speed
     as benchmarks/vinference.py measures it (decode excludes the prefill: 128 tokens minus 1)."""
     sys.path.insert(0, str(HERE))
-    from common import STORY, median_time  # benchmarks/common.py
+    from common import single_stream_decode  # benchmarks/common.py
 
     import jax
 
@@ -100,14 +100,9 @@ def vinference_check(tokens: int, reps: int) -> None:
     reply = vi.process_prompt([{"role": "user", "content": "What is the capital of France?"}],
                               SamplingParams(max_tokens=min(32, tokens), temperature=0.0))
     print(f"greedy reply ({time.perf_counter() - start:.1f} s, compilation included): {reply.text!r}", flush=True)
-    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
-    one = SamplingParams(max_tokens=1, temperature=0.0)
-    vi.process_prompt(STORY, params)
-    vi.process_prompt(STORY, one)
-    full = median_time(lambda: vi.process_prompt(STORY, params), reps)
-    first = median_time(lambda: vi.process_prompt(STORY, one), reps)
+    decode, full, first = single_stream_decode(vi, tokens, reps)
     print(f"\n| vInference, bfloat16, 1 stream, {tokens} new tokens, medians of {reps} | value |\n|---|---|\n"
-          f"| decode tok/s (prefill excluded) | {(tokens - 1) / (full - first):.1f} |\n"
+          f"| decode tok/s (prefill excluded) | {decode:.1f} |\n"
           f"| whole request s | {full:.3f} |\n| first token s | {first:.3f} |\n", flush=True)
 
 

@@ -16,7 +16,8 @@ import argparse
 import asyncio
 import sys
 
-from common import STORY, chat, default_gguf, llama_cpp_model, measure_read_bandwidth, median_time, transformers_model
+from common import (STORY, chat, default_gguf, llama_cpp_model, measure_read_bandwidth, median_time,
+                    single_stream_decode, transformers_model)
 
 
 def bench_vsurge(dtype, quantization, tokens: int, reps: int, prefill: int):
@@ -28,14 +29,12 @@ def bench_vsurge(dtype, quantization, tokens: int, reps: int, prefill: int):
     vi.precompile(vInferencePreCompileConfig(batch_size=[1, 8], prefill_length=[64, prefill]))
     params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
     one = SamplingParams(max_tokens=1, temperature=0.0)
-    vi.process_prompt(STORY, params)
-    full = median_time(lambda: vi.process_prompt(STORY, params), reps)
-    first = median_time(lambda: vi.process_prompt(STORY, one), reps)
+    decode, _, _ = single_stream_decode(vi, tokens, reps)
     long_ids = (processor.encode("The history of the world in many words. " * 200))[:prefill]
     prefill_time = median_time(lambda: list(vi.generate([long_ids], sampling_params=one)), reps)
     prompts = [chat(i) for i in range(8)]
     batch = median_time(lambda: asyncio.run(vi.process_prompts_concurrently(prompts, 8, params)), reps)
-    return {"decode": (tokens - 1) / (full - first), "prefill": prefill / prefill_time,
+    return {"decode": decode, "prefill": prefill / prefill_time,
             "batch8": 8 * tokens / batch, "bytes": model.decode_bytes}
 
 
@@ -75,7 +74,7 @@ def bench_transformers(tokens: int, reps: int, prefill: int):
     with torch.no_grad():
         prefill_time = median_time(lambda: model(ids), reps)
     batch = median_time(lambda: gen([chat(i) for i in range(8)], tokens), reps)
-    return {"decode": (tokens - 1) / (full - first), "prefill": prefill / prefill_time, "batch8": 8 * tokens / batch,
+    return {"decode": decode, "prefill": prefill / prefill_time, "batch8": 8 * tokens / batch,
             "bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
@@ -100,7 +99,7 @@ def bench_llama_cpp(tokens: int, reps: int, prefill: int):
     prefill_time = median_time(run_prefill, reps)
     # llama-cpp-python runs one sequence at a time: 8 prompts are 8 sequential generations
     batch = median_time(lambda: [gen(tokens, chat(i)) for i in range(8)], 1)
-    return {"decode": (tokens - 1) / (full - first), "prefill": prefill / prefill_time, "batch8": 8 * tokens / batch,
+    return {"decode": decode, "prefill": prefill / prefill_time, "batch8": 8 * tokens / batch,
             "bytes": default_gguf().stat().st_size}
 
 
