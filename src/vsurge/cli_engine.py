@@ -117,25 +117,13 @@ class LocalEngine:
         except ValueError as e:
             raise SystemExit(f"vsurge: error: {e}") from None
         begin = time.perf_counter()
-        surge.compile()  # the engine's progress bar: "Compiling oEngine: n/N programs"
+        surge.compile()  # the progress bar "Compiling oEngine: n/N programs", then a warm-up sequence
         surge.start()
         engine = cls(surge, processor)
-        engine.warm_up()
         cached = compilation_cache if compilation_cache and compilation_cache.lower() != "none" else None
         status(f"Ready in {time.perf_counter() - begin:.1f}s"
                + (f" (compiled programs are cached in {cached})." if cached else "."))
         return engine
-
-    def warm_up(self) -> None:
-        """One short greedy reply, so the first real one does not pay for the programs' first run
-        (buffers allocated, pages touched, threads started): it then runs as fast as the later ones."""
-        messages = [{"role": "user", "content": "Hi"}]
-        try:
-            ids = self.chat_prompt(messages)
-        except Exception:  # noqa: BLE001: a model without a chat template
-            ids = self.raw_prompt("Hello")
-        self.reply(ids[: CLI_PROMPT_ROWS[0]], SamplingParams(max_tokens=CLI_DECODE_STEPS + 1, temperature=0.0,
-                                                             ignore_eos=True))
 
     # ------------------------------------------------------------ prompts
     @property
