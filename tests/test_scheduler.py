@@ -196,3 +196,13 @@ def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
     assert first_shape(100) == (4, 32)
     assert first_shape(100, 100, 100) == (16, 32)
     assert first_shape(300) == (1, 512)
+
+
+def test_only_the_smallest_chunk_shape_has_a_program_without_decode_rows():
+    """A lone prompt's step runs without decode rows; larger shapes pad them, which saves programs.
+    prefill_first engines (vInference) never have decode rows beside a prompt."""
+    config = EngineConfig(max_slots=32, max_length=2048)
+    assert [config.mixed_rows(s) for s in config.chunk_shapes] == [[0, 32], [32], [32]]
+    assert config.page_windows == [16] and config.dynamic_window(16)
+    first = config.replace(prefill_first=True)
+    assert all(first.mixed_rows(s) == [0] for s in first.chunk_shapes)

@@ -10,6 +10,7 @@ derived from the config, so two engines with equal configs run the same programs
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------ derived sizes and buckets
+    # (the bucket lists are cached: the engine reads them every step; a frozen config never changes)
     @property
     def prompt_limit(self) -> int:
         return self.max_prompt_length or self.max_length - 1
@@ -104,7 +106,7 @@ class EngineConfig:
     def pages_per_sequence(self) -> int:
         return math.ceil(self.max_length / self.page_size)
 
-    @property
+    @functools.cached_property
     def decode_rows(self) -> list[int]:
         """Row counts of decode programs: 2, 4, 8, ... and max_slots (one row runs as two: a one-row
         bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free)."""
@@ -113,7 +115,7 @@ class EngineConfig:
         most = max(self.max_slots, self.speculative_rows if self.speculative_tokens else 0)
         return sorted({*_powers(2, most), max(2, most)})
 
-    @property
+    @functools.cached_property
     def mixed_decode_rows(self) -> list[int]:
         """Decode rows of steps that also prefill: 0, max_slots, and every quarter of it down to 32
         (coarser than decode_rows: such a step's cost is mostly its prompt tokens)."""
@@ -128,18 +130,18 @@ class EngineConfig:
     def mixed_rows(self, shape: tuple[int, int]) -> list[int]:
         """Decode rows of the mixed programs of one chunk shape: 0 only for the smallest shape (a
         lone prompt's step); a larger shape's step with no decode rows pads them (~6% more tokens),
-        which saves two programs (~2.5 s of every start)."""
+        which saves two programs to load at every start."""
         rows = self.mixed_decode_rows
         if len(rows) > 1 and shape != min(self.chunk_shapes, key=lambda s: s[0] * s[1]):
             rows = [n for n in rows if n]
         return rows
 
-    @property
+    @functools.cached_property
     def chunk_shapes(self) -> list[tuple[int, int]]:
         """(rows, tokens per row) of the prompt part of a step, each about `prefill_tokens` tokens,
         plus one of a quarter of that in short rows: a step costs what its shape holds, so one short
-        prompt arriving alone (a chat turn) is not padded to the whole budget (TTFT 0.42 -> ~0.2 s
-        for 128 tokens on the default model)."""
+        prompt arriving alone (a chat turn) is not padded to the whole budget (benchmarks/serve.py,
+        one stream of 128-token prompts: TTFT p50 0.41 -> 0.14 s)."""
         # rows of 1/16 of the budget pack short prompts; one full-budget row takes long ones with
         # one gather of their pages per step
         lengths = self.chunk_lengths or tuple(n for n in (self.prefill_tokens, self.prefill_tokens // 16) if n >= 16)
@@ -149,11 +151,12 @@ class EngineConfig:
             shapes.add((max(1, min(4, rows_cap)), self.prefill_tokens // 16))
         return sorted(shapes, key=lambda s: (s[1], s[0]))
 
-    @property
+    @functools.cached_property
     def page_windows(self) -> list[int]:
         """Pages a decode row may read: all of max_length, in one program (`dynamic_window`: it loops
-        over as many page columns as the step needs). Programs with short windows unrolled were
-        measured no faster (within 2% at 1, 16 and 32 rows) and tripled the programs to compile."""
+        over as many page columns as the step needs). Extra programs with short windows unrolled
+        read every column of their window (docs/performance.md, Attention at decode) and tripled
+        the programs to compile."""
         if self.window_buckets:
             return sorted(self.window_buckets)
         return [self.pages_per_sequence]
