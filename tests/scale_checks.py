@@ -46,8 +46,8 @@ def check_logits(*named_paths):
     reads: list[float] = []
     original = SafetensorsSource.read
 
-    def counting_read(self, name, rows=None, cols=None):  # fraction of the tensor each read touches
-        out = original(self, name, rows, cols)
+    def counting_read(self, name, index=()):  # fraction of the tensor each read touches
+        out = original(self, name, index)
         if len(self.shape(name)) == 2:
             reads.append(out.size / float(np.prod(self.shape(name))))
         return out

@@ -71,13 +71,13 @@ def test_shape_mismatch_names_tensor_and_shapes(tiny_dir):
 
 def test_unsupported_architecture(tiny_dir):
     edit_config(tiny_dir, model_type="gpt2", architectures=["GPT2LMHeadModel"])
-    with pytest.raises(UnsupportedModelError, match="'gpt2'.*supported: llama, mistral, qwen2, qwen3"):
+    with pytest.raises(UnsupportedModelError, match="'gpt2'.*supported: .*llama, .*qwen3"):
         vsurge.load(tiny_dir, progress=False)
 
 
 def test_unsupported_rope_scaling(tiny_dir):
-    edit_config(tiny_dir, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match="'yarn'"):
+    edit_config(tiny_dir, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match="'dynamic'"):
         vsurge.load(tiny_dir, progress=False)
 
 

@@ -35,7 +35,7 @@ def check_against_reference(model, torch_model, seed=0):
     tokens = np.zeros((2, width), np.int32)
     for row, (s, n) in enumerate(zip(seqs, PROMPT_LENGTHS)):
         tokens[row, :n] = s[:n]
-    cache = DenseKVCache.init(model.config, 2, 64).with_mode(True)
+    cache = DenseKVCache.init(model.config.kv_layout, 2, 64).with_mode(True)
     logits, cache = model(jnp.asarray(tokens), cache=cache)
     logits = np.asarray(logits)
     for row, n in enumerate(PROMPT_LENGTHS):

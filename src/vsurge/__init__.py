@@ -13,7 +13,7 @@ _EXPORTS = {
     "load": ".loading",
     "LlamaForCausalLM": ".models",
     "ModelConfig": ".config",
-    "RopeScaling": ".config",
+    "Rope": ".config",
     "Processor": ".tokenizer",
     "SamplingParams": ".sampling_params",
     "StructuredOutput": ".structured.spec",

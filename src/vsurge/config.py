@@ -1,35 +1,78 @@
-"""Model configuration shared by every layer: a frozen, hashable dataclass.
+"""Model configuration shared by every layer: frozen, hashable dataclasses.
 
-It is static under `jax.jit`, so every field must be hashable (tuples, not lists).
-It is built from an HF `config.json` or from GGUF metadata by `models.registry`.
+A config is static under `jax.jit`, so every field must be hashable (tuples, not
+lists). `ModelConfig` holds what every decoder family has; a family adds its own
+fields in a subclass (models/<family>.py) and overrides the per-layer methods
+below. Configs are built from an HF `config.json` or GGUF metadata by the
+family's `config_from_hf` / `config_from_gguf`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class RopeScaling:
-    """How rotary frequencies are rescaled for long context.
+class Rope:
+    """Rotary position embedding of one layer.
 
-    kind: "default" (none), "linear" (positions divided by `factor`) or
-    "llama3" (Llama 3.1/3.2 piecewise wavelength scaling).
+    kind: "default", "linear" (positions divided by `factor`), "llama3" (Llama 3.1
+    piecewise wavelength scaling), "yarn" (NTK-by-parts interpolation, DeepSeek /
+    GPT-OSS / Qwen long context) or "longrope" (Phi-3 per-frequency factors).
+    dim: how many leading dims of each head rotate (partial rotary); None = all.
     """
 
     kind: str = "default"
+    theta: float = 10000.0
+    dim: int | None = None
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int | None = None  # llama3, yarn, longrope
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float | None = None  # yarn (DeepSeek): attention scaling numerator
+    mscale_all_dim: float | None = None  # yarn (DeepSeek): ... and denominator
+    attention_factor: float | None = None  # yarn / longrope: explicit cos/sin scaling
+    truncate: bool = True  # yarn: round the correction range to whole dims (GPT-OSS: False)
+    short_factor: tuple[float, ...] | None = None  # longrope, within the original context
+    long_factor: tuple[float, ...] | None = None  # longrope, beyond it
+    use_long_factor: bool = False  # longrope: which set this model runs with
+    freq_factors: tuple[float, ...] | None = None  # per-frequency divisors (GGUF `rope_freqs.weight`)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """How one layer attends (static: part of the compiled program).
+
+    scale: multiplies q.k (1/sqrt(head_dim) unless the family says otherwise).
+    window: keys with q_pos - k_pos >= window are hidden (sliding-window layers).
+    softcap: scores become softcap * tanh(scores / softcap) (Gemma 2).
+    sinks: the layer has a learned per-head sink logit in the softmax (GPT-OSS)."""
+
+    scale: float
+    window: int | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+
+@dataclass(frozen=True)
+class KVLayer:
+    """Shape of one layer's KV cache entries: `heads` KV heads of `k_dim` key and `v_dim`
+    value dims (a latent cache is one head of the latent's width)."""
+
+    heads: int
+    k_dim: int
+    v_dim: int
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture hyper-parameters of a Llama-family decoder."""
+    """Architecture hyper-parameters every decoder family has. Families subclass it."""
 
-    architecture: str  # "llama" | "mistral" | "qwen2" | "qwen3"
+    architecture: str  # the family's name in models/registry.py
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,26 +81,27 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    rope_scaling: RopeScaling = RopeScaling()
-    # Per-frequency divisors (GGUF `rope_freqs.weight`, how llama.cpp stores Llama 3.1 scaling).
-    rope_freq_factors: tuple[float, ...] | None = None
+    rope: Rope = Rope()
     max_position_embeddings: int = 4096
     tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2
-    o_bias: bool = False  # Llama with attention_bias=True
-    qk_norm: bool = False  # Qwen3: RMSNorm over head_dim of q and k before RoPE
-    sliding_window: int | None = None  # Mistral v0.1
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False  # RMSNorm over head_dim of q and k before RoPE
+    sliding_window: int | None = None
+    # per layer "full" or "sliding" (None: every layer is sliding when sliding_window is set)
+    layer_types: tuple[str, ...] | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     name: str = ""
 
     def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
+        if self.num_kv_heads and self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+        if self.layer_types is not None and len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
 
     @property
     def q_size(self) -> int:
@@ -68,18 +112,41 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def num_params(self) -> int:
-        """Parameter count (embeddings counted once when tied)."""
-        d, f, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        per_layer = d * (self.q_size + 2 * self.kv_size) + self.q_size * d + 3 * d * f + 2 * d
-        if self.qkv_bias:
-            per_layer += self.q_size + 2 * self.kv_size
-        if self.o_bias:
-            per_layer += d
-        if self.qk_norm:
-            per_layer += 2 * self.head_dim
-        head = 0 if self.tie_word_embeddings else d * v
-        return v * d + self.num_layers * per_layer + d + head
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    # ---------------------------------------------------------------- per layer (families override)
+    def is_sliding(self, layer: int) -> bool:
+        if self.sliding_window is None:
+            return False
+        return self.layer_types is None or self.layer_types[layer] == "sliding"
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        return AttentionSpec(scale=self.head_dim**-0.5,
+                             window=self.sliding_window if self.is_sliding(layer) else None)
+
+    def layer_rope(self, layer: int) -> Rope | None:
+        """The rotary embedding of `layer` (None: the layer uses no positions, NoPE)."""
+        return self.rope
+
+    @property
+    def kv_layout(self) -> tuple[KVLayer, ...]:
+        return tuple(KVLayer(self.num_kv_heads, self.head_dim, self.head_dim) for _ in range(self.num_layers))
+
+    def for_tensor_parallel(self, tp: int) -> "ModelConfig":
+        """The config to run at tensor-parallel size tp: query heads and MLP units split evenly; KV
+        heads are replicated up to lcm(KV heads, tp) when tp does not divide them (as vLLM does),
+        which needs that many query-head groups."""
+        if self.num_heads % tp:
+            raise ValueError(f"tensor_parallel_size {tp} must divide the model's {self.num_heads} attention heads")
+        if self.intermediate_size % tp:
+            raise ValueError(f"tensor_parallel_size {tp} must divide the model's intermediate size "
+                             f"{self.intermediate_size}")
+        kv = math.lcm(self.num_kv_heads, tp)
+        if self.num_heads % kv:
+            raise ValueError(f"tensor_parallel_size {tp}: the {self.num_kv_heads} KV heads would be replicated "
+                             f"to {kv}, which does not divide the {self.num_heads} query heads")
+        return self.replace(num_kv_heads=kv)
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

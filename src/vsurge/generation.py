@@ -63,8 +63,9 @@ class Generator:
     max_length: int = 2048
 
     def __post_init__(self):
-        self.graphdef, self.state = nnx.split(self.model)
         self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
+        self.model = self.model.for_context(self.max_length)
+        self.graphdef, self.state = nnx.split(self.model)
 
     def stream(
         self,
@@ -84,7 +85,7 @@ class Generator:
         width = min(bucket_length(n), self.max_length)
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = prompt_ids
-        cache = create_state(partial(DenseKVCache.init, self.model.config, 1, self.max_length, self.model.dtype),
+        cache = create_state(partial(DenseKVCache.init, self.model.config.kv_layout, 1, self.max_length, self.model.dtype),
                              mesh_of(self.model))  # on the model's mesh: split over KV heads
         key = jax.random.PRNGKey(seed)
         temp = jnp.full((1,), temperature, jnp.float32)

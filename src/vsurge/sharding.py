@@ -1,7 +1,7 @@
 """Meshes and logical axes: where every weight and KV-cache array lives.
 
-Arrays name their axes logically (models/llama.py `weight_axes`, the caches'
-`K_AXES`/`V_AXES` in kv/); `RULES` maps each name onto a mesh axis, every other
+Arrays name their axes logically (each family's weight declarations, models/spec.py;
+the caches' `K_AXES`/`V_AXES` in kv/); `RULES` maps each name onto a mesh axis, every other
 name is replicated. The same model code then runs on one device, a
 tensor-parallel mesh or a (data, model) mesh: jit receives the shardings of its
 inputs and XLA's SPMD partitioner splits the program and inserts the
@@ -12,7 +12,8 @@ Mesh axes:
     data    data-parallel replicas: each index is one engine replica (its own
             weights and KV cache, its own scheduler thread); `replica_meshes`
     model   tensor parallelism inside a replica: query heads, KV heads (fused qkv
-            columns and the KV cache), MLP units and the vocabulary split over it
+            columns and the KV cache), MLP units, the vocabulary and (expert
+            parallelism) whole experts split over it
 
 A dimension that the mesh axis does not divide evenly stays replicated (the
 vocabulary of an odd-sized tokenizer); heads and MLP units must divide
@@ -35,7 +36,8 @@ RULES: dict[str, str] = {
     "vocab": MODEL,  # vocabulary-parallel embedding rows and output-head columns
     "heads": MODEL,  # query heads: rows of wo
     "kv_heads": MODEL,  # KV groups: fused qkv columns, the KV cache's head axis
-    "mlp": MODEL,  # MLP units: interleaved gate/up columns, rows of w_down
+    "mlp": MODEL,  # MLP units: interleaved gate/up columns, rows of w_down (and of every expert)
+    "experts": MODEL,  # whole experts (expert parallelism: a family names this axis instead of "mlp")
     "batch": DATA,  # rows of a batch's inputs (vInference's input_partition_spec)
 }
 
@@ -129,34 +131,8 @@ def tensor_parallel_size(mesh: Mesh | None) -> int:
 
 # ------------------------------------------------------------------ the model on a mesh
 def tensor_parallel_config(config, tp: int):
-    """The model config to run at tensor-parallel size tp: query heads and MLP units must split
-    evenly; KV heads are replicated up to lcm(KV heads, tp) when tp does not divide them (as
-    vLLM replicates them when tp exceeds them), which needs that many query-head groups."""
-    if config.num_heads % tp:
-        raise ValueError(f"tensor_parallel_size {tp} must divide the model's {config.num_heads} attention heads")
-    if config.intermediate_size % tp:
-        raise ValueError(f"tensor_parallel_size {tp} must divide the model's intermediate size "
-                         f"{config.intermediate_size}")
-    kv = math.lcm(config.num_kv_heads, tp)
-    if config.num_heads % kv:
-        raise ValueError(f"tensor_parallel_size {tp}: the {config.num_kv_heads} KV heads would be replicated to "
-                         f"{kv}, which does not divide the {config.num_heads} query heads")
-    return config.replace(num_kv_heads=kv)
-
-
-def model_axes(model) -> dict[str, tuple[str, ...]]:
-    """Logical axes of every weight the model holds, int8 scales included (a scale takes its
-    weight's column axis)."""
-    from .models.llama import weight_axes
-
-    axes = weight_axes(model.config)
-    names = model.named_weights()
-    if "lm_head" in names and "lm_head" not in axes:  # int8 head of a tied model
-        axes["lm_head"] = ("embed", "vocab")
-    for name in names:
-        if name.endswith("_scale"):
-            axes[name] = axes[name[: -len("_scale")]][-1:]
-    return axes
+    """The model config to run at tensor-parallel size tp (each family's `for_tensor_parallel`)."""
+    return config.for_tensor_parallel(tp)
 
 
 def place_model(model, mesh: Mesh):
@@ -169,11 +145,12 @@ def place_model(model, mesh: Mesh):
 
     config = tensor_parallel_config(model.config, tensor_parallel_size(mesh))
     factor = config.num_kv_heads // model.config.num_kv_heads
-    axes = model_axes(model)
+    axes = model.weight_axes()
+    grouped = model.kv_group_weights()
     copy = nnx.merge(*nnx.split(model), copy=True)
     copy.config = config
     for name, value in model.named_weights().items():
-        if factor > 1 and name.rsplit(".", 1)[-1] in ("wqkv", "bqkv", "wqkv_scale"):
+        if factor > 1 and name in grouped:
             value = replicate_kv_groups(np.asarray(value), model.config, factor)
         _holder_param(copy, name).set_value(jax.device_put(value, named_sharding(mesh, axes[name], value.shape)))
     return copy

@@ -44,12 +44,12 @@ class EngineCore:
     """Owns the model's split state, the compiled programs and the page pool."""
 
     def __init__(self, model, processor, config: EngineConfig, pool):
-        self.model = model
+        self.model = model.for_context(config.max_length)  # a config may depend on the context (LongRoPE)
         self._processor = processor
         self.config = config
         self.pool = pool
-        self.graphdef, self.graphstate, self.graphother = nnx.split(model, nnx.Param, ...)
-        self.mesh = mesh_of(model)  # None: the default device
+        self.graphdef, self.graphstate, self.graphother = nnx.split(self.model, nnx.Param, ...)
+        self.mesh = mesh_of(self.model)  # None: the default device
         self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence)

@@ -23,13 +23,13 @@ def pages_that_fit(model, config: EngineConfig) -> int:
     a page (sharding.kv_page_shards)."""
     from ..sharding import kv_page_shards
 
-    per_device = page_bytes(model.config, config.page_size, model.dtype) // kv_page_shards(model)
+    per_device = page_bytes(model.config.kv_layout, config.page_size, model.dtype) // kv_page_shards(model)
     budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
     return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
 
 
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
-    per_page = page_bytes(model.config, config.page_size, model.dtype)
+    per_page = page_bytes(model.config.kv_layout, config.page_size, model.dtype)
     num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each), %d tokens in all", num_pages,
              config.page_size, per_page / 2**20, num_pages * config.page_size)

@@ -207,7 +207,7 @@ def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, samp
 def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: int) -> EngineState:
     """Zero pages and neutral slots (traced once as the `init` program)."""
     rows, vocab = num_slots + 1, model_config.vocab_size
-    kv = PagedAttentionCache.init(model_config, num_pages, page_size, dtype)
+    kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype)
     slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool))

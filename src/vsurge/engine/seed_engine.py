@@ -65,7 +65,7 @@ def _prefix_forward(graphdef, graphstate, graphother, tokens, length, sampling):
     """tokens (1, T) right-padded, length (1,) -> (k, v per layer, first token (1,))."""
     model = nnx.merge(graphdef, graphstate, graphother)
     t = tokens.shape[1]
-    cache = DenseKVCache.init(model.config, 1, t, model.dtype).with_mode(True)
+    cache = DenseKVCache.init(model.config.kv_layout, 1, t, model.dtype).with_mode(True)
     logits, cache = model(tokens, None, cache, logits_index=length - 1)
     return cache.k, cache.v, draw_tokens(logits, sampling, jnp.zeros((1,), jnp.int32))
 

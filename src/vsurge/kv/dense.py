@@ -15,7 +15,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ..config import ModelConfig
+from ..config import AttentionSpec, KVLayer
 from ..ops.attention import attend
 
 
@@ -29,10 +29,8 @@ def _transposed(k):
 class NoCache:
     """Causal attention within the given tokens only (plain forward pass)."""
 
-    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
-
-    def attend(self, layer, q, k, v, positions):
-        return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, self.sliding_window), self
+    def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
+        return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), self
 
 
 @jax.tree_util.register_dataclass
@@ -42,19 +40,17 @@ class DenseKVCache:
     K_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "head_dim", "sequence")
     V_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "sequence", "head_dim")
 
-    k: list  # per layer (B, KVH, hd, S): keys transposed for the query-key dot
-    v: list  # per layer (B, KVH, S, hd)
+    k: list  # per layer (B, KVH, dk, S): keys transposed for the query-key dot
+    v: list  # per layer (B, KVH, S, dv)
     # True while prefilling rows whose cache is empty: attend over the new
     # tokens only instead of the whole max_length region.
     fresh: bool = dataclasses.field(default=False, metadata=dict(static=True))
-    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @classmethod
-    def init(cls, config: ModelConfig, batch_size: int, max_length: int, dtype=jnp.float32):
-        kv, hd, n = config.num_kv_heads, config.head_dim, config.num_layers
-        return cls(k=[jnp.zeros((batch_size, kv, hd, max_length), dtype) for _ in range(n)],
-                   v=[jnp.zeros((batch_size, kv, max_length, hd), dtype) for _ in range(n)],
-                   sliding_window=config.sliding_window)
+    def init(cls, layout: tuple[KVLayer, ...], batch_size: int, max_length: int, dtype=jnp.float32):
+        """layout: the model's per-layer KV shapes (`config.kv_layout`)."""
+        return cls(k=[jnp.zeros((batch_size, l.heads, l.k_dim, max_length), dtype) for l in layout],
+                   v=[jnp.zeros((batch_size, l.heads, max_length, l.v_dim), dtype) for l in layout])
 
     @property
     def max_length(self) -> int:
@@ -67,17 +63,17 @@ class DenseKVCache:
     def with_mode(self, fresh: bool) -> "DenseKVCache":
         return dataclasses.replace(self, fresh=fresh)
 
-    def attend(self, layer, q, k, v, positions):
-        """q: (B, T, H, hd), k/v: (B, T, KVH, hd), positions: (B, T). Positions >= max_length are
-        dropped from the write (padding rows)."""
+    def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
+        """q: (B, T, H, dk), k: (B, T, KVH, dk), v: (B, T, KVH, dv), positions: (B, T). Positions
+        >= max_length are dropped from the write (padding rows)."""
         rows = jnp.arange(k.shape[0])[:, None]  # (B, 1)
         k_cache = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
         v_cache = self.v[layer].at[rows, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_cache), v=_replace(self.v, layer, v_cache))
         if self.fresh:
-            return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, self.sliding_window), cache
+            return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), cache
         key_pos = jnp.broadcast_to(jnp.arange(self.max_length, dtype=jnp.int32), (k.shape[0], self.max_length))
-        return attend(q, k_cache, v_cache, positions, key_pos, self.sliding_window), cache
+        return attend(q, k_cache, v_cache, positions, key_pos, spec, sinks), cache
 
 
 def _replace(arrays: list, index: int, value) -> list:

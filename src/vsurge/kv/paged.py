@@ -20,18 +20,19 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ..config import ModelConfig
-from ..ops.attention import merge_into, merge_partials, partial_attend
+from ..config import AttentionSpec, KVLayer
+from ..ops.attention import merge_into, merge_partials, out_shape, partial_attend
 
 
-def page_bytes(config: ModelConfig, page_size: int, dtype) -> int:
-    """Bytes one page takes over all layers, keys and values."""
-    return 2 * config.num_layers * page_size * config.num_kv_heads * config.head_dim * jnp.dtype(dtype).itemsize
+def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
+    """Bytes one page takes over all layers, keys and values (layout: `config.kv_layout`)."""
+    per_token = sum(l.heads * (l.k_dim + l.v_dim) for l in layout)
+    return page_size * per_token * jnp.dtype(dtype).itemsize
 
 
-def paged_attention(q, k_pages, v_pages, tables, q_pos, sliding_window=None, num_columns=None):
-    """q (R, T, H, hd); k_pages (P, KVH, hd, ps); v_pages (P, KVH, ps, hd); tables (R, W) page ids
-    in order; q_pos (R, T) -> (R, T, H, hd). Reads only the tables' pages: all W columns
+def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
+    """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
+    in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
     (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop."""
     r, w = tables.shape
     ps = v_pages.shape[2]
@@ -40,13 +41,14 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, sliding_window=None, num
     def column_part(column):
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
-        return partial_attend(q, k_pages[ids], v_pages[ids], q_pos, k_pos, sliding_window)
+        return partial_attend(q, k_pages[ids], v_pages[ids], q_pos, k_pos, spec)
 
+    shape = out_shape(q, v_pages)
     if num_columns is None:
-        return merge_partials([column_part(c) for c in range(w)], q.shape, q.dtype)
+        return merge_partials([column_part(c) for c in range(w)], shape, q.dtype, sinks)
     first = column_part(0)  # every row has at least one page
     acc = jax.lax.fori_loop(1, num_columns, lambda c, acc: merge_into(acc, column_part(c)), first)
-    return merge_partials([acc], q.shape, q.dtype)
+    return merge_partials([acc], shape, q.dtype, sinks)
 
 
 @jax.tree_util.register_dataclass
@@ -73,17 +75,15 @@ class PagedAttentionCache:
     K_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "head_dim", "page_offset")
     V_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "page_offset", "head_dim")
 
-    k: list  # per layer (num_pages, KVH, hd, page_size)
-    v: list  # per layer (num_pages, KVH, page_size, hd)
+    k: list  # per layer (num_pages, KVH, dk, page_size)
+    v: list  # per layer (num_pages, KVH, page_size, dv)
     layout: StepLayout | None = None  # per step; None between steps
-    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @classmethod
-    def init(cls, config: ModelConfig, num_pages: int, page_size: int, dtype=jnp.float32):
-        kv, hd, n = config.num_kv_heads, config.head_dim, config.num_layers
-        return cls(k=[jnp.zeros((num_pages, kv, hd, page_size), dtype) for _ in range(n)],
-                   v=[jnp.zeros((num_pages, kv, page_size, hd), dtype) for _ in range(n)],
-                   sliding_window=config.sliding_window)
+    def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32):
+        """layers: the model's per-layer KV shapes (`config.kv_layout`)."""
+        return cls(k=[jnp.zeros((num_pages, l.heads, l.k_dim, page_size), dtype) for l in layers],
+                   v=[jnp.zeros((num_pages, l.heads, page_size, l.v_dim), dtype) for l in layers])
 
     @property
     def num_pages(self) -> int:
@@ -99,23 +99,25 @@ class PagedAttentionCache:
     def storage_only(self) -> "PagedAttentionCache":
         return dataclasses.replace(self, layout=None)
 
-    def attend(self, layer, q, k, v, positions):
-        """q (1, N, H, hd), k/v (1, N, KVH, hd): D decode tokens, then P chunk rows of C tokens."""
+    def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
+        """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv): D decode tokens, then P chunk rows
+        of C tokens."""
         lay, ps = self.layout, self.page_size
         page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
         k_pages = self.k[layer].at[page, :, :, offset].set(k[0].astype(self.k[layer].dtype), mode="drop")
         v_pages = self.v[layer].at[page, :, offset].set(v[0].astype(self.v[layer].dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
         d, (p, c) = lay.num_decode, lay.chunk_pos.shape
+        heads, dv = q.shape[2], v.shape[-1]
         parts = []
         if d:
-            qd = q[0, :d, None]  # (D, 1, H, hd)
-            parts.append(paged_attention(qd, k_pages, v_pages, lay.decode_tables, lay.decode_pos,
-                                         self.sliding_window, lay.num_columns).reshape(d, *q.shape[2:]))
+            qd = q[0, :d, None]  # (D, 1, H, dk)
+            parts.append(paged_attention(qd, k_pages, v_pages, lay.decode_tables, lay.decode_pos, spec, sinks,
+                                         lay.num_columns).reshape(d, heads, dv))
         if p:
-            qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, hd)
-            parts.append(paged_attention(qc, k_pages, v_pages, lay.chunk_tables, lay.chunk_pos,
-                                         self.sliding_window, lay.num_columns).reshape(p * c, *q.shape[2:]))
+            qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, dk)
+            parts.append(paged_attention(qc, k_pages, v_pages, lay.chunk_tables, lay.chunk_pos, spec, sinks,
+                                         lay.num_columns).reshape(p * c, heads, dv))
         out = jnp.concatenate(parts)[None] if len(parts) > 1 else parts[0][None]
         return out, cache
 

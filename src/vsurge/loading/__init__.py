@@ -10,7 +10,8 @@ from ..devices import compute_dtype, default_dtype
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
-from .gguf import GGUFSource, config_from_gguf, open_gguf
+from ..models.registry import family_for_gguf
+from .gguf import GGUFSource, gguf_meta, open_gguf
 from .hf import SafetensorsSource, load_hf_config
 from .weights import assemble_weights, build_model, check_source
 
@@ -30,7 +31,7 @@ def resolve_model_path(path: str | Path | None = "default") -> Path:
 
 def load(path: str | Path | None = "default", dtype=None, *, quantization: str | None = None,
          progress: bool = True, load_processor: bool = True, mesh=None, tensor_parallel_size: int | None = None,
-         data_parallel_size: int | None = None):
+         data_parallel_size: int | None = None, expert_parallel: bool = False):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
     dtype: the weights' dtype; default bfloat16. Activations are float32 on CPU (the dots
@@ -42,6 +43,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     mesh: a jax Mesh (sharding.make_mesh) to load the weights onto, each device reading only its
         shard; or tensor_parallel_size / data_parallel_size to build one over the first devices.
         Without either, the model goes to the default device.
+    expert_parallel: a mixture of experts splits whole experts over the tensor-parallel devices
+        (vLLM's --enable-expert-parallel) instead of splitting every expert's hidden units.
     """
     if quantization not in (None, "int8"):
         raise ValueError(f"unsupported quantization {quantization!r} (supported: int8)")
@@ -49,13 +52,15 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     dtype = default_dtype() if dtype is None else dtype
     start = time.perf_counter()
     if p.is_dir():
-        config = load_hf_config(p)
-        source = SafetensorsSource(p)
+        family, config = load_hf_config(p)
+        source, fmt = SafetensorsSource(p), "hf"
         processor = Processor.from_dir(p, extra_eos_token_ids=config.eos_token_ids) if load_processor else None
     elif p.suffix.lower() == ".gguf" or p.is_file():
         reader = open_gguf(p)
-        config = config_from_gguf(reader, p)
-        source = GGUFSource(reader, config, p)
+        meta = gguf_meta(reader, p)
+        family = family_for_gguf(meta)
+        config = family.config_from_gguf(meta, meta.where)
+        source, fmt = GGUFSource(reader, p, family.gguf_config_tensors), "gguf"
         processor = None
         if load_processor:
             fields = {k: v for k, v in reader.fields.items() if k.startswith("tokenizer.")}
@@ -66,21 +71,25 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         from ..sharding import make_mesh
 
         mesh = make_mesh(tensor_parallel_size or 1, data_parallel_size or 1)
+    if expert_parallel:
+        if not hasattr(config, "expert_parallel"):
+            raise ValueError(f"expert parallelism needs a mixture-of-experts model; {p} is {config.architecture}")
+        config = config.replace(expert_parallel=True)
     if mesh is None:
-        weights = assemble_weights(config, source, dtype, progress=progress)
-        model = build_model(config, weights, dtype, compute_dtype(dtype)).prepare_mixed_dtypes()
+        weights = assemble_weights(family, config, source, dtype, fmt, progress=progress)
+        model = build_model(family, config, weights, dtype, compute_dtype(dtype)).prepare_mixed_dtypes()
     else:
-        from ..sharding import tensor_parallel_config, tensor_parallel_size as tp_of
+        from ..sharding import tensor_parallel_size as tp_of
         from .sharded import load_sharded
 
-        check_source(config, source)
-        model_config = tensor_parallel_config(config, tp_of(mesh))
-        weights = load_sharded(config, model_config, source, dtype, mesh, progress=progress)
-        model = build_model(model_config, weights, dtype, compute_dtype(dtype))
+        check_source(family, config, source, fmt)
+        model_config = config.for_tensor_parallel(tp_of(mesh))
+        weights = load_sharded(family, config, model_config, source, dtype, fmt, mesh, progress=progress)
+        model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
         model.quantize(quantization)
     log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,
-             config.num_params / 1e6, time.perf_counter() - start)
+             model.num_params / 1e6, time.perf_counter() - start)
     return model, processor
 
 
@@ -90,7 +99,7 @@ def load_processor(path: str | Path | None = "default") -> Processor:
     For tokenizer work (grammar compilation, tests, benchmarks) where loading weights would waste seconds."""
     p = resolve_model_path(path)
     if p.is_dir():
-        return Processor.from_dir(p, extra_eos_token_ids=load_hf_config(p).eos_token_ids)
+        return Processor.from_dir(p, extra_eos_token_ids=load_hf_config(p)[1].eos_token_ids)
     reader = open_gguf(p)
     fields = {k: v for k, v in reader.fields.items() if k.startswith("tokenizer.")}
     return Processor.from_gguf_metadata(fields, name_or_path=str(p))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Sequence
 
 import ml_dtypes
 import numpy as np
@@ -16,7 +17,8 @@ from safetensors import safe_open
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
-from ..models.registry import config_from_hf
+from ..models.registry import family_for_hf
+from ..models.spec import Range
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -34,16 +36,26 @@ def read_json(path: Path) -> dict:
         raise ModelLoadError(f"file {str(path)!r} is not valid JSON: {e}") from None
 
 
-def load_hf_config(model_dir: Path) -> ModelConfig:
-    path = model_dir / "config.json"
-    cfg = read_json(path)
+def read_hf_config(model_dir: Path) -> dict:
+    """config.json, with generation_config.json's eos list (what the model was tuned to stop on)."""
+    cfg = read_json(model_dir / "config.json")
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"file {str(model_dir / 'config.json')!r} must hold a JSON object")
     generation = model_dir / "generation_config.json"
     if generation.exists():
-        # generation_config's eos list wins: it is what the model was tuned to stop on.
         eos = read_json(generation).get("eos_token_id")
         if eos is not None:
             cfg = {**cfg, "eos_token_id": eos}
-    return config_from_hf(cfg, where=str(path))
+    return cfg
+
+
+def load_hf_config(model_dir: Path):
+    """(family class, ModelConfig) of an HF model directory."""
+    where = str(model_dir / "config.json")
+    cfg = read_hf_config(model_dir)
+    family = family_for_hf(cfg, where)
+    config: ModelConfig = family.config_from_hf(cfg, where)
+    return family, config
 
 
 class SafetensorsSource:
@@ -100,14 +112,7 @@ class SafetensorsSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._mapped(name).shape)
 
-    def read(self, name: str, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> np.ndarray:
-        """Rows [start, stop) and columns [start, stop) of a tensor (None: all), copied out of the file."""
+    def read(self, name: str, index: Sequence[Range | None] = ()) -> np.ndarray:
+        """The index range of each axis (None: all), copied out of the file."""
         arr = self._mapped(name)
-        if rows is not None:
-            arr = arr[rows[0]:rows[1]]
-        if cols is not None:
-            arr = arr[:, cols[0]:cols[1]]
-        return np.array(arr)
-
-    def get(self, name: str) -> np.ndarray:
-        return self.read(name)
+        return np.array(arr[tuple(slice(None) if r is None else slice(*r) for r in index)])

@@ -15,24 +15,24 @@ import jax
 from tqdm.auto import tqdm
 
 from ..config import ModelConfig
-from ..models.llama import weight_axes, weight_shapes
+from ..models.spec import TensorSource
 from ..sharding import named_sharding
-from .weights import TensorSource, WeightReader
+from .weights import WeightReader
 
 
 def _key(index: tuple) -> tuple:
     return tuple((s.start, s.stop, s.step) for s in index)
 
 
-def load_sharded(checkpoint: ModelConfig, config: ModelConfig, source: TensorSource, dtype, mesh,
-                 progress: bool = True) -> dict[str, jax.Array]:
+def load_sharded(family, checkpoint: ModelConfig, config: ModelConfig, source: TensorSource, dtype, fmt: str,
+                 mesh, progress: bool = True) -> dict[str, jax.Array]:
     """name -> global jax.Array on `mesh`, built shard by shard. `checkpoint` is the file's config,
     `config` the model's (KV heads replicated for the mesh's tensor-parallel size)."""
-    reader = WeightReader(checkpoint, source, dtype, config)
-    shapes, axes = weight_shapes(config), weight_axes(config)
+    reader = WeightReader(family, checkpoint, source, dtype, fmt, config)
+    shapes = {name: spec.shape for name, spec in reader.specs.items()}
     devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     totals = {d: 0 for d in devices}
-    shardings = {name: named_sharding(mesh, axes[name], shape) for name, shape in shapes.items()}
+    shardings = {name: named_sharding(mesh, spec.axes, spec.shape) for name, spec in reader.specs.items()}
     for name, shape in shapes.items():  # bytes per device, for the bars
         for device, index in shardings[name].addressable_devices_indices_map(shape).items():
             totals[device] += _nbytes(shape, index, reader.np_dtype.itemsize)

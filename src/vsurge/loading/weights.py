@@ -1,17 +1,17 @@
-"""Turn per-tensor checkpoints (HF names, (out, in) layout) into the model's weights.
+"""Turn a checkpoint's tensors into the model's weights, by the family's declarations.
 
-Both the safetensors and the GGUF loaders expose a `TensorSource`: HF tensor
-names in, float numpy arrays out, whole or a range of rows/columns. This module
-checks every shape against the config, then `WeightReader` builds any slice of
-any model weight (transposed to (in, out), Q/K/V and gate/up fused in the
-layouts of models/fused.py) from just the source rows that slice needs. The
+Both the safetensors and the GGUF loaders expose a `TensorSource` (models/spec.py):
+stored tensor names in, float numpy arrays out, whole or a range per axis. Each
+model weight declares a recipe per format (models/<family>.py); this module
+checks every stored tensor against the recipes, then `WeightReader` builds any
+slice of any weight from just the stored rows that slice needs. The
 single-device path reads whole weights; the sharded path (sharded.py) reads one
-slice per device.
+slice per device. Nothing here knows a family's weight names.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,69 +22,25 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
-from ..models.fused import fuse_qkv_rows, interleave_gate_up_rows, qkv_group_width
-from ..models.llama import LlamaForCausalLM, weight_shapes
+from ..models.spec import Range, TensorSource
 
-# Keys some checkpoints carry that the model derives itself.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-Range = tuple[int, int]  # [start, stop)
+FORMATS = ("hf", "gguf")
 
 
-class TensorSource(Protocol):
-    def names(self) -> set[str]: ...
-
-    def shape(self, name: str) -> tuple[int, ...]: ...
-
-    def read(self, name: str, rows: Range | None = None, cols: Range | None = None) -> np.ndarray:
-        """Rows/columns [start, stop) of a tensor in HF (out, in) order; None = all."""
-        ...
-
-    def where(self, name: str) -> str:
-        """The file a tensor lives in, for error messages."""
-        ...
+def recipes(family, config: ModelConfig, fmt: str) -> dict:
+    """Weight name -> its recipe in format `fmt` ("hf" or "gguf")."""
+    out = {}
+    for name, spec in family.weight_specs(config).items():
+        recipe = getattr(spec, fmt)
+        if recipe is None:
+            raise ModelLoadError(f"the {config.architecture} family has no {fmt.upper()} form of weight {name!r}")
+        out[name] = recipe
+    return out
 
 
-def _layer_key(i: int, part: str) -> str:
-    return f"model.layers.{i}.{part}"
-
-
-def _layer_parts(c: ModelConfig) -> dict[str, list[tuple[str, tuple[int, ...]]]]:
-    """layer weight name -> HF per-layer tensors it is built from (HF shapes)."""
-    D, F, Q, K, hd = c.hidden_size, c.intermediate_size, c.q_size, c.kv_size, c.head_dim
-    parts = {
-        "attn_norm": [("input_layernorm.weight", (D,))],
-        "wqkv": [("self_attn.q_proj.weight", (Q, D)), ("self_attn.k_proj.weight", (K, D)),
-                 ("self_attn.v_proj.weight", (K, D))],
-        "wo": [("self_attn.o_proj.weight", (D, Q))],
-        "mlp_norm": [("post_attention_layernorm.weight", (D,))],
-        "w_gate_up": [("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D))],
-        "w_down": [("mlp.down_proj.weight", (D, F))],
-    }
-    if c.qkv_bias:
-        parts["bqkv"] = [("self_attn.q_proj.bias", (Q,)), ("self_attn.k_proj.bias", (K,)),
-                         ("self_attn.v_proj.bias", (K,))]
-    if c.o_bias:
-        parts["bo"] = [("self_attn.o_proj.bias", (D,))]
-    if c.qk_norm:
-        parts["q_norm"] = [("self_attn.q_norm.weight", (hd,))]
-        parts["k_norm"] = [("self_attn.k_norm.weight", (hd,))]
-    return parts
-
-
-def _global_parts(c: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
-    parts = {"embed": ("model.embed_tokens.weight", (c.vocab_size, c.hidden_size)),
-             "final_norm": ("model.norm.weight", (c.hidden_size,))}
-    if not c.tie_word_embeddings:
-        parts["lm_head"] = ("lm_head.weight", (c.vocab_size, c.hidden_size))
-    return parts
-
-
-def check_source(config: ModelConfig, source: TensorSource) -> None:
+def check_source(family, config: ModelConfig, source: TensorSource, fmt: str) -> None:
     """Every tensor the config needs is there with its shape, and nothing else is."""
-    expected = list(_global_parts(config).values())
-    for i in range(config.num_layers):
-        expected += [(_layer_key(i, p), s) for pieces in _layer_parts(config).values() for p, s in pieces]
+    expected = [t for recipe in recipes(family, config, fmt).values() for t in recipe.tensors()]
     names = source.names()
     for name, shape in expected:
         if name not in names:
@@ -96,8 +52,8 @@ def check_source(config: ModelConfig, source: TensorSource) -> None:
             )
     used = {name for name, _ in expected}
     if config.tie_word_embeddings:
-        used.add("lm_head.weight")  # tied: some exports still write a copy
-    unknown = sorted(n for n in names - used if not n.endswith(IGNORED_SUFFIXES))
+        used |= {"lm_head.weight", "output.weight"}  # tied: some exports still write a copy
+    unknown = sorted(n for n in names - used if not n.endswith(family.hf_ignored_suffixes))
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise ModelLoadError(
@@ -124,70 +80,33 @@ def _span(index, size: int) -> Range:
 class WeightReader:
     """Builds any slice of any model weight from a checkpoint, reading only the rows it needs.
 
-    `checkpoint` is the config the file was written for; `config` the model's, which may
-    have its KV heads replicated `kv_replicas` times for tensor parallelism (fused.py)."""
+    `checkpoint` is the config the file was written for; `config` the model's, which may have
+    its KV heads replicated for tensor parallelism (models/fused.py)."""
 
-    def __init__(self, checkpoint: ModelConfig, source: TensorSource, dtype, config: ModelConfig | None = None):
-        self.checkpoint = checkpoint
+    def __init__(self, family, checkpoint: ModelConfig, source: TensorSource, dtype, fmt: str,
+                 config: ModelConfig | None = None):
         self.config = config or checkpoint
-        self.kv_replicas = self.config.num_kv_heads // checkpoint.num_kv_heads
+        self.kv_replicas = self.config.num_kv_heads // max(1, checkpoint.num_kv_heads)
         self.source = source
         self.np_dtype = numpy_dtype(dtype)
-        self.shapes = weight_shapes(self.config)
-        self._parts = _layer_parts(checkpoint)
+        self.specs = family.weight_specs(self.config)
+        self.recipes = recipes(family, checkpoint, fmt)
 
     def read(self, name: str, index: tuple = ()) -> np.ndarray:
         """Weight `name` (model layout) at `index` (a tuple of contiguous slices; () = all)."""
-        shape = self.shapes[name]
-        index = tuple(index) + (None,) * (len(shape) - len(index))
-        spans = [_span(i, n) for i, n in zip(index, shape)]
-        return np.ascontiguousarray(self._build(name, spans), dtype=self.np_dtype)
-
-    def _hf(self, name: str, rows: Range | None, cols: Range | None = None) -> np.ndarray:
-        return self.source.read(name, rows, cols)
-
-    def _build(self, name: str, spans: list[Range]) -> np.ndarray:
-        if name in ("embed", "final_norm"):
-            return self._hf(_global_parts(self.checkpoint)[name][0], *spans)
-        if name == "lm_head":  # HF (V, D) -> (D, V)
-            return self._hf("lm_head.weight", spans[1], spans[0]).T
-        _, layer, kind = name.split(".")
-        i = int(layer)
-        pieces = [_layer_key(i, p) for p, _ in self._parts[kind]]
-        if kind == "wqkv":
-            return self._qkv(pieces, spans[1], spans[0]).T
-        if kind == "bqkv":
-            return self._qkv(pieces, spans[0], None)
-        if kind == "w_gate_up":
-            start, stop = spans[1]
-            f0, f1 = start // 2, -(-stop // 2)
-            pairs = interleave_gate_up_rows(*(self._hf(p, (f0, f1), spans[0]) for p in pieces))
-            return pairs[start - 2 * f0:stop - 2 * f0].T
-        if kind in ("wo", "w_down"):  # HF (out, in) -> (in, out)
-            return self._hf(pieces[0], spans[1], spans[0]).T
-        return self._hf(pieces[0], spans[0])  # norms and the o bias: 1-D, as stored
-
-    def _qkv(self, pieces: list[str], cols: Range, rows: Range | None) -> np.ndarray:
-        """Fused q/k/v rows (HF orientation) for fused columns [start, stop): whole KV groups are
-        read (query rows of the groups, the KV rows they share) and cut to the range."""
-        c, hd, r = self.config, self.config.head_dim, self.kv_replicas
-        width, heads = qkv_group_width(c), c.num_heads // c.num_kv_heads
-        start, stop = cols
-        g0, g1 = start // width, -(-stop // width)
-        q = self._hf(pieces[0], (g0 * heads * hd, g1 * heads * hd), rows)
-        kv_rows = ((g0 // r) * hd, ((g1 - 1) // r + 1) * hd)
-        k, v = self._hf(pieces[1], kv_rows, rows), self._hf(pieces[2], kv_rows, rows)
-        fused = fuse_qkv_rows(q, k, v, self.checkpoint, first_group=g0, kv_replicas=r)
-        return fused[start - g0 * width:stop - g0 * width]
+        spec = self.specs[name]
+        index = tuple(index) + (None,) * (len(spec.shape) - len(index))
+        spans = [_span(i, n) for i, n in zip(index, spec.shape)]
+        array = self.recipes[name].read(self.source, spans, self.kv_replicas if spec.kv_groups else 1)
+        return np.ascontiguousarray(array, dtype=self.np_dtype)
 
 
-def assemble_weights(
-    config: ModelConfig, source: TensorSource, dtype, progress: bool = True
-) -> dict[str, np.ndarray]:
+def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, fmt: str,
+                     progress: bool = True) -> dict[str, np.ndarray]:
     """Read and check every tensor. Returns model weight name -> array of the model's shape."""
-    check_source(config, source)
-    reader = WeightReader(config, source, dtype)
-    names = list(weight_shapes(config))
+    check_source(family, config, source, fmt)
+    reader = WeightReader(family, config, source, dtype, fmt)
+    names = list(reader.specs)
     layers = {n for n in names if n.startswith("layers.")}
     out = {name: reader.read(name) for name in names if name not in layers}
     for i in tqdm(range(config.num_layers), desc="Loading weights", unit="layer", disable=not progress):
@@ -196,13 +115,13 @@ def assemble_weights(
     return out
 
 
-def build_model(config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None) -> LlamaForCausalLM:
+def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None):
     """Create the nnx module without random init, then place the given weights on the device.
 
     dtype: the weights'; compute_dtype: the activations' (default: the weights').
     weights: name -> numpy array, or an already placed jax.Array (sharded loading)."""
-    model = nnx.eval_shape(lambda: LlamaForCausalLM(config, dtype=compute_dtype or dtype, param_dtype=dtype))
-    expected = weight_shapes(config)
+    model = nnx.eval_shape(lambda: family(config, dtype=compute_dtype or dtype, param_dtype=dtype))
+    expected = family.weight_specs(config)
     if set(expected) != set(weights):
         raise ModelLoadError(f"weights {sorted(set(expected) ^ set(weights))} do not match the model")
     for name, value in weights.items():

@@ -1,6 +1,10 @@
-"""Model definitions (flax.nnx) and the table of supported architectures."""
+"""Model families (flax.nnx), one file each, and the registry of what loads (registry.py)."""
 
-from .llama import LlamaForCausalLM, weight_shapes
-from .registry import SUPPORTED_ARCHITECTURES, config_from_hf
+from .base import CausalLM
+from .llama import Llama
+from .registry import config_from_hf, family_for_gguf, family_for_hf, supported_architectures
 
-__all__ = ["LlamaForCausalLM", "weight_shapes", "SUPPORTED_ARCHITECTURES", "config_from_hf"]
+LlamaForCausalLM = Llama  # the name earlier releases exported
+
+__all__ = ["CausalLM", "Llama", "LlamaForCausalLM", "config_from_hf", "family_for_gguf", "family_for_hf",
+           "supported_architectures"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..ops.mlp import split_gate_up  # noqa: F401  (the traced half of the gate/up layout)
 
 
 # ------------------------------------------------------------------ inside the model (traced)
@@ -32,12 +33,6 @@ def split_qkv(qkv, config: ModelConfig):
     groups = qkv.reshape(b, t, c.num_kv_heads, c.num_heads // c.num_kv_heads + 2, c.head_dim)
     q = groups[:, :, :, :-2].reshape(b, t, c.num_heads, c.head_dim)
     return q, groups[:, :, :, -2], groups[:, :, :, -1]
-
-
-def split_gate_up(gate_up):
-    """gate_up (..., 2F) interleaved -> gate (..., F), up (..., F)."""
-    pairs = gate_up.reshape(*gate_up.shape[:-1], -1, 2)
-    return pairs[..., 0], pairs[..., 1]
 
 
 # ------------------------------------------------------------------ building the layouts (host numpy)

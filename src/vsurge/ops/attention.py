@@ -1,11 +1,16 @@
 """Scaled dot-product attention with grouped-query heads and a position mask.
 
-Keys are stored transposed, `(B, KVH, hd, S)`: the query-key dot then streams
+Keys are stored transposed, `(B, KVH, dk, S)`: the query-key dot then streams
 each head's keys along S, which XLA:CPU runs about twice as fast as the
-`(B, KVH, S, hd)` form. Every cache layout (none, dense, paged) gathers keys
+`(B, KVH, S, dk)` form. Every cache layout (none, dense, paged) gathers keys
 and values with their positions and calls these functions; `partial_attend` +
 `merge_partials` compute attention over key segments one at a time (online
 softmax), so a paged cache never concatenates its pages.
+
+A layer's `AttentionSpec` (config.py) sets the score scale, its sliding window
+and tanh soft-capping; `sinks` (H,) are learned logits that join every row's
+softmax without a value (GPT-OSS). Values may be narrower than keys (a latent
+cache: keys carry the rotary part too), so outputs are (..., H, dv).
 """
 
 from __future__ import annotations
@@ -13,72 +18,81 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ..config import AttentionSpec
+
 _MASKED = jnp.finfo(jnp.float32).min  # finite: a fully masked segment still has a finite max
 
 
-def _visible(q_pos, k_pos, sliding_window):
+def _visible(q_pos, k_pos, window):
     """q_pos (B, T), k_pos (B, S) -> (B, T, S) bool: causal, written (k_pos >= 0), in the window."""
     visible = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)
-    if sliding_window is not None:
-        visible &= k_pos[:, None, :] > q_pos[:, :, None] - sliding_window
+    if window is not None:
+        visible &= k_pos[:, None, :] > q_pos[:, :, None] - window
     return visible
 
 
-def _scores(q, k_t):
-    """q (B, T, H, hd), k_t (B, KVH, hd, S) -> (B, KVH, G, T, S) float32, scaled."""
-    b, t, h, hd = q.shape
+def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos):
+    """q (B, T, H, dk), k_t (B, KVH, dk, S) -> (B, KVH, G, T, S) float32: scaled, capped, masked."""
+    b, t, h, dk = q.shape
     kvh = k_t.shape[1]
-    qg = q.reshape(b, t, kvh, h // kvh, hd).astype(k_t.dtype)
+    qg = q.reshape(b, t, kvh, h // kvh, dk).astype(k_t.dtype)
     if t == 1:  # decode: plain batched mat-vecs, no transposes
         s = jnp.einsum("bkgd,bkds->bkgs", qg[:, 0], k_t, preferred_element_type=jnp.float32)[:, :, :, None]
     else:
         s = jnp.einsum("btkgd,bkds->bkgts", qg, k_t, preferred_element_type=jnp.float32)
-    return s * (1.0 / (hd**0.5))
+    s = s * spec.scale
+    if spec.softcap is not None:
+        s = spec.softcap * jnp.tanh(s / spec.softcap)
+    return jnp.where(_visible(q_pos, k_pos, spec.window)[:, None, None], s, _MASKED)
 
 
 def _weighted_values(p, v):
-    """p (B, KVH, G, T, S), v (B, KVH, S, hd) -> (B, T, KVH, G, hd) float32."""
+    """p (B, KVH, G, T, S), v (B, KVH, S, dv) -> (B, T, KVH, G, dv) float32."""
     p = p.astype(v.dtype)
     if p.shape[3] == 1:
         return jnp.einsum("bkgs,bksd->bkgd", p[:, :, :, 0], v, preferred_element_type=jnp.float32)[:, None]
     return jnp.einsum("bkgts,bksd->btkgd", p, v, preferred_element_type=jnp.float32)
 
 
+def out_shape(q, v) -> tuple[int, ...]:
+    """(B, T, H, dv) for queries q (B, T, H, dk) and values v (..., dv)."""
+    return (*q.shape[:3], v.shape[-1])
+
+
 def attend(
-    q: jax.Array,  # (B, T, H, hd)
-    k_t: jax.Array,  # (B, KVH, hd, S)
-    v: jax.Array,  # (B, KVH, S, hd)
+    q: jax.Array,  # (B, T, H, dk)
+    k_t: jax.Array,  # (B, KVH, dk, S)
+    v: jax.Array,  # (B, KVH, S, dv)
     q_pos: jax.Array,  # (B, T) int32 absolute positions of the queries
     k_pos: jax.Array,  # (B, S) int32 absolute positions of the keys; < 0 = empty
-    sliding_window: int | None = None,
-) -> jax.Array:  # (B, T, H, hd)
-    scores = _scores(q, k_t)
-    scores = jnp.where(_visible(q_pos, k_pos, sliding_window)[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1)
-    return _weighted_values(probs, v).reshape(q.shape).astype(q.dtype)
+    spec: AttentionSpec,
+    sinks: jax.Array | None = None,  # (H,) f32
+) -> jax.Array:  # (B, T, H, dv)
+    return merge_partials([partial_attend(q, k_t, v, q_pos, k_pos, spec)], out_shape(q, v), q.dtype, sinks)
 
 
-def partial_attend(q, k_t, v, q_pos, k_pos, sliding_window=None):
-    """Attention of q over one key segment, unnormalized: (out (B, T, KVH, G, hd), max, sum),
+def partial_attend(q, k_t, v, q_pos, k_pos, spec: AttentionSpec):
+    """Attention of q over one key segment, unnormalized: (out (B, T, KVH, G, dv), max, sum),
     max and sum (B, KVH, G, T, 1). Combine segments with `merge_partials`."""
-    scores = _scores(q, k_t)
-    scores = jnp.where(_visible(q_pos, k_pos, sliding_window)[:, None, None], scores, _MASKED)
+    scores = _scores(q, k_t, spec, q_pos, k_pos)
     m = jnp.max(scores, axis=-1, keepdims=True)
     p = jnp.exp(scores - m)
     return _weighted_values(p, v), m, jnp.sum(p, axis=-1, keepdims=True)
 
 
-def merge_partials(parts, out_shape, dtype) -> jax.Array:
-    """Online-softmax merge of `partial_attend` results -> (B, T, H, hd) in `dtype`."""
-    if len(parts) == 1:
-        out, m, total = parts[0]
-        return (out / _to_out(total)).reshape(out_shape).astype(dtype)
-    m = parts[0][1]
-    for _, mi, _ in parts[1:]:
-        m = jnp.maximum(m, mi)
-    num = sum(o * _to_out(jnp.exp(mi - m)) for o, mi, _ in parts)
-    den = sum(_to_out(jnp.exp(mi - m) * li) for _, mi, li in parts)
-    return (num / den).reshape(out_shape).astype(dtype)
+def merge_partials(parts, shape, dtype, sinks=None) -> jax.Array:
+    """Online-softmax merge of `partial_attend` results -> `shape` (B, T, H, dv) in `dtype`.
+    sinks (H,): one more logit per head in every softmax, with no value."""
+    acc = parts[0]
+    for part in parts[1:]:
+        acc = merge_into(acc, part)
+    out, m, total = acc
+    if sinks is not None:
+        kvh, g = m.shape[1], m.shape[2]
+        sink = sinks.astype(jnp.float32).reshape(1, kvh, g, 1, 1)
+        new_m = jnp.maximum(m, sink)
+        out, total = out * _to_out(jnp.exp(m - new_m)), total * jnp.exp(m - new_m) + jnp.exp(sink - new_m)
+    return (out / _to_out(total)).reshape(shape).astype(dtype)
 
 
 def merge_into(acc, part):

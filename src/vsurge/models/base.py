@@ -1,0 +1,317 @@
+"""The contract every model family meets, and the decoder they share (a flax.nnx module).
+
+A family is one file, models/<family>.py, with a subclass of `CausalLM` that declares:
+
+    config_class                 its ModelConfig subclass (config.py): the family's own fields
+    hf_model_types               HF `model_type`s it runs (and `hf_architectures`, informative)
+    gguf_architectures           GGUF `general.architecture`s it runs
+    config_from_hf(cfg, where)   HF config.json dict -> config
+    config_from_gguf(meta, where)  GGUF metadata (models/gguf_meta.py) -> config
+    layer_weights(config, i)     the weights of layer i: shape, logical axes, HF and GGUF recipes
+    layer(i, x, w, cache, ctx)   layer i's forward pass
+
+and may override `global_weights` (embedding, final norm, head), `embed_scale`,
+`scale_logits` and the config's per-layer methods (attention_spec, layer_rope,
+kv_layout). The engine calls only `embed_tokens`, `decode_layers` and `logits`;
+loaders, quantization and sharding read the declarations (models/spec.py).
+
+Each decoder layer holds its own weights and the forward pass is a Python loop
+over the layers (unrolled in the compiled program). XLA:CPU feeds a layer's own
+arrays straight into its dots, whereas a `lax.scan` over stacked weights copies
+every layer's slice before the dot (docs/performance.md); a KV cache keeps one
+array per layer for the same reason.
+
+Two dtypes: `param_dtype` for the weights and `dtype` for activations (the
+residual stream, norms, attention and the KV cache). bfloat16 weights with
+float32 activations multiply in bfloat16 and accumulate in float32
+(ops/linear.py): on CPUs with AVX512-BF16 that is twice as fast as float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from ..config import ModelConfig
+from ..kv.dense import NoCache
+from ..ops.linear import linear, matmul_t, quantize_int8
+from ..ops.norm import rms_norm
+from ..ops.rope import rope_cos_sin
+from ..sharding import constrain
+from .spec import Weight, tensor
+
+
+@dataclasses.dataclass
+class StepContext:
+    """What every layer of one forward pass shares: positions and the rotary tables."""
+
+    positions: jax.Array  # (B, T) int32
+    tables: dict  # Rope -> (cos, sin) (B, T, rotary/2)
+
+    def rope(self, config: ModelConfig, layer: int):
+        """(cos, sin) of the layer's rotary embedding, or None for a NoPE layer."""
+        rope = config.layer_rope(layer)
+        return None if rope is None else self.tables[rope]
+
+
+def _init(name: str, spec: Weight, dtype, rngs: nnx.Rngs) -> nnx.Param:
+    if spec.init == "ones":
+        return nnx.Param(jnp.ones(spec.shape, dtype))
+    if spec.init == "zeros":
+        return nnx.Param(jnp.zeros(spec.shape, dtype))
+    return nnx.Param((0.02 * jax.random.normal(rngs.params(), spec.shape, jnp.float32)).astype(dtype))
+
+
+class LayerWeights(nnx.Module):
+    """One decoder layer's weights, one attribute per declared name."""
+
+    def __init__(self, specs: dict[str, Weight], param_dtype, rngs: nnx.Rngs):
+        for name, spec in specs.items():
+            setattr(self, name, _init(name, spec, param_dtype, rngs))
+
+    def weights(self) -> dict[str, jax.Array]:
+        return {name: value[...] for name, value in vars(self).items() if isinstance(value, nnx.Param)}
+
+
+class CausalLM(nnx.Module):
+    """Embedding -> decoder layers -> final norm -> output head. Families subclass it."""
+
+    config_class: ClassVar[type] = ModelConfig
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    hf_architectures: ClassVar[tuple[str, ...]] = ()
+    gguf_architectures: ClassVar[tuple[str, ...]] = ()
+    # GGUF tensors the config is read from (not weights), e.g. rope frequency factors
+    gguf_config_tensors: ClassVar[tuple[str, ...]] = ()
+
+    # ---------------------------------------------------------------- declarations
+    @classmethod
+    def config_from_hf(cls, cfg: dict, where: str) -> ModelConfig:
+        raise NotImplementedError
+
+    @classmethod
+    def config_from_gguf(cls, meta, where: str) -> ModelConfig:
+        raise NotImplementedError
+
+    @classmethod
+    def accepts_gguf(cls, meta) -> bool:
+        """Whether this family runs a GGUF file of one of its architectures (families sharing an
+        architecture name, e.g. Llama and Mixtral as `llama`, tell themselves apart here)."""
+        return True
+
+    @classmethod
+    def layer_weights(cls, config: ModelConfig, i: int) -> dict[str, Weight]:
+        raise NotImplementedError
+
+    @classmethod
+    def global_weights(cls, config: ModelConfig) -> dict[str, Weight]:
+        """Embedding, final norm and (untied) output head, by llama.cpp's and HF's usual names."""
+        v, d = config.vocab_size, config.hidden_size
+        out = {
+            "embed": Weight((v, d), ("vocab", "embed"), tensor("model.embed_tokens.weight", (v, d), matrix=False),
+                            tensor("token_embd.weight", (v, d), matrix=False)),
+            "final_norm": Weight((d,), ("embed",), tensor("model.norm.weight", (d,)),
+                                 tensor("output_norm.weight", (d,)), init="ones"),
+        }
+        if not config.tie_word_embeddings:
+            out["lm_head"] = Weight((d, v), ("embed", "vocab"), tensor("lm_head.weight", (v, d)),
+                                    tensor("output.weight", (v, d)), quantize=True)
+        return out
+
+    @classmethod
+    def weight_specs(cls, config: ModelConfig) -> dict[str, Weight]:
+        """Every weight of the model by name ("embed", "layers.3.wqkv", ...)."""
+        specs = dict(cls.global_weights(config))
+        for i in range(config.num_layers):
+            specs.update({f"layers.{i}.{k}": v for k, v in cls.layer_weights(config, i).items()})
+        return specs
+
+    # hf tensors some checkpoints carry that the model derives or does not use
+    hf_ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    # ---------------------------------------------------------------- construction
+    def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs | None = None):
+        rngs = rngs if rngs is not None else nnx.Rngs(0)
+        self.config = config
+        self.dtype = jnp.dtype(dtype)
+        self.param_dtype = jnp.dtype(param_dtype or dtype)
+        self.layers = nnx.List([LayerWeights(self.layer_weights(config, i), self.param_dtype, rngs)
+                                for i in range(config.num_layers)])
+        for name, spec in self.global_weights(config).items():
+            setattr(self, name, _init(name, spec, self.param_dtype, rngs))
+
+    def for_context(self, max_length: int) -> "CausalLM":
+        """The model to run with contexts up to `max_length` tokens: itself, unless its config
+        depends on the context (Phi-3's LongRoPE picks its long factors beyond the original
+        context, as llama.cpp and vLLM do by the serving context)."""
+        config = self.config_for_context(self.config, max_length)
+        if config == self.config:
+            return self
+        copy = nnx.merge(*nnx.split(self))  # shares the weight arrays
+        copy.config = config
+        return copy
+
+    @classmethod
+    def config_for_context(cls, config: ModelConfig, max_length: int) -> ModelConfig:
+        return config
+
+    # ---------------------------------------------------------------- weights
+    @property
+    def quantization(self) -> str | None:
+        return "int8" if any(name.endswith("_scale") for name in self.named_weights()) else None
+
+    def quantize(self, kind: str = "int8") -> "CausalLM":
+        """Replace the declared matrices by int8 + per-channel scales, in place (ops/linear.py)."""
+        if kind != "int8":
+            raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
+        if self.quantization:
+            return self
+        for i, layer in enumerate(self.layers):
+            for name, spec in self.layer_weights(self.config, i).items():
+                if spec.quantize:
+                    q, scale = quantize_int8(getattr(layer, name)[...])
+                    getattr(layer, name).set_value(q)
+                    setattr(layer, name + "_scale", nnx.Param(scale))
+        head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
+        q, scale = quantize_int8(head)
+        if hasattr(self, "lm_head"):
+            self.lm_head.set_value(q)
+        else:
+            self.lm_head = nnx.Param(q)  # the float embedding stays for token lookups
+        self.lm_head_scale = nnx.Param(scale)
+        return self
+
+    def prepare_mixed_dtypes(self) -> "CausalLM":
+        """Layouts for weights whose dtype differs from the activations' (bfloat16 weights on CPU),
+        so that XLA:CPU never converts a whole (V, D) table inside a program:
+        - a tied model gets a (D, V) copy of its embedding as the output head: XLA:CPU has no
+          bfloat16 dot that reads the (V, D) table transposed and converted all of it to float32
+          every decode call (~30 ms at V=49k); costs V * D weights;
+        - the embedding is held as its raw bits (uint16): a bfloat16 gather inside the decode loop
+          made XLA convert the whole table (hoisted out of the loop) before taking a few rows,
+          ~16 ms per call at V=49k; a gather of integer rows is exact and reads only those rows."""
+        if self.param_dtype == self.dtype:
+            return self
+        if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
+            self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
+        table = self.embed[...]
+        if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
+            self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
+        return self
+
+    def embedding_table(self) -> jax.Array:
+        """The (V, D) embedding in the weights' dtype (whichever way it is held)."""
+        table = self.embed[...]
+        return jax.lax.bitcast_convert_type(table, self.param_dtype) if table.dtype == jnp.uint16 else table
+
+    def named_weights(self) -> dict[str, jax.Array]:
+        out = {name: getattr(self, name)[...] for name in ("embed", "final_norm", "lm_head", "lm_head_scale")
+               if hasattr(self, name)}
+        out.update({name: getattr(self, name)[...] for name in self.global_weights(self.config) if name not in out})
+        for i, layer in enumerate(self.layers):
+            out.update({f"layers.{i}.{k}": v for k, v in layer.weights().items()})
+        return out
+
+    def weight_axes(self) -> dict[str, tuple[str | None, ...]]:
+        """Logical axes of every weight the model holds (an int8 scale takes its weight's last
+        axis; a head made from a tied embedding is (embed, vocab))."""
+        axes = {name: spec.axes for name, spec in self.weight_specs(self.config).items()}
+        held = self.named_weights()
+        if "lm_head" in held and "lm_head" not in axes:
+            axes["lm_head"] = ("embed", "vocab")
+        for name in held:
+            if name.endswith("_scale"):
+                axes[name] = axes[name[: -len("_scale")]][-1:]
+        return axes
+
+    def kv_group_weights(self) -> set[str]:
+        """Names of the held weights whose last axis is fused qkv groups (and their scales)."""
+        names = {name for name, spec in self.weight_specs(self.config).items() if spec.kv_groups}
+        return names | {name + "_scale" for name in names}
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights held in memory."""
+        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in self.named_weights().values())
+
+    @property
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads: the embedding table only when it is also the output
+        head (routed experts counted whole: an upper bound for a mixture of experts)."""
+        weights = self.named_weights()
+        if "lm_head" in weights:
+            weights.pop("embed")
+        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in weights.values())
+
+    @property
+    def num_params(self) -> int:
+        return sum(int(np.prod(spec.shape)) for spec in self.weight_specs(self.config).values())
+
+    # ---------------------------------------------------------------- forward
+    def __call__(
+        self,
+        input_ids: jax.Array,  # (B, T) int32
+        positions: jax.Array | None = None,  # (B, T) int32; default 0..T-1
+        cache=None,  # a kv cache pytree with .attend(); None = no cache
+        logits_index: jax.Array | None = None,  # (B,) take logits of one token per row
+    ):
+        """Returns (logits, cache): logits (B, T, V) float32, or (B, V) with `logits_index`."""
+        b, t = input_ids.shape
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if cache is None:
+            cache = NoCache()
+        hidden, cache = self.decode_layers(self.embed_tokens(input_ids), positions, cache)
+        if logits_index is not None:
+            hidden = jnp.take_along_axis(hidden, logits_index[:, None, None].astype(jnp.int32), axis=1)[:, 0]
+        return self.logits(hidden), cache
+
+    @property
+    def embed_scale(self) -> float | None:
+        """A constant the embeddings are multiplied by (Gemma: sqrt(D)); None = none."""
+        return None
+
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        """(...) int32 -> (..., D) in the activation dtype."""
+        table = self.embed[...]
+        if table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+            rows = jax.lax.bitcast_convert_type(table[input_ids], self.param_dtype)
+        else:
+            rows = table[input_ids]
+        if self.embed_scale is not None:  # scaled in the weights' dtype, as the references do
+            rows = rows * jnp.asarray(self.embed_scale, rows.dtype)
+        return rows.astype(self.dtype)
+
+    def decode_layers(self, hidden, positions, cache):
+        """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm."""
+        c = self.config
+        ropes = {c.layer_rope(i) for i in range(c.num_layers)} - {None}
+        ctx = StepContext(positions, {r: rope_cos_sin(positions, r, c.head_dim) for r in ropes})
+        for i, layer in enumerate(self.layers):
+            with jax.named_scope(f"layer_{i}"):
+                hidden, cache = self.layer(i, hidden, layer.weights(), cache, ctx)
+        return rms_norm(hidden, self.final_norm[...], c.rms_norm_eps), cache
+
+    def layer(self, i: int, x, w: dict, cache, ctx: StepContext):
+        """Layer i: x (B, T, D) -> (x, cache)."""
+        raise NotImplementedError
+
+    def scale_logits(self, logits: jax.Array) -> jax.Array:
+        """Family-specific treatment of the head's output (Gemma's soft-cap, Granite's scale)."""
+        return logits
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden: (..., D) -> (..., V) float32."""
+        if hasattr(self, "lm_head"):
+            scale = self.lm_head_scale[...] if hasattr(self, "lm_head_scale") else None
+            out = linear(hidden, self.lm_head[...], scale)
+        else:
+            out = matmul_t(hidden, self.embed[...])  # tied: hidden @ embed.T
+        # vocabulary-parallel head: each device computes its vocabulary slice, then the logits are
+        # gathered once here (not in every sampling stage, and not the head's weights instead)
+        out = constrain(out, (None,) * (out.ndim - 1) + ("vocab",))
+        return self.scale_logits(constrain(out.astype(jnp.float32), ()))

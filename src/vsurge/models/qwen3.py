@@ -1,0 +1,20 @@
+"""Qwen3 (dense): Llama's layers with a per-head RMSNorm on q and k before RoPE.
+
+HF: Qwen3ForCausalLM ("qwen3"); GGUF: `qwen3` (q/k not permuted).
+"""
+
+from __future__ import annotations
+
+from .llama import Llama
+
+
+class Qwen3(Llama):
+    name = "qwen3"
+    hf_model_types = ("qwen3",)
+    hf_architectures = ("Qwen3ForCausalLM",)
+    gguf_architectures = ("qwen3",)
+    gguf_permuted_qk = False
+
+    @classmethod
+    def hf_extra(cls, cfg: dict, fields: dict) -> dict:
+        return {"qk_norm": True}

@@ -1,0 +1,208 @@
+"""Mixture of experts: routing, then a dropless grouped matmul over only the routed experts.
+
+Routing (`route`) turns router logits into top-k expert ids and weights the way
+each family does it (`Routing`). Dispatch (`experts`) sorts the N*k
+(token, expert) assignments by expert and runs each expert's gated MLP on its
+own rows only:
+
+- "loop" (CPU, GPU): a loop over the experts that received rows; each expert
+  multiplies its rows in blocks of `block` rows, reading its weights once per
+  block. No expert without rows is touched, no all-experts product is formed.
+- "ragged" (TPU): `jax.lax.ragged_dot` over the sorted rows (a grouped matmul
+  kernel there; on CPU XLA lowers it to a dense product of every expert, so it
+  is never the CPU path).
+
+Both are exact for every routing (dropless). Under a mesh the expert weights
+are split over the `model` axis either by their hidden units (tensor parallel)
+or by whole experts (expert parallel); `experts` then runs in a shard_map, each
+device on its own slice, and one psum combines the devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from .mlp import gated
+
+MODEL_AXIS = "model"
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """How a family picks its experts (static).
+
+    scoring: "softmax" (probabilities over all experts, then top-k), "sigmoid" (DeepSeek-V3:
+        independent sigmoids, chosen with a correction bias), or "topk_softmax" (GPT-OSS: top-k
+        of the logits, softmax over those k).
+    norm_topk_prob: renormalize the k weights to sum to 1.
+    groups / topk_groups: group-limited routing (DeepSeek): experts in `groups` equal groups,
+        only the best `topk_groups` groups are eligible; a group's score is its best expert's
+        ("max") or the sum of its best two ("top2").
+    scale: multiplies the final weights (DeepSeek's routed_scaling_factor)."""
+
+    num_experts: int
+    top_k: int
+    scoring: str = "softmax"
+    norm_topk_prob: bool = False
+    groups: int = 1
+    topk_groups: int = 1
+    group_score: str = "max"
+    scale: float = 1.0
+
+
+def route(logits: jax.Array, r: Routing, correction_bias: jax.Array | None = None):
+    """logits (N, E) f32 -> ids (N, k) i32, weights (N, k) f32."""
+    logits = logits.astype(jnp.float32)
+    if r.scoring == "topk_softmax":
+        top, ids = jax.lax.top_k(logits, r.top_k)
+        return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1) * r.scale
+    scores = jax.nn.sigmoid(logits) if r.scoring == "sigmoid" else jax.nn.softmax(logits, axis=-1)
+    choice = scores if correction_bias is None else scores + correction_bias.astype(jnp.float32)
+    if r.groups > 1:
+        n, e = choice.shape
+        grouped = choice.reshape(n, r.groups, e // r.groups)
+        if r.group_score == "top2":
+            group_scores = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)
+        else:
+            group_scores = jnp.max(grouped, axis=-1)
+        _, best = jax.lax.top_k(group_scores, r.topk_groups)  # (N, topk_groups)
+        keep = jnp.zeros((n, r.groups), bool).at[jnp.arange(n)[:, None], best].set(True)
+        keep = jnp.repeat(keep, e // r.groups, axis=1)
+        # softmax scores are >= 0, so 0 drops a softmax expert; sigmoid choices use -inf
+        choice = jnp.where(keep, choice, -jnp.inf if r.scoring == "sigmoid" else 0.0)
+    _, ids = jax.lax.top_k(choice, r.top_k)
+    weights = jnp.take_along_axis(scores, ids, axis=-1)
+    if r.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + (1e-20 if r.scoring == "sigmoid" else 0.0))
+    return ids.astype(jnp.int32), weights * r.scale
+
+
+def block_rows(assignments: int, num_experts: int) -> int:
+    """Rows per block of the loop: about the mean rows an expert gets, a power of two in [8, 128]."""
+    mean = max(1, -(-assignments // num_experts))
+    return min(128, max(8, 1 << (mean - 1).bit_length()))
+
+
+def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, activation: str = "silu",
+            impl: str | None = None, expert_parallel: bool = False):
+    """Routed experts of N tokens. x (N, D); ids, weights (N, k); w_gate_up (E, D, 2F) gate/up
+    interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype."""
+    impl = impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
+    mesh = jax.sharding.get_abstract_mesh()
+    tp = 1 if mesh.empty or MODEL_AXIS not in mesh.shape else mesh.shape[MODEL_AXIS]
+    e, f = w_down.shape[0], w_down.shape[1]
+    split = tp > 1 and ((e % tp == 0) if expert_parallel else (f % tp == 0))
+    if not split:
+        return _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
+                              impl=impl, first_expert=0, add_down_bias=True)
+    if expert_parallel:  # whole experts per device: every bias travels with its expert
+        w_specs = (P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS))
+    else:  # every expert's hidden units split: the down bias is added once, after the sum
+        w_specs = (P(None, None, MODEL_AXIS), P(None, MODEL_AXIS), P(None, MODEL_AXIS, None), P())
+    d = w_down.shape[-1]
+    bias_gu = b_gate_up if b_gate_up is not None else jnp.zeros((e, w_gate_up.shape[-1]), x.dtype)
+    bias_down = b_down if b_down is not None else jnp.zeros((e, d), x.dtype)
+
+    def local(x, ids, weights, w_gate_up, b_gate_up, w_down, b_down):
+        first = jax.lax.axis_index(MODEL_AXIS) * w_down.shape[0] if expert_parallel else 0
+        out = _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
+                             impl=impl, first_expert=first, add_down_bias=expert_parallel)
+        return jax.lax.psum(out, MODEL_AXIS)
+
+    out = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), w_specs[0], w_specs[1], w_specs[2], w_specs[3]),
+                        out_specs=P(), check_vma=False)(x, ids, weights, w_gate_up, bias_gu, w_down, bias_down)
+    if not expert_parallel and b_down is not None:
+        out = out + _down_bias(ids, weights, b_down).astype(out.dtype)
+    return out
+
+
+def _down_bias(ids, weights, b_down):
+    """sum_k weight_k * b_down[id_k] -> (N, D)."""
+    return jnp.einsum("nk,nkd->nd", weights, b_down[ids].astype(jnp.float32))
+
+
+def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, activation, impl, first_expert,
+                   add_down_bias):
+    """The experts held here: [first_expert, first_expert + E_local). Assignments to other experts
+    contribute nothing. Returns (N, D)."""
+    n, k = ids.shape
+    local_e = w_down.shape[0]
+    flat = ids.reshape(-1) - first_expert  # (A,) local expert of each assignment
+    mine = (flat >= 0) & (flat < local_e)
+    flat = jnp.where(mine, flat, local_e)  # others sort to the end, in a group of their own
+    order = jnp.argsort(flat, stable=True)  # (A,)
+    token = order // k
+    counts = jnp.bincount(flat, length=local_e + 1)[:local_e]  # (E_local,)
+    rows = x[token]  # (A, D) sorted by expert
+    if impl == "ragged":
+        group_sizes = jnp.concatenate([counts, jnp.asarray([flat.shape[0] - jnp.sum(counts)])]).astype(jnp.int32)
+        out = _ragged(rows, group_sizes, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias)
+    else:
+        out = _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias,
+                    block_rows(flat.shape[0], max(local_e, 1)))
+    gate = (weights.reshape(-1)[order] * mine[order]).astype(jnp.float32)  # (A,)
+    combined = jnp.zeros((n, x.shape[-1]), jnp.float32).at[token].add(out.astype(jnp.float32) * gate[:, None])
+    return combined.astype(x.dtype)
+
+
+def _expert_mlp(rows, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias):
+    """rows (M, D) through one expert -> (M, D)."""
+    h = jnp.dot(rows, w_gate_up.astype(rows.dtype), preferred_element_type=jnp.float32)
+    if b_gate_up is not None:
+        h = h + b_gate_up.astype(jnp.float32)
+    y = jnp.dot(gated(h, activation).astype(rows.dtype), w_down.astype(rows.dtype),
+                preferred_element_type=jnp.float32)
+    if b_down is not None and add_down_bias:
+        y = y + b_down.astype(jnp.float32)
+    return y
+
+
+def _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias, block: int):
+    """rows (A, D) sorted by expert, counts (E,) -> (A, D): each expert with rows, block by block."""
+    a, d = rows.shape
+    starts = jnp.cumsum(counts) - counts
+    order = jnp.argsort(counts == 0, stable=True)  # experts with rows first
+    active = jnp.sum(counts > 0)
+    padded = jnp.concatenate([rows, jnp.zeros((block, d), rows.dtype)])  # a block never runs past the end
+    out = jnp.zeros((a + block, d), jnp.float32)
+
+    def one_expert(j, out):
+        e = order[j]
+        start, count = starts[e], counts[e]
+        wgu, wd = w_gate_up[e], w_down[e]
+        bgu = None if b_gate_up is None else b_gate_up[e]
+        bd = None if b_down is None else b_down[e]
+
+        def one_block(b, out):
+            first = start + b * block
+            y = _expert_mlp(jax.lax.dynamic_slice_in_dim(padded, first, block), wgu, wd, bgu, bd, activation,
+                            add_down_bias)
+            y = jnp.where((b * block + jnp.arange(block) < count)[:, None], y, 0.0)  # rows of the next expert
+            return jax.lax.dynamic_update_slice_in_dim(out, jax.lax.dynamic_slice_in_dim(out, first, block) + y,
+                                                       first, 0)
+
+        return jax.lax.fori_loop(0, (count + block - 1) // block, one_block, out)
+
+    return jax.lax.fori_loop(0, active, one_expert, out)[:a]
+
+
+def _ragged(rows, group_sizes, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias):
+    """The grouped-matmul form: group_sizes (E+1,) with a last group of rows that belong to no
+    local expert (multiplied by zero weights)."""
+    e = w_down.shape[0]
+    pad = lambda w: jnp.concatenate([w, jnp.zeros((1, *w.shape[1:]), w.dtype)])  # noqa: E731
+    expert_of = jnp.repeat(jnp.arange(e + 1), group_sizes, total_repeat_length=rows.shape[0])
+    h = jax.lax.ragged_dot(rows, pad(w_gate_up).astype(rows.dtype), group_sizes,
+                           preferred_element_type=jnp.float32)
+    if b_gate_up is not None:
+        h = h + pad(b_gate_up).astype(jnp.float32)[expert_of]
+    y = jax.lax.ragged_dot(gated(h, activation).astype(rows.dtype), pad(w_down).astype(rows.dtype), group_sizes,
+                           preferred_element_type=jnp.float32)
+    if b_down is not None and add_down_bias:
+        y = y + pad(b_down).astype(jnp.float32)[expert_of]
+    return y
+
