@@ -56,7 +56,7 @@ def check_against_reference(model, torch_model, seed=0):
 def test_logits_match_transformers(name, tmp_path, default_processor_dir):
     torch_model = write_tiny_model(name, tmp_path, default_processor_dir)
     model, processor = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)
-    assert model.config.architecture == torch_model.config.model_type
+    assert torch_model.config.model_type in type(model).hf_model_types
     check_against_reference(model, torch_model)
 
 

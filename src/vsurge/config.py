@@ -139,14 +139,18 @@ class ModelConfig:
         which needs that many query-head groups."""
         if self.num_heads % tp:
             raise ValueError(f"tensor_parallel_size {tp} must divide the model's {self.num_heads} attention heads")
-        if self.intermediate_size % tp:
-            raise ValueError(f"tensor_parallel_size {tp} must divide the model's intermediate size "
-                             f"{self.intermediate_size}")
+        for what, size in self.split_sizes().items():
+            if size % tp:
+                raise ValueError(f"tensor_parallel_size {tp} must divide the model's {what} {size}")
         kv = math.lcm(self.num_kv_heads, tp)
         if self.num_heads % kv:
             raise ValueError(f"tensor_parallel_size {tp}: the {self.num_kv_heads} KV heads would be replicated "
                              f"to {kv}, which does not divide the {self.num_heads} query heads")
         return self.replace(num_kv_heads=kv)
+
+    def split_sizes(self) -> dict[str, int]:
+        """The widths tensor parallelism splits besides the heads (what -> size)."""
+        return {"intermediate size": self.intermediate_size}
 
     def replace(self, **changes) -> "ModelConfig":
         return dataclasses.replace(self, **changes)

@@ -18,6 +18,15 @@ FAMILIES = {
     "mistral": "Mistral",
     "qwen2": "Qwen2",
     "qwen3": "Qwen3",
+    "gemma2": "Gemma2",
+    "gemma3": "Gemma3",
+    "phi3": "Phi3",
+    "olmo2": "Olmo2",
+    "granite": "Granite",
+    "smollm3": "SmolLM3",
+    "mixtral": "Mixtral",
+    "qwen2_moe": "Qwen2Moe",
+    "qwen3_moe": "Qwen3Moe",
 }
 
 

@@ -269,3 +269,35 @@ class Weight:
 def tensor(name: str, shape: tuple[int, ...], *, matrix: bool = True, **kw) -> Tensor:
     """A stored tensor of HF orientation: matrices (out, in) are transposed to (in, out)."""
     return Tensor(name, tuple(shape), transpose=matrix and len(shape) >= 2, **kw)
+
+
+FP4_E2M1 = np.asarray([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
+                      np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP4:
+    """Experts stored as OCP MXFP4 (GPT-OSS checkpoints): `blocks` (E, R, G, 16) bytes of two
+    e2m1 values each (low nibble first) and `scales` (E, R, G) e8m0 exponents of each 32-value
+    group, R output rows of G * 32 inputs. Dequantized at load to the model's (E, in, R)."""
+
+    blocks: str
+    scales: str
+    experts: int
+    rows: int
+    inputs: int
+
+    def tensors(self):
+        g = self.inputs // 32
+        return [(self.blocks, (self.experts, self.rows, g, 16)), (self.scales, (self.experts, self.rows, g))]
+
+    def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
+        e0, e1 = spans[0]
+        blocks = source.read(self.blocks, [(e0, e1)]).astype(np.uint8)  # (e, R, G, 16)
+        scales = source.read(self.scales, [(e0, e1)]).astype(np.int32) - 127  # (e, R, G)
+        values = np.empty((*blocks.shape[:-1], 32), np.float32)
+        values[..., 0::2] = FP4_E2M1[blocks & 0x0F]
+        values[..., 1::2] = FP4_E2M1[blocks >> 4]
+        values = np.ldexp(values, scales[..., None]).reshape(e1 - e0, self.rows, self.inputs)
+        out = values.transpose(0, 2, 1)  # (e, in, R)
+        return out[:, spans[1][0]:spans[1][1], spans[2][0]:spans[2][1]]

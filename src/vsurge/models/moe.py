@@ -1,0 +1,122 @@
+"""Mixture-of-experts layers shared by the MoE families: config fields, weight declarations
+(HF per-expert tensors or fused 3-D ones, llama.cpp's stacked *_exps tensors) and the forward
+pass (ops/moe.py routes and runs only the routed experts).
+
+Weights of an MoE layer (E experts of F units, D hidden):
+    router (D, E) [+ router_bias (E,)]        experts_gate_up (E, D, 2F) gate/up interleaved
+    experts_down (E, F, D)                    [+ experts_gate_up_bias (E, 2F), experts_down_bias (E, D)]
+    shared_gate_up (D, 2Fs), shared_down (Fs, D) [+ shared_gate (D, 1)]   (shared experts)
+Tensor parallelism splits every expert's F units over `model`; expert parallelism
+(`expert_parallel`) splits whole experts instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+from ..config import ModelConfig
+from ..ops.linear import linear
+from ..ops.moe import Routing, experts, route
+from .spec import GateUp, MXFP4, Stack, Weight, tensor
+
+
+@dataclass(frozen=True)
+class MoEConfig(ModelConfig):
+    num_experts: int = 0
+    num_experts_per_tok: int = 1
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    shared_intermediate_size: int = 0  # 0: no shared expert
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP
+    expert_parallel: bool = False
+    activation: str = "silu"
+
+    def is_moe(self, layer: int) -> bool:
+        return self.moe_layers[layer] if self.moe_layers else True
+
+    @property
+    def routing(self) -> Routing:
+        return Routing(self.num_experts, self.num_experts_per_tok, norm_topk_prob=self.norm_topk_prob)
+
+    def split_sizes(self) -> dict[str, int]:
+        sizes = {"expert count (expert parallelism)": self.num_experts} if self.expert_parallel else {
+            "experts' intermediate size (or use expert parallelism)": self.moe_intermediate_size}
+        if not all(self.is_moe(i) for i in range(self.num_layers)):
+            sizes["intermediate size"] = self.intermediate_size
+        if self.shared_intermediate_size:
+            sizes["shared expert's intermediate size"] = self.shared_intermediate_size
+        return sizes
+
+
+def expert_axes(c: MoEConfig, kind: str) -> tuple:
+    """Logical axes of a stacked expert weight: whole experts over `model` with expert
+    parallelism, else each expert's units."""
+    if kind == "gate_up":
+        return ("experts", "embed", None) if c.expert_parallel else (None, "embed", "mlp")
+    if kind == "down":
+        return ("experts", None, "embed") if c.expert_parallel else (None, "mlp", "embed")
+    if kind == "gate_up_bias":
+        return ("experts", None) if c.expert_parallel else (None, "mlp")
+    return ("experts", None) if c.expert_parallel else (None, None)  # down bias
+
+
+def router_weights(c: MoEConfig, hf: str, gguf: str | None, *, bias: bool = False) -> dict[str, Weight]:
+    d, e = c.hidden_size, c.num_experts
+    out = {"router": Weight((d, e), ("embed", None), tensor(f"{hf}.weight", (e, d)),
+                            gguf and tensor(f"{gguf}.weight", (e, d)))}
+    if bias:
+        out["router_bias"] = Weight((e,), (None,), tensor(f"{hf}.bias", (e,)), gguf and tensor(f"{gguf}.bias", (e,)),
+                                    init="zeros")
+    return out
+
+
+def expert_weights(c: MoEConfig, *, hf_expert=None, hf_fused: tuple[str, str] | None = None, mxfp4: bool = False,
+                   gguf: str | None = None, biases: bool = False) -> dict[str, Weight]:
+    """The routed experts. hf_expert(e, kind) -> the HF name of expert e's "gate" / "up" / "down"
+    matrix (per-expert checkpoints); hf_fused: the names of fused (E, D, 2F) gate/up (interleaved)
+    and (E, F, D) down tensors (GPT-OSS), MXFP4 when `mxfp4`; gguf: the layer's GGUF prefix
+    ("blk.3"), whose ffn_{gate,up,down}_exps hold every expert."""
+    d, f, e = c.hidden_size, c.moe_intermediate_size, c.num_experts
+    if hf_fused is not None:
+        gate_up_name, down_name = hf_fused
+        if mxfp4:
+            hf_gate_up = MXFP4(f"{gate_up_name}_blocks", f"{gate_up_name}_scales", e, 2 * f, d)
+            hf_down = MXFP4(f"{down_name}_blocks", f"{down_name}_scales", e, d, f)
+        else:
+            hf_gate_up = tensor(gate_up_name, (e, d, 2 * f), matrix=False)
+            hf_down = tensor(down_name, (e, f, d), matrix=False)
+    else:
+        hf_gate_up = Stack(tuple(GateUp(tensor(hf_expert(x, "gate"), (f, d)), tensor(hf_expert(x, "up"), (f, d)))
+                                 for x in range(e)))
+        hf_down = Stack(tuple(tensor(hf_expert(x, "down"), (d, f)) for x in range(e)))
+    gg = None if gguf is None else (GateUp(tensor(f"{gguf}.ffn_gate_exps.weight", (e, f, d)),
+                                           tensor(f"{gguf}.ffn_up_exps.weight", (e, f, d))),
+                                    tensor(f"{gguf}.ffn_down_exps.weight", (e, d, f)))
+    out = {
+        "experts_gate_up": Weight((e, d, 2 * f), expert_axes(c, "gate_up"), hf_gate_up, gg and gg[0]),
+        "experts_down": Weight((e, f, d), expert_axes(c, "down"), hf_down, gg and gg[1]),
+    }
+    if biases:
+        gate_up_name, down_name = hf_fused
+        out["experts_gate_up_bias"] = Weight(
+            (e, 2 * f), expert_axes(c, "gate_up_bias"), tensor(f"{gate_up_name}_bias", (e, 2 * f)),
+            gguf and GateUp(tensor(f"{gguf}.ffn_gate_exps.bias", (e, f)), tensor(f"{gguf}.ffn_up_exps.bias", (e, f))),
+            init="zeros")
+        out["experts_down_bias"] = Weight((e, d), expert_axes(c, "down_bias"), tensor(f"{down_name}_bias", (e, d)),
+                                          gguf and tensor(f"{gguf}.ffn_down_exps.bias", (e, d)), init="zeros")
+    return out
+
+
+def routed(c: MoEConfig, x, w: dict, routing: Routing | None = None, correction=None):
+    """The routed experts of x (B, T, D) -> (B, T, D)."""
+    flat = x.reshape(-1, x.shape[-1])
+    logits = linear(flat, w["router"]).astype("float32")  # (N, E)
+    if "router_bias" in w:
+        logits = logits + w["router_bias"].astype(logits.dtype)
+    with jax.named_scope("moe"):
+        ids, weights = route(logits, routing or c.routing, correction)
+        out = experts(flat, ids, weights, w["experts_gate_up"], w["experts_down"], w.get("experts_gate_up_bias"),
+                      w.get("experts_down_bias"), activation=c.activation, expert_parallel=c.expert_parallel)
+    return out.reshape(x.shape)
