@@ -49,6 +49,22 @@ TINY_CONFIGS = {
                                          shared_expert_intermediate_size=48, mlp_only_layers=[1])),
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                          head_dim=24, norm_topk_prob=True)),
+    "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=16,
+                                     sliding_window=4, rope_parameters={
+                                         "rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64})),
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, moe_intermediate_size=32,
+        n_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, routed_scaling_factor=2.5, norm_topk_prob=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 64})),
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        num_key_value_heads=4, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        topk_method="group_limited_greedy",
+        moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.5)),
 }
 
 
@@ -67,8 +83,11 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms default to 1 and biases to 0: randomize them so they are tested
         for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight") or pname.endswith(".bias"):
+            if pname.endswith("norm.weight") or pname.endswith(".bias") or pname.endswith("_bias"):
                 param.add_(0.1 * torch.randn_like(param))
+        for pname, buffer in model.named_buffers():  # DeepSeek-V3's router correction is a buffer
+            if pname.endswith("correction_bias"):
+                buffer.add_(0.1 * torch.randn_like(buffer))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
     for f in ("tokenizer.json", "tokenizer_config.json"):

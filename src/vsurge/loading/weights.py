@@ -53,7 +53,7 @@ def check_source(family, config: ModelConfig, source: TensorSource, fmt: str) ->
     used = {name for name, _ in expected}
     if config.tie_word_embeddings:
         used |= {"lm_head.weight", "output.weight"}  # tied: some exports still write a copy
-    unknown = sorted(n for n in names - used if not n.endswith(family.hf_ignored_suffixes))
+    unknown = sorted(n for n in names - used if not family.ignores_tensor(n, config))
     if unknown:
         shown = ", ".join(unknown[:5]) + (" ..." if len(unknown) > 5 else "")
         raise ModelLoadError(

@@ -130,8 +130,13 @@ class CausalLM(nnx.Module):
             specs.update({f"layers.{i}.{k}": v for k, v in cls.layer_weights(config, i).items()})
         return specs
 
-    # hf tensors some checkpoints carry that the model derives or does not use
+    # tensors some checkpoints carry that the model derives or does not use
     hf_ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    @classmethod
+    def ignores_tensor(cls, name: str, config: ModelConfig) -> bool:
+        """A stored tensor the model does not read and the loader should not call unknown."""
+        return name.endswith(cls.hf_ignored_suffixes)
 
     # ---------------------------------------------------------------- construction
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=None, rngs: nnx.Rngs | None = None):

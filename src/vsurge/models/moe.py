@@ -101,11 +101,14 @@ def expert_weights(c: MoEConfig, *, hf_expert=None, hf_fused: tuple[str, str] | 
     if biases:
         gate_up_name, down_name = hf_fused
         out["experts_gate_up_bias"] = Weight(
-            (e, 2 * f), expert_axes(c, "gate_up_bias"), tensor(f"{gate_up_name}_bias", (e, 2 * f)),
-            gguf and GateUp(tensor(f"{gguf}.ffn_gate_exps.bias", (e, f)), tensor(f"{gguf}.ffn_up_exps.bias", (e, f))),
+            (e, 2 * f), expert_axes(c, "gate_up_bias"), tensor(f"{gate_up_name}_bias", (e, 2 * f), matrix=False),
+            gguf and GateUp(tensor(f"{gguf}.ffn_gate_exps.bias", (e, f), matrix=False),
+                            tensor(f"{gguf}.ffn_up_exps.bias", (e, f), matrix=False)),
             init="zeros")
-        out["experts_down_bias"] = Weight((e, d), expert_axes(c, "down_bias"), tensor(f"{down_name}_bias", (e, d)),
-                                          gguf and tensor(f"{gguf}.ffn_down_exps.bias", (e, d)), init="zeros")
+        out["experts_down_bias"] = Weight((e, d), expert_axes(c, "down_bias"),
+                                          tensor(f"{down_name}_bias", (e, d), matrix=False),
+                                          gguf and tensor(f"{gguf}.ffn_down_exps.bias", (e, d), matrix=False),
+                                          init="zeros")
     return out
 
 

@@ -27,6 +27,8 @@ FAMILIES = {
     "mixtral": "Mixtral",
     "qwen2_moe": "Qwen2Moe",
     "qwen3_moe": "Qwen3Moe",
+    "gpt_oss": "GptOss",
+    "deepseek": "DeepSeek",
 }
 
 
