@@ -113,3 +113,15 @@ def default_server(cache_dir):
     server = ServerProcess("default", *DEFAULT_SERVER_ARGS, cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory, default_processor_dir):
+    """Every tiny family checkpoint (tests/tiny_models.py), written once: name -> (folder, torch model)."""
+    from tiny_models import TINY_CONFIGS, write_tiny_model
+
+    out = {}
+    for name in TINY_CONFIGS:
+        folder = tmp_path_factory.mktemp(f"tiny_{name}")
+        out[name] = (folder, write_tiny_model(name, folder, default_processor_dir))
+    return out

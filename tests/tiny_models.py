@@ -18,7 +18,8 @@ COMMON = dict(
     rms_norm_eps=1e-6,
 )
 
-# name -> (transformers config class name, extra kwargs)
+# name -> (transformers config class name, extra kwargs): every model family, with the features
+# that set it apart switched on (sliding windows, soft-caps, partial rotary, scaled rope, MoE ...)
 TINY_CONFIGS = {
     "llama": ("LlamaConfig", dict(rope_theta=10000.0)),
     "llama3_scaled": ("LlamaConfig", dict(
@@ -93,3 +94,11 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, folder / f)
     return model
+
+
+def family_name(name: str) -> str:
+    """The tiny config's HF model_type (what the registry resolves)."""
+    import transformers
+
+    cls_name, _ = TINY_CONFIGS[name]
+    return getattr(transformers, cls_name).model_type
