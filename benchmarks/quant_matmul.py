@@ -1,0 +1,142 @@
+"""One decode token's weight matmuls at the default model's shapes: the quantized kernel vs XLA's dots.
+
+SmolLM2-135M: 30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, and the
+output head 576->49152, chained as a layer chains them (matmul_ceiling.py's program), in one
+jitted program per weight kind and row count M. Kinds: GGUF block formats through
+`vsurge.ops.quantized.qmatmul` (the C++ kernel on CPU; random valid blocks, speed does not depend
+on the values), and float weights through `vsurge.ops.linear` as the engine runs them today
+(bfloat16: bf16 x bf16 -> f32 dots; float32). Prints per M: ms per call, rows x calls per second,
+and GB/s of weight bytes read per call (all weights are read once per call), with the CPU's ISA,
+the kernel variant and threads, and the machine's read bandwidth (a jitted sum).
+
+    python benchmarks/quant_matmul.py [--rows 1,2,8,32] [--formats q4_1,q8_0,q4_k] [--variants avx512_vnni,avx2]
+    XLA_FLAGS=--xla_cpu_max_isa=AVX2 VSURGE_CPU_ISA=avx2 python benchmarks/quant_matmul.py   # an AVX2-only CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import gguf
+import numpy as np
+
+L, D, F, V = 30, 576, 1536, 49152
+SHAPES = {"wqkv": (960, D), "wo": (D, D), "gate_up": (2 * F, D), "down": (D, F)}  # (N, K): y = x @ W^T
+# byte offsets of each block's float16 scales (d, and dmin for K-quants), set to small values
+SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2),
+          "q5_k": (0, 2), "q6_k": (208,)}
+
+
+def random_gguf_blocks(n: int, k: int, fmt: str, rng) -> np.ndarray:
+    qtype = gguf.GGMLQuantizationType[fmt.upper()]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, (n, k // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.002).tobytes(), np.uint8)
+    for offset in SCALES[fmt]:
+        raw[:, :, offset:offset + 2] = scale
+    return raw.reshape(n, -1)
+
+
+def median_seconds(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,8,32")
+    parser.add_argument("--formats", default="q4_1,q8_0,q4_k")
+    parser.add_argument("--variants", default="", help="kernel variants to time (default: the one in use)")
+    parser.add_argument("--floats", default="bfloat16,float32", help="XLA float weights to compare ('' for none)")
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from common import measure_read_bandwidth
+    from vsurge import kernels
+    from vsurge.ops.linear import linear
+    from vsurge.ops.quantized import from_gguf, qmatmul
+
+    rows = [int(r) for r in args.rows.split(",")]
+    rng = np.random.default_rng(0)
+
+    def layer_q(x, w):
+        h = qmatmul(x, w["wqkv"])
+        x = x + qmatmul(h[:, :D], w["wo"])
+        g = qmatmul(x, w["gate_up"])
+        return x + qmatmul(jax.nn.silu(g[:, :F]) * g[:, F:], w["down"])
+
+    def token_q(layers, head, x):
+        for w in layers:
+            x = layer_q(x, w)
+        return qmatmul(x, head)
+
+    def layer_f(x, w):
+        h = linear(x, w["wqkv"])
+        x = x + linear(h[:, :D], w["wo"])
+        g = linear(x, w["gate_up"])
+        return x + linear(jax.nn.silu(g[:, :F]) * g[:, F:], w["down"])
+
+    def token_f(layers, head, x):
+        for w in layers:
+            x = layer_f(x, w)
+        return linear(x, head)
+
+    def timed(fn, weights, nbytes: int, label: str) -> None:
+        program = jax.jit(fn)
+        cells = []
+        for m in rows:
+            x = jnp.asarray(rng.normal(0, 1, (m, D)).astype(np.float32))
+            s = median_seconds(lambda: program(*weights, x).block_until_ready(), args.reps)
+            cells.append(f"{s * 1e3:.2f} ms, {m / s:.0f} rows/s, {nbytes / s / 1e9:.1f} GB/s")
+        print(f"| {label} | {nbytes / 1e6:.0f} MB | " + " | ".join(cells) + " |", flush=True)
+
+    print(f"CPU ISA: {kernels.cpu_isa()}; kernel: {kernels.variant() or 'none (' + str(kernels.unavailable_reason()) + ')'}"
+          f", {kernels.threads()} threads; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
+          f"jax {jax.__version__}, {os.cpu_count()} CPUs (shared machine: medians of {args.reps})", flush=True)
+    print(f"machine read bandwidth (jitted float32 sum): {measure_read_bandwidth():.1f} GB/s\n", flush=True)
+    print("| weights | bytes read per call | " + " | ".join(f"M={m}" for m in rows) + " |")
+    print("|---|---|" + "---|" * len(rows))
+
+    variants = [v for v in args.variants.split(",") if v] or [kernels.variant()]
+    for fmt in [f for f in args.formats.split(",") if f]:
+        start = time.perf_counter()
+        layers = [{k: from_gguf(random_gguf_blocks(*s, fmt, rng), fmt) for k, s in SHAPES.items()} for _ in range(L)]
+        head = from_gguf(random_gguf_blocks(V, D, fmt, rng), fmt)
+        repack_s = time.perf_counter() - start
+        nbytes = sum(w.nbytes for w in jax.tree.leaves((layers, head)))
+        for v in variants:
+            if v is None:
+                timed(token_q, (layers, head), nbytes, f"{fmt}, XLA dequantize + dot (no kernel)")
+                continue
+            kernels.set_variant(v)
+            timed(token_q, (layers, head), nbytes, f"{fmt}, kernel {v}")
+        print(f"(repacking {fmt}'s {nbytes / 1e6:.0f} MB from GGUF blocks took {repack_s:.1f} s)", file=sys.stderr)
+        del layers, head
+    if variants and variants[0] is not None:
+        kernels.set_variant("auto")
+
+    for kind in [k for k in args.floats.split(",") if k]:
+        dtype = jnp.dtype(kind)
+        layers = [{k: jnp.asarray(rng.normal(0, 0.02, s[::-1]), dtype) for k, s in SHAPES.items()} for _ in range(L)]
+        head = jnp.asarray(rng.normal(0, 0.02, (D, V)), dtype)
+        nbytes = sum(w.nbytes for w in jax.tree.leaves((layers, head)))
+        timed(token_f, (layers, head), nbytes, f"{kind}, XLA dot (vsurge.ops.linear)")
+        del layers, head
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
