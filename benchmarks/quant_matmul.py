@@ -6,7 +6,8 @@ jitted program per weight kind and row count M. Kinds: GGUF block formats throug
 `vsurge.ops.quantized.qmatmul` (the C++ kernel on CPU; random valid blocks, speed does not depend
 on the values), and float weights through `vsurge.ops.linear` as the engine runs them today
 (bfloat16: bf16 x bf16 -> f32 dots; float32). Prints per M: ms per call, rows x calls per second,
-and GB/s of weight bytes read per call (all weights are read once per call), with the CPU's ISA,
+and GB/s of weight bytes read per call (all weights are read once per call), from the median
+(the fastest call's ms in brackets: the machine is shared, so medians vary), with the CPU's ISA,
 the kernel variant and threads, and the machine's read bandwidth (a jitted sum).
 
     python benchmarks/quant_matmul.py [--rows 1,2,8,32] [--formats q4_1,q8_0,q4_k] [--variants avx512_vnni,avx2]
@@ -31,6 +32,14 @@ SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 
           "q5_k": (0, 2), "q6_k": (208,)}
 
 
+# K-quants need K % 256 == 0 (576 is not): llama-quantize stores such tensors in these instead
+K_QUANT_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
+
+
+def stored_format(fmt: str, k: int) -> str:
+    return K_QUANT_FALLBACK[fmt] if fmt in K_QUANT_FALLBACK and k % 256 else fmt
+
+
 def random_gguf_blocks(n: int, k: int, fmt: str, rng) -> np.ndarray:
     qtype = gguf.GGMLQuantizationType[fmt.upper()]
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -41,14 +50,15 @@ def random_gguf_blocks(n: int, k: int, fmt: str, rng) -> np.ndarray:
     return raw.reshape(n, -1)
 
 
-def median_seconds(fn, reps: int) -> float:
+def seconds(fn, reps: int) -> tuple[float, float]:
+    """(median, min) of `reps` calls after one warm-up."""
     fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def main(argv=None) -> int:
@@ -99,13 +109,13 @@ def main(argv=None) -> int:
         cells = []
         for m in rows:
             x = jnp.asarray(rng.normal(0, 1, (m, D)).astype(np.float32))
-            s = median_seconds(lambda: program(*weights, x).block_until_ready(), args.reps)
-            cells.append(f"{s * 1e3:.2f} ms, {m / s:.0f} rows/s, {nbytes / s / 1e9:.1f} GB/s")
+            s, fastest = seconds(lambda: program(*weights, x).block_until_ready(), args.reps)
+            cells.append(f"{s * 1e3:.2f} ms ({fastest * 1e3:.2f}), {m / s:.0f} rows/s, {nbytes / s / 1e9:.1f} GB/s")
         print(f"| {label} | {nbytes / 1e6:.0f} MB | " + " | ".join(cells) + " |", flush=True)
 
     print(f"CPU ISA: {kernels.cpu_isa()}; kernel: {kernels.variant() or 'none (' + str(kernels.unavailable_reason()) + ')'}"
           f", {kernels.threads()} threads; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-          f"jax {jax.__version__}, {os.cpu_count()} CPUs (shared machine: medians of {args.reps})", flush=True)
+          f"jax {jax.__version__}, {os.cpu_count()} CPUs (shared machine: median (min) of {args.reps})", flush=True)
     print(f"machine read bandwidth (jitted float32 sum): {measure_read_bandwidth():.1f} GB/s\n", flush=True)
     print("| weights | bytes read per call | " + " | ".join(f"M={m}" for m in rows) + " |")
     print("|---|---|" + "---|" * len(rows))
@@ -113,16 +123,21 @@ def main(argv=None) -> int:
     variants = [v for v in args.variants.split(",") if v] or [kernels.variant()]
     for fmt in [f for f in args.formats.split(",") if f]:
         start = time.perf_counter()
-        layers = [{k: from_gguf(random_gguf_blocks(*s, fmt, rng), fmt) for k, s in SHAPES.items()} for _ in range(L)]
-        head = from_gguf(random_gguf_blocks(V, D, fmt, rng), fmt)
+        def weight(n, k):
+            stored = stored_format(fmt, k)
+            return from_gguf(random_gguf_blocks(n, k, stored, rng), stored)
+
+        layers = [{k: weight(*s) for k, s in SHAPES.items()} for _ in range(L)]
+        head = weight(V, D)
         repack_s = time.perf_counter() - start
         nbytes = sum(w.nbytes for w in jax.tree.leaves((layers, head)))
+        name = fmt if stored_format(fmt, D) == fmt else f"{fmt} ({stored_format(fmt, D)} where K = {D})"
         for v in variants:
             if v is None:
-                timed(token_q, (layers, head), nbytes, f"{fmt}, XLA dequantize + dot (no kernel)")
+                timed(token_q, (layers, head), nbytes, f"{name}, XLA dequantize + dot (no kernel)")
                 continue
             kernels.set_variant(v)
-            timed(token_q, (layers, head), nbytes, f"{fmt}, kernel {v}")
+            timed(token_q, (layers, head), nbytes, f"{name}, kernel {v}")
         print(f"(repacking {fmt}'s {nbytes / 1e6:.0f} MB from GGUF blocks took {repack_s:.1f} s)", file=sys.stderr)
         del layers, head
     if variants and variants[0] is not None:

@@ -135,6 +135,20 @@ def test_compiled_program_calls_the_kernel():
     assert "vsurge_qmatmul" not in without
 
 
+def test_accelerators_get_the_xla_path():
+    """Lowered for GPU or TPU (jax.export lowers for a platform without its device), the program
+    dequantizes and dots: the CPU custom call is only in the CPU lowering."""
+    w = from_gguf(gguf_blocks("q4_1", N, K), "q4_1")
+    x = jnp.zeros((2, K), jnp.float32)
+    allow = [jax.export.DisabledSafetyCheck.custom_call(kernels.FFI_TARGET)]
+    for platform in ("cuda", "tpu"):
+        module = jax.export.export(jax.jit(qmatmul), platforms=[platform], disabled_checks=allow)(x, w).mlir_module()
+        assert "vsurge_qmatmul" not in module and "dot_general" in module
+    if kernels.available():
+        module = jax.export.export(jax.jit(qmatmul), platforms=["cpu"], disabled_checks=allow)(x, w).mlir_module()
+        assert "vsurge_qmatmul" in module
+
+
 def test_leading_dims_and_empty_rows():
     raw = gguf_blocks("q8_0", N, K)
     w = from_gguf(raw, "q8_0")

@@ -40,8 +40,9 @@ class _Library:
             return
         path = library_path()
         if path is None:
-            self.reason = (f"no compiled kernel library in {Path(__file__).parent} (it is built by `pip install -e .`; "
-                           "`python setup.py build_ext --inplace` builds it in a source tree)")
+            self.reason = (f"no compiled kernel library in {Path(__file__).parent}: it is built when the package "
+                           "installs where a C++ compiler is found (the install log says why it was not); "
+                           "`python setup.py build_ext --inplace` builds it in a source tree")
             return
         try:
             lib = ctypes.CDLL(str(path))
