@@ -19,7 +19,9 @@ namespace {
 
 struct Avx2 {
   static constexpr int R = 8;
-  static constexpr int kMaxRows = 4;  // 8 code registers + 4 accumulators of the 16 ymm
+  // activation rows per pass over a tile: 8 code registers + 4 accumulators of the 16 ymm
+  // (single thread, 3072 x 576 Q4_1, 32 rows: 2 rows 68, 4 rows 77 GMAC/s)
+  static constexpr int kMaxRows = 4;
   static constexpr bool kVnni = false;
   using VI = __m256i;
   using VF = __m256;

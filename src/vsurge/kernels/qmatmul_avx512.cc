@@ -18,6 +18,7 @@ namespace {
 
 struct Avx512Common {
   static constexpr int R = 16;
+  // activation rows per pass over a tile (8 code + 8 accumulator zmm; 16 rows measured no faster)
   static constexpr int kMaxRows = 8;
   using VI = __m512i;
   using VF = __m512;

@@ -169,13 +169,14 @@ void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0
       if (nvalid <= 0) break;
       float* y = args.y + row;
       int64_t m = m0;
-      for (; m + S::kMaxRows <= m1; m += S::kMaxRows) tile_rows<S, F, S::kMaxRows>(tile, hr, args.a, m, y, args.n, nvalid);
-      // the remainder in powers of two: each pass re-reads the (cached) tile
-      if constexpr (S::kMaxRows > 4) {
-        if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid); m += 4; }
-      }
-      if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid); m += 2; }
-      if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid);
+      constexpr int mr = S::kMaxRows;  // a power of two
+      static_assert(mr >= 1 && mr <= 16 && (mr & (mr - 1)) == 0);
+      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr>(tile, hr, args.a, m, y, args.n, nvalid);
+      // the remainder (< mr) in powers of two: each pass re-reads the (cached) tile
+      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8>(tile, hr, args.a, m, y, args.n, nvalid); m += 8; }
+      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid); m += 4; }
+      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid); m += 2; }
+      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid);
     }
   }
 }
