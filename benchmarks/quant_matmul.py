@@ -3,12 +3,13 @@
 SmolLM2-135M: 30 layers of qkv 576->960, o 576->576, gate_up 576->3072, down 1536->576, and the
 output head 576->49152, chained as a layer chains them (matmul_ceiling.py's program), in one
 jitted program per weight kind and row count M. Kinds: GGUF block formats through
-`vsurge.ops.quantized.qmatmul` (the C++ kernel on CPU; random valid blocks, speed does not depend
-on the values), and float weights through `vsurge.ops.linear` as the engine runs them today
-(bfloat16: bf16 x bf16 -> f32 dots; float32). Prints per M: ms per call, rows x calls per second,
-and GB/s of weight bytes read per call (all weights are read once per call), from the median
-(the fastest call's ms in brackets: the machine is shared, so medians vary), with the CPU's ISA,
-the kernel variant and threads, and the machine's read bandwidth (a jitted sum).
+`vsurge.ops.quantized.qmatmul` (the C++ kernel on CPU, per kernel variant; random valid blocks:
+speed does not depend on the values), and float weights through `vsurge.ops.linear` as the engine
+runs them today (bfloat16: bf16 x bf16 -> f32 dots; float32). The machine is shared, so the
+programs are timed in turns (one call of each per round, `--reps` rounds): a burst of load from
+elsewhere slows all rows alike. Prints per M the median ms per call (the fastest call's in
+brackets), rows x calls per second, and GB/s of weight bytes read (each call reads all weights
+once), with the CPU's ISA, the kernel's variant and threads and the machine's read bandwidth.
 
     python benchmarks/quant_matmul.py [--rows 1,2,8,32] [--formats q4_1,q8_0,q4_k] [--variants avx512_vnni,avx2]
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 VSURGE_CPU_ISA=avx2 python benchmarks/quant_matmul.py   # an AVX2-only CPU
@@ -27,11 +28,9 @@ import numpy as np
 
 L, D, F, V = 30, 576, 1536, 49152
 SHAPES = {"wqkv": (960, D), "wo": (D, D), "gate_up": (2 * F, D), "down": (D, F)}  # (N, K): y = x @ W^T
-# byte offsets of each block's float16 scales (d, and dmin for K-quants), set to small values
+# byte offsets of each block's float16 scales (d, and dmin / m), set to small values
 SCALES = {"q8_0": (0,), "q4_0": (0,), "q4_1": (0, 2), "q5_0": (0,), "q5_1": (0, 2), "q4_k": (0, 2),
           "q5_k": (0, 2), "q6_k": (208,)}
-
-
 # K-quants need K % 256 == 0 (576 is not): llama-quantize stores such tensors in these instead
 K_QUANT_FALLBACK = {"q4_k": "q5_0", "q5_k": "q5_1", "q6_k": "q8_0"}
 
@@ -48,17 +47,6 @@ def random_gguf_blocks(n: int, k: int, fmt: str, rng) -> np.ndarray:
     for offset in SCALES[fmt]:
         raw[:, :, offset:offset + 2] = scale
     return raw.reshape(n, -1)
-
-
-def seconds(fn, reps: int) -> tuple[float, float]:
-    """(median, min) of `reps` calls after one warm-up."""
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times)
 
 
 def main(argv=None) -> int:
@@ -82,74 +70,64 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     rng = np.random.default_rng(0)
 
-    def layer_q(x, w):
-        h = qmatmul(x, w["wqkv"])
-        x = x + qmatmul(h[:, :D], w["wo"])
-        g = qmatmul(x, w["gate_up"])
-        return x + qmatmul(jax.nn.silu(g[:, :F]) * g[:, F:], w["down"])
+    def token(mm):
+        def run(layers, head, x):
+            for w in layers:
+                h = mm(x, w["wqkv"])
+                x = x + mm(h[:, :D], w["wo"])
+                g = mm(x, w["gate_up"])
+                x = x + mm(jax.nn.silu(g[:, :F]) * g[:, F:], w["down"])
+            return mm(x, head)
 
-    def token_q(layers, head, x):
-        for w in layers:
-            x = layer_q(x, w)
-        return qmatmul(x, head)
+        return jax.jit(run)
 
-    def layer_f(x, w):
-        h = linear(x, w["wqkv"])
-        x = x + linear(h[:, :D], w["wo"])
-        g = linear(x, w["gate_up"])
-        return x + linear(jax.nn.silu(g[:, :F]) * g[:, F:], w["down"])
-
-    def token_f(layers, head, x):
-        for w in layers:
-            x = layer_f(x, w)
-        return linear(x, head)
-
-    def timed(fn, weights, nbytes: int, label: str) -> None:
-        program = jax.jit(fn)
-        cells = []
-        for m in rows:
-            x = jnp.asarray(rng.normal(0, 1, (m, D)).astype(np.float32))
-            s, fastest = seconds(lambda: program(*weights, x).block_until_ready(), args.reps)
-            cells.append(f"{s * 1e3:.2f} ms ({fastest * 1e3:.2f}), {m / s:.0f} rows/s, {nbytes / s / 1e9:.1f} GB/s")
-        print(f"| {label} | {nbytes / 1e6:.0f} MB | " + " | ".join(cells) + " |", flush=True)
-
-    print(f"CPU ISA: {kernels.cpu_isa()}; kernel: {kernels.variant() or 'none (' + str(kernels.unavailable_reason()) + ')'}"
-          f", {kernels.threads()} threads; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
-          f"jax {jax.__version__}, {os.cpu_count()} CPUs (shared machine: median (min) of {args.reps})", flush=True)
-    print(f"machine read bandwidth (jitted float32 sum): {measure_read_bandwidth():.1f} GB/s\n", flush=True)
-    print("| weights | bytes read per call | " + " | ".join(f"M={m}" for m in rows) + " |")
-    print("|---|---|" + "---|" * len(rows))
-
-    variants = [v for v in args.variants.split(",") if v] or [kernels.variant()]
+    kinds = []  # (label, program, weights, bytes, kernel variant or None)
+    chosen = kernels.variant()
+    variants = [v for v in args.variants.split(",") if v] or [chosen]
     for fmt in [f for f in args.formats.split(",") if f]:
-        start = time.perf_counter()
         def weight(n, k):
             stored = stored_format(fmt, k)
             return from_gguf(random_gguf_blocks(n, k, stored, rng), stored)
 
-        layers = [{k: weight(*s) for k, s in SHAPES.items()} for _ in range(L)]
-        head = weight(V, D)
-        repack_s = time.perf_counter() - start
-        nbytes = sum(w.nbytes for w in jax.tree.leaves((layers, head)))
+        weights = ([{k: weight(*s) for k, s in SHAPES.items()} for _ in range(L)], weight(V, D))
+        nbytes = sum(w.nbytes for w in jax.tree.leaves(weights))
         name = fmt if stored_format(fmt, D) == fmt else f"{fmt} ({stored_format(fmt, D)} where K = {D})"
         for v in variants:
-            if v is None:
-                timed(token_q, (layers, head), nbytes, f"{name}, XLA dequantize + dot (no kernel)")
-                continue
-            kernels.set_variant(v)
-            timed(token_q, (layers, head), nbytes, f"{name}, kernel {v}")
-        print(f"(repacking {fmt}'s {nbytes / 1e6:.0f} MB from GGUF blocks took {repack_s:.1f} s)", file=sys.stderr)
-        del layers, head
-    if variants and variants[0] is not None:
-        kernels.set_variant("auto")
-
+            label = f"{name}, kernel {v}" if v else f"{name}, XLA dequantize + dot (no kernel)"
+            kinds.append((label, token(qmatmul), weights, nbytes, v))
     for kind in [k for k in args.floats.split(",") if k]:
         dtype = jnp.dtype(kind)
-        layers = [{k: jnp.asarray(rng.normal(0, 0.02, s[::-1]), dtype) for k, s in SHAPES.items()} for _ in range(L)]
-        head = jnp.asarray(rng.normal(0, 0.02, (D, V)), dtype)
-        nbytes = sum(w.nbytes for w in jax.tree.leaves((layers, head)))
-        timed(token_f, (layers, head), nbytes, f"{kind}, XLA dot (vsurge.ops.linear)")
-        del layers, head
+        weights = ([{k: jnp.asarray(rng.normal(0, 0.02, s[::-1]), dtype) for k, s in SHAPES.items()} for _ in range(L)],
+                   jnp.asarray(rng.normal(0, 0.02, (D, V)), dtype))
+        nbytes = sum(w.nbytes for w in jax.tree.leaves(weights))
+        kinds.append((f"{kind}, XLA dot (vsurge.ops.linear)", token(linear), weights, nbytes, None))
+
+    inputs = {m: jnp.asarray(rng.normal(0, 1, (m, D)).astype(np.float32)) for m in rows}
+    times = {(i, m): [] for i in range(len(kinds)) for m in rows}
+    for rep in range(args.reps + 1):  # round 0 compiles and warms up
+        for i, (_, program, weights, _, variant) in enumerate(kinds):
+            if variant:
+                kernels.set_variant(variant)
+            for m in rows:
+                start = time.perf_counter()
+                program(*weights, inputs[m]).block_until_ready()
+                if rep:
+                    times[i, m].append(time.perf_counter() - start)
+
+    if chosen:
+        kernels.set_variant(chosen)
+    print(f"CPU ISA: {kernels.cpu_isa()}; kernel: {chosen or 'none (' + str(kernels.unavailable_reason()) + ')'}"
+          f", {kernels.threads()} threads; XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; jax {jax.__version__}, "
+          f"{os.cpu_count()} CPUs; shared machine: median (fastest) of {args.reps} rounds")
+    print(f"machine read bandwidth (jitted float32 sum): {measure_read_bandwidth():.1f} GB/s\n")
+    print("| weights | bytes per call | " + " | ".join(f"M={m}" for m in rows) + " |")
+    print("|---|---|" + "---|" * len(rows))
+    for i, (label, _, _, nbytes, _) in enumerate(kinds):
+        cells = []
+        for m in rows:
+            s, fastest = statistics.median(times[i, m]), min(times[i, m])
+            cells.append(f"{s * 1e3:.1f} ms ({fastest * 1e3:.1f}), {m / s:.0f} rows/s, {nbytes / s / 1e9:.1f} GB/s")
+        print(f"| {label} | {nbytes / 1e6:.0f} MB | " + " | ".join(cells) + " |")
     return 0
 
 
