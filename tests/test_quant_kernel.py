@@ -11,6 +11,8 @@ of that quantization (the integer dot products are exact), and loosely with the 
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,7 +25,7 @@ import pytest
 from gguf_files import random_blocks
 
 from vsurge import kernels
-from vsurge.ops.quant_layout import FORMATS
+from vsurge.ops.quant_layout import FORMATS, repack_gguf, tile_bytes, tile_count
 from vsurge.ops.quantized import QUANTIZABLE, QuantizedWeight, dequantize, from_gguf, qmatmul, quantize
 
 N, K = 45, 512  # 45 rows: two full tiles and one of 13 (an AVX2 half of 8 and one of 5); K = 2 super-blocks
@@ -73,7 +75,24 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 def test_layout_round_trip_is_exact(case):
     fmt, _, w, w_ref = case
     assert w.shape == (N, K) and w.format == fmt
-    np.testing.assert_array_equal(np.asarray(dequantize(w)), w_ref.astype(np.float32))
+    np.testing.assert_array_equal(np.asarray(jax.jit(dequantize)(w)), w_ref.astype(np.float32))
+
+
+@needs_kernel
+def test_cpp_repack_writes_the_numpy_layout(case):
+    fmt, raw, _, _ = case
+    f = FORMATS[fmt]
+    np.testing.assert_array_equal(kernels.repack(f.kernel_id, raw, N, K, tile_count(N), tile_bytes(f, K)),
+                                  repack_gguf(raw, f))
+
+
+def test_kernel_is_built_where_it_can_be():
+    """On x86-64 Linux with g++ the install builds the kernel: a silent fallback would hide it."""
+    if platform.machine() != "x86_64" or sys.platform != "linux" or shutil.which("g++") is None:
+        pytest.skip("the kernel is only expected on x86-64 Linux with g++")
+    if os.environ.get("VSURGE_CPU_ISA", "").lower() in ("none", "off", "xla"):
+        pytest.skip("disabled by VSURGE_CPU_ISA")
+    assert kernels.available(), kernels.unavailable_reason()
 
 
 @needs_kernel
@@ -175,13 +194,13 @@ def test_weight_is_a_pytree_that_passes_through_jit():
 def test_quantize_float_weights(fmt):
     w = np.random.default_rng(6).normal(0, 0.02, (N, K)).astype(np.float32)
     q = quantize(jnp.asarray(w), fmt)
-    np.testing.assert_array_equal(np.asarray(dequantize(q)),
-                                  gguf.quants.dequantize(gguf.quants.quantize(w, FORMATS[fmt].qtype), FORMATS[fmt].qtype))
+    w_q = np.asarray(jax.jit(dequantize)(q))
+    np.testing.assert_array_equal(w_q, gguf.quants.dequantize(gguf.quants.quantize(w, FORMATS[fmt].qtype), FORMATS[fmt].qtype))
     blocks = np.abs(w).reshape(N, -1, 32).max(axis=-1, keepdims=True)
     levels = 127 if fmt == "q8_0" else (31 if fmt.startswith("q5") else 15)
     # round-to-nearest on a grid of step ~ 2 max / levels (Q8_0: max / 127): error within a step
     step = blocks / 127 if fmt == "q8_0" else 2 * blocks / levels
-    assert np.all(np.abs(np.asarray(dequantize(q)) - w).reshape(N, -1, 32) <= step * 1.01)
+    assert np.all(np.abs(w_q - w).reshape(N, -1, 32) <= step * 1.01)
 
 
 def test_bad_inputs_are_named():

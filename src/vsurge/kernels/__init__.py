@@ -53,7 +53,9 @@ class _Library:
                                         ("vsurge_qmatmul_supported", ctypes.c_char_p, []),
                                         ("vsurge_qmatmul_set_variant", ctypes.c_int, [ctypes.c_char_p]),
                                         ("vsurge_qmatmul_threads", ctypes.c_int, []),
-                                        ("vsurge_qmatmul_layout_version", ctypes.c_int, [])):
+                                        ("vsurge_qmatmul_layout_version", ctypes.c_int, []),
+                                        ("vsurge_repack", ctypes.c_int, [ctypes.c_int, ctypes.c_void_p, ctypes.c_int64,
+                                                                         ctypes.c_int64, ctypes.c_void_p])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
         if lib.vsurge_qmatmul_layout_version() != LAYOUT_VERSION:
@@ -116,6 +118,21 @@ def set_variant(name: str) -> str:
     if lib.vsurge_qmatmul_set_variant(name.encode()) != 0:
         raise ValueError(f"kernel variant {name!r} does not run on this CPU (it runs {supported_variants()})")
     return previous
+
+
+def repack(format_id: int, raw, n: int, k: int, tiles: int, tile_bytes: int):
+    """GGUF blocks (N, bytes per row) uint8 -> tiles (tiles, tile_bytes) uint8 in C++ (None without the
+    library: ops/quant_layout.py's numpy repacker writes the same bytes)."""
+    import numpy as np
+
+    lib = _library().lib
+    if lib is None:
+        return None
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    out = np.empty((tiles, tile_bytes), np.uint8)
+    if lib.vsurge_repack(format_id, raw.ctypes.data, n, k, out.ctypes.data) != 0:
+        raise ValueError(f"cannot repack format {format_id} with (N, K) = ({n}, {k})")
+    return out
 
 
 def threads() -> int:

@@ -75,7 +75,8 @@ def from_gguf(raw: np.ndarray, qtype, shape: tuple[int, int] | None = None) -> Q
     n, k = raw.shape[0], raw.shape[1] // size * block
     if shape is not None and tuple(shape) != (n, k):
         raise ValueError(f"{fmt.name} blocks {raw.shape} hold a ({n}, {k}) matrix, not {tuple(shape)}")
-    return QuantizedWeight(jnp.asarray(repack_gguf(raw, fmt)), fmt.name, (n, k))
+    tiles = kernels.repack(fmt.kernel_id, raw, n, k, tile_count(n), tile_bytes(fmt, k))  # C++, or None
+    return QuantizedWeight(jnp.asarray(tiles if tiles is not None else repack_gguf(raw, fmt)), fmt.name, (n, k))
 
 
 def quantize(w, format: str = "q8_0") -> QuantizedWeight:
