@@ -86,8 +86,12 @@ void ThreadPool::worker() {
     uint64_t s = state_.load(std::memory_order_acquire);
     auto start = Clock::now();
     for (int spins = 1; (s >> 32) == seen; ++spins) {
-      cpu_relax();
-      if (spins % 256 == 0 && Clock::now() - start > std::chrono::nanoseconds(spin_ns_)) {
+      // the first quarter of the wait on the core alone, the rest yielding it to any thread that
+      // is ready (XLA's, between two kernel calls), then asleep
+      const auto waited = Clock::now() - start;
+      if (waited < std::chrono::nanoseconds(spin_ns_ / 4)) cpu_relax();
+      else std::this_thread::yield();
+      if (spins % 64 == 0 && waited > std::chrono::nanoseconds(spin_ns_)) {
         std::unique_lock<std::mutex> lk(sleep_mu_);
         sleepers_.fetch_add(1);
         sleep_cv_.wait(lk, [&] { return (state_.load() >> 32) != seen; });

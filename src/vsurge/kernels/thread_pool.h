@@ -1,7 +1,8 @@
 // A small pool for the kernel's parallel loops. A one-row matmul of the default model takes tens of
 // microseconds, so waking threads through the OS on every call would cost as much as the work:
-// workers spin for a while after a job (VSURGE_KERNEL_SPIN_US, default 200) before they sleep, and
-// the calling thread works too. One job runs at a time; a caller that finds the pool busy (XLA
+// workers wait for the next job awake for a while (VSURGE_KERNEL_SPIN_US, default 200: a quarter
+// of it spinning, the rest yielding the core to ready threads) before they sleep, and the calling
+// thread works too. One job runs at a time; a caller that finds the pool busy (XLA
 // running two custom calls at once) runs its loop alone instead of waiting.
 #pragma once
 #include <atomic>
