@@ -32,7 +32,8 @@ class OptionalBuildExt(build_ext):
     def build_extension(self, ext):
         include = ffi_include_dir()
         if include is None:
-            self.warn("vsurge kernels not built: jaxlib's XLA FFI headers were not found; the pure-XLA path will be used")
+            self.warn("vsurge kernels not built: jaxlib's XLA FFI headers were not found; "
+                      "the pure-XLA path will be used")
             return
         ext.include_dirs.append(include)
         try:

@@ -195,7 +195,8 @@ def test_quantize_float_weights(fmt):
     w = np.random.default_rng(6).normal(0, 0.02, (N, K)).astype(np.float32)
     q = quantize(jnp.asarray(w), fmt)
     w_q = np.asarray(jax.jit(dequantize)(q))
-    np.testing.assert_array_equal(w_q, gguf.quants.dequantize(gguf.quants.quantize(w, FORMATS[fmt].qtype), FORMATS[fmt].qtype))
+    qtype = FORMATS[fmt].qtype
+    np.testing.assert_array_equal(w_q, gguf.quants.dequantize(gguf.quants.quantize(w, qtype), qtype))
     blocks = np.abs(w).reshape(N, -1, 32).max(axis=-1, keepdims=True)
     levels = 127 if fmt == "q8_0" else (31 if fmt.startswith("q5") else 15)
     # round-to-nearest on a grid of step ~ 2 max / levels (Q8_0: max / 127): error within a step

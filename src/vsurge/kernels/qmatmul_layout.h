@@ -35,10 +35,12 @@ namespace q4_1 { constexpr int D = 0, M = 32, P = 64, BYTES = 320; }
 namespace q5_0 { constexpr int D = 0, P = 32, H = 288, BYTES = 352; }
 namespace q5_1 { constexpr int D = 0, M = 32, P = 64, H = 320, BYTES = 384; }
 // K-quants: one 256-weight super-block = 8 blocks of 32; per block j its codes at SUB + j * SUB_BYTES.
-// SC / MN: uint8 scale and min of block j (16 rows each) at SC + 16 j / MN + 16 j.
+// SC / MN: uint8 scale and min of block j (16 rows each) at SC + 16 j / MN + 16 j; Q5_K keeps each block's
+// 5th-bit masks H = 256 bytes after its 4-bit plane.
 namespace q4_k { constexpr int D = 0, DMIN = 32, SC = 64, MN = 192, SUB = 320, SUB_BYTES = 256, BYTES = 2368; }
 namespace q5_k { constexpr int D = 0, DMIN = 32, SC = 64, MN = 192, SUB = 320, SUB_BYTES = 320, H = 256, BYTES = 2880; }
-// Q6_K: int8 scale of 16-weight sub-block j (16 rows each) at SC + 16 j; codes stored as code - 0 (0..63), offset 32.
+// Q6_K: int8 scale of 16-weight sub-block j (16 rows each) at SC + 16 j; codes 0..63, w = d * sc * (code - 32);
+// per 32-weight block j: its 4-bit plane at SUB + j * SUB_BYTES, its bits 4-5 (H6) 256 bytes after.
 namespace q6_k { constexpr int D = 0, SC = 32, SUB = 288, SUB_BYTES = 384, H6 = 256, BYTES = 3360; }
 
 constexpr int kGroupBytes[kFormats] = {q8_0::BYTES, q4_0::BYTES, q4_1::BYTES, q5_0::BYTES,
