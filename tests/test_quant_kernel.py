@@ -177,6 +177,8 @@ def test_leading_dims_and_empty_rows():
     assert y.shape == (2, 3, N)
     assert rel(y.reshape(6, N), x.reshape(6, K) @ w_ref.T) < ACTIVATION_ERROR
     assert jax.jit(qmatmul)(jnp.zeros((0, K)), w).shape == (0, N)
+    mapped = jax.jit(jax.vmap(qmatmul, in_axes=(0, None)))(jnp.asarray(x), w)
+    np.testing.assert_array_equal(np.asarray(mapped), y)
 
 
 def test_weight_is_a_pytree_that_passes_through_jit():
