@@ -11,7 +11,7 @@ elsewhere slows all rows alike. Prints per M the median ms per call (the fastest
 brackets), rows x calls per second, and GB/s of weight bytes read (each call reads all weights
 once), with the CPU's ISA, the kernel's variant and threads and the machine's read bandwidth.
 
-    python benchmarks/quant_matmul.py [--rows 1,2,8,32] [--formats q4_1,q8_0,q4_k] [--variants avx512_vnni,avx2]
+    python benchmarks/quant_matmul.py [--rows 1,2,8,32] [--formats q4_1,q8_0,q4_k] [--variants avx512_vnni,avx2,xla]
     XLA_FLAGS=--xla_cpu_max_isa=AVX2 VSURGE_CPU_ISA=avx2 python benchmarks/quant_matmul.py   # an AVX2-only CPU
 """
 
@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,8,32")
     parser.add_argument("--formats", default="q4_1,q8_0,q4_k")
-    parser.add_argument("--variants", default="", help="kernel variants to time (default: the one in use)")
+    parser.add_argument("--variants", default="",
+                        help="kernel variants to time, and 'xla' for the dequantizing XLA path (default: the kernel in use)")
     parser.add_argument("--floats", default="bfloat16,float32", help="XLA float weights to compare ('' for none)")
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args(argv)
@@ -93,8 +94,13 @@ def main(argv=None) -> int:
         nbytes = sum(w.nbytes for w in jax.tree.leaves(weights))
         name = fmt if stored_format(fmt, D) == fmt else f"{fmt} ({stored_format(fmt, D)} where K = {D})"
         for v in variants:
-            label = f"{name}, kernel {v}" if v else f"{name}, XLA dequantize + dot (no kernel)"
-            kinds.append((label, token(qmatmul), weights, nbytes, v))
+            if v in (None, "xla"):  # dequantized to bfloat16 inside the program, then XLA's dot
+                def xla_path(x, w):
+                    return qmatmul(x.astype(jnp.bfloat16), w, use_kernel=False)
+
+                kinds.append((f"{name}, XLA dequantize to bfloat16 + dot", token(xla_path), weights, nbytes, None))
+            else:
+                kinds.append((f"{name}, kernel {v}", token(qmatmul), weights, nbytes, v))
     for kind in [k for k in args.floats.split(",") if k]:
         dtype = jnp.dtype(kind)
         weights = ([{k: jnp.asarray(rng.normal(0, 0.02, s[::-1]), dtype) for k, s in SHAPES.items()} for _ in range(L)],
