@@ -12,6 +12,8 @@ device_put like any array. Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6
   relative error of an output is ~0.3-0.5% (tests/test_quant_kernel.py measures it per format);
 - elsewhere (GPU, TPU, or a CPU without the kernel): W is dequantized inside the jitted function
   and multiplied with a float dot (x's dtype: float32, or bfloat16 x with bfloat16 weights).
+  On a CPU that is slow (~1 s per call for the default model's 135M weights,
+  benchmarks/quant_matmul.py --variants xla): there, without the kernel, load dequantized weights.
 """
 
 from __future__ import annotations
