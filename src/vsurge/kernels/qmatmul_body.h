@@ -1,0 +1,218 @@
+// The quantized matmul written once over an ISA's traits `S` (rows per register, loads, the 4-byte
+// dot product). Each ISA translation unit defines its traits and includes this file inside an
+// anonymous namespace under its `#pragma GCC target`, so every function here is compiled for that
+// ISA only and none is shared between them.
+//
+// Traits: R (rows per register: 16 for AVX-512, 8 for AVX2), VI / VF (integer / float registers),
+// load (R * 4 bytes), nib_lo / nib_hi, add_bit4 (a 5th-bit mask), bits45<i>, flip_sign,
+// dot<QMAX, N> (N code vectors with N broadcast 4-byte activation groups; QMAX < 0: signed codes),
+// sub_bcast, cvt, fma, fnma, mul, set1, zero, load_f16 / load_u8 / load_i8 (R scales),
+// store (the first n of R floats), quantize_block<T> (32 activations).
+//
+// A tile of 16 rows is processed as 16 / R register rows ("halves"); a field of a group holds its
+// 16 rows in order, so half h of a field with B bytes per row starts at h * R * B.
+
+// Loads the 8 code vectors of one 32-weight block from a 4-bit plane (and a 5th-bit mask plane).
+template <class S>
+inline void unpack4(const uint8_t* plane, int hr, typename S::VI* w) {
+  for (int h = 0; h < 4; ++h) {
+    typename S::VI p = S::load(plane + 64 * h + 4 * hr);
+    w[h] = S::nib_lo(p);
+    w[h + 4] = S::nib_hi(p);
+  }
+}
+
+template <class S>
+inline void add_bits4(const uint8_t* masks, int hr, typename S::VI* w) {
+  for (int g = 0; g < 8; ++g) w[g] = S::add_bit4(w[g], masks + 8 * g + hr / 2);
+}
+
+// Per activation row: the block's int32 dot products, corrected by the code offset, scaled by
+// d_w * d_x, plus min * d_x * sum(q) where the format has a min.
+template <class S, int QMAX, bool OFFSET, bool MIN, int MR>
+inline void rows_block(const typename S::VI* w, typename S::VF dw, typename S::VF mw, const Activations& a,
+                       int64_t m0, int64_t b, int64_t blocks, typename S::VF* acc) {
+  for (int r = 0; r < MR; ++r) {
+    const int64_t idx = (m0 + r) * blocks + b;
+    const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
+    typename S::VI s = S::template dot<QMAX, 8>(w, x);
+    if (OFFSET) s = S::sub_bcast(s, a.c[2 * idx]);
+    acc[r] = S::fma(S::cvt(s), S::mul(dw, S::set1(a.d[idx])), acc[r]);
+    if (MIN) acc[r] = S::fma(mw, S::set1(a.s[idx]), acc[r]);
+  }
+}
+
+template <class S, int F, int MR>
+inline void legacy_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b, int64_t blocks,
+                         typename S::VF* acc) {
+  using VI = typename S::VI;
+  using VF = typename S::VF;
+  VI w[8];
+  VF mw = S::zero();
+  if constexpr (F == kQ8_0) {
+    for (int i = 0; i < 8; ++i) {
+      w[i] = S::load(g + q8_0::V + 64 * i + 4 * hr);
+      if constexpr (S::kVnni) w[i] = S::flip_sign(w[i]);  // int8 -> uint8 code + 128 for vpdpbusd
+    }
+    VF dw = S::load_f16(g + q8_0::D + 2 * hr);
+    if constexpr (S::kVnni) rows_block<S, 255, true, false, MR>(w, dw, mw, a, m0, b, blocks, acc);
+    else rows_block<S, -1, false, false, MR>(w, dw, mw, a, m0, b, blocks, acc);
+  } else if constexpr (F == kQ4_0) {
+    unpack4<S>(g + q4_0::P, hr, w);
+    rows_block<S, 15, true, false, MR>(w, S::load_f16(g + q4_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
+  } else if constexpr (F == kQ4_1) {
+    unpack4<S>(g + q4_1::P, hr, w);
+    mw = S::load_f16(g + q4_1::M + 2 * hr);
+    rows_block<S, 15, false, true, MR>(w, S::load_f16(g + q4_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
+  } else if constexpr (F == kQ5_0) {
+    unpack4<S>(g + q5_0::P, hr, w);
+    add_bits4<S>(g + q5_0::H, hr, w);
+    rows_block<S, 31, true, false, MR>(w, S::load_f16(g + q5_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
+  } else if constexpr (F == kQ5_1) {
+    unpack4<S>(g + q5_1::P, hr, w);
+    add_bits4<S>(g + q5_1::H, hr, w);
+    mw = S::load_f16(g + q5_1::M + 2 * hr);
+    rows_block<S, 31, false, true, MR>(w, S::load_f16(g + q5_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
+  }
+}
+
+// Q4_K / Q5_K: eight 32-weight blocks, each with its own uint8 scale and min under the super-block's
+// float16 d and dmin: w = d * sc * code - dmin * mn.
+template <class S, int F, int MR>
+inline void k45_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b0, int64_t blocks,
+                      typename S::VF* acc) {
+  using VI = typename S::VI;
+  using VF = typename S::VF;
+  constexpr bool five = F == kQ5_K;
+  constexpr int sub_bytes = five ? q5_k::SUB_BYTES : q4_k::SUB_BYTES;
+  const VF d = S::load_f16(g + q4_k::D + 2 * hr);
+  const VF dmin = S::load_f16(g + q4_k::DMIN + 2 * hr);
+  for (int j = 0; j < 8; ++j) {
+    VI w[8];
+    const uint8_t* sub = g + q4_k::SUB + j * sub_bytes;
+    unpack4<S>(sub, hr, w);
+    if (five) add_bits4<S>(sub + q5_k::H, hr, w);
+    const VF dw = S::mul(d, S::load_u8(g + q4_k::SC + 16 * j + hr));
+    const VF mw = S::mul(dmin, S::load_u8(g + q4_k::MN + 16 * j + hr));
+    const int64_t b = b0 + j;
+    for (int r = 0; r < MR; ++r) {
+      const int64_t idx = (m0 + r) * blocks + b;
+      const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
+      typename S::VI s = S::template dot<five ? 31 : 15, 8>(w, x);
+      acc[r] = S::fma(S::cvt(s), S::mul(dw, S::set1(a.d[idx])), acc[r]);
+      acc[r] = S::fnma(mw, S::set1(a.s[idx]), acc[r]);
+    }
+  }
+}
+
+// Q6_K: sixteen 16-weight sub-blocks with int8 scales under a float16 d: w = d * sc * (code - 32).
+template <class S, int MR>
+inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b0, int64_t blocks,
+                      typename S::VF* acc) {
+  using VI = typename S::VI;
+  using VF = typename S::VF;
+  const VF d = S::load_f16(g + q6_k::D + 2 * hr);
+  for (int j = 0; j < 8; ++j) {
+    VI w[8];
+    const uint8_t* sub = g + q6_k::SUB + j * q6_k::SUB_BYTES;
+    unpack4<S>(sub, hr, w);
+    const VI h0 = S::load(sub + q6_k::H6 + 4 * hr);
+    const VI h1 = S::load(sub + q6_k::H6 + 64 + 4 * hr);
+    w[0] = S::orv(w[0], S::template bits45<0>(h0));
+    w[1] = S::orv(w[1], S::template bits45<1>(h0));
+    w[2] = S::orv(w[2], S::template bits45<2>(h0));
+    w[3] = S::orv(w[3], S::template bits45<3>(h0));
+    w[4] = S::orv(w[4], S::template bits45<0>(h1));
+    w[5] = S::orv(w[5], S::template bits45<1>(h1));
+    w[6] = S::orv(w[6], S::template bits45<2>(h1));
+    w[7] = S::orv(w[7], S::template bits45<3>(h1));
+    const VF dlo = S::mul(d, S::load_i8(g + q6_k::SC + 16 * (2 * j) + hr));
+    const VF dhi = S::mul(d, S::load_i8(g + q6_k::SC + 16 * (2 * j + 1) + hr));
+    const int64_t b = b0 + j;
+    for (int r = 0; r < MR; ++r) {
+      const int64_t idx = (m0 + r) * blocks + b;
+      const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
+      VI slo = S::sub_bcast(S::template dot<63, 4>(w, x), a.c[2 * idx]);
+      VI shi = S::sub_bcast(S::template dot<63, 4>(w + 4, x + 16), a.c[2 * idx + 1]);
+      const VF dx = S::set1(a.d[idx]);
+      acc[r] = S::fma(S::cvt(slo), S::mul(dlo, dx), acc[r]);
+      acc[r] = S::fma(S::cvt(shi), S::mul(dhi, dx), acc[r]);
+    }
+  }
+}
+
+// MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
+template <class S, int F, int MR>
+void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid) {
+  typename S::VF acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = S::zero();
+  const int64_t blocks = a.k / kBlock;
+  constexpr int64_t gw = kGroupWeights[F];
+  constexpr int64_t gb = kGroupBytes[F];
+  const int64_t groups = a.k / gw;
+  for (int64_t i = 0; i < groups; ++i) {
+    const uint8_t* g = tile + i * gb;
+    if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR>(g, hr, a, m0, 8 * i, blocks, acc);
+    else if constexpr (F == kQ6_K) q6k_group<S, MR>(g, hr, a, m0, 8 * i, blocks, acc);
+    else legacy_group<S, F, MR>(g, hr, a, m0, i, blocks, acc);
+  }
+  for (int r = 0; r < MR; ++r) S::store(y + (m0 + r) * ldy, acc[r], nvalid);
+}
+
+template <class S, int F>
+void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
+  for (int64_t t = t0; t < t1; ++t) {
+    const uint8_t* tile = args.w + t * args.tile_bytes;
+    for (int hr = 0; hr < kTileRows; hr += S::R) {
+      const int64_t row = t * kTileRows + hr;
+      const int nvalid = static_cast<int>(std::min<int64_t>(S::R, args.n - row));
+      if (nvalid <= 0) break;
+      float* y = args.y + row;
+      int64_t m = m0;
+      constexpr int mr = S::kMaxRows;  // a power of two
+      static_assert(mr >= 1 && mr <= 16 && (mr & (mr - 1)) == 0);
+      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr>(tile, hr, args.a, m, y, args.n, nvalid);
+      // the remainder (< mr) in powers of two: each pass re-reads the (cached) tile
+      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8>(tile, hr, args.a, m, y, args.n, nvalid); m += 8; }
+      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid); m += 4; }
+      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid); m += 2; }
+      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid);
+    }
+  }
+}
+
+void matmul_tiles(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
+  switch (args.format) {
+    case kQ8_0: return matmul_tiles_fmt<Isa, kQ8_0>(args, t0, t1, m0, m1);
+    case kQ4_0: return matmul_tiles_fmt<Isa, kQ4_0>(args, t0, t1, m0, m1);
+    case kQ4_1: return matmul_tiles_fmt<Isa, kQ4_1>(args, t0, t1, m0, m1);
+    case kQ5_0: return matmul_tiles_fmt<Isa, kQ5_0>(args, t0, t1, m0, m1);
+    case kQ5_1: return matmul_tiles_fmt<Isa, kQ5_1>(args, t0, t1, m0, m1);
+    case kQ4_K: return matmul_tiles_fmt<Isa, kQ4_K>(args, t0, t1, m0, m1);
+    case kQ5_K: return matmul_tiles_fmt<Isa, kQ5_K>(args, t0, t1, m0, m1);
+    case kQ6_K: return matmul_tiles_fmt<Isa, kQ6_K>(args, t0, t1, m0, m1);
+    default: return;
+  }
+}
+
+template <class T>
+void quantize_rows_t(const T* x, int64_t r0, int64_t r1, int64_t k, int offset, bool halves, int8_t* q, float* d,
+                     float* s, int32_t* c) {
+  const int64_t blocks = k / kBlock;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t idx = r * blocks + b;
+      int32_t sums[2];
+      Isa::quantize_block(x + r * k + 32 * b, q + r * k + 32 * b, &d[idx], sums);
+      s[idx] = d[idx] * static_cast<float>(sums[0] + sums[1]);
+      c[2 * idx] = halves ? offset * sums[0] : offset * (sums[0] + sums[1]);
+      c[2 * idx + 1] = halves ? offset * sums[1] : 0;
+    }
+  }
+}
+
+void quantize_rows(const void* x, bool bf16, int64_t r0, int64_t r1, int64_t k, int offset, bool halves, int8_t* q,
+                   float* d, float* s, int32_t* c) {
+  if (bf16) quantize_rows_t(static_cast<const uint16_t*>(x), r0, r1, k, offset, halves, q, d, s, c);
+  else quantize_rows_t(static_cast<const float*>(x), r0, r1, k, offset, halves, q, d, s, c);
+}

@@ -1,0 +1,142 @@
+"""Weights kept in GGUF block formats, and the matmul that reads them.
+
+A `QuantizedWeight` is a JAX pytree: one uint8 array of repacked blocks (ops/quant_layout.py)
+plus its format and logical shape (N, K) as static metadata, so it passes through jit, scan and
+device_put like any array. Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
+
+`qmatmul(x, w)` computes x (..., K) @ W^T -> (..., N) float32:
+- on CPU, where the C++ kernel loaded (vsurge.kernels), as the XLA custom call
+  `vsurge_qmatmul`: the weights are read in their bits, and x is quantized per 32-element block
+  to int8 with a float32 scale, as llama.cpp quantizes activations (Q8); the integer dot products
+  are exact, so the only difference from x @ dequantize(W)^T is x's rounding: on random data the
+  relative error of an output is ~0.3-0.5% (tests/test_quant_kernel.py measures it per format);
+- elsewhere (GPU, TPU, or a CPU without the kernel): W is dequantized inside the jitted function
+  and multiplied with a float dot (x's dtype: float32, or bfloat16 x with bfloat16 weights).
+  On a CPU that is slow (~1 s per call for the default model's 135M weights,
+  benchmarks/quant_matmul.py --variants xla): there, without the kernel, load dequantized weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vsurge import kernels
+from vsurge.ops.quant_layout import BY_QTYPE, FORMATS, BlockFormat, repack_gguf, tile_bytes, tile_count, unpack
+
+QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # formats `quantize` makes (gguf's quantizer)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    data: jax.Array  # uint8 (tiles, tile bytes): 16 output rows per tile
+    format: str  # a key of FORMATS, e.g. "q4_1"
+    shape: tuple[int, int]  # logical (N, K): y = x @ W^T
+
+    @property
+    def block_format(self) -> BlockFormat:
+        return FORMATS[self.format]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.data.shape))
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight({self.format}, shape={self.shape}, {self.nbytes} bytes)"
+
+
+jax.tree_util.register_dataclass(QuantizedWeight, data_fields=["data"], meta_fields=["format", "shape"])
+
+
+def _format_of(qtype) -> BlockFormat:
+    if isinstance(qtype, str):
+        fmt = FORMATS.get(qtype.lower())
+    else:
+        fmt = BY_QTYPE.get(gguf.GGMLQuantizationType(qtype))
+    if fmt is None:
+        names = ", ".join(FORMATS)
+        raise ValueError(f"unsupported quantized format {getattr(qtype, 'name', qtype)!r} (supported: {names})")
+    return fmt
+
+
+def from_gguf(raw: np.ndarray, qtype, shape: tuple[int, int] | None = None) -> QuantizedWeight:
+    """GGUF blocks -> QuantizedWeight. raw: uint8 (N, bytes per row), as `gguf.GGUFReader` and
+    vsurge.loading.gguf_file give a quantized 2-D tensor; qtype: a gguf.GGMLQuantizationType or a
+    format name ("q4_k"); shape: the logical (N, K), checked against raw when given."""
+    fmt = _format_of(qtype)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim != 2:
+        raise ValueError(f"expected GGUF blocks as uint8 (N, bytes per row), got {raw.dtype} {raw.shape}")
+    block, size = gguf.GGML_QUANT_SIZES[fmt.qtype]
+    if raw.shape[1] % size:
+        raise ValueError(f"a {fmt.name} row is a multiple of {size} bytes, got {raw.shape[1]}")
+    n, k = raw.shape[0], raw.shape[1] // size * block
+    if shape is not None and tuple(shape) != (n, k):
+        raise ValueError(f"{fmt.name} blocks {raw.shape} hold a ({n}, {k}) matrix, not {tuple(shape)}")
+    tiles = kernels.repack(fmt.kernel_id, raw, n, k, tile_count(n), tile_bytes(fmt, k))  # C++, or None
+    return QuantizedWeight(jnp.asarray(tiles if tiles is not None else repack_gguf(raw, fmt)), fmt.name, (n, k))
+
+
+def quantize(w, format: str = "q8_0") -> QuantizedWeight:
+    """Float weights W (N, K) -> QuantizedWeight with gguf's (llama.cpp's reference) quantizer:
+    "q8_0" is int8 with one scale per 32 weights, "q4_0" int4 likewise, "q4_1" / "q5_1" add a
+    per-block min. K must be a multiple of 32."""
+    fmt = _format_of(format)
+    if fmt.name not in QUANTIZABLE:
+        raise ValueError(f"quantize makes {', '.join(QUANTIZABLE)}; {fmt.name} blocks come from a GGUF file")
+    w = np.asarray(jax.device_get(w), dtype=np.float32)
+    if w.ndim != 2 or w.shape[1] % 32:
+        raise ValueError(f"expected W (N, K) with K a multiple of 32, got {w.shape}")
+    return from_gguf(gguf.quants.quantize(w, fmt.qtype), fmt.qtype)
+
+
+def dequantize(w: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+    """W (N, K) in `dtype`; works inside jit on any device."""
+    return unpack(w.data, w.block_format, *w.shape, dtype=dtype)
+
+
+def _check(x: jax.Array, w: QuantizedWeight) -> None:
+    n, k = w.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x (..., {x.shape[-1]}) does not match W {w.shape} (y = x @ W^T)")
+    if w.data.shape != (tile_count(n), tile_bytes(w.block_format, k)) or w.data.dtype != jnp.uint8:
+        raise ValueError(f"{w!r}: data {w.data.dtype} {w.data.shape} is not its repacked layout")
+
+
+def _kernel_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int) -> jax.Array:
+    call = jax.ffi.ffi_call(kernels.FFI_TARGET, jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32),
+                            vmap_method="sequential")
+    return call(rows, data, format=np.int64(fmt.kernel_id))
+
+
+def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, k: int) -> jax.Array:
+    weights = unpack(data, fmt, n, k, dtype=rows.dtype)
+    return jax.lax.dot_general(rows, weights, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+
+
+def qmatmul(x: jax.Array, w: QuantizedWeight, *, use_kernel: bool | None = None) -> jax.Array:
+    """x (..., K) float32 or bfloat16 @ W^T -> (..., N) float32. use_kernel: None = the C++ kernel
+    on CPU when it is available, the dequantizing XLA path elsewhere; False = always the XLA path;
+    True = the kernel (an error where it is not available)."""
+    _check(x, w)
+    n, k = w.shape
+    lead = x.shape[:-1]
+    rows = x.reshape(-1, k)
+    if rows.dtype not in (jnp.float32, jnp.bfloat16):
+        rows = rows.astype(jnp.float32)
+    fmt = w.block_format
+    fallback = lambda r, d: _fallback_rows(r, d, fmt=fmt, n=n, k=k)  # noqa: E731
+    if use_kernel is None:
+        use_kernel = kernels.available()
+    elif use_kernel and not kernels.available():
+        raise RuntimeError(f"vsurge CPU kernels not available: {kernels.unavailable_reason()}")
+    if not use_kernel or rows.shape[0] == 0:
+        out = fallback(rows, w.data)
+    else:
+        kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n)  # noqa: E731
+        out = jax.lax.platform_dependent(rows, w.data, cpu=kernel, default=fallback)
+    return out.reshape(*lead, n)
