@@ -1,4 +1,5 @@
-"""OpenAI-style error responses: {"error": {"message", "type", "param", "code"}}."""
+"""Error responses in each API's shape: OpenAI's {"error": {"message", "type", "param", "code"}}, and
+Anthropic's {"type": "error", "error": {"type", "message"}} for the Messages routes."""
 
 from __future__ import annotations
 
@@ -38,8 +39,30 @@ class EchoSafeJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None) -> JSONResponse:
-    return EchoSafeJSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    501: "invalid_request_error",
+    503: "overloaded_error",
+}
+ANTHROPIC_PATHS = ("/v1/messages",)  # and below
+
+
+def anthropic_error_body(status: int, message: str, param: str | None = None) -> dict:
+    return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message}}
+
+
+def error_response(status: int, message: str, param: str | None = None, headers: dict | None = None,
+                   path: str = "") -> JSONResponse:
+    """The error in the shape of the API that `path` belongs to (OpenAI's unless it is Anthropic's)."""
+    anthropic = any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
+    body = (anthropic_error_body if anthropic else error_body)(status, message, param)
+    return EchoSafeJSONResponse(body, status_code=status, headers=headers)
 
 
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:

@@ -70,9 +70,11 @@ class Formatter:
                 "usage": usage(prompt_tokens, completion_tokens)}
 
     def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs,
-               tool_calls: list[dict] | None = None) -> dict:
+               tool_calls: list[dict] | None = None, reasoning: str | None = None) -> dict:
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             if tool_calls:
                 message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": self.chat_logprobs(logprobs),
@@ -82,11 +84,14 @@ class Formatter:
 
     # ------------------------------------------------------------ stream chunks
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None, logprobs=None,
-              role: bool = False, text_offset: int = 0, tool_calls: list[dict] | None = None) -> dict:
+              role: bool = False, text_offset: int = 0, tool_calls: list[dict] | None = None,
+              reasoning: str | None = None) -> dict:
         if self.kind == "chat":
             delta: dict = {}
             if role:
                 delta["role"] = "assistant"
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if text is not None:
                 delta["content"] = text
             if tool_calls:

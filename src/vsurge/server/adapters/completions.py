@@ -1,0 +1,77 @@
+"""POST /v1/completions (OpenAI's legacy API): prompts -> GenerationRequest; output through generation.py.
+
+`echo` puts the prompt before each choice's text; with `logprobs` too, the prompt's tokens
+get log-probabilities (the first has none), as OpenAI's API did. vLLM's `prompt_logprobs`
+returns them beside the choice instead.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional, Union
+
+from pydantic import Field, StrictInt, StrictStr
+
+from ...structured.errors import ParamError
+from ..errors import APIError
+from ..formatting import Formatter
+from ..generation import ChoiceStreams
+from ..protocol import StreamOptions
+from .chat import UNSUPPORTED_FIELDS, StructuredFields, check_stream_options
+from .common import LARGE_INPUT_CHARS, first_set, GenerationRequest, as_api_error, compile_constraint, sampling_params, unsupported
+
+OPENAI_MAX_TOKENS = 16  # OpenAI's default for completions
+TokenIds = list[Annotated[int, Field(ge=0)]]
+
+
+class CompletionRequest(StructuredFields):
+    model: Optional[StrictStr] = None
+    prompt: Union[StrictStr, Annotated[list[StrictStr], Field(min_length=1)],
+                  Annotated[TokenIds, Field(min_length=1)],
+                  Annotated[list[Annotated[TokenIds, Field(min_length=1)]], Field(min_length=1)]]
+    logprobs: Optional[StrictInt] = None
+    echo: bool = False
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    user: Optional[StrictStr] = None
+
+
+async def prompt_token_lists(surge, prompt) -> list[list[int]]:
+    import asyncio
+
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if isinstance(prompt[0], int):
+        return [list(prompt)]
+    if isinstance(prompt[0], list):
+        return [list(p) for p in prompt]
+    if any(p == "" for p in prompt):
+        raise APIError(400, "the prompt is empty", "prompt")
+    if sum(len(p) for p in prompt) > LARGE_INPUT_CHARS:
+        return [await asyncio.to_thread(surge.processor.encode, p) for p in prompt]
+    return [surge.processor.encode(p) for p in prompt]
+
+
+async def to_request(server, body: CompletionRequest, surge) -> GenerationRequest:
+    if body.tools:
+        raise APIError(400, "tools need /v1/chat/completions", "tools")
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo together with logprobs (prompt logprobs) is not supported", "echo")
+    try:
+        structured = body.structured()
+        defaults = server.defaults_for(surge)
+        params = sampling_params(body, defaults, max_tokens=first_set(body.max_tokens, defaults and defaults.max_tokens,
+                                                      OPENAI_MAX_TOKENS), logprobs=body.logprobs, structured=structured.constraint)
+    except ParamError as exc:
+        raise as_api_error(exc) from None
+    structured = await compile_constraint(structured, surge)
+    return GenerationRequest(await prompt_token_lists(surge, body.prompt), params, structured, chat=False)
+
+
+async def respond(server, body: CompletionRequest):
+    unsupported(body, UNSUPPORTED_FIELDS)
+    check_stream_options(body)
+    surge = server.surge_for(body.model)
+    request = await to_request(server, body, surge)
+    echo = [surge.processor.decode(ids) for ids in request.prompts] if body.echo else None
+    fmt = Formatter("completion", server.name_of(surge), surge.processor)
+    return await server.respond(ChoiceStreams(surge, request.prompts, request.params, echo), fmt, body)
