@@ -120,6 +120,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hbm-utilization", type=float, default=0.6,
                    help="fraction of the memory left after the weights that KV pages may take (paged engine)")
     p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
+                        "preempts a running one of lower priority (default fcfs: first come, first served)")
     p.add_argument("--speculative-tokens", type=int, default=0,
                    help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
     from .structured.reasoning import REASONING_PARSERS
@@ -335,7 +338,7 @@ def cmd_serve(args) -> int:
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
-                  speculative_tokens=args.speculative_tokens,
+                  speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy,
                   **cli_parallel.load_kwargs(args))
     try:
         if args.engine == "paged":

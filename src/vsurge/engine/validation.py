@@ -7,6 +7,7 @@ which OpenAI clients already handle).
 
 from __future__ import annotations
 
+from ..structured.errors import ParamError
 from .config import EOS_WIDTH
 from .request import ActiveRequest, ReturnChannel
 
@@ -45,6 +46,10 @@ def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChann
     for token in (params.logit_bias or {}):
         if not 0 <= token < vocab:
             raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
+    policy = getattr(getattr(engine, "config", None), "scheduling_policy", "fcfs")
+    if params.priority != 0 and policy != "priority":
+        raise ParamError(f"priority {params.priority} needs priority scheduling (`vsurge serve --scheduling-policy "
+                         f"priority`; this engine schedules {policy})", "priority")
     eos = params.eos_ids(engine.eos_token_ids)
     if len(eos) > EOS_WIDTH:
         raise ValueError(f"at most {EOS_WIDTH} stop token ids (eos included) are supported, got {len(eos)}")
