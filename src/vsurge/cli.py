@@ -133,6 +133,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="split <think> reasoning from answers: chat reasoning_content, Responses reasoning items, "
                         "Messages thinking blocks (default: off)")
+    p.add_argument("--pooling", default="auto", choices=["auto", "mean", "last"],
+                   help="/v1/embeddings: the mean of the final hidden states or the last token's (auto: the model's "
+                        "sentence-transformers pooling config, else last)")
     p.add_argument("--responses-store-size", type=int, default=1000,
                    help="/v1/responses kept for previous_response_id and GET (oldest dropped beyond; 0: none)")
     p.add_argument("--responses-store-ttl", type=float, default=3600.0,
@@ -360,6 +363,7 @@ def cmd_serve(args) -> int:
                              reasoning_parser=args.reasoning_parser,
                              response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl))
     server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
+    server.pooling = {name: _pooling(args)}
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
@@ -375,6 +379,15 @@ def cmd_serve(args) -> int:
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
     cli_parallel.exit_after_serving(surge)
     return 0
+
+
+def _pooling(args) -> str:
+    if args.pooling != "auto":
+        return args.pooling
+    from .loading import resolve_model_path
+    from .server.adapters.embeddings import pooling_for_model
+
+    return pooling_for_model(resolve_model_path(args.model))
 
 
 def cmd_bench(args) -> int:

@@ -235,6 +235,29 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             raise
         return Submission(actives, channel)
 
+    async def encode(self, prompts: Sequence[list[int]], kind: str = "embed") -> list:
+        """Whole-prompt passes over token-id prompts, batched by the engine (engine/encode.py):
+        kind "embed" -> per prompt {"mean": (D,), "last": (D,)} final hidden states; "score" ->
+        per prompt (logprob (T-1,), top ids (T-1, 20), top logprobs (T-1, 20)) of its tokens after
+        the first. Raises ValueError for a prompt the engine cannot take (nothing is submitted)."""
+        from .engine.encode import EncodeRequest
+        from .engine.validation import check_prompt
+
+        prompts = [check_prompt(self.engine, p) for p in prompts]
+        loop = asyncio.get_running_loop()
+        requests = [EncodeRequest(p, kind, ReturnChannel(loop)) for p in prompts]
+        try:
+            for request in requests:
+                self._driver.submit_encode(request)
+            results = [await r.channel.get_async() for r in requests]
+        finally:
+            for request in requests:
+                request.cancel()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
+
     async def complete(self, request: vSurgeRequest) -> AsyncGenerator[list[ReturnSample], None]:
         """Stream one request: yields [ReturnSample] updates until every one of its n samples ends."""
         if not isinstance(request, vSurgeRequest):

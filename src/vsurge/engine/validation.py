@@ -25,6 +25,22 @@ def check_lengths(prompt_tokens: int, max_tokens: int, *, max_length: int, max_p
             f"for a total of {prompt_tokens + max_tokens} tokens.")
 
 
+def check_prompt(engine, prompt_ids) -> list[int]:
+    """A prompt that a whole-prompt pass (embeddings, prompt logprobs) can take: tokens, length, vocabulary."""
+    prompt_ids = list(prompt_ids)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise TypeError("the prompt must be a list of token ids (int)")
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if len(prompt_ids) > engine.max_prompt_length:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than the {engine.max_prompt_length} "
+                         f"this engine accepts")
+    bad = [t for t in prompt_ids if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {engine.vocab_size}")
+    return prompt_ids
+
+
 def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChannel, detokenize: bool = True,
                      max_tokens_cap: int | None = None) -> list[ActiveRequest]:
     """Validate one prompt and expand it into `params.n` ActiveRequests sharing `channel`.

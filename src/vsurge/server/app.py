@@ -16,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .errors import APIError, error_response, validation_message
 from .adapters.chat import ChatCompletionRequest
 from .adapters.completions import CompletionRequest
+from .adapters.embeddings import EmbeddingRequest
 from .adapters.messages import CountTokensRequest as MessagesCountTokensRequest
 from .adapters.messages import MessagesRequest
 from .adapters.responses import ResponsesRequest
@@ -89,6 +90,10 @@ def build_app(server) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def messages_count_tokens(body: MessagesCountTokensRequest):
         return await server.messages_count_tokens(body)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        return await server.embeddings(body)
 
     @app.get("/v1/models")
     async def models():

@@ -24,11 +24,14 @@ class ChoiceStreams:
     """The merged updates of all prompts of one request; choice index = prompt * n + sample."""
 
     def __init__(self, surge, prompts: list[list[int]], params, echo_texts: list[str] | None = None,
-                 new_parser: Callable | None = None):
+                 new_parser: Callable | None = None, echo_logprobs: list[list[dict]] | None = None,
+                 prompt_logprobs: list[list] | None = None):
         self.surge = surge
         self.prompts = prompts
         self.params = params
         self.echo_texts = echo_texts
+        self.echo_logprobs = echo_logprobs  # per prompt: its tokens' logprob entries (echo + logprobs)
+        self.prompt_logprobs = prompt_logprobs  # per prompt: vLLM's prompt_logprobs list
         self.new_parser = new_parser  # -> a fresh OutputParser per choice (reasoning, tool calls), or None
         self.submissions: list = []
         self.prompt_tokens = sum(len(p) for p in prompts)
@@ -73,13 +76,17 @@ async def collect(streams: ChoiceStreams, fmt: Formatter) -> dict:
     choices = []
     for index in sorted(finals):
         text = "".join(texts[index])
+        prompt = index // streams.params.n
         if streams.echo_texts is not None:
-            text = streams.echo_texts[index // streams.params.n] + text
+            text = streams.echo_texts[prompt] + text
         lp = logprobs.get(index, []) if streams.params.logprobs is not None else None
+        if streams.echo_logprobs is not None:
+            lp = streams.echo_logprobs[prompt] + lp
         parser = streams.parser()
         reasoning, content, calls = parser.parse(text) if parser else (None, text, [])
         reason = finish_reason_with_calls(finals[index].finish_reason, calls)
-        choices.append(fmt.choice(index, content, reason, lp, calls, reasoning))
+        choices.append(fmt.choice(index, content, reason, lp, calls, reasoning,
+                                  streams.prompt_logprobs[prompt] if streams.prompt_logprobs else None))
     completion = sum(s.num_generated_tokens for s in finals.values())
     return fmt.response(choices, streams.prompt_tokens, completion)
 
@@ -101,9 +108,14 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
 
     try:
         async for index, s in streams.updates():
-            text = s.text
+            text, first_logprobs, prompt_logprobs = s.text, [], None
             if index not in started:
                 started.add(index)
+                prompt = index // streams.params.n
+                if streams.echo_logprobs is not None:
+                    first_logprobs = streams.echo_logprobs[prompt]
+                if streams.prompt_logprobs is not None:
+                    prompt_logprobs = streams.prompt_logprobs[prompt]
                 if fmt.kind == "chat" and streams.new_parser:
                     parsers[index] = streams.parser()
                 if streams.echo_texts is not None:
@@ -112,12 +124,12 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
                     yield sse(fmt.chunk(index, "", role=True))
             final = s.finish_reason is not None
             deltas = pieces(index, text, final)
-            if s.logprobs and not deltas:
+            if (s.logprobs or first_logprobs or prompt_logprobs) and not deltas:
                 deltas = [("", None, None)]
             for i, (content, calls, reasoning) in enumerate(deltas):
-                lp = s.logprobs if i == 0 else None
+                lp = (first_logprobs + (s.logprobs or [])) or s.logprobs if i == 0 else None
                 yield sse(fmt.chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls,
-                                    reasoning=reasoning))
+                                    reasoning=reasoning, prompt_logprobs=prompt_logprobs if i == 0 else None))
                 offsets[index] = offsets.get(index, 0) + len(content or "")
             if final:
                 completion += s.num_generated_tokens

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from ..engine.request import DriverNotReadyError
 from ..tokenizer.chat_template import ChatTemplateError
 from ..tokenizer.compat import chat_prompt_ids
-from .adapters import chat, completions, messages, responses
+from .adapters import chat, completions, embeddings, messages, responses
 from .errors import APIError, error_response
 from .formatting import Formatter
 from .generation import ChoiceStreams, collect, event_stream
@@ -28,6 +28,9 @@ class OpenAIHandlers:
     # served name -> GenerationDefaults for the sampling fields a request leaves unset (`vsurge serve
     # --generation-config`); a model without an entry gets OpenAI's defaults
     generation_defaults: dict | None = None
+    # served name -> "mean" | "last": how /v1/embeddings pools a model's final hidden states (`--pooling`);
+    # a model without an entry: its last token
+    pooling: dict | None = None
 
     # ------------------------------------------------------------ helpers
     def surge_for(self, model: str | None):
@@ -41,6 +44,9 @@ class OpenAIHandlers:
 
     def defaults_for(self, surge):
         return (self.generation_defaults or {}).get(self.name_of(surge))
+
+    def pooling_for(self, surge) -> str:
+        return (self.pooling or {}).get(self.name_of(surge), "last")
 
     @staticmethod
     async def respond(streams: ChoiceStreams, fmt: Formatter, body):
@@ -84,6 +90,10 @@ class OpenAIHandlers:
     async def messages_count_tokens(self, request: "messages.CountTokensRequest"):
         """POST /v1/messages/count_tokens."""
         return await messages.count_tokens(self, request)
+
+    async def embeddings(self, request: "embeddings.EmbeddingRequest"):
+        """POST /v1/embeddings."""
+        return await embeddings.respond(self, request)
 
     async def available_inference(self):
         """GET /v1/models."""

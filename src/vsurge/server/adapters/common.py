@@ -43,12 +43,16 @@ SamplingFields = create_model("SamplingFields", __base__=WireModel,
                               **{name: (Optional[kind], None) for name, kind in wire_fields().items()})
 
 
-def sampling_params(body: BaseModel, defaults, renames: dict[str, str] | None = None, **overrides) -> SamplingParams:
+def sampling_params(body: BaseModel, defaults, renames: dict[str, str] | None = None, prompt_logprobs: bool = False,
+                    **overrides) -> SamplingParams:
     """The body's sampling fields (and `overrides`, the adapter's own spellings such as max_output_tokens)
     over `defaults` (None: OpenAI's) for the fields left unset. ParamError (400) names the wire field:
-    `renames` maps SamplingParams names back to the wire's (stop -> stop_sequences)."""
+    `renames` maps SamplingParams names back to the wire's (stop -> stop_sequences). prompt_logprobs:
+    the wire format serves them (completions); elsewhere asking for them is a 400."""
     values = {name: getattr(body, name, None) for name in wire_fields()}
     values.update(overrides)
+    if values.get("prompt_logprobs") is not None and not prompt_logprobs:
+        raise ParamError("prompt_logprobs are served by /v1/completions", "prompt_logprobs")
     try:
         return (defaults or OPENAI_DEFAULTS).sampling_params(**values)
     except ParamError as exc:

@@ -54,13 +54,12 @@ async def prompt_token_lists(surge, prompt) -> list[list[int]]:
 async def to_request(server, body: CompletionRequest, surge) -> GenerationRequest:
     if body.tools:
         raise APIError(400, "tools need /v1/chat/completions", "tools")
-    if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo together with logprobs (prompt logprobs) is not supported", "echo")
     try:
         structured = body.structured()
         defaults = server.defaults_for(surge)
-        params = sampling_params(body, defaults, max_tokens=first_set(body.max_tokens, defaults and defaults.max_tokens,
-                                                      OPENAI_MAX_TOKENS), logprobs=body.logprobs, structured=structured.constraint)
+        params = sampling_params(body, defaults, prompt_logprobs=True,
+                                 max_tokens=first_set(body.max_tokens, defaults and defaults.max_tokens, OPENAI_MAX_TOKENS),
+                                 logprobs=body.logprobs, structured=structured.constraint)
     except ParamError as exc:
         raise as_api_error(exc) from None
     structured = await compile_constraint(structured, surge)
@@ -74,4 +73,17 @@ async def respond(server, body: CompletionRequest):
     request = await to_request(server, body, surge)
     echo = [surge.processor.decode(ids) for ids in request.prompts] if body.echo else None
     fmt = Formatter("completion", server.name_of(surge), surge.processor)
-    return await server.respond(ChoiceStreams(surge, request.prompts, request.params, echo), fmt, body)
+    params, echo_logprobs, prompt_logprobs = request.params, None, None
+    if params.prompt_logprobs is not None or (body.echo and params.logprobs is not None):
+        try:  # the prompts' own log-probabilities: one batched pass before generating
+            scores = await surge.encode(request.prompts, "score")
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, str(exc), "prompt") from None
+        if body.echo and params.logprobs is not None:
+            echo_logprobs = [fmt.prompt_entries(ids, sc, params.logprobs) for ids, sc in zip(request.prompts, scores)]
+        if params.prompt_logprobs is not None:
+            prompt_logprobs = [fmt.prompt_logprobs(ids, sc, params.prompt_logprobs)
+                               for ids, sc in zip(request.prompts, scores)]
+    streams = ChoiceStreams(surge, request.prompts, params, echo, echo_logprobs=echo_logprobs,
+                            prompt_logprobs=prompt_logprobs)
+    return await server.respond(streams, fmt, body)
