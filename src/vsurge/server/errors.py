@@ -4,6 +4,7 @@ Anthropic's {"type": "error", "error": {"type", "message"}} for the Messages rou
 from __future__ import annotations
 
 import json
+import re
 
 from fastapi.responses import JSONResponse
 
@@ -65,12 +66,22 @@ def error_response(status: int, message: str, param: str | None = None, headers:
     return EchoSafeJSONResponse(body, status_code=status, headers=headers)
 
 
+_TYPE_TAGS = re.compile(r"^(str|int|float|bool|bytes|none|list|dict|json-or-python|function-[a-z]+|lax-or-strict|"
+                        r"constrained-[a-z]+|tagged-union)(\[.*\])?$")
+
+
 def validation_message(errors: list[dict]) -> tuple[str, str | None]:
-    """A readable message (and the offending field) from pydantic/FastAPI validation errors."""
+    """A readable message (and the offending field) from pydantic/FastAPI validation errors. Union
+    members' tags (`input.str`, `input.list[str]`) are not fields: the field is what precedes them."""
     if not errors:
         return "invalid request", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+    loc = []
+    for part in first.get("loc", ()):
+        if isinstance(part, str) and _TYPE_TAGS.match(part):
+            break
+        if part != "body":
+            loc.append(str(part))
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
     if first.get("type") == "json_invalid":
