@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StrictInt, StrictStr
 
 from ...structured.errors import ParamError
-from ...structured.openai_fields import combine, schema_constraint
+from ...structured.openai_fields import chat_constraints, combine, schema_constraint
 from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError, anthropic_error_body
@@ -42,6 +42,7 @@ class MessagesRequest(SamplingFields):
     tool_choice: Optional[dict[str, Any]] = None
     thinking: Optional[dict[str, Any]] = None  # {"type": "enabled" | "disabled"}: the template's enable_thinking
     output_config: Optional[dict[str, Any]] = None  # {"format": {"type": "json_schema", "schema"}}: structured output
+    structured_outputs: Optional[Any] = None  # vLLM's: {"regex" | "grammar" | "choice" | "json": ...}
     stream: bool = False
     metadata: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
@@ -185,7 +186,9 @@ async def to_request(server, body: MessagesRequest, surge) -> GenerationRequest:
     try:
         if body.n not in (None, 1):
             raise ParamError("n must be 1 for /v1/messages", "n")
-        structured = combine(output_constraints(body.output_config), tool_config(body.tools, body.tool_choice))
+        constraints = output_constraints(body.output_config) + chat_constraints(
+            {"structured_outputs": body.structured_outputs})
+        structured = combine(constraints, tool_config(body.tools, body.tool_choice))
         params = sampling_params(body, server.defaults_for(surge), renames={"stop": "stop_sequences"},
                                  stop=body.stop_sequences if body.stop_sequences is not None else body.stop,
                                  structured=structured.constraint)

@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import StrictInt, StrictStr
 
 from ...structured.errors import ParamError
-from ...structured.openai_fields import combine, schema_constraint
+from ...structured.openai_fields import chat_constraints, combine, schema_constraint
 from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
@@ -52,6 +52,7 @@ class ResponsesRequest(SamplingFields):
     truncation: Optional[StrictStr] = None
     user: Optional[StrictStr] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
+    structured_outputs: Optional[Any] = None  # vLLM's: {"regex" | "grammar" | "choice" | "json": ...}
 
 
 def _id(prefix: str) -> str:
@@ -181,7 +182,8 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
             raise ParamError("n must be 1 for /v1/responses", "n")
         conversation = history + input_messages(body.input)
         tools = tool_config(body.tools, body.tool_choice, body.parallel_tool_calls)
-        structured = combine(text_constraints(body.text), tools)
+        structured = combine(text_constraints(body.text) + chat_constraints(
+            {"structured_outputs": body.structured_outputs}), tools)
         defaults = server.defaults_for(surge)
         params = sampling_params(body, defaults, renames={"max_tokens": "max_output_tokens"},
                                  max_tokens=first_set(body.max_output_tokens, body.max_tokens,
