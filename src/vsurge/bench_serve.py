@@ -4,7 +4,8 @@ Random prompts of a given input length, a fixed number of output tokens (the
 end token is banned with logit_bias), requests sent at a Poisson rate or all at
 once, optionally capped at a maximum concurrency. Every request streams with
 include_usage. `--endpoint` picks the wire format: /v1/completions (the default),
-/v1/chat/completions, /v1/responses (OpenAI Responses) or /v1/messages (Anthropic). Reports request throughput, output tok/s and mean/median/p99 of
+/v1/chat/completions, /v1/responses (OpenAI Responses) or /v1/messages (Anthropic).
+Reports request throughput, output tok/s and mean/median/p99 of
 TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
 between content chunks) and E2E latency.
 

@@ -12,8 +12,8 @@ from ..errors import APIError
 from ..formatting import Formatter
 from ..generation import ChoiceStreams
 from ..protocol import ChatMessage, StreamOptions, messages_as_dicts
-from .common import (GenerationRequest, first_set, SamplingFields, as_api_error, compile_constraint, output_parsers,
-                     render_chat, sampling_params, template_variables, unsupported)
+from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
+                     output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
 # Fields clients may send that vsurge does not implement: a clear 501 beats silently ignoring them.
 UNSUPPORTED_FIELDS = ("functions", "function_call", "suffix", "prediction", "audio", "modalities", "best_of")

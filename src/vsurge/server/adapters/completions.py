@@ -17,7 +17,8 @@ from ..formatting import Formatter
 from ..generation import ChoiceStreams
 from ..protocol import StreamOptions
 from .chat import UNSUPPORTED_FIELDS, StructuredFields, check_stream_options
-from .common import LARGE_INPUT_CHARS, first_set, GenerationRequest, as_api_error, compile_constraint, sampling_params, unsupported
+from .common import (LARGE_INPUT_CHARS, GenerationRequest, as_api_error, compile_constraint, first_set,
+                     sampling_params, unsupported)
 
 OPENAI_MAX_TOKENS = 16  # OpenAI's default for completions
 TokenIds = list[Annotated[int, Field(ge=0)]]
@@ -58,7 +59,8 @@ async def to_request(server, body: CompletionRequest, surge) -> GenerationReques
         structured = body.structured()
         defaults = server.defaults_for(surge)
         params = sampling_params(body, defaults, prompt_logprobs=True,
-                                 max_tokens=first_set(body.max_tokens, defaults and defaults.max_tokens, OPENAI_MAX_TOKENS),
+                                 max_tokens=first_set(body.max_tokens, defaults and defaults.max_tokens,
+                                                      OPENAI_MAX_TOKENS),
                                  logprobs=body.logprobs, structured=structured.constraint)
     except ParamError as exc:
         raise as_api_error(exc) from None

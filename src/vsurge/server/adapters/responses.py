@@ -28,8 +28,8 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
 from ..generation import ChoiceStreams
-from .common import (GenerationRequest, first_set, SamplingFields, as_api_error, compile_constraint, output_parsers,
-                     render_chat, sampling_params, template_variables, unsupported)
+from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
+                     output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
 UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "top_logprobs", "max_tool_calls")
 TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
@@ -112,7 +112,8 @@ def input_messages(value, param: str = "input") -> list[dict]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ParamError(f"{where}.call_id must be a string", f"{where}.call_id")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(item.get("output"), f"{where}.output")})
+            out.append({"role": "tool", "tool_call_id": call_id,
+                        "content": _text_of(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
             continue  # earlier thinking is not shown to the model again
         else:
