@@ -252,6 +252,8 @@ class EngineCore:
         as fit the step's token budget, packed several per row. -> [(request, result)] for those it
         served; the rest wait for the next call. Its programs compile on first use (then cached on
         disk with every other program), so engines that never encode compile nothing more."""
+        if self.on_call is not None:  # the multi-host followers replay only the generation programs
+            raise RuntimeError("embeddings and prompt logprobs are not served by multi-host engines yet")
         kind = pending[0].kind
         shape, requests, places = encode.pack([r for r in pending if r.kind == kind], self.config.prefill_tokens,
                                               self.config.max_length)

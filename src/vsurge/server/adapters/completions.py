@@ -81,6 +81,8 @@ async def respond(server, body: CompletionRequest):
             scores = await surge.encode(request.prompts, "score")
         except (ValueError, TypeError) as exc:
             raise APIError(400, str(exc), "prompt") from None
+        except RuntimeError as exc:
+            raise APIError(503, f"prompt logprobs failed: {exc}") from None
         if body.echo and params.logprobs is not None:
             echo_logprobs = [fmt.prompt_entries(ids, sc, params.logprobs) for ids, sc in zip(request.prompts, scores)]
         if params.prompt_logprobs is not None:
