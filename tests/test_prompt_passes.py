@@ -58,7 +58,7 @@ def test_embeddings_match_transformers_last_token_pooling(default_server, refere
         assert float(unit(hidden[-1]) @ got) > 0.995  # the server's default pooling for this model: last token
 
 
-def test_mean_pooling_dimensions_and_float_encoding(default_server, reference):
+def test_dimensions_float_and_base64_encodings(default_server, reference):
     run, tokenizer = reference
     raw = default_server.post("/v1/embeddings", json={"input": TEXTS[0], "encoding_format": "float",
                                                       "dimensions": 64}).json()
@@ -87,6 +87,35 @@ def test_a_batch_is_packed_into_few_calls_and_equals_each_input_alone(default_se
     ids = default_server.post("/tokenize", json={"prompt": texts[5]}).json()["tokens"]
     by_ids = client.embeddings.create(model=DEFAULT_NAME, input=[ids], encoding_format="float")
     np.testing.assert_allclose(by_ids.data[0].embedding, batch.data[5].embedding, atol=2e-3)
+
+
+def test_engine_passes_match_transformers_in_float32(dense_surge, reference):
+    """vSurge.encode on the float32 engine: mean and last-token pooled states and the prompt's token
+    logprobs, several prompts packed into one call, against transformers' float32 forward pass."""
+    import asyncio
+
+    run, tokenizer = reference
+    ids = [tokenizer(t)["input_ids"] for t in TEXTS]
+    embedded = asyncio.run(dense_surge.encode(ids, "embed"))
+    scored = asyncio.run(dense_surge.encode(ids, "score"))
+    for prompt, pooled, scores in zip(ids, embedded, scored):
+        hidden, logp = run(prompt)
+        np.testing.assert_allclose(pooled["mean"], hidden.mean(0), atol=2e-3, rtol=1e-3)
+        np.testing.assert_allclose(pooled["last"], hidden[-1], atol=2e-3, rtol=1e-3)
+        expected = [logp[t - 1, prompt[t]] for t in range(1, len(prompt))]
+        np.testing.assert_allclose(scores.logprobs, expected, atol=2e-3)
+        assert scores.top_ids[:, 0].tolist() == [int(np.argmax(logp[t])) for t in range(len(prompt) - 1)]
+    with pytest.raises(ValueError, match="empty"):
+        asyncio.run(dense_surge.encode([[]], "embed"))
+
+
+def test_pooling_follows_a_sentence_transformers_config(tmp_path):
+    from vsurge.server.adapters.embeddings import pooling_for_model
+
+    assert pooling_for_model(tmp_path) == "last"
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text('{"pooling_mode_mean_tokens": true}')
+    assert pooling_for_model(tmp_path) == "mean"
 
 
 def test_prompt_logprobs_and_echo_match_transformers(default_server, reference):
