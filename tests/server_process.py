@@ -67,6 +67,9 @@ class ServerProcess:
     def post(self, path, **kw):
         return httpx.post(self.base + path, verify=self.verify, timeout=120, **kw)
 
+    def delete(self, path, **kw):
+        return httpx.delete(self.base + path, verify=self.verify, timeout=30, **kw)
+
     def metric(self, name: str) -> float:
         """Sum of a metric's samples from /metrics (all label values)."""
         total = 0.0

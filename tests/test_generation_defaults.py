@@ -12,7 +12,9 @@ import pytest
 from vsurge.errors import ModelLoadError
 from vsurge.generation_defaults import (OPENAI_DEFAULTS, VSURGE_DEFAULTS, GenerationDefaults,
                                         resolve_generation_defaults)
-from vsurge.server.protocol import ChatCompletionRequest, CompletionRequest
+from vsurge.server.adapters.chat import ChatCompletionRequest
+from vsurge.server.adapters.common import sampling_params
+from vsurge.server.adapters.completions import CompletionRequest
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -79,18 +81,18 @@ def test_a_path_chooses_a_file_and_bad_values_name_it(tmp_path):
 
 def test_server_fills_only_the_fields_a_request_leaves_unset():
     defaults = GenerationDefaults(temperature=0.7, top_k=30, max_tokens=None)
-    unset = ChatCompletionRequest(messages=HI).sampling_params(None, None, defaults)
+    unset = sampling_params(ChatCompletionRequest(messages=HI), defaults)
     assert (unset.temperature, unset.top_k, unset.top_p, unset.repetition_penalty) == (0.7, 30, 0.95, 1.1)
-    explicit = ChatCompletionRequest(messages=HI, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
-                                     repetition_penalty=1.0).sampling_params(None, None, defaults)
+    explicit = sampling_params(ChatCompletionRequest(messages=HI, temperature=1.0, top_p=1.0, top_k=0, min_p=0.0,
+                                                     repetition_penalty=1.0), defaults)
     assert (explicit.temperature, explicit.top_p, explicit.top_k, explicit.min_p,
             explicit.repetition_penalty) == (1.0, 1.0, 0, 0.0, 1.0)
-    greedy = ChatCompletionRequest(messages=HI, temperature=0).sampling_params(None, None, defaults)
+    greedy = sampling_params(ChatCompletionRequest(messages=HI, temperature=0), defaults)
     assert greedy.greedy and greedy.repetition_penalty == 1.0
 
 
 def test_server_without_defaults_keeps_openais():
-    params = CompletionRequest(prompt="hi").sampling_params(16, None)
+    params = sampling_params(CompletionRequest(prompt="hi"), None, max_tokens=16)
     expected = OPENAI_DEFAULTS
     assert (params.temperature, params.top_p, params.top_k, params.min_p, params.repetition_penalty) == (
         expected.temperature, expected.top_p, expected.top_k, expected.min_p, expected.repetition_penalty) == (

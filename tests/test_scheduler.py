@@ -29,10 +29,10 @@ class Letters:
         return "".join(chr(97 + int(i) % 26) for i in ids)
 
 
-def seq(prompt_len: int, max_tokens: int = 4, first: int = 1) -> Sequence:
+def seq(prompt_len: int, max_tokens: int = 4, first: int = 1, priority: int = 0) -> Sequence:
     prompt = list(range(first, first + prompt_len))
-    request = ActiveRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0), 0, max_tokens, [0],
-                            ReturnChannel())
+    request = ActiveRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, priority=priority), 0,
+                            max_tokens, [0], ReturnChannel())
     return Sequence.of(request, Letters())
 
 
@@ -54,9 +54,10 @@ def run(scheduler, steps=1):
     return plans
 
 
-def make(pages=64, page_size=4, slots=4, prefill_tokens=16, chunk_lengths=(4, 16), paged=True, decode_steps=1):
+def make(pages=64, page_size=4, slots=4, prefill_tokens=16, chunk_lengths=(4, 16), paged=True, decode_steps=1,
+         policy="fcfs"):
     config = EngineConfig(max_slots=slots, max_length=32, page_size=page_size, prefill_tokens=prefill_tokens,
-                          chunk_lengths=chunk_lengths, decode_steps=decode_steps)
+                          chunk_lengths=chunk_lengths, decode_steps=decode_steps, scheduling_policy=policy)
     pool = HBMPageManager(pages, page_size) if paged else SlotPages(slots, 32, page_size)
     return Scheduler(pool, config)
 
@@ -206,3 +207,77 @@ def test_only_the_smallest_chunk_shape_has_a_program_without_decode_rows():
     assert config.page_windows == [16] and config.dynamic_window(16)
     first = config.replace(prefill_first=True)
     assert all(first.mixed_rows(s) == [0] for s in first.chunk_shapes)
+
+
+# ---------------------------------------------------------------- priority scheduling
+def test_priority_orders_the_queue_lower_values_first_then_arrival():
+    s = make(slots=1, policy="priority")
+    first = seq(3)
+    s.add(first)
+    run(s)  # `first` holds the only slot
+    late_low, urgent, early_low, urgent_too = (seq(3, priority=5, first=10), seq(3, priority=-1, first=20),
+                                               seq(3, priority=5, first=30), seq(3, priority=-1, first=40))
+    for x in (late_low, urgent, early_low, urgent_too):
+        s.add(x)
+    assert list(s.waiting) == [urgent, urgent_too, late_low, early_low]
+
+
+def test_fcfs_ignores_priority():
+    s = make(slots=1)
+    a, b = seq(3, first=10), seq(3, first=20)
+    s.add(seq(3)), run(s)
+    s.add(a), s.add(b)
+    assert list(s.waiting) == [a, b]
+
+
+def test_a_waiting_high_priority_sequence_preempts_a_low_priority_one():
+    s = make(slots=2, policy="priority")
+    low_old, low_new = seq(3, max_tokens=20, priority=3), seq(3, max_tokens=20, priority=3, first=10)
+    s.add(low_old), s.add(low_new)
+    run(s, 2)
+    assert s.running == [low_old, low_new] and low_new.generated
+    urgent = seq(3, max_tokens=2, priority=-5, first=20)
+    s.add(urgent)
+    plan = s.schedule()
+    # the victim is the lowest-ranked running sequence (same priority: the later arrival)
+    assert low_new.status is Status.WAITING and low_new.num_computed == 0 and s.num_preemptions == 1
+    assert urgent.slot is not None and any(r.seq is urgent for r in plan.chunks)
+    s.postprocess(plan, Out(plan))
+    while not urgent.finished:
+        run(s)
+    assert low_new.status is Status.WAITING  # it waits until a slot frees; nothing of lower rank to take
+    while s.has_work:
+        run(s)
+    # the preempted sequence was recomputed and kept what it had made
+    assert low_old.generated == [7] * 20 and low_new.generated == [7] * 20 and urgent.generated == [7] * 2
+
+
+def test_equal_or_lower_priority_never_preempts():
+    s = make(slots=1, policy="priority")
+    running = seq(3, max_tokens=20, priority=0)
+    s.add(running), run(s)
+    for priority in (0, 4):
+        s.add(seq(3, priority=priority, first=10 + priority))
+        run(s)
+        assert s.running == [running] and s.num_preemptions == 0
+
+
+def test_page_pressure_preempts_the_lowest_priority_not_the_newest():
+    s = make(pages=5, page_size=4, slots=2, chunk_lengths=(8,), prefill_tokens=8, policy="priority")
+    low, high = seq(8, max_tokens=12, priority=9), seq(8, max_tokens=12, first=30, priority=0)
+    s.add(low), s.add(high)
+    for _ in range(12):
+        run(s)
+        if s.num_preemptions:
+            break
+    assert s.num_preemptions == 1 and low.status is Status.WAITING and high.status is Status.RUNNING
+
+
+def test_priority_without_the_priority_policy_is_refused():
+    from mock_engine import MockEngine
+
+    from vsurge.engine.validation import prepare_requests
+
+    with pytest.raises(ValueError, match="--scheduling-policy priority") as info:
+        prepare_requests(MockEngine(), [1, 2], SamplingParams(priority=1), ReturnChannel())
+    assert info.value.param == "priority"

@@ -144,6 +144,8 @@ BAD_BODIES = [
     ({"messages": FRANCE, "stop": [""]}, 400, "stop cannot contain an empty string"),
     ({"messages": FRANCE, "logit_bias": {"99999999": 5}}, 400, "logit_bias"),
     ({"messages": FRANCE, "n": 1000}, 400, "n"),
+    ({"messages": FRANCE, "priority": 1}, 400, "--scheduling-policy priority"),
+    ({"messages": FRANCE, "prompt_logprobs": 1}, 400, "prompt_logprobs are served by /v1/completions"),
 ]
 
 
@@ -175,11 +177,15 @@ def test_raw_garbage_then_a_good_request(default_server):
         post("/v1/chat/completions", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}),
         post("/v1/completions", json={"prompt": [10**9], "max_tokens": 2}),
         post("/v1/completions", json={"prompt": "", "max_tokens": 2}),
-        post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}),
+        post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}),  # now served
         post("/detokenize", json={"tokens": [10**8]}),
+        post("/v1/responses", content=b"{not json", headers={"content-type": "application/json"}),
+        post("/v1/messages", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}),
+        post("/v1/embeddings", json={"input": [[1, 2], "mixed"]}),
     ]
-    assert [c.status_code for c in cases] == [400, 400, 413, 400, 400, 400, 400]
-    assert all("error" in c.json() for c in cases)
+    assert [c.status_code for c in cases] == [400, 400, 413, 400, 400, 200, 400, 400, 413, 400]
+    assert all("error" in c.json() for c in cases if c.status_code != 200)
+    assert cases[8].json()["type"] == "error"  # /v1/messages answers in Anthropic's shape, even before routing
     ok = client_for(default_server).chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0)
     assert ok.choices[0].message.content == "The capital of France is Paris."
 
@@ -200,6 +206,17 @@ def test_api_key_is_required(tiny_server):
         client_for(tiny_server, api_key="wrong").models.list()
     assert client_for(tiny_server, api_key=API_KEY).models.list().data[0].id == TINY_NAME
     assert tiny_server.get("/readiness").status_code == 200  # not under /v1: no key needed
+    # Anthropic's clients send x-api-key; errors on /v1/messages are Anthropic's JSON
+    import anthropic
+
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=tiny_server.base, api_key="wrong", max_retries=0).messages.count_tokens(
+            model=TINY_NAME, messages=FRANCE)
+    r = tiny_server.post("/v1/messages/count_tokens", json={"messages": FRANCE})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    claude = anthropic.Anthropic(base_url=tiny_server.base, api_key=API_KEY, max_retries=0)
+    assert claude.messages.count_tokens(model=TINY_NAME, messages=FRANCE).input_tokens > 0
+    assert tiny_server.get("/v1/models", headers={"x-api-key": API_KEY}).status_code == 200
 
 
 def test_64_concurrent_streams_all_complete_and_metrics_agree(tiny_server):

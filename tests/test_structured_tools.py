@@ -193,8 +193,8 @@ def test_parser_choice_from_the_template():
     assert parser_for_template('{{- "<|python_tag|>" }} {"name": ..., "parameters": ...}') == "llama3_json"
     assert parser_for_template(None) == "hermes"  # vsurge's own tools prompt asks for that format
     assert get_tool_parser("llama3_json") is Llama3JsonParser
-    with pytest.raises(ValueError, match="unknown tool-call parser 'mistral'"):
-        get_tool_parser("mistral")
+    with pytest.raises(ValueError, match="unknown tool-call parser 'granite'"):
+        get_tool_parser("granite")
 
 
 def test_response_helpers():

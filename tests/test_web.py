@@ -443,6 +443,24 @@ def _le(bound: float) -> str:
     return floatToGoString(bound)
 
 
+def test_thinking_is_shown_folded_and_as_text(browser, server):
+    """A reasoning model's thinking (chat `reasoning_content`, kept with the message) sits folded above the
+    answer, as plain text."""
+    open_page(browser, server)
+    conversation = [{"role": "user", "content": "Why?"},
+                    {"role": "assistant", "content": "Because.", "reasoning": "<b>first</b> I weigh it"}]
+    browser.execute_script("localStorage.setItem('vsurge.conversation', arguments[0]);", json.dumps(conversation))
+    browser.refresh()
+    wait(browser, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#conversation .message")) == 2)
+    thinking = browser.find_element(By.CSS_SELECTOR, "#conversation .message.assistant details.thinking")
+    assert thinking.is_displayed() and thinking.get_attribute("open") is None
+    thinking.find_element(By.TAG_NAME, "summary").click()
+    assert "<b>first</b> I weigh it" in thinking.text and not thinking.find_elements(By.TAG_NAME, "b")
+    assert assistant_text(browser) == "Because."
+    user = browser.find_element(By.CSS_SELECTOR, "#conversation .message.user details.thinking")
+    assert not user.is_displayed()
+
+
 # ---------------------------------------------------------------- vsurge bench serve --plot
 def test_bench_serve_levels_servers_and_plot(server, tmp_path):
     pytest.importorskip("matplotlib")
@@ -456,3 +474,15 @@ def test_bench_serve_levels_servers_and_plot(server, tmp_path):
     rows = [line for line in out.stdout.splitlines() if line.startswith("| first") or line.startswith("| second")]
     assert len(rows) == 4 and "| first @ 1 |" in out.stdout and "| second @ 2 |" in out.stdout
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/responses", "/v1/messages"])
+def test_bench_serve_speaks_each_wire_format(server, endpoint):
+    out = subprocess.run(
+        [sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", server.base, "--endpoint", endpoint,
+         "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--api-key", API_KEY, "--json"],
+        capture_output=True, text=True, timeout=300, env=ENV)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads(out.stdout)
+    assert (summary["completed"], summary["failed"], summary["output_tokens"]) == (2, 0, 8)
+    assert summary["ttft"]["median"] > 0 and summary["tpot"]["median"] > 0

@@ -3,7 +3,9 @@
 Random prompts of a given input length, a fixed number of output tokens (the
 end token is banned with logit_bias), requests sent at a Poisson rate or all at
 once, optionally capped at a maximum concurrency. Every request streams with
-include_usage. Reports request throughput, output tok/s and mean/median/p99 of
+include_usage. `--endpoint` picks the wire format: /v1/completions (the default),
+/v1/chat/completions, /v1/responses (OpenAI Responses) or /v1/messages (Anthropic).
+Reports request throughput, output tok/s and mean/median/p99 of
 TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
 between content chunks) and E2E latency.
 
@@ -47,6 +49,42 @@ def random_prompt(rng: random.Random, approx_tokens: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(approx_tokens))
 
 
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
+
+
+def request_body(endpoint: str, model: str, prompt: str, output_len: int) -> dict:
+    """A streamed greedy request of `output_len` tokens in the endpoint's wire format."""
+    if endpoint == "/v1/completions":
+        return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+                "stream_options": {"include_usage": True}}
+    if endpoint == "/v1/chat/completions":
+        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": output_len,
+                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+    if endpoint == "/v1/responses":
+        return {"model": model, "input": prompt, "max_output_tokens": output_len, "temperature": 0.0, "stream": True,
+                "store": False}
+    if endpoint == "/v1/messages":
+        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": output_len,
+                "temperature": 0.0, "stream": True}
+    raise ValueError(f"unknown endpoint {endpoint!r} (known: {', '.join(ENDPOINTS)})")
+
+
+def chunk_content(chunk: dict) -> tuple[str, int | None]:
+    """(new text, output tokens if this event reports them) of one streamed event of any endpoint."""
+    kind = chunk.get("type")
+    if kind == "response.output_text.delta":
+        return chunk.get("delta", ""), None
+    if kind in ("response.completed", "response.incomplete"):
+        return "", ((chunk.get("response") or {}).get("usage") or {}).get("output_tokens")
+    if kind == "content_block_delta":
+        return (chunk.get("delta") or {}).get("text", ""), None
+    if kind == "message_delta":
+        return "", (chunk.get("usage") or {}).get("output_tokens")
+    choices = chunk.get("choices") or []
+    text = (choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or "") if choices else ""
+    return text, (chunk.get("usage") or {}).get("completion_tokens")
+
+
 async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> RequestResult:
     start = time.perf_counter()
     first = last = None
@@ -58,11 +96,10 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
             async for line in response.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                chunk = json.loads(line[6:])
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-                choices = chunk.get("choices") or []
-                if choices and (choices[0].get("text") or (choices[0].get("delta") or {}).get("content")):
+                text, reported = chunk_content(json.loads(line[6:]))
+                if reported:
+                    tokens = reported
+                if text:
                     chunks += 1
                     now = time.perf_counter()
                     if first is None:
@@ -81,18 +118,17 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
-              shared_prefix_len: int = 0) -> dict:
+              shared_prefix_len: int = 0, endpoint: str = "/v1/completions") -> dict:
     """shared_prefix_len: words of one preamble every prompt starts with (a system prompt)."""
     rng = random.Random(seed)
     preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""
     prompts = [preamble + random_prompt(rng, input_len) for _ in range(num_prompts)]
-    url = base_url.rstrip("/") + "/v1/completions"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    url = base_url.rstrip("/") + endpoint
+    headers = {"Authorization": f"Bearer {api_key}", "x-api-key": api_key} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or num_prompts)
 
     def payload(prompt):
-        body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = request_body(endpoint, model, prompt, output_len)
         if eos_token_id is not None:
             body["logit_bias"] = {str(eos_token_id): -100}
         return body
@@ -129,7 +165,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
     return {
         "completed": len(ok), "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:3],
-        "duration_s": duration, "request_throughput": len(ok) / duration, "output_throughput": output / duration,
+        "duration_s": duration, "output_tokens": output, "request_throughput": len(ok) / duration,
+        "output_throughput": output / duration,
         "ttft": _stats([r.ttft for r in ok]),
         "tpot": _stats([(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]),
         "itl": _stats([x for r in ok for x in r.itls]),
@@ -181,6 +218,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--request-rate and --max-concurrency)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw output tok/s and TTFT against concurrency, one line per server (needs matplotlib)")
+    p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS,
+                   help="the wire format every request uses (default /v1/completions)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--eos-token-id", type=int, default=2, help="banned so every request makes output-len tokens "
                                                                "(-1: do not ban)")
@@ -218,7 +257,8 @@ def main_from_args(args) -> int:
         model = args.model or first_model(url, args.api_key)
         for suffix, level, num_prompts, rate, max_concurrency in loads:
             summary = asyncio.run(run(url, model, num_prompts, args.input_len, args.output_len, rate,
-                                      max_concurrency, args.api_key, eos, shared_prefix_len=args.shared_prefix_len))
+                                      max_concurrency, args.api_key, eos, shared_prefix_len=args.shared_prefix_len,
+                                      endpoint=args.endpoint))
             series.setdefault(label, []).append((level, summary))
             records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
             failed += summary["failed"]

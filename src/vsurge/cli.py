@@ -39,19 +39,18 @@ def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """One flag per SamplingParams field that declares `cli=` flags (sampling_params.py)."""
+    from .generation_defaults import VSURGE_DEFAULTS
+    from .sampling_params import cli_fields
+
     g = p.add_argument_group("sampling (unset: from --generation-config; --temperature 0 is greedy)")
-    g.add_argument("--temperature", "--temp", type=float, default=None, help="0 = greedy (default 0.8)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling (default 0.95)")
-    g.add_argument("--top-k", type=int, default=None, help="0 = off (default 40)")
-    g.add_argument("--min-p", type=float, default=None, help="0 = off (default 0.05)")
-    g.add_argument("--repeat-penalty", "--repetition-penalty", dest="repeat_penalty", type=float, default=None,
-                   help="divides the logits of tokens already in the prompt or reply; 1 = off (default 1.1)")
-    g.add_argument("--presence-penalty", type=float, default=None, help="OpenAI's, on generated tokens (default 0)")
-    g.add_argument("--frequency-penalty", type=float, default=None, help="OpenAI's, on generated tokens (default 0)")
-    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
-    g.add_argument("--max-tokens", "-n", type=int, default=None,
-                   help=f"most new tokens per reply (default {DEFAULT_MAX_TOKENS})")
-    g.add_argument("--stop", action="append", default=None, metavar="TEXT", help="stop at TEXT (repeatable)")
+    for name, spec, kind in cli_fields():
+        default = DEFAULT_MAX_TOKENS if name == "max_tokens" else VSURGE_DEFAULTS.values.get(name)
+        shown = f" (default {default:g})" if isinstance(default, (int, float)) and name != "seed" else ""
+        if name == "stop":
+            g.add_argument(*spec.cli, dest=name, action="append", default=None, metavar="TEXT", help=spec.help)
+        else:
+            g.add_argument(*spec.cli, dest=name, type=kind, default=None, help=spec.help + shown)
     _add_generation_config_arg(g)
 
 
@@ -121,10 +120,26 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hbm-utilization", type=float, default=0.6,
                    help="fraction of the memory left after the weights that KV pages may take (paged engine)")
     p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
+                        "preempts a running one of lower priority (default fcfs: first come, first served)")
     p.add_argument("--speculative-tokens", type=int, default=0,
                    help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
-    p.add_argument("--tool-call-parser", default="auto", choices=["auto", "hermes", "llama3_json"],
+    from .structured.reasoning import REASONING_PARSERS
+    from .structured.tool_parsers import PARSER_NAMES
+
+    p.add_argument("--tool-call-parser", default="auto", choices=list(PARSER_NAMES),
                    help="how tool calls are read from the model's text (auto: from the chat template)")
+    p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="split <think> reasoning from answers: chat reasoning_content, Responses reasoning items, "
+                        "Messages thinking blocks (default: off)")
+    p.add_argument("--pooling", default="auto", choices=["auto", "mean", "last"],
+                   help="/v1/embeddings: the mean of the final hidden states or the last token's (auto: the model's "
+                        "sentence-transformers pooling config, else last)")
+    p.add_argument("--responses-store-size", type=int, default=1000,
+                   help="/v1/responses kept for previous_response_id and GET (oldest dropped beyond; 0: none)")
+    p.add_argument("--responses-store-ttl", type=float, default=3600.0,
+                   help="seconds a stored response is kept (default 3600)")
     p.add_argument("--compilation-cache", default=_default_cache(),
                    help=f"directory of compiled programs reused across restarts ('none' to disable; default "
                         f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE})")
@@ -137,12 +152,6 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
 
 def _fail(message: str) -> SystemExit:
     return SystemExit(f"vsurge: error: {message}")
-
-
-# SamplingParams' field names -> the flags that set them, for error messages in the user's words
-_FLAGS = {"max_tokens": "--max-tokens", "temperature": "--temperature", "top_p": "--top-p", "top_k": "--top-k",
-          "min_p": "--min-p", "repetition_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
-          "frequency_penalty": "--frequency-penalty", "seed": "--seed", "stop": "--stop"}
 
 
 def _generation_defaults(args):
@@ -164,17 +173,17 @@ def _sampling_params(args, defaults, seed: int):
     """The flags over the generation defaults -> SamplingParams (bad values exit with the flag's name)."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise _fail("--max-tokens must be at least 1")
-    explicit = dict(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-                    repetition_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                    frequency_penalty=args.frequency_penalty, stop=args.stop, seed=seed,
-                    max_tokens=args.max_tokens or defaults.max_tokens or DEFAULT_MAX_TOKENS)
+    from .sampling_params import cli_fields
+
+    flags = {name: spec.cli[0] for name, spec, _ in cli_fields()}
+    explicit = {name: getattr(args, name) for name in flags}
+    explicit.update(seed=seed, max_tokens=args.max_tokens or defaults.max_tokens or DEFAULT_MAX_TOKENS)
     try:
         return defaults.sampling_params(**explicit)
-    except ValueError as e:
-        message = str(e)
-        for field, flag in _FLAGS.items():
-            if message.startswith(field + " "):
-                message = flag + message[len(field):]
+    except ValueError as e:  # the message in the user's words: the flag, not the field
+        message, field = str(e), getattr(e, "param", None)
+        if field in flags and message.startswith(field + " "):
+            message = flags[field] + message[len(field):]
         raise _fail(message) from None
 
 
@@ -318,6 +327,8 @@ def cmd_serve(args) -> int:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     if not 0 <= args.speculative_tokens <= 16:
         raise _fail("--speculative-tokens must be in [0, 16]")
+    if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
+        raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from . import cli_parallel
 
@@ -330,7 +341,7 @@ def cmd_serve(args) -> int:
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
-                  speculative_tokens=args.speculative_tokens,
+                  speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy,
                   **cli_parallel.load_kwargs(args))
     try:
         if args.engine == "paged":
@@ -346,8 +357,13 @@ def cmd_serve(args) -> int:
         raise SystemExit(f"vsurge: error: {e}") from None
     if multihost and cli_parallel.is_follower():
         return cli_parallel.follow(surge)
-    server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser)
+    from .server.adapters.response_store import ResponseStore
+
+    server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+                             reasoning_parser=args.reasoning_parser,
+                             response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl))
     server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
+    server.pooling = {name: _pooling(args)}
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
@@ -363,6 +379,15 @@ def cmd_serve(args) -> int:
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
     cli_parallel.exit_after_serving(surge)
     return 0
+
+
+def _pooling(args) -> str:
+    if args.pooling != "auto":
+        return args.pooling
+    from .loading import resolve_model_path
+    from .server.adapters.embeddings import pooling_for_model
+
+    return pooling_for_model(resolve_model_path(args.model))
 
 
 def cmd_bench(args) -> int:

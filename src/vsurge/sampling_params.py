@@ -1,100 +1,226 @@
-"""SamplingParams: how one request is sampled, validated with the messages clients expect (vLLM's).
+"""SamplingParams: how one request is sampled — the one declaration of every sampling field.
 
-Every numeric knob becomes a per-row array inside the compiled step
-(`ops.sampling.SamplingArrays`), so changing them never recompiles. A
-`structured` constraint (JSON schema, regex, choice, grammar, JSON object)
-becomes a per-row token bitmask filled on the host (`vsurge.structured`).
+Each field carries its `Knob` (dataclass field metadata): how it is checked (with the
+messages clients expect, vLLM's), whether HTTP bodies carry it under its own name and
+as what JSON type, the command-line flags that set it, and whether it is a per-row
+array of the compiled step. Everything else derives from this list:
+
+- server/adapters/common.py: the sampling fields of every wire format's request body
+  (chat, completions, responses, messages) and their mapping onto SamplingParams;
+- ops/sampling.py: `SamplingArrays`, one column per `device=` field (per-row arrays:
+  changing a value never recompiles);
+- generation_defaults.py: which fields `--generation-config` may set, and their types;
+- cli.py: the sampling flags of `vsurge generate` / `vsurge chat`;
+- vsurge.py: `vSurgeRequest`, the seed's request type (its fields plus all of these).
+
+So adding a sampling field is one `knob(...)` line here and its use (e.g. a stage of
+ops/sampling.py). A `structured` constraint (JSON schema, regex, choice, grammar, JSON
+object) becomes a per-row token bitmask filled on the host (`vsurge.structured`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
+from pydantic import StrictInt, StrictStr
+
+from .structured.errors import ParamError
 from .structured.spec import StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STOP = 16  # stop strings per request
+MAX_N = 16  # samples per request
+TOP_LOGPROBS_LIMIT = 20  # alternatives per token (ops/sampling.TOP_LOGPROBS)
+
+
+@dataclass(frozen=True)
+class Knob:
+    """What the schema says about one SamplingParams field (its dataclass metadata)."""
+
+    check: Callable[[str, Any], Any] | None = None  # (name, value) -> normalized value; raises ValueError
+    wire: Any = None  # the JSON type HTTP bodies carry it as, under the field's name (None: not on the wire)
+    cli: tuple[str, ...] = ()  # flags of `vsurge generate` / `vsurge chat`
+    help: str = ""  # the flag's help
+    device: Any = None  # numpy dtype of its per-row column in the compiled step (None: host only)
+    neutral: Any = None  # that column's value in padding rows
+
+
+def knob(default=None, *, default_factory=None, **spec) -> Any:
+    metadata = {"knob": Knob(**spec)}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+# ------------------------------------------------------------ checks (vLLM's messages)
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+        and value == value  # not NaN
+
+
+def _fail(name: str, message: str):
+    raise ParamError(message, name)
+
+
+def at_least(low: int, allow_none: bool = True):
+    def check(name, value):
+        if value is None and allow_none:
+            return None
+        if not _is_int(value) or value < low:
+            _fail(name, f"{name} must be at least {low}, got {value}.")
+        return int(value)
+    return check
+
+
+def int_range(low: int, high: int):
+    def check(name, value):
+        if value is None:
+            return None
+        if not _is_int(value) or not low <= value <= high:
+            _fail(name, f"{name} must be in [{low}, {high}], got {value}.")
+        return int(value)
+    return check
+
+
+def number_range(low: float, high: float, open_low: bool = False, text: str | None = None):
+    """low <= value <= high (low < value with open_low); `text` replaces the range in the message."""
+    def check(name, value):
+        ok = _is_number(value) and (low < value if open_low else low <= value) and value <= high
+        if not ok:
+            where = text or f"in {'(' if open_low else '['}{low:g}, {high:g}]"
+            _fail(name, f"{name} must be {where}, got {value}.")
+        return float(value)
+    return check
+
+
+def _top_k(name, value):
+    if not _is_int(value) or (value < 0 and value != -1):
+        _fail(name, f"{name} must be 0 (disable), or at least 1, got {value}.")
+    return 0 if value == -1 else int(value)  # -1: vLLM's spelling of "off"
+
+
+def _stop(name, value):
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+        _fail(name, "stop must be a string or a list of strings.")
+    if any(s == "" for s in value):
+        _fail(name, "stop cannot contain an empty string.")
+    if len(value) > MAX_STOP:
+        _fail(name, f"stop may hold at most {MAX_STOP} strings, got {len(value)}.")
+    return list(value)
+
+
+def _token_ids(name, value):
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
+        _fail(name, f"{name} must be a list of non-negative integers.")
+    return [int(t) for t in value]
+
+
+def _seed(name, value):
+    if value is not None and (not _is_int(value) or not INT64_MIN <= value <= INT64_MAX):
+        _fail(name, f"seed must be an integer in [{INT64_MIN}, {INT64_MAX}], got {value}.")
+    return None if value is None else int(value)
+
+
+def _logit_bias(name, value):
+    if value is None:
+        return None
+    try:
+        bias = {int(k): float(v) for k, v in value.items()}
+    except (TypeError, ValueError, AttributeError):
+        _fail(name, "logit_bias must map token ids to numbers.")
+    if any(not -100.0 <= v <= 100.0 for v in bias.values()):
+        _fail(name, "logit_bias values must be in [-100, 100].")
+    return bias
+
+
+def _flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        _fail(name, f"{name} must be true or false, got {value!r}.")
+    return bool(value)
+
+
+def _structured(name, value):
+    return StructuredOutput.coerce(value)
+
+
+def _n(name, value):
+    value = at_least(1, allow_none=False)(name, value)
+    if value > MAX_N:
+        _fail(name, f"n must be at most {MAX_N}, got {value}.")
+    return value
+
+
+def _priority(name, value):
+    if not _is_int(value) or not INT64_MIN <= value <= INT64_MAX:
+        _fail(name, f"priority must be an integer, got {value!r}.")
+    return int(value)
 
 
 @dataclass
 class SamplingParams:
-    max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = 1
-    skip_special_tokens: bool = True
-    logprobs: int | None = None  # top alternatives returned per token (0 = just the chosen one)
-    logit_bias: dict[int, float] | None = None
+    max_tokens: int | None = knob(16, check=at_least(1), wire=StrictInt, cli=("--max-tokens", "-n"),
+                                  help="most new tokens per reply")
+    temperature: float = knob(1.0, check=number_range(0.0, float("inf"), text="non-negative"), wire=float,
+                              cli=("--temperature", "--temp"), help="0 = greedy", device=np.float32, neutral=0.0)
+    top_p: float = knob(1.0, check=number_range(0.0, 1.0, open_low=True), wire=float, cli=("--top-p",),
+                        help="nucleus sampling", device=np.float32, neutral=1.0)
+    top_k: int = knob(0, check=_top_k, wire=StrictInt, cli=("--top-k",), help="0 = off", device=np.int32,
+                      neutral=0)
+    min_p: float = knob(0.0, check=number_range(0.0, 1.0), wire=float, cli=("--min-p",), help="0 = off",
+                        device=np.float32, neutral=0.0)
+    presence_penalty: float = knob(0.0, check=number_range(-2.0, 2.0), wire=float, cli=("--presence-penalty",),
+                                   help="OpenAI's, on generated tokens", device=np.float32, neutral=0.0)
+    frequency_penalty: float = knob(0.0, check=number_range(-2.0, 2.0), wire=float, cli=("--frequency-penalty",),
+                                    help="OpenAI's, on generated tokens", device=np.float32, neutral=0.0)
+    # HF semantics: divides the logits of tokens already in the prompt or the reply
+    repetition_penalty: float = knob(1.0, check=number_range(0.0, 100.0, open_low=True), wire=float,
+                                     cli=("--repeat-penalty", "--repetition-penalty"),
+                                     help="divides the logits of tokens already in the prompt or reply; 1 = off",
+                                     device=np.float32, neutral=1.0)
+    stop: list[str] | None = knob(None, check=_stop, wire=StrictStr | list[StrictStr], cli=("--stop",),
+                                  help="stop at TEXT (repeatable)")  # never in the output
+    stop_token_ids: list[int] | None = knob(None, check=_token_ids, wire=list[int])
+    ignore_eos: bool = knob(False, check=_flag, wire=bool)
+    seed: int | None = knob(None, check=_seed, wire=int, cli=("--seed",), help="sampling seed (default: random)")
+    n: int = knob(1, check=_n, wire=StrictInt)
+    skip_special_tokens: bool = knob(True, check=_flag, wire=bool)
+    # top alternatives returned per token (0 = just the chosen one); each wire format spells it its own way
+    logprobs: int | None = knob(None, check=int_range(0, TOP_LOGPROBS_LIMIT))
+    # log-probabilities of the prompt's tokens too, with this many alternatives (vLLM's prompt_logprobs)
+    prompt_logprobs: int | None = knob(None, check=int_range(0, TOP_LOGPROBS_LIMIT), wire=StrictInt)
+    logit_bias: dict[int, float] | None = knob(None, check=_logit_bias, wire=dict[str, float])
     # The output must match this: a StructuredOutput or a dict of its fields, e.g.
     # {"json": schema}, {"regex": r"\d+"}, {"choice": ["yes", "no"]}, {"grammar": lark},
     # {"json_object": True}. Invalid constraints raise ValueError here.
-    structured: StructuredOutput | dict | None = None
+    structured: StructuredOutput | dict | None = knob(None, check=_structured)
     # Prompt-lookup draft tokens per step for this (greedy) request; None = the engine's setting.
-    speculative_tokens: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    speculative_tokens: int | None = knob(None, check=int_range(0, 16))
+    # Scheduling priority (vLLM's): lower runs first under `--scheduling-policy priority`.
+    priority: int = knob(0, check=_priority, wire=StrictInt)
+    extra: dict[str, Any] = knob(default_factory=dict)
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
         self.validate()
 
-    # The messages follow vLLM's, which OpenAI clients already handle.
     def validate(self) -> "SamplingParams":
-        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not _is_number(self.top_p) or not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not _is_int(self.top_k) or (self.top_k < 0 and self.top_k != -1):
-            raise ValueError(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
-        if self.top_k == -1:
-            self.top_k = 0  # vLLM's spelling of "off"
-        if not _is_number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not _is_number(value) or not -2.0 <= value <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}.")
-        if not _is_number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0:
-            raise ValueError(f"repetition_penalty must be in (0, 100], got {self.repetition_penalty}.")
-        if self.stop is not None:
-            if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) for s in self.stop):
-                raise ValueError("stop must be a string or a list of strings.")
-            if any(s == "" for s in self.stop):
-                raise ValueError("stop cannot contain an empty string.")
-            self.stop = list(self.stop)
-        if self.stop_token_ids is not None:
-            if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-                raise ValueError("stop_token_ids must be a list of non-negative integers.")
-            self.stop_token_ids = [int(t) for t in self.stop_token_ids]
-        if self.seed is not None and (not _is_int(self.seed) or not INT64_MIN <= self.seed <= INT64_MAX):
-            raise ValueError(f"seed must be an integer in [{INT64_MIN}, {INT64_MAX}], got {self.seed}.")
-        if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be at least 1, got {self.n}.")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
-            raise ValueError(f"logprobs must be in [0, 20], got {self.logprobs}.")
-        if self.logit_bias is not None:
-            try:
-                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
-            except (TypeError, ValueError, AttributeError):
-                raise ValueError("logit_bias must map token ids to numbers.") from None
-            if any(not -100.0 <= v <= 100.0 for v in self.logit_bias.values()):
-                raise ValueError("logit_bias values must be in [-100, 100].")
-        self.structured = StructuredOutput.coerce(self.structured)
-        if self.speculative_tokens is not None and (not _is_int(self.speculative_tokens)
-                                                    or not 0 <= self.speculative_tokens <= 16):
-            raise ValueError(f"speculative_tokens must be in [0, 16], got {self.speculative_tokens}.")
+        """Check and normalize every field; ParamError (a ValueError) names the first bad one."""
+        for f in dataclasses.fields(self):
+            spec = f.metadata["knob"]
+            if spec.check is not None:
+                setattr(self, f.name, spec.check(f.name, getattr(self, f.name)))
         return self
 
     @property
@@ -112,7 +238,7 @@ class SamplingParams:
         if isinstance(value, SamplingParams):
             return value
         if isinstance(value, dict):
-            unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
+            unknown = set(value) - set(FIELD_NAMES)
             if unknown:
                 raise ValueError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
             return cls(**{**defaults, **value})
@@ -124,9 +250,31 @@ class SamplingParams:
         return list(dict.fromkeys(ids + list(self.stop_token_ids or [])))
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+# ------------------------------------------------------------ views of the schema (what the rest reads)
+FIELDS: tuple[dataclasses.Field, ...] = dataclasses.fields(SamplingParams)
+FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in FIELDS)
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+def knob_of(name: str) -> Knob:
+    return next(f.metadata["knob"] for f in FIELDS if f.name == name)
+
+
+def wire_fields() -> dict[str, Any]:
+    """name -> JSON type of every field HTTP bodies carry under its own name."""
+    return {f.name: f.metadata["knob"].wire for f in FIELDS if f.metadata["knob"].wire is not None}
+
+
+def device_columns() -> list[tuple[str, Any, Any]]:
+    """(name, dtype, neutral value) of every per-row array of the compiled step, in order."""
+    return [(f.name, k.device, k.neutral) for f in FIELDS if (k := f.metadata["knob"]).device is not None]
+
+
+def cli_fields() -> list[tuple[str, Knob, type]]:
+    """(name, knob, value type) of every field with command-line flags."""
+    types = {"max_tokens": int, "seed": int, "stop": str}
+    return [(f.name, k, types.get(f.name, type(f.default))) for f in FIELDS if (k := f.metadata["knob"]).cli]
+
+
+def default_of(name: str):
+    f = next(f for f in FIELDS if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -15,6 +15,7 @@ from .engine.config import EngineConfig
 from .engine.driver import oDriver, vDriver
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
+from . import sampling_params
 from .sampling_params import SamplingParams
 from .seed.vsurge_api import vSurgeSeedAPI
 from .streams import merged_updates
@@ -30,45 +31,54 @@ class vSurgeMetadata:  # noqa: N801
     values: dict = dataclasses.field(default_factory=dict)
 
 
-@dataclasses.dataclass
-class vSurgeRequest:  # noqa: N801 (the seed's name)
-    """A completion request: the seed's fields plus the rest of SamplingParams.
-    `metadata` travels with every ActiveRequest of it (`ActiveRequest.metadata`)."""
+# The seed's vSurgeRequest fields, in its order (positional arguments keep working); its temperature
+# default is 0.7. Every other SamplingParams field follows with SamplingParams' own default.
+_SEED_FIELDS = ("prompt", "max_tokens", "top_p", "top_k", "min_p", "temperature", "presence_penalty",
+                "frequency_penalty", "repetition_penalty", "metadata", "is_client_side_tokenization")
+_SEED_DEFAULTS = {"temperature": 0.7}
 
-    prompt: str | list[int]
-    max_tokens: int
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    temperature: float = 0.7
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    metadata: vSurgeMetadata | None = None
-    is_client_side_tokenization: bool = False
-    stop: list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
-    n: int = 1
-    logit_bias: dict[int, float] | None = None
-    skip_special_tokens: bool = True
-    structured: dict | None = None  # a StructuredOutput or its fields: {"json": schema}, {"regex": ...}, ...
-    logprobs: int | None = None  # beyond the seed: every SamplingParams field travels through a request
-    speculative_tokens: int | None = None
-    extra: dict | None = None
 
-    @classmethod
-    def from_sampling_params(cls, prompt, sampling_params: SamplingParams) -> "vSurgeRequest":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in dataclasses.asdict(sampling_params).items() if k in fields}
-        return cls(prompt=prompt, **values)
+def _request_fields() -> list[tuple]:
+    by_name = {f.name: f for f in sampling_params.FIELDS}
 
-    def to_sampling_params(self) -> SamplingParams:
-        fields = {f.name for f in dataclasses.fields(SamplingParams)}
-        values = {k: v for k, v in dataclasses.asdict(self).items() if k in fields}
-        values["extra"] = values["extra"] or {}
-        return SamplingParams(**values)
+    def spec(name):
+        if name == "prompt":
+            return (name, "str | list[int]")
+        if name == "max_tokens":
+            return (name, "int")
+        if name == "metadata":
+            return (name, "vSurgeMetadata | None", dataclasses.field(default=None))
+        if name == "is_client_side_tokenization":
+            return (name, "bool", dataclasses.field(default=False))
+        f = by_name[name]
+        if name in _SEED_DEFAULTS:
+            return (name, f.type, dataclasses.field(default=_SEED_DEFAULTS[name]))
+        if f.default_factory is not dataclasses.MISSING:
+            return (name, f.type, dataclasses.field(default_factory=f.default_factory))
+        return (name, f.type, dataclasses.field(default=f.default))
+
+    rest = [f.name for f in sampling_params.FIELDS if f.name not in _SEED_FIELDS]
+    return [spec(name) for name in (*_SEED_FIELDS, *rest)]
+
+
+def _from_sampling_params(cls, prompt, params: SamplingParams) -> "vSurgeRequest":
+    return cls(prompt=prompt, **{name: getattr(params, name) for name in sampling_params.FIELD_NAMES})
+
+
+def _to_sampling_params(self) -> SamplingParams:
+    values = {name: getattr(self, name) for name in sampling_params.FIELD_NAMES}
+    values["extra"] = values["extra"] or {}
+    return SamplingParams(**values)
+
+
+# A completion request: the seed's fields plus every SamplingParams field (stop, seed, n, logit_bias,
+# structured, logprobs, priority, ...). `metadata` travels with every ActiveRequest of it
+# (`ActiveRequest.metadata`).
+vSurgeRequest = dataclasses.make_dataclass(  # noqa: N816 (the seed's name)
+    "vSurgeRequest", _request_fields(),
+    namespace={"from_sampling_params": classmethod(_from_sampling_params),
+               "to_sampling_params": _to_sampling_params, "__module__": __name__,
+               "__doc__": "A completion request: the seed's fields plus every SamplingParams field."})
 
 
 class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
@@ -224,6 +234,29 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                 active.cancel()
             raise
         return Submission(actives, channel)
+
+    async def encode(self, prompts: Sequence[list[int]], kind: str = "embed") -> list:
+        """Whole-prompt passes over token-id prompts, batched by the engine (engine/encode.py):
+        kind "embed" -> per prompt {"mean": (D,), "last": (D,)} final hidden states; "score" ->
+        per prompt (logprob (T-1,), top ids (T-1, 20), top logprobs (T-1, 20)) of its tokens after
+        the first. Raises ValueError for a prompt the engine cannot take (nothing is submitted)."""
+        from .engine.encode import EncodeRequest
+        from .engine.validation import check_prompt
+
+        prompts = [check_prompt(self.engine, p) for p in prompts]
+        loop = asyncio.get_running_loop()
+        requests = [EncodeRequest(p, kind, ReturnChannel(loop)) for p in prompts]
+        try:
+            for request in requests:
+                self._driver.submit_encode(request)
+            results = [await r.channel.get_async() for r in requests]
+        finally:
+            for request in requests:
+                request.cancel()
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results
 
     async def complete(self, request: vSurgeRequest) -> AsyncGenerator[list[ReturnSample], None]:
         """Stream one request: yields [ReturnSample] updates until every one of its n samples ends."""

@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
 
 
@@ -56,6 +57,8 @@ class EngineConfig:
     row_buckets: tuple[int, ...] = ()  # decode rows of decode programs
     window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
+    # "fcfs": first come, first served; "priority": requests' `priority` orders the queue and may preempt
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self):
         for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):
@@ -68,6 +71,9 @@ class EngineConfig:
                              f"got {self.max_prompt_length}")
         if not 0 < self.hbm_utilization <= 1:
             raise ValueError(f"hbm_utilization must be in (0, 1], got {self.hbm_utilization}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):
             raise ValueError(f"chunk_lengths must be in [1, prefill_tokens={self.prefill_tokens}], "
                              f"got {self.chunk_lengths}")

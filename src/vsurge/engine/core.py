@@ -26,7 +26,8 @@ from flax import nnx
 
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
-from . import programs
+from . import encode, programs
+from .encode import KINDS as ENCODE_KINDS
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
@@ -156,6 +157,8 @@ class EngineCore:
             return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
         weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
                    jax.tree.map(lambda x: x.sharding, self.graphother))
+        if kind in ENCODE_KINDS:  # no engine state: weights and host inputs in, host outputs out
+            return dict(in_shardings=(*weights, jax.tree.map(lambda _: rep, batch)), out_shardings=rep)
         inputs = row_shardings(batch, self.mesh, self.input_partition_spec)
         return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
 
@@ -175,6 +178,11 @@ class EngineCore:
             arrays = self.batches.slot_arrays_spec()
             fn = jax.jit(programs.set_slot, donate_argnums=(0,), **self._shardings(kind, state))
             return fn.lower(state, *arrays).compile()
+        if kind in ENCODE_KINDS:
+            _, rows, length = key
+            batch = _abstract(encode.batch_of((rows, length), [], []))
+            fn = jax.jit(partial(getattr(programs, kind), self.graphdef), **self._shardings(kind, state, batch))
+            return fn.lower(gs, go, batch).compile()
         if kind == "decode":
             _, rows, window = key
             batch = _abstract(self.batches.decode_spec(rows, window, self.config.dynamic_window(window)))
@@ -237,3 +245,20 @@ class EngineCore:
         window = next(w for w in c.page_windows if w >= needed)
         batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
         return self._program(("decode", rows, window))(gs, go, state, batch)
+
+    # ------------------------------------------------------------ whole-prompt passes (encode.py)
+    def encode_step(self, pending: list) -> list[tuple]:
+        """Run ONE embed or score call over waiting EncodeRequests of one kind (the first's): as many
+        as fit the step's token budget, packed several per row. -> [(request, result)] for those it
+        served; the rest wait for the next call. Its programs compile on first use (then cached on
+        disk with every other program), so engines that never encode compile nothing more."""
+        if self.on_call is not None:  # the multi-host followers replay only the generation programs
+            raise RuntimeError("embeddings and prompt logprobs are not served by multi-host engines yet")
+        kind = pending[0].kind
+        shape, requests, places = encode.pack([r for r in pending if r.kind == kind], self.config.prefill_tokens,
+                                              self.config.max_length)
+        batch = encode.batch_of(shape, requests, places)
+        out = jax.device_get(self._program((kind, *shape))(self.graphstate, self.graphother, batch))
+        if kind == "embed":
+            return list(zip(requests, encode.embed_results(*out, len(requests))))
+        return list(zip(requests, encode.score_results(batch, places, requests, *out)))

@@ -22,6 +22,7 @@ import time
 import warnings
 
 from ..metrics import EngineMetrics
+from .encode import EncodeRequest
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
 from .scheduler import StepPlan
 from .sequence import Sequence
@@ -39,6 +40,7 @@ class Replica:
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.live: dict[int, Sequence] = {}  # request id -> sequence (the thread's view)
+        self.encodes: list[EncodeRequest] = []  # prompts waiting for an embed/score pass (the thread's view)
         self.load = 0  # requests routed here and not finished (the router's view)
         self.metrics: EngineMetrics | None = None  # this replica's series (set by the driver)
         self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
@@ -144,9 +146,19 @@ class Driver:
             self._threads.append(thread)
             thread.start()
 
+    def submit_encode(self, request: EncodeRequest) -> None:
+        """Queue a prompt for an embed/score pass (engine/encode.py): batched with every other one
+        waiting on its replica, between generation steps."""
+        if not isinstance(request, EncodeRequest):
+            raise TypeError(f"submit_encode takes an EncodeRequest, got {type(request).__name__}")
+        self._enqueue(request)
+
     def submit_request(self, request: ActiveRequest) -> None:
         if not isinstance(request, ActiveRequest):
             raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
+        self._enqueue(request)
+
+    def _enqueue(self, request) -> None:
         with self._lock:  # the same lock as _shutdown: a request is either failed by it or never taken
             if not self.ready:
                 raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
@@ -188,9 +200,12 @@ class Driver:
         while self._running:
             self._take_new(replica)
             self._drop_cancelled(replica)
+            if replica.encodes:
+                self._encode(replica)
             if not scheduler.has_work:
-                replica.wake.wait()  # idle until a request or a stop arrives
-                replica.wake.clear()
+                if not replica.encodes:
+                    replica.wake.wait()  # idle until a request or a stop arrives
+                    replica.wake.clear()
                 continue
             plan = scheduler.schedule()
             self._report(replica)
@@ -211,9 +226,39 @@ class Driver:
                 request = replica.inbox.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(request, EncodeRequest):
+                replica.encodes.append(request)
+                continue
             seq = Sequence.of(request, replica.engine.processor, replica.engine.vocab_size)
             replica.live[request.request_id] = seq
             replica.scheduler.add(seq)
+
+    def _encode(self, replica: Replica) -> None:
+        """One embed/score call over the waiting prompts; a failure fails those requests only."""
+        live = [r for r in replica.encodes if not r.is_cancelled]
+        for request in replica.encodes:
+            if request.is_cancelled:
+                self._settle(replica, request)
+        replica.encodes = live
+        if not live:
+            return
+        start = time.perf_counter()
+        try:
+            results = replica.engine.encode_step(live)
+        except Exception as exc:  # noqa: BLE001: reported to the requests it concerned
+            log.exception("encode step failed")
+            results = [(r, RuntimeError(f"the encode pass failed: {exc!r}")) for r in live if r.kind == live[0].kind]
+        replica.metrics.stage("encode", time.perf_counter() - start)
+        served = {id(r) for r, _ in results}
+        replica.encodes = [r for r in live if id(r) not in served]
+        for request, result in results:
+            self._settle(replica, request)
+            request.channel.put(result)
+
+    def _settle(self, replica: Replica, request) -> None:
+        with self._lock:
+            self._live.discard(request)
+            replica.load -= 1
 
     def _drop_cancelled(self, replica: Replica) -> None:
         for seq in [s for s in replica.live.values() if s.request.is_cancelled]:

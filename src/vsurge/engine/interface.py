@@ -45,3 +45,8 @@ class Engine(Protocol):
     def step(self, state: Any, plan: StepPlan, masks: dict | None = None) -> tuple[Any, StepResult]:
         """Run one plan: the state is consumed (donated) and a new one returned. masks: sequence ->
         packed bits of its allowed next tokens (`Scheduler.masks(plan)`, structured outputs)."""
+
+    # Optional: engines that serve embeddings and prompt logprobs also have
+    #     encode_step(pending: list[EncodeRequest]) -> list[(request, result)]
+    # (one embed/score call over waiting requests; engine/encode.py). The driver calls it only
+    # when such requests wait, so engines without it (tests/mock_engine.py) never see one.

@@ -13,6 +13,9 @@ Programs:
              rows read a dynamic number of page columns (the step is dominated by
              its prompt tokens, so one program serves every window)
     set_slot load one admitted sequence's sampling state into its slot
+    embed    R rows of C tokens, several whole prompts per row (segments, encode.py), no KV
+             cache: every prompt's final hidden states pooled (mean, last token)
+    score    the same pass, then each token's log-probability given the ones before it
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from flax import nnx
 from ..kv.paged import PagedAttentionCache, StepLayout
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
+from .encode import EncodeBatch
+
+jax.tree_util.register_dataclass(EncodeBatch)  # host arrays of an embed/score call (encode.py)
 
 
 @jax.tree_util.register_dataclass
@@ -189,6 +195,64 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)
     state = EngineState(kv.storage_only(), _count(state.slots, batch.slots, new, batch.samples))
     return state, StepOutput(new[None], batch.samples[None], lp[0][None], lp[1][None], lp[2][None])
+
+
+# ------------------------------------------------------------ whole-prompt passes (engine/encode.py)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SegmentAttention:
+    """The `cache` of a pass over packed prompts: causal attention within each prompt (segment) only,
+    nothing stored. segments (R, C) i32, -1 = padding."""
+
+    segments: jax.Array
+    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+
+    def attend(self, layer, q, k, v, positions):
+        """q (R, C, H, hd), k/v (R, C, KVH, hd), positions (R, C) -> (R, C, H, hd)."""
+        r, c, h, hd = q.shape
+        kvh = k.shape[2]
+        qg = q.reshape(r, c, kvh, h // kvh, hd)
+        scores = jnp.einsum("rqkgd,rskd->rkgqs", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+        seg = self.segments
+        visible = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0) & \
+            (positions[:, None, :] <= positions[:, :, None])  # (R, Cq, Cs)
+        if self.sliding_window is not None:
+            visible &= positions[:, None, :] > positions[:, :, None] - self.sliding_window
+        scores = jnp.where(visible[:, None, None], scores * (1.0 / hd**0.5), jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+        out = jnp.einsum("rkgqs,rskd->rqkgd", probs, v, preferred_element_type=jnp.float32)
+        return out.reshape(r, c, h, hd).astype(q.dtype), self
+
+
+def _prompt_pass(graphdef, graphstate, graphother, batch):
+    """-> (model, hidden (R, C, D) after the final norm) of every packed prompt."""
+    model = nnx.merge(graphdef, graphstate, graphother)
+    cache = SegmentAttention(batch.segments, model.config.sliding_window)
+    hidden, _ = model.decode_layers(model.embed_tokens(batch.tokens), batch.positions, cache)
+    return model, hidden
+
+
+def embed(graphdef, graphstate, graphother, batch):
+    """-> (mean (S, D), last (S, D)) float32 final hidden states of each of the call's S prompts."""
+    _, hidden = _prompt_pass(graphdef, graphstate, graphother, batch)
+    flat = hidden.reshape(-1, hidden.shape[-1]).astype(jnp.float32)  # (R*C, D)
+    segments = batch.segments.reshape(-1)
+    slots = batch.counts.shape[0]
+    sums = jax.ops.segment_sum(flat, jnp.where(segments >= 0, segments, slots), num_segments=slots + 1)[:slots]
+    mean = sums / jnp.maximum(batch.counts, 1.0)[:, None]
+    return mean, flat[batch.last]
+
+
+def score(graphdef, graphstate, graphother, batch):
+    """-> (logprob (R, C), rank (R, C), top ids (R, C, 20), top logprobs (R, C, 20)) of each position's
+    next prompt token (`batch.targets`; 0 where there is none), from the model's own distribution;
+    rank 1 = the likeliest token."""
+    model, hidden = _prompt_pass(graphdef, graphstate, graphother, batch)
+    logp = jax.nn.log_softmax(model.logits(hidden), axis=-1)  # (R, C, V)
+    chosen = jnp.take_along_axis(logp, jnp.maximum(batch.targets, 0)[..., None], axis=-1)[..., 0]
+    rank = jnp.sum(logp > chosen[..., None], axis=-1, dtype=jnp.int32) + 1
+    top_values, top_ids = jax.lax.top_k(logp, TOP_LOGPROBS)
+    return jnp.where(batch.targets >= 0, chosen, 0.0), rank, top_ids.astype(jnp.int32), top_values
 
 
 def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, sampling: SamplingArrays, want_logprobs):

@@ -13,7 +13,10 @@ With no prompt to prefill, a step runs several decode steps on the device.
 When a decoding sequence needs a page and none is left, the most recently
 admitted sequence is preempted: its pages are freed and it goes back to the
 front of the queue with everything it generated, to be recomputed (vLLM's
-recompute preemption). The page pool is an HBMPageManager (paged engine:
+recompute preemption). With `scheduling_policy="priority"` the queue is ordered by
+(priority, arrival) (lower priority values first, as vLLM), the victim is the running
+sequence with the largest (priority, arrival), and a waiting sequence that finds no
+free slot preempts a running one of lower priority. The page pool is an HBMPageManager (paged engine:
 pages on demand, prefix cache) or SlotPages (dense engine: a fixed run per slot).
 """
 
@@ -94,8 +97,38 @@ class Scheduler:
         self.num_preemptions = 0
 
     # ------------------------------------------------------------ membership
+    @property
+    def by_priority(self) -> bool:
+        return self.config.scheduling_policy == "priority"
+
+    @staticmethod
+    def _rank(seq: Sequence) -> tuple[int, int]:
+        """Order under the priority policy: lower priority values first, then arrival."""
+        return seq.request.params.priority, seq.request.request_id
+
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.append(seq)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        """Insert in (priority, arrival) order."""
+        rank = self._rank(seq)
+        at = next((i for i, other in enumerate(self.waiting) if self._rank(other) > rank), len(self.waiting))
+        self.waiting.insert(at, seq)
+
+    def _victim(self) -> Sequence:
+        """The running sequence to preempt: the newest (FCFS), or the one ranked last (priority)."""
+        return max(self.running, key=self._rank) if self.by_priority else self.running[-1]
+
+    def _preempt_for_priority(self) -> None:
+        """A waiting sequence with no free slot takes the slot of a running one of lower priority."""
+        while self.by_priority and self.waiting and not self._free_slots and self.running:
+            victim = self._victim()
+            if victim.request.params.priority <= self.waiting[0].request.params.priority:
+                return
+            self._preempt(victim)
 
     def abort(self, seq: Sequence, reason: str = "abort"):
         """End a sequence now (cancelled, or the engine stops); returns its last update."""
@@ -119,11 +152,15 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
         seq.num_computed, seq.status = 0, Status.WAITING
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     # ------------------------------------------------------------ planning
     def schedule(self) -> StepPlan:
+        self._preempt_for_priority()
         decode = self._schedule_decodes()
         plan = StepPlan(decode)
         self._schedule_chunks(plan)
@@ -131,7 +168,7 @@ class Scheduler:
             plan.decode = []  # decode rows wait until every admitted prompt is prefilled
         if plan.empty and len(self.running) > 1:
             # every running prompt waits for pages the others hold: recompute the newest later
-            self._preempt(self.running[-1])
+            self._preempt(self._victim())
             return self.schedule()
         if not plan.chunks and decode:
             self._speculate(plan)
@@ -160,7 +197,7 @@ class Scheduler:
             if seq.status is not Status.RUNNING or seq.remaining != 1:
                 continue
             while not self.pool.reserve(seq.pages, len(seq.tokens)):
-                victim = self.running[-1]
+                victim = self._victim()
                 self._preempt(victim)
                 if victim in decode:
                     decode.remove(victim)

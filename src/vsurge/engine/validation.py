@@ -7,6 +7,7 @@ which OpenAI clients already handle).
 
 from __future__ import annotations
 
+from ..structured.errors import ParamError
 from .config import EOS_WIDTH
 from .request import ActiveRequest, ReturnChannel
 
@@ -22,6 +23,22 @@ def check_lengths(prompt_tokens: int, max_tokens: int, *, max_length: int, max_p
             f"This model's maximum context length is {max_length} tokens. However, you requested "
             f"{max_tokens} output tokens and your prompt contains {prompt_tokens} input tokens, "
             f"for a total of {prompt_tokens + max_tokens} tokens.")
+
+
+def check_prompt(engine, prompt_ids) -> list[int]:
+    """A prompt that a whole-prompt pass (embeddings, prompt logprobs) can take: tokens, length, vocabulary."""
+    prompt_ids = list(prompt_ids)
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
+        raise TypeError("the prompt must be a list of token ids (int)")
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if len(prompt_ids) > engine.max_prompt_length:
+        raise ValueError(f"the prompt has {len(prompt_ids)} tokens, more than the {engine.max_prompt_length} "
+                         f"this engine accepts")
+    bad = [t for t in prompt_ids if not 0 <= t < engine.vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {engine.vocab_size}")
+    return prompt_ids
 
 
 def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChannel, detokenize: bool = True,
@@ -45,6 +62,10 @@ def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChann
     for token in (params.logit_bias or {}):
         if not 0 <= token < vocab:
             raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
+    policy = getattr(getattr(engine, "config", None), "scheduling_policy", "fcfs")
+    if params.priority != 0 and policy != "priority":
+        raise ParamError(f"priority {params.priority} needs priority scheduling (`vsurge serve --scheduling-policy "
+                         f"priority`; this engine schedules {policy})", "priority")
     eos = params.eos_ids(engine.eos_token_ids)
     if len(eos) > EOS_WIDTH:
         raise ValueError(f"at most {EOS_WIDTH} stop token ids (eos included) are supported, got {len(eos)}")

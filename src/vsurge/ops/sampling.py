@@ -15,51 +15,34 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..sampling_params import device_columns
+
 _NEG_INF = -jnp.inf
 TOP_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's limit)
 CANDIDATES = 256  # tokens the filters look at before falling back to a full sort
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass
-class SamplingArrays:
-    """Per-row sampling parameters, each (B,) unless noted."""
+def _from_params(cls, params_list, seeds):
+    """params_list: SamplingParams per row; seeds: int per row (64-bit ok)."""
+    columns = {name: np.asarray([getattr(p, name) for p in params_list], dtype) for name, dtype, _ in _COLUMNS}
+    return cls(**columns, key_data=seed_key_data(seeds))
 
-    temperature: jax.Array  # f32, 0 = greedy
-    top_p: jax.Array  # f32 in (0, 1]
-    top_k: jax.Array  # i32, 0 = off
-    min_p: jax.Array  # f32 in [0, 1]
-    presence_penalty: jax.Array  # f32
-    frequency_penalty: jax.Array  # f32
-    repetition_penalty: jax.Array  # f32, 1 = off
-    key_data: jax.Array  # (B, 2) uint32: the row's base PRNG key (from its seed)
 
-    @classmethod
-    def from_params(cls, params_list, seeds) -> "SamplingArrays":
-        """params_list: SamplingParams per row; seeds: int per row (64-bit ok)."""
-        def col(name, dtype):
-            return np.asarray([getattr(p, name) for p in params_list], dtype)
+def _neutral(cls, batch: int):
+    """Greedy rows with no penalties (padding rows of a bucket)."""
+    columns = {name: np.full(batch, neutral, dtype) for name, dtype, neutral in _COLUMNS}
+    return cls(**columns, key_data=np.zeros((batch, 2), np.uint32))
 
-        return cls(
-            temperature=col("temperature", np.float32),
-            top_p=col("top_p", np.float32),
-            top_k=col("top_k", np.int32),
-            min_p=col("min_p", np.float32),
-            presence_penalty=col("presence_penalty", np.float32),
-            frequency_penalty=col("frequency_penalty", np.float32),
-            repetition_penalty=col("repetition_penalty", np.float32),
-            key_data=seed_key_data(seeds),
-        )
 
-    @classmethod
-    def neutral(cls, batch: int) -> "SamplingArrays":
-        """Greedy rows with no penalties (padding rows of a bucket)."""
-        return cls(
-            temperature=np.zeros(batch, np.float32), top_p=np.ones(batch, np.float32),
-            top_k=np.zeros(batch, np.int32), min_p=np.zeros(batch, np.float32),
-            presence_penalty=np.zeros(batch, np.float32), frequency_penalty=np.zeros(batch, np.float32),
-            repetition_penalty=np.ones(batch, np.float32), key_data=np.zeros((batch, 2), np.uint32),
-        )
+# Per-row sampling parameters, each (B,): one column per SamplingParams field declared with
+# `device=` (temperature f32 0 = greedy, top_p, top_k i32 0 = off, min_p, the penalties), plus
+# key_data (B, 2) uint32, the row's base PRNG key (from its seed). Built from the schema, so a new
+# per-row knob is declared once, in sampling_params.py.
+_COLUMNS = device_columns()
+SamplingArrays = jax.tree_util.register_dataclass(dataclasses.make_dataclass(
+    "SamplingArrays", [(name, jax.Array) for name, _, _ in _COLUMNS] + [("key_data", jax.Array)],
+    namespace={"from_params": classmethod(_from_params), "neutral": classmethod(_neutral),
+                                   "__module__": __name__}))
 
 
 def seed_key_data(seeds) -> np.ndarray:

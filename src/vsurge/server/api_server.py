@@ -14,7 +14,10 @@ import warnings
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
+from ..structured.reasoning import get_reasoning_parser
+from ..structured.tool_parsers import get_tool_parser
 from ..vsurge import vSurge
+from .adapters.response_store import ResponseStore
 from .app import build_app
 from .handlers import OpenAIHandlers
 
@@ -39,10 +42,13 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     max_workers and oai_like_processor are the seed's arguments: tokenization of large inputs
     runs in asyncio's default thread pool and chat templates are always OpenAI-style, so they have
     no effect (a warning says so when they differ from the defaults). tool_call_parser: how
-    `tool_choice="auto"` outputs are parsed (hermes, llama3_json, or auto from the chat template)."""
+    `tool_choice="auto"` outputs are parsed (structured/tool_parsers.py, or auto from the chat template);
+    reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3; None: not at all);
+    response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL)."""
 
     def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
-                 oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto"):
+                 oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto",
+                 reasoning_parser: str | None = None, response_store: ResponseStore | None = None):
         if vsurge_map is None:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
         if isinstance(vsurge_map, vSurge):
@@ -54,7 +60,12 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
             surge.metrics.rename(name)  # series carry the served name, as /v1/models shows it
         if max_workers != 10 or oai_like_processor is not True:
             warnings.warn("max_workers and oai_like_processor have no effect in vsurge", stacklevel=2)
+        get_tool_parser(tool_call_parser)  # an unknown name fails here, not at the first request
+        if reasoning_parser is not None:
+            get_reasoning_parser(reasoning_parser)
         self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
+        self.response_store = response_store or ResponseStore()
         self.max_workers = max_workers
         self.oai_like_processor = oai_like_processor
         self.api_key = api_key

@@ -1,4 +1,5 @@
-"""The FastAPI application: middleware (body size, API key), OpenAI error JSON, and routes.
+"""The FastAPI application: middleware (body size, API key), error JSON (OpenAI's, Anthropic's on
+/v1/messages), and routes.
 
 Each route is one line: the handlers are methods of the server (handlers.py),
 as in the seed's vSurgeApiServer.
@@ -13,16 +14,24 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import APIError, error_response, validation_message
-from .protocol import (ChatCompletionRequest, CompletionRequest, CountTokensRequest, DetokenizeRequest,
-                       TokenizeRequest)
+from .adapters.chat import ChatCompletionRequest
+from .adapters.completions import CompletionRequest
+from .adapters.embeddings import EmbeddingRequest
+from .adapters.messages import CountTokensRequest as MessagesCountTokensRequest
+from .adapters.messages import MessagesRequest
+from .adapters.responses import ResponsesRequest
+from .protocol import CountTokensRequest, DetokenizeRequest, TokenizeRequest
 from .web import install_web_routes
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
-def _authorized(header: str, api_key: str) -> bool:
-    """Constant-time comparison: the time taken never tells how much of a guess was right."""
-    return hmac.compare_digest(header.encode("utf-8", "surrogateescape"), f"Bearer {api_key}".encode())
+def _authorized(request: Request, api_key: str) -> bool:
+    """`Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). Constant-time
+    comparisons: the time taken never tells how much of a guess was right."""
+    bearer = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
+    key = request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(bearer, f"Bearer {api_key}".encode()) | hmac.compare_digest(key, api_key.encode())
 
 
 def build_app(server) -> FastAPI:
@@ -32,26 +41,27 @@ def build_app(server) -> FastAPI:
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
+        path = request.url.path
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return error_response(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        if request.url.path.startswith("/v1/") and server.api_key is not None:
-            if not _authorized(request.headers.get("authorization", ""), server.api_key):
-                return error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>')")
+            return error_response(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", path=path)
+        if path.startswith("/v1/") and server.api_key is not None and not _authorized(request, server.api_key):
+            return error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>' or "
+                                       "'x-api-key: <key>')", path=path)
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
-    async def on_validation(_, exc: RequestValidationError):
+    async def on_validation(request: Request, exc: RequestValidationError):
         message, param = validation_message(exc.errors())
-        return error_response(400, message, param)
+        return error_response(400, message, param, path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
-    async def on_http(_, exc: StarletteHTTPException):
-        return error_response(exc.status_code, str(exc.detail))
+    async def on_http(request: Request, exc: StarletteHTTPException):
+        return error_response(exc.status_code, str(exc.detail), path=request.url.path)
 
     @app.exception_handler(APIError)
-    async def on_api_error(_, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param, exc.headers)
+    async def on_api_error(request: Request, exc: APIError):
+        return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
@@ -60,6 +70,30 @@ def build_app(server) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
         return await server.completions(body)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest):
+        return await server.responses(body)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str):
+        return await server.get_response(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str):
+        return await server.delete_response(response_id)
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest):
+        return await server.messages(body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(body: MessagesCountTokensRequest):
+        return await server.messages_count_tokens(body)
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest):
+        return await server.embeddings(body)
 
     @app.get("/v1/models")
     async def models():

@@ -60,8 +60,31 @@ class Formatter:
             offsets.append(position)
             position += len(text)
         return {"tokens": tokens, "token_logprobs": [e["logprob"] for e in entries],
-                "top_logprobs": [{self._token_text(t): v for t, v in e["top_logprobs"]} for e in entries],
+                "top_logprobs": [None if e["top_logprobs"] is None else {self._token_text(t): v for t, v in
+                                                                         e["top_logprobs"]} for e in entries],
                 "text_offset": offsets}
+
+    # ------------------------------------------------------------ prompt logprobs (engine/encode.py scores)
+    def prompt_entries(self, ids: list[int], scores, k: int) -> list[dict]:
+        """A prompt's tokens as logprob entries (the first has none), for echo + logprobs."""
+        out = [{"token_id": ids[0], "logprob": None, "top_logprobs": None}]
+        for t in range(1, len(ids)):
+            top = [(int(i), float(v)) for i, v in zip(scores.top_ids[t - 1][:k], scores.top_logprobs[t - 1][:k])]
+            out.append({"token_id": ids[t], "logprob": float(scores.logprobs[t - 1]), "top_logprobs": top})
+        return out
+
+    def prompt_logprobs(self, ids: list[int], scores, k: int) -> list:
+        """vLLM's prompt_logprobs: per prompt token {token id: {logprob, rank, decoded_token}} of the
+        token itself and the k likeliest there; None for the first token."""
+        out: list = [None]
+        for t in range(1, len(ids)):
+            entry = {str(ids[t]): {"logprob": float(scores.logprobs[t - 1]), "rank": int(scores.ranks[t - 1]),
+                                   "decoded_token": self._token_text(ids[t])}}
+            for rank, (i, v) in enumerate(zip(scores.top_ids[t - 1][:k], scores.top_logprobs[t - 1][:k]), 1):
+                entry.setdefault(str(int(i)), {"logprob": float(v), "rank": rank,
+                                               "decoded_token": self._token_text(int(i))})
+            out.append(entry)
+        return out
 
     # ------------------------------------------------------------ whole responses
     def response(self, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
@@ -70,23 +93,29 @@ class Formatter:
                 "usage": usage(prompt_tokens, completion_tokens)}
 
     def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs,
-               tool_calls: list[dict] | None = None) -> dict:
+               tool_calls: list[dict] | None = None, reasoning: str | None = None,
+               prompt_logprobs: list | None = None) -> dict:
         if self.kind == "chat":
             message = {"role": "assistant", "content": text}
+            if reasoning is not None:
+                message["reasoning_content"] = reasoning
             if tool_calls:
                 message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": self.chat_logprobs(logprobs),
                     "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": self.completion_logprobs(logprobs),
-                "finish_reason": finish_reason}
+                "finish_reason": finish_reason, **({"prompt_logprobs": prompt_logprobs} if prompt_logprobs else {})}
 
     # ------------------------------------------------------------ stream chunks
     def chunk(self, index: int, text: str | None, finish_reason: str | None = None, logprobs=None,
-              role: bool = False, text_offset: int = 0, tool_calls: list[dict] | None = None) -> dict:
+              role: bool = False, text_offset: int = 0, tool_calls: list[dict] | None = None,
+              reasoning: str | None = None, prompt_logprobs: list | None = None) -> dict:
         if self.kind == "chat":
             delta: dict = {}
             if role:
                 delta["role"] = "assistant"
+            if reasoning is not None:
+                delta["reasoning_content"] = reasoning
             if text is not None:
                 delta["content"] = text
             if tool_calls:
@@ -97,6 +126,8 @@ class Formatter:
         else:
             choice = {"index": index, "text": text or "", "logprobs": self.completion_logprobs(logprobs, text_offset),
                       "finish_reason": finish_reason}
+            if prompt_logprobs:
+                choice["prompt_logprobs"] = prompt_logprobs
             obj = "text_completion"
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
 

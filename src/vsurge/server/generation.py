@@ -1,20 +1,22 @@
-"""Run one HTTP generation request on a vSurge: start its streams, then answer whole or as SSE.
+"""Run one HTTP generation request on a vSurge: start its streams, then answer whole or as SSE
+(the OpenAI chat/completions output; Responses and Messages format their own, adapters/).
 
 Every (prompt, sample) pair is one choice. Streams are started ("primed")
 before any byte is sent, so a full queue or a bad value still gets a proper
-HTTP status instead of a broken stream. With tools, each chat choice's text
-goes through a tool-call parser: content and `tool_calls` (whole), or
-`delta.content` / `delta.tool_calls` pieces (streamed).
+HTTP status instead of a broken stream. With tools or a reasoning parser, each
+chat choice's text goes through its OutputParser: `reasoning_content`, content
+and `tool_calls` (whole), or `delta.reasoning_content` / `delta.content` /
+`delta.tool_calls` pieces (streamed).
 """
 
 from __future__ import annotations
 
 from typing import AsyncIterator, Callable
 
-from ..engine.request import ReturnSample
+from ..engine.request import DriverNotReadyError, QueueFullError, ReturnSample
 from ..streams import merged_updates
 from ..structured.tools import finish_reason_with_calls
-from .errors import error_body
+from .errors import APIError, error_body
 from .formatting import SSE_DONE, Formatter, sse
 
 
@@ -22,12 +24,15 @@ class ChoiceStreams:
     """The merged updates of all prompts of one request; choice index = prompt * n + sample."""
 
     def __init__(self, surge, prompts: list[list[int]], params, echo_texts: list[str] | None = None,
-                 new_parser: Callable | None = None):
+                 new_parser: Callable | None = None, echo_logprobs: list[list[dict]] | None = None,
+                 prompt_logprobs: list[list] | None = None):
         self.surge = surge
         self.prompts = prompts
         self.params = params
         self.echo_texts = echo_texts
-        self.new_parser = new_parser  # -> a fresh tool-call parser per choice, or None
+        self.echo_logprobs = echo_logprobs  # per prompt: its tokens' logprob entries (echo + logprobs)
+        self.prompt_logprobs = prompt_logprobs  # per prompt: vLLM's prompt_logprobs list
+        self.new_parser = new_parser  # -> a fresh OutputParser per choice (reasoning, tool calls), or None
         self.submissions: list = []
         self.prompt_tokens = sum(len(p) for p in prompts)
 
@@ -40,6 +45,15 @@ class ChoiceStreams:
             for sub in self.submissions:
                 sub.cancel()
             raise
+
+    def start_or_refuse(self) -> None:
+        """start(), with the engine's refusals as HTTP errors: 503 (queue full, not ready), 400 (bad value)."""
+        try:
+            self.start()
+        except (QueueFullError, DriverNotReadyError) as exc:
+            raise APIError(503, str(exc), None, {"Retry-After": "1"}) from None
+        except (ValueError, TypeError) as exc:
+            raise APIError(400, str(exc), getattr(exc, "param", None)) from None
 
     async def updates(self) -> AsyncIterator[tuple[int, ReturnSample]]:
         async for prompt_index, sample in merged_updates(self.submissions):
@@ -62,13 +76,17 @@ async def collect(streams: ChoiceStreams, fmt: Formatter) -> dict:
     choices = []
     for index in sorted(finals):
         text = "".join(texts[index])
+        prompt = index // streams.params.n
         if streams.echo_texts is not None:
-            text = streams.echo_texts[index // streams.params.n] + text
+            text = streams.echo_texts[prompt] + text
         lp = logprobs.get(index, []) if streams.params.logprobs is not None else None
+        if streams.echo_logprobs is not None:
+            lp = streams.echo_logprobs[prompt] + lp
         parser = streams.parser()
-        content, calls = parser.parse(text) if parser else (text, [])
+        reasoning, content, calls = parser.parse(text) if parser else (None, text, [])
         reason = finish_reason_with_calls(finals[index].finish_reason, calls)
-        choices.append(fmt.choice(index, content, reason, lp, calls))
+        choices.append(fmt.choice(index, content, reason, lp, calls, reasoning,
+                                  streams.prompt_logprobs[prompt] if streams.prompt_logprobs else None))
     completion = sum(s.num_generated_tokens for s in finals.values())
     return fmt.response(choices, streams.prompt_tokens, completion)
 
@@ -81,18 +99,23 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
     completion = 0
 
     def pieces(index: int, text: str, final: bool):
-        """(content, tool_calls) deltas of this text: through the choice's parser when it has one."""
+        """(content, tool_calls, reasoning) deltas of this text: through the choice's parser when it has one."""
         parser = parsers.get(index)
         if parser is None:
-            return [(text, None)] if text else []
-        deltas = parser.feed(text) + (parser.finish() if final else [])
-        return [(d.get("content"), d.get("tool_calls")) for d in deltas]
+            return [(text, None, None)] if text else []
+        return [(p.text if p.kind == "content" else None, [p.call] if p.kind == "call" else None,
+                 p.text if p.kind == "reasoning" else None) for p in parser.feed(text, final)]
 
     try:
         async for index, s in streams.updates():
-            text = s.text
+            text, first_logprobs, prompt_logprobs = s.text, [], None
             if index not in started:
                 started.add(index)
+                prompt = index // streams.params.n
+                if streams.echo_logprobs is not None:
+                    first_logprobs = streams.echo_logprobs[prompt]
+                if streams.prompt_logprobs is not None:
+                    prompt_logprobs = streams.prompt_logprobs[prompt]
                 if fmt.kind == "chat" and streams.new_parser:
                     parsers[index] = streams.parser()
                 if streams.echo_texts is not None:
@@ -101,11 +124,12 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
                     yield sse(fmt.chunk(index, "", role=True))
             final = s.finish_reason is not None
             deltas = pieces(index, text, final)
-            if s.logprobs and not deltas:
-                deltas = [("", None)]
-            for i, (content, calls) in enumerate(deltas):
-                lp = s.logprobs if i == 0 else None
-                yield sse(fmt.chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls))
+            if (s.logprobs or first_logprobs or prompt_logprobs) and not deltas:
+                deltas = [("", None, None)]
+            for i, (content, calls, reasoning) in enumerate(deltas):
+                lp = (first_logprobs + (s.logprobs or [])) or s.logprobs if i == 0 else None
+                yield sse(fmt.chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls,
+                                    reasoning=reasoning, prompt_logprobs=prompt_logprobs if i == 0 else None))
                 offsets[index] = offsets.get(index, 0) + len(content or "")
             if final:
                 completion += s.num_generated_tokens

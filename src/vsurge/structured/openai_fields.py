@@ -21,6 +21,9 @@ from .spec import KINDS, StructuredOutput
 from .tool_parsers import ToolParser
 from .tools import ToolCallConfig
 
+# every body field this module reads (the wire models declare them)
+STRUCTURED_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                     "guided_json_object", "structured_outputs", "tools", "tool_choice", "parallel_tool_calls")
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}
 # vLLM options that tune its own back-ends: accepted and not used (guided_decoding_backend and
@@ -53,6 +56,12 @@ class StructuredRequest:
 
 def structured_request(body: dict) -> StructuredRequest:
     """A chat/completions request body -> StructuredRequest; ParamError naming the field."""
+    tools = ToolCallConfig.from_request(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
+    return combine(chat_constraints(body), tools)
+
+
+def chat_constraints(body: dict) -> list[tuple[str, StructuredOutput]]:
+    """(field, constraint) of every structured-output field a chat/completions body sets."""
     found: list[tuple[str, StructuredOutput]] = []
     response_format = _response_format(body.get("response_format"))
     if response_format is not None:
@@ -65,11 +74,14 @@ def structured_request(body: dict) -> StructuredRequest:
     outputs = body.get("structured_outputs")
     if outputs is not None:
         found.append(("structured_outputs", _structured_outputs(outputs)))
+    return found
+
+
+def combine(found: list[tuple[str, StructuredOutput]], tools: ToolCallConfig | None) -> StructuredRequest:
+    """At most one constraint, and the tools; a forced tool choice is itself the constraint."""
     if len(found) > 1:
         names = " and ".join(name for name, _ in found)
         raise ParamError(f"give one structured output constraint, not several: got {names}", found[1][0])
-
-    tools = ToolCallConfig.from_request(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))
     if tools is not None and tools.forced:
         if found:
             raise ParamError(f"tool_choice {tools.choice.name or tools.choice.mode!r} forces the output to be "
@@ -78,6 +90,13 @@ def structured_request(body: dict) -> StructuredRequest:
     if found:
         return StructuredRequest(found[0][1], found[0][0], tools)
     return StructuredRequest(None, None, tools)
+
+
+def schema_constraint(schema, param: str) -> StructuredOutput:
+    """A JSON schema (None: any JSON object) -> its constraint; ParamError naming `param`."""
+    if schema is None:
+        return StructuredOutput(json_object=True)
+    return _constraint({"json": schema}, param)
 
 
 def _constraint(fields: dict, param: str) -> StructuredOutput:

@@ -6,6 +6,7 @@ Formats (`--tool-call-parser`, vLLM's names):
   text (Hermes, Qwen 2/2.5/3, and vsurge's own prompt for templates without tools);
 - llama3_json: the whole answer is `{"name": ..., "parameters": {...}}` objects separated by
   `;`, optionally after `<|python_tag|>` (Llama 3.1/3.2/3.3);
+- mistral, pythonic, qwen3_coder: tool_parsers_more.py;
 - auto: picked from the chat template's text (`parser_for_template`).
 
 Every parser is fed text deltas (`feed`, then `finish`) and returns OpenAI
@@ -30,7 +31,8 @@ _WS = " \t\r\n"
 class ToolParser:
     name = ""
 
-    def __init__(self):
+    def __init__(self, tools=None):
+        self.tools = tools  # the request's Tools (tools.py): formats that write bare values read their schemas
         self.calls: list[CallBuilder] = []
         self._held = ""  # text read but not yet emitted or consumed
 
@@ -94,8 +96,8 @@ class HermesParser(ToolParser):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools=None):
+        super().__init__(tools)
         self._mode = "text"  # text | call | close
         self._after_block = False  # drop whitespace right after a block
         self._block = ""  # raw text of the open block (content again if it is no call)
@@ -158,8 +160,8 @@ class Llama3JsonParser(ToolParser):
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, tools=None):
+        super().__init__(tools)
         self._mode = "start"  # start | between | call | text
         self._block = ""
 
@@ -268,7 +270,10 @@ class RequiredCallsParser(ToolParser):
         return None, self.tool_calls
 
 
-TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser}
+from .tool_parsers_more import MistralParser, PythonicParser, Qwen3CoderParser  # noqa: E402 (they build on these)
+
+TOOL_PARSERS = {"hermes": HermesParser, "llama3_json": Llama3JsonParser, "mistral": MistralParser,
+                "pythonic": PythonicParser, "qwen3_coder": Qwen3CoderParser}
 PARSER_NAMES = ("auto", *TOOL_PARSERS)
 
 
@@ -276,6 +281,10 @@ def parser_for_template(chat_template: str | None) -> str:
     """The tool-call format a chat template teaches its model ("hermes" when it teaches none:
     vsurge's own tools prompt asks for that format)."""
     template = chat_template or ""
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
     if "<tool_call>" in template:
         return "hermes"
     if "<|python_tag|>" in template or ('"parameters"' in template and "ipython" in template):
@@ -284,7 +293,7 @@ def parser_for_template(chat_template: str | None) -> str:
 
 
 def get_tool_parser(name: str, chat_template: str | None = None) -> type[ToolParser]:
-    """name: "auto" | "hermes" | "llama3_json" (vLLM's --tool-call-parser)."""
+    """name: "auto" or one of TOOL_PARSERS (vLLM's --tool-call-parser names)."""
     if name == "auto":
         name = parser_for_template(chat_template)
     if name not in TOOL_PARSERS:

@@ -151,7 +151,7 @@ class ToolCallConfig:
         if self.choice.mode == "required":
             return RequiredCallsParser()
         if self.choice.mode == "auto":
-            return get_tool_parser(tool_parser, chat_template)()
+            return get_tool_parser(tool_parser, chat_template)(tools=self.tools)
         return None
 
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 from .chat_template import normalize_messages
 
 
-def chat_prompt_ids(processor, messages, tools: list[dict] | None = None) -> list[int]:
+def chat_prompt_ids(processor, messages, tools: list[dict] | None = None, **variables) -> list[int]:
     """Token ids of `messages` rendered with the chat template, ready for generation.
 
-    tools: OpenAI tool objects offered to the model (None: none)."""
-    extra = {"tools": tools} if tools is not None else {}
+    tools: OpenAI tool objects offered to the model (None: none); variables: more template
+    variables (e.g. enable_thinking)."""
+    return render_chat_prompt(processor, messages, tools, **variables)[1]
+
+
+def render_chat_prompt(processor, messages, tools: list[dict] | None = None, **variables) -> tuple[str, list[int]]:
+    """(text, token ids) of `messages` rendered with the chat template, ready for generation."""
+    if tools is not None:
+        variables["tools"] = tools
     text = processor.apply_chat_template(normalize_messages(messages), tokenize=False, add_generation_prompt=True,
-                                         **extra)
-    return list(processor.encode(text, add_special_tokens=False))
+                                         **variables)
+    return text, list(processor.encode(text, add_special_tokens=False))
 
 
 def text_prompt_ids(processor, text: str) -> list[int]:

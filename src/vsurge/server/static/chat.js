@@ -59,12 +59,21 @@ function addBubble(message) {
   const meta = document.createElement("div");
   meta.className = "meta";
   meta.textContent = message.meta || "";
-  bubble.append(who, body, meta);
+  // a reasoning model's thinking (the server's --reasoning-parser splits it out): folded, plain text
+  const thinking = document.createElement("details");
+  thinking.className = "thinking";
+  thinking.hidden = !message.reasoning;
+  const summary = document.createElement("summary");
+  summary.textContent = "Thinking";
+  const thought = document.createElement("div");
+  thought.textContent = message.reasoning || "";
+  thinking.append(summary, thought);
+  bubble.append(who, thinking, body, meta);
   if (message.role === "assistant") renderAssistant(message.content, body);
   else body.textContent = message.content; // user text and error messages: plain text, always
   conversationView.append(bubble);
   conversationView.scrollTop = conversationView.scrollHeight;
-  return { bubble, body, meta };
+  return { bubble, body, meta, thinking, thought };
 }
 
 function renderConversation() {
@@ -174,6 +183,12 @@ async function send() {
       if (event.usage) stats.tokens = event.usage.completion_tokens;
       const choice = event.choices && event.choices[0];
       if (!choice) continue;
+      if (choice.delta && choice.delta.reasoning_content) {
+        if (stats.ttft === undefined) stats.ttft = (performance.now() - started) / 1000;
+        assistant.reasoning = (assistant.reasoning || "") + choice.delta.reasoning_content;
+        view.thinking.hidden = false;
+        view.thought.textContent = assistant.reasoning;
+      }
       if (choice.delta && choice.delta.content) {
         if (stats.ttft === undefined) stats.ttft = (performance.now() - started) / 1000;
         assistant.content += choice.delta.content;
@@ -195,7 +210,7 @@ async function send() {
   if (stats.tokens > 1 && stats.ttft !== undefined && seconds > stats.ttft) {
     stats.rate = (stats.tokens - 1) / (seconds - stats.ttft);
   }
-  if (assistant.content) {
+  if (assistant.content || assistant.reasoning) {
     assistant.meta = describe(stats);
     view.meta.textContent = assistant.meta;
     state.messages.push(assistant);

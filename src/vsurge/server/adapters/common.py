@@ -1,0 +1,151 @@
+"""What every wire format's adapter shares: the sampling fields of a body, the one internal
+request, chat-template rendering, and each choice's output parser.
+
+A body is parsed once, by FastAPI into the wire format's pydantic model (its sampling
+fields generated from sampling_params.py); the adapter maps that model onto a
+`GenerationRequest` (token ids + SamplingParams + structured output and tools), and
+maps the engine's updates back onto its wire format's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from ...generation_defaults import OPENAI_DEFAULTS
+from ...sampling_params import SamplingParams, wire_fields
+from ...structured.errors import ParamError
+from ...structured.openai_fields import StructuredRequest
+from ...structured.output_parser import OutputParser
+from ...structured.reasoning import get_reasoning_parser
+from ...tokenizer.chat_template import ChatTemplateError
+from ...tokenizer.compat import render_chat_prompt
+from ..errors import APIError
+
+LARGE_INPUT_CHARS = 4000  # longer inputs are tokenized off the event loop
+# template variables a request may not set: the renderer's own
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                               "pad_token", "unk_token")
+
+
+class WireModel(BaseModel):
+    """A request body: unknown fields are ignored, as OpenAI, Anthropic and vLLM do."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# Every SamplingParams field that HTTP bodies carry under its own name (None: unset), for every
+# wire format; their values are checked once, by SamplingParams (vLLM's messages, 400 naming the field).
+SamplingFields = create_model("SamplingFields", __base__=WireModel,
+                              **{name: (Optional[kind], None) for name, kind in wire_fields().items()})
+
+
+def sampling_params(body: BaseModel, defaults, renames: dict[str, str] | None = None, prompt_logprobs: bool = False,
+                    **overrides) -> SamplingParams:
+    """The body's sampling fields (and `overrides`, the adapter's own spellings such as max_output_tokens)
+    over `defaults` (None: OpenAI's) for the fields left unset. ParamError (400) names the wire field:
+    `renames` maps SamplingParams names back to the wire's (stop -> stop_sequences). prompt_logprobs:
+    the wire format serves them (completions); elsewhere asking for them is a 400."""
+    values = {name: getattr(body, name, None) for name in wire_fields()}
+    values.update(overrides)
+    if values.get("prompt_logprobs") is not None and not prompt_logprobs:
+        raise ParamError("prompt_logprobs are served by /v1/completions", "prompt_logprobs")
+    try:
+        return (defaults or OPENAI_DEFAULTS).sampling_params(**values)
+    except ParamError as exc:
+        param = (renames or {}).get(exc.param, exc.param)
+        message = str(exc)
+        if param != exc.param and message.startswith(exc.param):
+            message = param + message[len(exc.param):]
+        raise ParamError(message, param) from None
+
+
+@dataclass
+class GenerationRequest:
+    """The one internal request every wire format maps onto."""
+
+    prompts: list[list[int]]  # token ids, one list per prompt
+    params: SamplingParams
+    structured: StructuredRequest = field(default_factory=StructuredRequest)
+    prompt_text: str = ""  # the rendered chat prompt (reasoning parsers read whether it opened <think>)
+    chat: bool = True  # chat output: reasoning and tool calls are parsed out of the text
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+
+def first_set(*values):
+    """The first value that is not None (0 counts: `max_tokens: 0` must reach the check that refuses it)."""
+    return next((v for v in values if v is not None), None)
+
+
+def template_variables(value, param: str = "chat_template_kwargs") -> dict:
+    """vLLM's chat_template_kwargs (e.g. {"enable_thinking": false}): extra variables for the template."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ParamError(f"{param} must be an object", param)
+    reserved = [k for k in value if k in RESERVED_TEMPLATE_VARIABLES]
+    if reserved:
+        raise ParamError(f"{param} may not set {reserved[0]!r}", f"{param}.{reserved[0]}")
+    return dict(value)
+
+
+async def render_chat(processor, messages: list[dict], tools: list[dict] | None = None,
+                      variables: dict | None = None) -> tuple[str, list[int]]:
+    """(prompt text, token ids) of chat messages through the template; ChatTemplateError -> 400."""
+    large = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str)) > LARGE_INPUT_CHARS
+    try:
+        if large:
+            return await asyncio.to_thread(render_chat_prompt, processor, messages, tools, **(variables or {}))
+        return render_chat_prompt(processor, messages, tools, **(variables or {}))
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), "messages") from None
+
+
+def output_parsers(server, request: GenerationRequest, surge) -> Callable[[], OutputParser] | None:
+    """A factory of fresh OutputParsers for the request's choices (None: the text is plain content)."""
+    reasoning = server.reasoning_parser if request.chat else None
+    tools = request.structured.tools is not None and request.chat
+    if not reasoning and not tools:
+        return None
+    template = getattr(surge.processor, "chat_template", None)
+    reasoning_cls = get_reasoning_parser(reasoning) if reasoning else None
+
+    def new() -> OutputParser:
+        tool_parser = request.structured.parser(server.tool_call_parser, template) if tools else None
+        return OutputParser(reasoning_cls(request.prompt_text) if reasoning_cls else None, tool_parser)
+
+    return new
+
+
+def as_api_error(exc: ValueError) -> APIError:
+    return APIError(400, str(exc), getattr(exc, "param", None))
+
+
+def unsupported(body: BaseModel, names: tuple[str, ...]) -> None:
+    """501 for fields a client may send that vsurge does not implement (clearer than ignoring them)."""
+    extra = body.model_extra or {}
+    for name in names:
+        value = extra.get(name, getattr(body, name, None) if name in type(body).model_fields else None)
+        if value not in (None, [], {}, False):
+            raise APIError(501, f"'{name}' is not implemented by vsurge", name)
+
+
+
+async def compile_constraint(structured: StructuredRequest, surge) -> StructuredRequest:
+    """Compile the request's constraint now (off the loop), so a bad schema is a 400 naming its field
+    and the engine finds the grammar cached."""
+    if structured.constraint is not None:
+        from ...structured.compiler import compiler_for
+
+        try:
+            compiler = await asyncio.to_thread(compiler_for, surge.processor, surge.engine.vocab_size)
+            await asyncio.to_thread(compiler.compile, structured.constraint)
+        except ValueError as exc:
+            raise APIError(400, str(exc), structured.source) from None
+    return structured
