@@ -8,6 +8,7 @@ valid blocks (their reference value is whatever they dequantize to).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import gguf
@@ -63,9 +64,15 @@ def random_blocks(rows: int, cols: int, qtype, rng) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+@lru_cache(maxsize=4)
+def _tokenizer_fields(source: Path) -> dict:
+    from vsurge.loading.gguf_file import GGUFFile  # one pass with struct: gguf's reader takes seconds here
+
+    return {k: v for k, v in GGUFFile(source).fields.items() if k.startswith("tokenizer.")}
+
+
 def copy_tokenizer_metadata(writer: gguf.GGUFWriter, source: Path) -> None:
-    reader = gguf.GGUFReader(source)
-    f = {k: v.contents() for k, v in reader.fields.items() if k.startswith("tokenizer.")}
+    f = _tokenizer_fields(Path(source))
     writer.add_tokenizer_model(f["tokenizer.ggml.model"])
     writer.add_tokenizer_pre(f["tokenizer.ggml.pre"])
     writer.add_token_list(f["tokenizer.ggml.tokens"])

@@ -30,11 +30,10 @@ TINY_CONFIGS = {
     "mistral": ("MistralConfig", dict(sliding_window=6)),
     "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0)),
     "qwen3": ("Qwen3Config", dict(head_dim=24)),
-    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=4,
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
                                     attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
-    "gemma3": ("Gemma3TextConfig", dict(
-        head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    "gemma3": ("Gemma3TextConfig", dict(  # six layers: five sliding, one global (llama.cpp's fixed pattern)
+        num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=4,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}})),
     "phi3": ("Phi3Config", dict(
@@ -44,10 +43,10 @@ TINY_CONFIGS = {
     "olmo2": ("Olmo2Config", dict(num_key_value_heads=4, pad_token_id=1)),
     "granite": ("GraniteConfig", dict(embedding_multiplier=6.0, residual_multiplier=0.3,
                                       attention_multiplier=0.2, logits_scaling=4.0)),
-    "smollm3": ("SmolLM3Config", dict(no_rope_layers=[1, 0, 1], pad_token_id=2)),
-    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8)),
+    "smollm3": ("SmolLM3Config", dict(num_hidden_layers=4, pad_token_id=2)),  # layer 3 NoPE, as llama.cpp fixes it
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
     "qwen2_moe": ("Qwen2MoeConfig", dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-                                         shared_expert_intermediate_size=48, mlp_only_layers=[1])),
+                                         shared_expert_intermediate_size=48)),
     "qwen3_moe": ("Qwen3MoeConfig", dict(num_experts=8, num_experts_per_tok=3, moe_intermediate_size=32,
                                          head_dim=24, norm_topk_prob=True)),
     "gpt_oss": ("GptOssConfig", dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, head_dim=16,

@@ -131,7 +131,9 @@ class DeepSeek(CausalLM):
         log_mul = meta.key("rope.scaling.yarn_log_multiplier")
         if rope.kind == "yarn" and log_mul:  # the converter writes 0.1 * mscale_all_dim
             rope = dataclasses.replace(rope, mscale=float(log_mul) / 0.1, mscale_all_dim=float(log_mul) / 0.1)
-        gating = int(meta.key("expert_gating_func", 1))
+        # no gating key: V2 GGUFs (softmax), or a V3 converted from a config without `scoring_func`,
+        # which its correction bias gives away (V3 scores with sigmoids)
+        gating = int(meta.key("expert_gating_func", 2 if meta.has("blk.%d.exp_probs_b.bias" % (n - 1)) else 1))
         experts = int(meta.key("expert_count", 0) or 0)
         return DeepseekConfig(
             **{**fields, "num_kv_heads": 1, "rope": rope},

@@ -23,6 +23,10 @@ class Llama(CausalLM):
     gguf_permuted_qk = True  # llama.cpp's converter interleaves q/k rows for this architecture
 
     @classmethod
+    def accepts_gguf(cls, meta: GGUFMeta) -> bool:
+        return not meta.key("expert_count")  # llama.cpp writes Mixtral as `llama` with experts (mixtral.py)
+
+    @classmethod
     def config_from_hf(cls, cfg: dict, where: str) -> ModelConfig:
         check_activation(cfg, where, ("silu", "swish"))
         if cfg.get("mlp_bias"):

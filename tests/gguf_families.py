@@ -1,0 +1,227 @@
+"""Write a tiny transformers checkpoint of any family as llama.cpp's converter would (for tests).
+
+The tensor names come from the `gguf` package's own HF-to-GGUF name map; the transforms are
+the converter's (convert_hf_to_gguf.py and its conversion/ modules): q/k rows interleaved for
+the archs llama.cpp rotates in pairs (Llama, Mistral, Mixtral, Granite, SmolLM3), Gemma's norms
+stored as 1 + w, experts stacked into *_exps tensors, DeepSeek's kv_b split into k_b
+(transposed) and v_b, GPT-OSS's fused gate/up split back into gate and up. Metadata carries the
+keys llama.cpp reads for each architecture. benchmarks/gguf_families.py checks this writer
+against the real converter (tensor by tensor) and the files against llama.cpp itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from gguf_files import copy_tokenizer_metadata, llama_cpp_permute
+
+# HF model_type -> GGUF architecture
+GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+             "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
+             "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
+             "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}
+PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3"}  # llama.cpp's "NORM" rotation from HF weights
+MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _rope(cfg) -> dict:
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    return params.get("full_attention", params)
+
+
+def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: dict | None = None) -> None:
+    """The checkpoint in `hf_dir` (as transformers saves it) -> a GGUF file at `path`; types: GGUF
+    tensor name suffix -> quant type (default F32; vectors always F32)."""
+    import json
+
+    import transformers
+    from safetensors.numpy import load_file
+
+    hparams = json.loads((Path(hf_dir) / "config.json").read_text())
+    cfg = transformers.AutoConfig.from_pretrained(hf_dir)
+    state = {}
+    for f in sorted(Path(hf_dir).glob("*.safetensors")):
+        state.update({k: v.astype(np.float32) for k, v in load_file(f).items()})
+    model_type = cfg.model_type
+    arch = GGUF_ARCH[model_type]
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{model_type}")
+    _metadata(writer, cfg, hparams, model_type)
+    copy_tokenizer_metadata(writer, tokenizer_source)
+    names = gguf.get_tensor_name_map(MODEL_ARCH[arch], cfg.num_hidden_layers)
+    for name, array in _tensors(state, cfg, model_type):
+        if name.startswith("model.") or name.startswith("lm_head"):
+            mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
+            assert mapped is not None, f"no GGUF name for {name}"
+            name = mapped
+        _add(writer, name, array, types or {})
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add(writer, name: str, array: np.ndarray, types: dict) -> None:
+    suffix = name.split(".", 2)[-1] if name.startswith("blk.") else name
+    qtype = gguf.GGMLQuantizationType.F32 if array.ndim == 1 else types.get(suffix, gguf.GGMLQuantizationType.F32)
+    if qtype == gguf.GGMLQuantizationType.F32:
+        writer.add_tensor(name, np.ascontiguousarray(array, np.float32))
+    else:
+        writer.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(array, np.float32), qtype), raw_dtype=qtype)
+
+
+def _tensors(state: dict, cfg, model_type: str):
+    """(HF or GGUF name, float32 array) as the converter writes them."""
+    if getattr(cfg, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    experts: dict[tuple[int, str], dict[int, np.ndarray]] = {}
+    for name, w in state.items():
+        parts = name.split(".")
+        layer = int(parts[2]) if name.startswith("model.layers.") else None
+        if model_type.startswith("gemma") and name.endswith("norm.weight"):
+            w = w + 1.0
+        if model_type in PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
+            w = llama_cpp_permute(w, cfg.num_attention_heads)
+        if model_type in PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
+            w = llama_cpp_permute(w, cfg.num_key_value_heads)
+        if ".experts." in name and parts[-2] in ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"):
+            kind = {"w1": "gate", "w3": "up", "w2": "down"}.get(parts[-2], parts[-2].split("_")[0])
+            experts.setdefault((layer, kind), {})[int(parts[-3])] = w
+            continue
+        if model_type == "mixtral" and name.endswith("block_sparse_moe.gate.weight"):
+            yield f"blk.{layer}.ffn_gate_inp.weight", w
+            continue
+        if name.endswith("e_score_correction_bias"):
+            yield f"blk.{layer}.exp_probs_b.bias", w
+            continue
+        if name.endswith("kv_b_proj.weight"):  # DeepSeek: MLA's absorbed halves
+            nope, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+            kv_b = w.reshape(cfg.num_attention_heads, nope + v, -1)
+            yield f"blk.{layer}.attn_k_b.weight", kv_b[:, :nope].transpose(0, 2, 1)
+            yield f"blk.{layer}.attn_v_b.weight", kv_b[:, nope:]
+            continue
+        if model_type == "gpt_oss" and ".mlp.experts." in name:
+            yield from _gpt_oss_experts(layer, parts[-1], w)
+            continue
+        if name.endswith("self_attn.sinks"):
+            yield f"blk.{layer}.attn_sinks.weight", w
+            continue
+        yield name, w
+    for (layer, kind), by_expert in sorted(experts.items()):
+        yield f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
+
+
+def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
+    if leaf == "gate_up_proj":  # (E, D, 2F) interleaved -> gate, up (E, F, D)
+        t = w.transpose(0, 2, 1)
+        yield f"blk.{layer}.ffn_gate_exps.weight", t[:, ::2]
+        yield f"blk.{layer}.ffn_up_exps.weight", t[:, 1::2]
+    elif leaf == "gate_up_proj_bias":
+        yield f"blk.{layer}.ffn_gate_exps.bias", w[:, ::2]
+        yield f"blk.{layer}.ffn_up_exps.bias", w[:, 1::2]
+    elif leaf == "down_proj":  # (E, F, D) -> (E, D, F)
+        yield f"blk.{layer}.ffn_down_exps.weight", w.transpose(0, 2, 1)
+    elif leaf == "down_proj_bias":
+        yield f"blk.{layer}.ffn_down_exps.bias", w
+    else:
+        raise ValueError(leaf)
+
+
+LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3"}  # its LlamaModel writes vocab, rope dims
+
+
+def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
+    hd = _head_dim(cfg)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if model_type in LLAMA_CONVERTER or model_type.startswith("deepseek"):
+        w.add_vocab_size(cfg.vocab_size)
+    rope = _rope(cfg)
+    w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    kind = rope.get("rope_type", "default")
+    if kind == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    elif kind == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        w.add_rope_scaling_yarn_beta_fast(rope.get("beta_fast", 32.0))
+        w.add_rope_scaling_yarn_beta_slow(rope.get("beta_slow", 1.0))
+    if model_type.startswith("deepseek"):
+        _deepseek(w, cfg, rope)
+        return
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    if hparams.get("head_dim") or model_type.startswith("gemma"):  # as the converter: only when the config says
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if model_type in LLAMA_CONVERTER or model_type == "phi3":
+        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 1.0)))
+    if model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss") and getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
+    if model_type == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if model_type == "gemma3_text":
+        w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+    if model_type == "granite":
+        w.add_embedding_scale(cfg.embedding_multiplier)
+        w.add_residual_scale(cfg.residual_multiplier)
+        w.add_attention_scale(cfg.attention_multiplier)
+        w.add_logit_scale(cfg.logits_scaling)
+    if model_type == "phi3":
+        _phi3(w, cfg, rope, hd)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        if model_type != "mixtral":
+            w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
+    if getattr(cfg, "shared_expert_intermediate_size", None):
+        w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+
+
+def _phi3(w, cfg, rope: dict, hd: int) -> None:
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if rope.get("rope_type") == "longrope":
+        scale = cfg.max_position_embeddings / rope["original_max_position_embeddings"]
+        w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(rope["original_max_position_embeddings"]))))
+        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
+
+
+def _deepseek(w, cfg, rope: dict) -> None:
+    kv, r = cfg.kv_lora_rank, cfg.qk_rope_head_dim
+    w.add_head_count_kv(1)
+    if cfg.q_lora_rank:
+        w.add_q_lora_rank(cfg.q_lora_rank)
+    w.add_kv_lora_rank(kv)
+    w.add_key_length(kv + r)
+    w.add_value_length(kv)
+    w.add_key_length_mla(cfg.qk_nope_head_dim + r)
+    w.add_value_length_mla(cfg.v_head_dim)
+    w.add_rope_dimension_count(r)
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    w.add_expert_count(cfg.n_routed_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if getattr(cfg, "norm_topk_prob", False):
+        w.add_expert_weights_norm(True)
+    if getattr(cfg, "n_group", None) is not None:  # the converter writes whatever the config holds
+        w.add_expert_group_count(cfg.n_group)
+        w.add_expert_group_used_count(cfg.topk_group)
+    if rope.get("mscale_all_dim"):
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])

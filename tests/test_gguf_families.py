@@ -1,0 +1,75 @@
+"""Every family loads from GGUF (written as llama.cpp's converter writes it) to transformers' logits.
+
+tests/gguf_families.py writes each tiny checkpoint as its llama.cpp architecture (checked
+against the real converter with benchmarks/gguf_families.py); vsurge's load must give the
+logits of the transformers model the checkpoint came from, and, for the architectures
+transformers' own GGUF loader reads, transformers' logits from the same file.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+import vsurge
+from gguf_families import GGUF_ARCH, write_family_gguf
+from gguf_files import Q
+from test_models_vs_transformers import reference_logits
+from tiny_models import VOCAB
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
+# where transformers' GGUF reader reads these tiny configs right (it misses e.g. a head_dim that is not
+# hidden / heads, experts' own intermediate size, Gemma's soft-caps and local rotary base, LongRoPE)
+TRANSFORMERS_READS = {"llama", "mistral", "qwen2"}
+TOL = 1e-4
+
+
+def prompt(name: str) -> np.ndarray:
+    # llama.cpp's converter writes Mistral as `llama` without its sliding window (6 tokens here):
+    # stay inside it
+    return np.random.default_rng(7).integers(0, VOCAB, 6 if name == "mistral" else 20)
+
+
+def logits_of(model, ids) -> np.ndarray:
+    from flax import nnx
+    import jax
+
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda state, ids: nnx.merge(graphdef, state)(ids)[0][0])
+    return np.asarray(forward(state, jnp.asarray(ids[None], jnp.int32)))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_family_gguf_gives_the_checkpoints_logits(name, tiny_checkpoints, tmp_path, default_gguf_path):
+    folder, torch_model = tiny_checkpoints[name]
+    path = tmp_path / f"{name}.gguf"
+    write_family_gguf(path, folder, default_gguf_path)
+    model, processor = vsurge.load(path, dtype=jnp.float32, progress=False)
+    assert GGUF_ARCH[torch_model.config.model_type] in type(model).gguf_architectures
+    assert processor.eos_token_id == 2
+    ids = prompt(name)
+    ours = logits_of(model, ids)
+    assert np.abs(ours - reference_logits(torch_model, ids)).max() <= TOL
+    if name in TRANSFORMERS_READS:  # an independent reader of the same file
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,
+                                                                dtype=torch.float32).eval()
+        assert np.abs(ours - reference_logits(ref, ids)).max() <= TOL
+
+
+def test_quantized_stacked_experts_load_by_expert(tiny_checkpoints, tmp_path, default_gguf_path):
+    """Q8_0 expert stacks (E, F, D): each expert's rows dequantize on their own; logits stay within
+    the format's error of the float file."""
+    folder, _ = tiny_checkpoints["qwen3_moe"]
+    types = {k: Q.Q8_0 for k in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+                                 "attn_q.weight")}
+    write_family_gguf(tmp_path / "f32.gguf", folder, default_gguf_path)
+    write_family_gguf(tmp_path / "q8.gguf", folder, default_gguf_path, types=types)
+    ids = prompt("qwen3_moe")
+    exact = logits_of(vsurge.load(tmp_path / "f32.gguf", dtype=jnp.float32, progress=False)[0], ids)
+    q8 = logits_of(vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, progress=False)[0], ids)
+    err = np.abs(q8 - exact).max()
+    assert 0 < err < 0.02 * np.abs(exact).max()
