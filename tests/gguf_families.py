@@ -5,7 +5,7 @@ the converter's (convert_hf_to_gguf.py and its conversion/ modules): q/k rows in
 the archs llama.cpp rotates in pairs (Llama, Mistral, Mixtral, Granite, SmolLM3), Gemma's norms
 stored as 1 + w, experts stacked into *_exps tensors, DeepSeek's kv_b split into k_b
 (transposed) and v_b, GPT-OSS's fused gate/up split back into gate and up. Metadata carries the
-keys llama.cpp reads for each architecture. benchmarks/gguf_families.py checks this writer
+keys llama.cpp reads for each architecture. benchmarks/families_vs_llamacpp.py checks this writer
 against the real converter (tensor by tensor) and the files against llama.cpp itself.
 """
 
@@ -148,7 +148,8 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     if model_type in LLAMA_CONVERTER or model_type.startswith("deepseek"):
         w.add_vocab_size(cfg.vocab_size)
     rope = _rope(cfg)
-    w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    if model_type != "gemma2":  # its converter leaves the base at llama.cpp's default (10000)
+        w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     kind = rope.get("rope_type", "default")
     if kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -161,6 +162,9 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         w.add_rope_scaling_yarn_beta_slow(rope.get("beta_slow", 1.0))
     if model_type.startswith("deepseek"):
         _deepseek(w, cfg, rope)
+        if hparams.get("scoring_func") in ("sigmoid", "softmax"):  # as the converter's base class
+            w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if hparams["scoring_func"] == "sigmoid"
+                                     else gguf.ExpertGatingFuncType.SOFTMAX)
         return
     w.add_head_count_kv(cfg.num_key_value_heads)
     if hparams.get("head_dim") or model_type.startswith("gemma"):  # as the converter: only when the config says

@@ -1,7 +1,7 @@
 """Every family loads from GGUF (written as llama.cpp's converter writes it) to transformers' logits.
 
 tests/gguf_families.py writes each tiny checkpoint as its llama.cpp architecture (checked
-against the real converter with benchmarks/gguf_families.py); vsurge's load must give the
+against the real converter with benchmarks/families_vs_llamacpp.py); vsurge's load must give the
 logits of the transformers model the checkpoint came from, and, for the architectures
 transformers' own GGUF loader reads, transformers' logits from the same file.
 """

@@ -68,6 +68,10 @@ TINY_CONFIGS = {
 }
 
 
+# keys the hub's checkpoints carry that transformers' config classes do not (llama.cpp's converter reads them)
+HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}}
+
+
 def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_size=None, seed: int = 0):
     """Save a random model of config `name` (safetensors) plus the default tokenizer into `folder`.
 
@@ -90,6 +94,11 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
                 buffer.add_(0.1 * torch.randn_like(buffer))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)
+    if name in HUB_KEYS:
+        import json
+
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), **HUB_KEYS[name]}, indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, folder / f)
     return model

@@ -1,0 +1,164 @@
+"""Every model family's GGUF, checked against llama.cpp itself (not run in CI: needs llama.cpp).
+
+For each family's tiny random checkpoint (tests/tiny_models.py):
+  1. llama.cpp's own converter (convert_hf_to_gguf.py) writes it as GGUF; the test suite's
+     writer (tests/gguf_families.py) must produce the same tensors and metadata;
+  2. vsurge loads the converter's file: its logits must equal transformers' on the checkpoint;
+  3. llama.cpp's llama-server runs the same file: its greedy tokens for a token-id prompt must
+     equal vsurge's on that file.
+The test checkpoints carry SmolLM2's BPE tokenizer, which the converter reads for most families; for
+Gemma 2 and Phi-3 it insists on a sentencepiece model and for Qwen2 it does not recognize this
+pre-tokenizer, so for those the converter runs with its vocabulary step replaced by its own GPT-2
+one (the tensors and the model's metadata are the converter's as ever).
+
+    python benchmarks/families_vs_llamacpp.py            (builds llama.cpp on first use, ~10 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from serve import Server, llama_server_binary  # noqa: E402
+
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
+GREEDY = 8
+
+
+# runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring)
+RUN_CONVERTER = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from conversion import base, gemma, phi, qwen
+for cls in (gemma.Gemma2Model, phi.Phi3MiniModel, qwen.Qwen2Model):
+    cls.set_vocab = lambda self: self._set_vocab_gpt2()
+known = base.TextModel.get_vocab_base_pre
+def pre(self, tokenizer):
+    try:
+        return known(self, tokenizer)
+    except NotImplementedError:
+        return "smollm"  # the test tokenizer's
+base.TextModel.get_vocab_base_pre = pre
+import convert_hf_to_gguf
+sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
+convert_hf_to_gguf.main()
+"""
+
+
+def convert(llama_cpp: Path, hf_dir: Path, out: Path) -> str | None:
+    """Run llama.cpp's converter; None on success, else its last error line."""
+    env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
+    proc = subprocess.run([sys.executable, "-c", RUN_CONVERTER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
+                           "--outtype", "f32"], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
+    return None
+
+
+def same_file(ours: Path, theirs: Path) -> str:
+    from vsurge.loading.gguf import dequantize
+    from vsurge.loading.gguf_file import GGUFFile
+
+    a, b = GGUFFile(ours), GGUFFile(theirs)
+    ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+    if set(ta) != set(tb):
+        return f"tensor names differ ({sorted(set(ta) ^ set(tb))[:3]})"
+    for name in ta:
+        x, y = dequantize(ta[name]), dequantize(tb[name])
+        if x.shape != y.shape or np.abs(x - y).max() > 1e-6:
+            return f"tensor {name} differs"
+    keys = lambda f: {k: v for k, v in f.fields.items() if not k.startswith(("tokenizer.", "general."))}  # noqa: E731
+    fa, fb = keys(a), keys(b)
+    bad = [k for k in set(fa) | set(fb) if not _close(fa.get(k), fb.get(k))]
+    return f"metadata differs: {sorted(bad)}" if bad else "same"
+
+
+def _close(x, y) -> bool:
+    if isinstance(x, float) and isinstance(y, float):
+        return abs(x - y) < 1e-6
+    return x == y
+
+
+def vsurge_greedy(model, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
+    import jax.numpy as jnp
+
+    from vsurge.generation import greedy_generate
+
+    logits = np.asarray(model(jnp.asarray([ids], jnp.int32))[0][0])
+    return greedy_generate(model, ids, steps), logits
+
+
+def llama_cpp_greedy(binary: str, gguf: Path, ids: list[int], steps: int) -> list[int]:
+    server = Server("llama-server", [binary, "-m", str(gguf), "--port", "{port}", "-c", "256", "-np", "1", "-t", "2"],
+                    "/health")
+    try:
+        server.wait_ready(120)
+        body = {"prompt": ids, "n_predict": steps, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
+                "return_tokens": True, "ignore_eos": True, "samplers": ["top_k"]}
+        return httpx.post(server.base + "/completion", json=body, timeout=120).json()["tokens"]
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default=",".join(FAMILIES))
+    args = parser.parse_args()
+    import jax.numpy as jnp
+    import torch
+
+    import vsurge
+    from gguf_families import write_family_gguf
+    from tiny_models import write_tiny_model
+    from vsurge.loading import default_model_path, load_processor
+
+    binary = llama_server_binary()
+    llama_cpp = Path(binary).parents[2]
+    work = Path(tempfile.mkdtemp(prefix="gguf-families-"))
+    tokenizer = work / "tokenizer"
+    load_processor("default").save_pretrained(tokenizer)
+    ids = load_processor("default").encode("The river ran past the old mill where the ducks")
+    print(f"llama.cpp: {llama_cpp}\n")
+    print("| family | converter | test writer vs converter | vsurge vs transformers (max abs logit diff) | "
+          "greedy tokens vs llama.cpp |")
+    print("|---|---|---|---|---|")
+    for name in args.families.split(","):
+        hf = work / name
+        hf.mkdir()
+        torch_model = write_tiny_model(name, hf, tokenizer)
+        theirs = work / f"{name}.gguf"
+        error = convert(llama_cpp, hf, theirs)
+        if error:
+            print(f"| {name} | cannot convert: {error} | - | - | - |", flush=True)
+            continue
+        ours = work / f"{name}.ours.gguf"
+        write_family_gguf(ours, hf, default_model_path())
+        model, _ = vsurge.load(theirs, dtype=jnp.float32, progress=False)
+        tokens, logits = vsurge_greedy(model, ids, GREEDY)
+        with torch.no_grad():
+            ref = torch_model(torch.tensor([ids])).logits[0].numpy()
+        try:
+            theirs_tokens = llama_cpp_greedy(binary, theirs, ids, GREEDY)
+            agree = "equal" if theirs_tokens == tokens else f"differ: {tokens} vs {theirs_tokens}"
+        except RuntimeError as e:  # llama.cpp could not load the file
+            reason = next((line for line in str(e).splitlines() if "error loading model:" in line), str(e)[-100:])
+            agree = "llama.cpp cannot load it: " + reason.split("error loading model:")[-1].strip()[:90]
+        print(f"| {name} | ok | {same_file(ours, theirs)} | {np.abs(logits - ref).max():.1e} | {agree} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
