@@ -164,6 +164,32 @@ def check_default_tp3():
           flush=True)
 
 
+def check_families(*named_paths):
+    """Each family (NAME=PATH) at TP 2 and 4 (and, for mixtures of experts, EP 2 and 4: whole experts
+    per device) against one device: logits of a full forward pass; and greedy tokens of the paged
+    engine at TP 2 against the reference Generator on one device."""
+    result = {}
+    for named in named_paths:
+        name, path = named.split("=", 1)
+        model, processor = vsurge.load(path, dtype="float32", progress=False)
+        ref = forward(model)
+        prompts = [processor.encode(p) for p in PROMPTS[:2]]
+        out = {"moe": hasattr(model.config, "expert_parallel")}
+        for tp in (2, 4):
+            for ep in ((False, True) if out["moe"] else (False,)):
+                sharded, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False,
+                                         tensor_parallel_size=tp, expert_parallel=ep)
+                specs = {n: str(w.sharding.spec) for n, w in sharded.named_weights().items()
+                         if n == "layers.1.experts_gate_up"}
+                out[f"{'ep' if ep else 'tp'}{tp}"] = {"rel_err": rel_err(forward(sharded), ref), "specs": specs}
+        tp2, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2)
+        out["paged_tp2"] = _generate(_surge(tp2, processor, "paged"), prompts, 8)
+        out["reference"] = [greedy_generate(model, ids, 8) for ids in prompts]
+        result[name] = out
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 if __name__ == "__main__":
-    checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3}
+    checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3,
+              "families": check_families}
     checks[sys.argv[1]](*sys.argv[2:])

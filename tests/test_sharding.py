@@ -110,3 +110,24 @@ def test_default_model_answers_the_same_at_tp3():
     assert r["tp3"] == r["tp1"]
     assert r["tp1"].startswith("The capital of France is Paris."), r["tp1"]
     assert r["max_device_bytes"] < r["total_bytes"] / 2  # GGUF dequantized per shard, the vocabulary split
+
+
+# families whose sharding differs from Llama's: soft-caps and windows, Phi-3's fused checkpoint tensors,
+# MLA's single latent KV head (replicated) with query heads split, experts split by units or whole
+SHARDED_FAMILIES = ("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss")
+
+
+@pytest.fixture(scope="session")
+def families_result(tiny_checkpoints):
+    return run_check("families", *(f"{name}={tiny_checkpoints[name][0]}" for name in SHARDED_FAMILIES))
+
+
+@pytest.mark.parametrize("name", SHARDED_FAMILIES)
+def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_result, name):
+    r = families_result[name]
+    for key in ("tp2", "tp4") + (("ep2", "ep4") if r["moe"] else ()):
+        assert r[key]["rel_err"] <= LOGIT_RTOL, (key, r[key])
+    assert r["paged_tp2"] == r["reference"]  # the paged engine on a 2-device mesh: the same greedy tokens
+    if r["moe"]:  # tensor parallel splits each expert's units; expert parallel splits whole experts
+        assert r["tp2"]["specs"] == {"layers.1.experts_gate_up": "P(None, None, 'model')"}, r["tp2"]
+        assert r["ep2"]["specs"] == {"layers.1.experts_gate_up": "P('model', None, None)"}, r["ep2"]
