@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from .cli_parallel import add_parallel_args
 
@@ -310,7 +311,8 @@ def _load(args):
     validate(args)
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
-        return load(args.model, dtype=args.dtype, quantization=args.quantization, **load_kwargs(args))
+        return load(args.model, dtype=args.dtype, quantization=args.quantization,
+                    expert_parallel=getattr(args, "enable_expert_parallel", False), **load_kwargs(args))
     except (ModelLoadError, ValueError) as e:
         raise _fail(str(e)) from None
 
@@ -337,7 +339,8 @@ def cmd_serve(args) -> int:
     use_cache_dir(args.compilation_cache)
     model, processor = _load(args)
     buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
-    name = args.served_model_name or (model.config.name if args.model != "default" else "SmolLM2-135M-Instruct")
+    name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
+                                      if args.model != "default" else "SmolLM2-135M-Instruct")
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,

@@ -19,6 +19,9 @@ import sys
 def add_parallel_args(p: argparse.ArgumentParser, multihost: bool) -> None:
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
                    help="devices each model replica is split over (heads, MLP, vocabulary, KV cache)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="mixture-of-experts models: put whole experts on each tensor-parallel device instead of "
+                        "splitting every expert (vLLM's flag of the same name)")
     if not multihost:
         return
     p.add_argument("--data-parallel-size", "-dp", type=int, default=None,
