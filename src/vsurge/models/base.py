@@ -167,7 +167,7 @@ class CausalLM(nnx.Module):
     # ---------------------------------------------------------------- weights
     @property
     def quantization(self) -> str | None:
-        return "int8" if any(name.endswith("_scale") for name in self.named_weights()) else None
+        return "int8" if hasattr(self, "lm_head_scale") else None  # quantize() always quantizes the head
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
         """Replace the declared matrices by int8 + per-channel scales, in place (ops/linear.py)."""
@@ -229,7 +229,7 @@ class CausalLM(nnx.Module):
         if "lm_head" in held and "lm_head" not in axes:
             axes["lm_head"] = ("embed", "vocab")
         for name in held:
-            if name.endswith("_scale"):
+            if name not in axes and name.endswith("_scale"):  # int8 scales (quantize()), not declared weights
                 axes[name] = axes[name[: -len("_scale")]][-1:]
         return axes
 
