@@ -206,6 +206,11 @@ class CausalLM(nnx.Module):
         table = self.embed[...]
         if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
             self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
+        for i, layer in enumerate(self.layers):  # weights sliced in loops (experts): the same, for the same reason
+            for name, spec in self.layer_weights(self.config, i).items():
+                value = getattr(layer, name)[...]
+                if spec.indexed and jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize == 2:
+                    getattr(layer, name).set_value(jax.lax.bitcast_convert_type(value, jnp.uint16))
         return self
 
     def embedding_table(self) -> jax.Array:

@@ -223,7 +223,7 @@ class DeepSeek(CausalLM):
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
         if not c.is_moe(i):
             return x + mlp(h, w), cache
-        out = routed(c, h, w, correction=w.get("router_correction"))
+        out = routed(self, h, w, correction=w.get("router_correction"))
         if "shared_gate_up" in w:
             out = out + mlp(h, w, prefix="shared")
         return x + out, cache

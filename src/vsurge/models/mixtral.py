@@ -67,4 +67,4 @@ class Mixtral(Llama):
         c = self.config
         h, cache = attention(c, i, rms_norm(x, w["attn_norm"], c.rms_norm_eps), w, cache, ctx)
         x = x + h
-        return x + routed(c, rms_norm(x, w["mlp_norm"], c.rms_norm_eps), w), cache
+        return x + routed(self, rms_norm(x, w["mlp_norm"], c.rms_norm_eps), w), cache

@@ -95,8 +95,8 @@ def expert_weights(c: MoEConfig, *, hf_expert=None, hf_fused: tuple[str, str] | 
                                            tensor(f"{gguf}.ffn_up_exps.weight", (e, f, d))),
                                     tensor(f"{gguf}.ffn_down_exps.weight", (e, d, f)))
     out = {
-        "experts_gate_up": Weight((e, d, 2 * f), expert_axes(c, "gate_up"), hf_gate_up, gg and gg[0]),
-        "experts_down": Weight((e, f, d), expert_axes(c, "down"), hf_down, gg and gg[1]),
+        "experts_gate_up": Weight((e, d, 2 * f), expert_axes(c, "gate_up"), hf_gate_up, gg and gg[0], indexed=True),
+        "experts_down": Weight((e, f, d), expert_axes(c, "down"), hf_down, gg and gg[1], indexed=True),
     }
     if biases:
         gate_up_name, down_name = hf_fused
@@ -112,8 +112,9 @@ def expert_weights(c: MoEConfig, *, hf_expert=None, hf_fused: tuple[str, str] | 
     return out
 
 
-def routed(c: MoEConfig, x, w: dict, routing: Routing | None = None, correction=None):
-    """The routed experts of x (B, T, D) -> (B, T, D)."""
+def routed(model, x, w: dict, routing: Routing | None = None, correction=None):
+    """The routed experts of x (B, T, D) -> (B, T, D) (`model`: its config and weights' dtype)."""
+    c = model.config
     flat = x.reshape(-1, x.shape[-1])
     logits = linear(flat, w["router"]).astype("float32")  # (N, E)
     if "router_bias" in w:
@@ -121,5 +122,6 @@ def routed(c: MoEConfig, x, w: dict, routing: Routing | None = None, correction=
     with jax.named_scope("moe"):
         ids, weights = route(logits, routing or c.routing, correction)
         out = experts(flat, ids, weights, w["experts_gate_up"], w["experts_down"], w.get("experts_gate_up_bias"),
-                      w.get("experts_down_bias"), activation=c.activation, expert_parallel=c.expert_parallel)
+                      w.get("experts_down_bias"), activation=c.activation, expert_parallel=c.expert_parallel,
+                      weight_dtype=model.param_dtype)
     return out.reshape(x.shape)

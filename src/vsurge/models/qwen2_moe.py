@@ -97,7 +97,7 @@ class Qwen2Moe(CausalLM):
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
         if not c.is_moe(i):
             return x + mlp(h, w), cache
-        out = routed(c, h, w)
+        out = routed(self, h, w)
         if "shared_gate_up" in w:
             shared = mlp(h, w, prefix="shared")
             if "shared_gate" in w:

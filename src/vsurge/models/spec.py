@@ -251,7 +251,10 @@ class Weight:
     quantize: a (..., K, N) matrix contracted over K that int8 weight-only quantization may
         replace (its scale takes the last axis).
     kv_groups: its last axis is fused qkv groups (models/fused.py): replicated with the KV
-        heads when the tensor-parallel size needs more KV heads than the checkpoint has."""
+        heads when the tensor-parallel size needs more KV heads than the checkpoint has.
+    indexed: read one slice at a time by a dynamic index inside a loop (stacked experts). Where its
+        dtype is narrower than the activations' (bfloat16 on CPU) it is held as its raw bits:
+        XLA:CPU would otherwise convert the whole stack to float32 outside the loop."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
@@ -260,6 +263,7 @@ class Weight:
     init: str = "normal"
     quantize: bool = False
     kv_groups: bool = False
+    indexed: bool = False
 
     def __post_init__(self):
         if len(self.shape) != len(self.axes):

@@ -21,6 +21,7 @@ device on its own slice, and one psum combines the devices.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -88,17 +89,20 @@ def block_rows(assignments: int, num_experts: int) -> int:
 
 
 def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, activation: str = "silu",
-            impl: str | None = None, expert_parallel: bool = False):
+            impl: str | None = None, expert_parallel: bool = False, weight_dtype=None):
     """Routed experts of N tokens. x (N, D); ids, weights (N, k); w_gate_up (E, D, 2F) gate/up
-    interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype."""
+    interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype.
+    Expert stacks may come as the raw uint16 bits of `weight_dtype` (models/spec.py `indexed`):
+    each expert's slice is bit-cast back after it is taken."""
     impl = impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
+    bits = partial(_from_bits, dtype=weight_dtype)
     mesh = jax.sharding.get_abstract_mesh()
     tp = 1 if mesh.empty or MODEL_AXIS not in mesh.shape else mesh.shape[MODEL_AXIS]
     e, f = w_down.shape[0], w_down.shape[1]
     split = tp > 1 and ((e % tp == 0) if expert_parallel else (f % tp == 0))
     if not split:
         return _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
-                              impl=impl, first_expert=0, add_down_bias=True)
+                              impl=impl, first_expert=0, add_down_bias=True, bits=bits)
     if expert_parallel:  # whole experts per device: every bias travels with its expert
         w_specs = (P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS))
     else:  # every expert's hidden units split: the down bias is added once, after the sum
@@ -110,7 +114,7 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     def local(x, ids, weights, w_gate_up, b_gate_up, w_down, b_down):
         first = jax.lax.axis_index(MODEL_AXIS) * w_down.shape[0] if expert_parallel else 0
         out = _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
-                             impl=impl, first_expert=first, add_down_bias=expert_parallel)
+                             impl=impl, first_expert=first, add_down_bias=expert_parallel, bits=bits)
         return jax.lax.psum(out, MODEL_AXIS)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), w_specs[0], w_specs[1], w_specs[2], w_specs[3]),
@@ -125,8 +129,13 @@ def _down_bias(ids, weights, b_down):
     return jnp.einsum("nk,nkd->nd", weights, b_down[ids].astype(jnp.float32))
 
 
+def _from_bits(w, dtype):
+    """An expert's weights held as raw uint16 bits -> `dtype`; others as they are."""
+    return jax.lax.bitcast_convert_type(w, dtype) if w.dtype == jnp.uint16 else w
+
+
 def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, activation, impl, first_expert,
-                   add_down_bias):
+                   add_down_bias, bits):
     """The experts held here: [first_expert, first_expert + E_local). Assignments to other experts
     contribute nothing. Returns (N, D)."""
     n, k = ids.shape
@@ -140,28 +149,29 @@ def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, act
     rows = x[token]  # (A, D) sorted by expert
     if impl == "ragged":
         group_sizes = jnp.concatenate([counts, jnp.asarray([flat.shape[0] - jnp.sum(counts)])]).astype(jnp.int32)
-        out = _ragged(rows, group_sizes, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias)
+        out = _ragged(rows, group_sizes, bits(w_gate_up), bits(w_down), b_gate_up, b_down, activation, add_down_bias)
     else:
         out = _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias,
-                    block_rows(flat.shape[0], max(local_e, 1)))
+                    block_rows(flat.shape[0], max(local_e, 1)), bits)
     gate = (weights.reshape(-1)[order] * mine[order]).astype(jnp.float32)  # (A,)
     combined = jnp.zeros((n, x.shape[-1]), jnp.float32).at[token].add(out.astype(jnp.float32) * gate[:, None])
     return combined.astype(x.dtype)
 
 
 def _expert_mlp(rows, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias):
-    """rows (M, D) through one expert -> (M, D)."""
-    h = jnp.dot(rows, w_gate_up.astype(rows.dtype), preferred_element_type=jnp.float32)
+    """rows (M, D) through one expert -> (M, D) float32. The dots run in the weights' dtype and
+    accumulate in float32 (as ops/linear.py): converting bfloat16 weights to float32 first would
+    cost a copy of the expert per block."""
+    h = jnp.dot(rows.astype(w_gate_up.dtype), w_gate_up, preferred_element_type=jnp.float32)
     if b_gate_up is not None:
         h = h + b_gate_up.astype(jnp.float32)
-    y = jnp.dot(gated(h, activation).astype(rows.dtype), w_down.astype(rows.dtype),
-                preferred_element_type=jnp.float32)
+    y = jnp.dot(gated(h, activation).astype(w_down.dtype), w_down, preferred_element_type=jnp.float32)
     if b_down is not None and add_down_bias:
         y = y + b_down.astype(jnp.float32)
     return y
 
 
-def _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias, block: int):
+def _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias, block: int, bits):
     """rows (A, D) sorted by expert, counts (E,) -> (A, D): each expert with rows, block by block."""
     a, d = rows.shape
     starts = jnp.cumsum(counts) - counts
@@ -173,7 +183,7 @@ def _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_do
     def one_expert(j, out):
         e = order[j]
         start, count = starts[e], counts[e]
-        wgu, wd = w_gate_up[e], w_down[e]
+        wgu, wd = bits(w_gate_up[e]), bits(w_down[e])  # slice first, then bit-cast: one expert, not the stack
         bgu = None if b_gate_up is None else b_gate_up[e]
         bd = None if b_down is None else b_down[e]
 
