@@ -192,10 +192,9 @@ def test_idle_driver_uses_no_cpu(driver_factory):
     assert time.process_time() - start < 0.05  # threads are blocked on queues, not polling
 
 
-@pytest.mark.parametrize("kwargs", [dict(interleaved_mode=True), dict(detokenizing_blocks=1)])
-def test_seed_arguments_without_effect_warn_and_still_work(driver_factory, kwargs):
+def test_seed_arguments_without_effect_warn_and_still_work(driver_factory):
     with pytest.warns(UserWarning, match="has no effect"):
-        driver = driver_factory(**kwargs)
+        driver = driver_factory(detokenizing_blocks=1)
     requests = [make_request([i], max_tokens=6) for i in range(5)]
     for r in requests:
         driver.submit_request(r)

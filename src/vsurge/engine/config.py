@@ -15,6 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 
+ROLES = ("both", "prefill", "decode")
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
 
 
@@ -56,6 +57,10 @@ class EngineConfig:
     row_buckets: tuple[int, ...] = ()  # decode rows of decode programs
     window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
+    # What the engine's steps compute (disaggregated serving, engine/disaggregated.py): "both"
+    # (prompt chunks and decode rows in one step: interleaved), "prefill" (prompt chunks only; a
+    # finished prefix is handed to a decode engine) or "decode" (decode rows only).
+    role: str = "both"
 
     def __post_init__(self):
         for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):
@@ -68,6 +73,8 @@ class EngineConfig:
                              f"got {self.max_prompt_length}")
         if not 0 < self.hbm_utilization <= 1:
             raise ValueError(f"hbm_utilization must be in (0, 1], got {self.hbm_utilization}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):
             raise ValueError(f"chunk_lengths must be in [1, prefill_tokens={self.prefill_tokens}], "
                              f"got {self.chunk_lengths}")
@@ -119,7 +126,7 @@ class EngineConfig:
     def mixed_decode_rows(self) -> list[int]:
         """Decode rows of steps that also prefill: 0, max_slots, and every quarter of it down to 32
         (coarser than decode_rows: such a step's cost is mostly its prompt tokens)."""
-        if self.prefill_first:
+        if self.prefill_first or self.role == "prefill":
             return [0]
         rows, n = {0, max(2, self.max_slots)}, self.max_slots // 4
         while n >= 32:
@@ -160,6 +167,12 @@ class EngineConfig:
         if self.window_buckets:
             return sorted(self.window_buckets)
         return [self.pages_per_sequence]
+
+    @functools.cached_property
+    def transfer_pages(self) -> list[int]:
+        """Page counts of the programs that move a prefix between a prefill and a decode engine
+        (1, 2, 4, ... and every page of max_length): a prefix is padded to the next one."""
+        return sorted({*_powers(1, self.pages_per_sequence), self.pages_per_sequence})
 
     def dynamic_window(self, window: int) -> bool:
         """Decode programs of this window loop over page columns instead of unrolling them (more than
