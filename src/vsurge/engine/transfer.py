@@ -64,8 +64,9 @@ def scatter_pages(state: EngineState, prefix: PrefixPages, ids) -> EngineState:
 
 
 def prefix_pages_needed(seq, page_size: int) -> int:
-    """Pages holding the K/V a prefill engine computed for `seq` (its tokens but the last)."""
-    return max(1, -(-seq.num_computed // page_size))
+    """Pages holding the K/V a prefill engine computed for `seq` (its tokens but the last; none for a
+    one-token prompt: the decode engine computes its only token)."""
+    return -(-seq.num_computed // page_size)
 
 
 class PrefixTransferAPI:
@@ -89,7 +90,7 @@ class PrefixTransferAPI:
     def export_prefix(self, state: EngineState, seq) -> KVPrefix:
         """The K/V pages of `seq`'s computed tokens, copied out of `state` (prefill engine)."""
         real = prefix_pages_needed(seq, self.pool.page_size)
-        bucket = self._bucket(real)
+        bucket = self._bucket(max(real, 1))
         ids = np.zeros(bucket, np.int32)  # padding reads page 0: its copy is never written anywhere
         ids[:real] = seq.pages.pages[:real]
         return KVPrefix(self._program(("export", bucket))(state, ids), real)
@@ -148,7 +149,7 @@ class PrefixTransferAPI:
         seq.num_computed = len(seq.tokens) - 1  # as a prefix arrives: every token but the last computed
         scheduler.attach(seq)
         pages = prefix_pages_needed(seq, self.pool.page_size)
-        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(pages)))
+        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(max(pages, 1))))
         state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages)), seq)
         while scheduler.has_work:
             plan = scheduler.schedule()
