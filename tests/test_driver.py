@@ -226,3 +226,28 @@ def test_several_decode_steps_per_call_give_the_same_tokens(driver_factory):
         driver.submit_request(r)
     for i, r in enumerate(requests):
         assert tokens_of(drain(r)) == expected_tokens([i, 2], 3 + 2 * i, [14] if i == 1 else ())
+
+
+def test_vsurge_generate_cancels_the_submitted_prompts_when_a_later_one_is_refused():
+    """Old bug: vSurge.generate submitted prompts one by one; when the queue refused a later one, the
+    earlier ones ran on to max_tokens with nobody reading them."""
+    import asyncio
+
+    from vsurge import vSurge
+
+    engine = MockEngine(slots=1, decode_delay=0.01)
+    driver = vDriver(engine, max_queue=1)
+    driver.start()
+    try:
+        surge = vSurge(driver)
+        params = SamplingParams(max_tokens=400, temperature=0.0)  # 4 s each at 10 ms a step
+        with pytest.raises(QueueFullError):
+            asyncio.run(surge.generate(["ab", "cd", "ef", "gh", "ij"], params))
+        deadline = time.monotonic() + 2
+        while (driver._live or driver.num_used_slots) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not driver._live and driver.num_used_slots == 0  # cancelled at once, not run to the end
+        assert driver.metrics.value("vsurge:request_success_total", finished_reason="abort") >= 1
+        assert engine.calls["step"] < 100
+    finally:
+        driver.stop(timeout=1)

@@ -276,8 +276,15 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         else:
             params_list = [SamplingParams.coerce(sampling_params)] * len(prompts)
         requests = [vSurgeRequest.from_sampling_params(p, sp) for p, sp in zip(prompts, params_list)]
-        submissions = [self.submit(await self._prompt_ids(r), r.to_sampling_params(),
-                                   not r.is_client_side_tokenization) for r in requests]
+        submissions: list[Submission] = []
+        try:
+            for r in requests:
+                submissions.append(self.submit(await self._prompt_ids(r), r.to_sampling_params(),
+                                               not r.is_client_side_tokenization))
+        except BaseException:  # a later prompt refused (queue full, bad prompt): nobody would read the others
+            for submission in submissions:
+                submission.cancel()
+            raise
         if stream:
             return self._tagged(submissions)
         finals: dict[int, dict[int, ReturnSample]] = {}

@@ -31,6 +31,7 @@ from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .scheduler import Scheduler, StepPlan
+from .interface import AbstractInferenceEngine
 from .transfer import PrefixTransferAPI
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def _abstract(tree):
                                                        if isinstance(x, np.ndarray) else x.dtype), tree)
 
 
-class EngineCore(PrefixTransferAPI):
+class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     """Owns the model's split state, the compiled programs and the page pool. Its config's `role`
     decides which programs it runs: both kinds of step, or (disaggregated serving) prompt steps and
     prefix exports, or decode steps and prefix imports (engine/transfer.py)."""

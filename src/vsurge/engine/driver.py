@@ -28,6 +28,7 @@ import warnings
 
 from ..metrics import EngineMetrics
 from .disaggregated import TRANSFER_BACKLOG, Handover
+from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
 from .scheduler import StepPlan
 from .sequence import Sequence, Status
@@ -52,7 +53,7 @@ class Replica:
         self.state = None  # the engine state, when made (and warmed) before the thread starts
 
 
-class Driver:
+class Driver(AbstractDriver):
     def __init__(self, engines, max_queue: int | None = None, metrics: EngineMetrics | None = None,
                  decode_engines=None, transfer_backlog: int = TRANSFER_BACKLOG):
         """engines: the replicas (each prefills and decodes in its own steps); with `decode_engines`,
@@ -193,9 +194,6 @@ class Driver:
             replica.metrics.set_waiting(len(replica.scheduler.waiting) + replica.inbox.qsize() + 1)
         replica.inbox.put(request)
         replica.wake.set()
-
-    def place_request_on_prefill_queue(self, request: ActiveRequest) -> None:
-        self.submit_request(request)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
