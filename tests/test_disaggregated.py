@@ -165,3 +165,39 @@ def test_the_dashboard_shows_the_hand_over(server):
         assert browser.find_elements(By.ID, "model-0-handover") and browser.find_elements(By.ID, "model-0-steps")
     finally:
         browser.quit()
+
+
+# ---------------------------------------------------------------- two processes
+def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, reference):
+    """One jax.distributed job on loopback (gloo collectives, JAX's transfer server for the prefixes):
+    process 0 serves and prefills on its 3 devices, process 1 decodes on its 3."""
+    from server_process import free_port
+
+    coordinator = free_port()
+    args = ["--served-model-name", "tiny", "--dtype", "float32", "--engine", "paged", "--prefill-devices", "0-2",
+            "--decode-devices", "3-5", "--max-concurrent-decodes", "4", "--max-length", "128", "--prefill-lengths",
+            "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
+            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "5"]
+    env = {**DEVICES, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    follower = ServerProcess(str(tiny_tp3), *args, "--process-id", "1", cache_dir="none", env=env)
+    leader = ServerProcess(str(tiny_tp3), *args, "--process-id", "0", cache_dir="none", env=env)
+    try:
+        leader.wait_ready(timeout=400)
+        assert "process 1 follows process 0" in follower.output
+        assert "Paged KV cache of a decode engine" in follower.output
+        client = client_for(leader, timeout=120)
+        prompts = PROMPTS[:6]
+
+        def one(prompt):
+            return prompt, client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS,
+                                                     temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            assert dict(pool.map(one, prompts)) == {p: reference[p] for p in prompts}
+        stats = leader.get("/v1/stats").json()["models"][0]
+        assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
+        assert stats["kv_transfer"]["count"] == len(prompts) and stats["finished_total"] == len(prompts)
+    finally:
+        code = leader.stop(timeout=60)
+        follower.proc.kill()
+    assert code is not None, "the leader did not stop on SIGTERM:\n" + leader.output[-3000:]

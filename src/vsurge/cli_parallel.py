@@ -42,6 +42,9 @@ def add_parallel_args(p: argparse.ArgumentParser, multihost: bool) -> None:
                         "--tensor-parallel-size, else all of them")
     g.add_argument("--prefill-tensor-parallel-size", type=int, default=None,
                    help="devices per prefill engine (default: all of --prefill-devices)")
+    g.add_argument("--transfer-address", default=None, metavar="HOST:PORT",
+                   help="multi-host: where the other processes reach this one's KV transfers (default: the "
+                        "coordinator's port + 1 + process id, on loopback or this host's address)")
 
 
 def validate(args) -> None:
@@ -84,8 +87,12 @@ def init_distributed(args) -> bool:
     if not distributed.requested(args.coordinator_address, args.num_processes, args.process_id, args.distributed):
         return False
     try:
+        transfer = None
+        if disaggregated(args):  # prefixes move between processes' devices
+            transfer = args.transfer_address or distributed.default_transfer_address(args.coordinator_address,
+                                                                                     args.process_id)
         distributed.initialize(args.coordinator_address, args.num_processes, args.process_id,
-                               heartbeat_timeout_seconds=args.heartbeat_timeout)
+                               heartbeat_timeout_seconds=args.heartbeat_timeout, transfer_address=transfer)
     except Exception as e:  # noqa: BLE001: bad flags, an unreachable coordinator
         raise SystemExit(f"vsurge: error: jax.distributed could not start: {e}") from None
     return True
@@ -98,6 +105,11 @@ def load_kwargs(args) -> dict:
     if disaggregated(args):  # loaded onto the prefill group (engine/replicas.py), then copied to the decode group
         from .engine.replicas import group_mesh
 
+        if jax.process_count() > 1:  # each process loads onto its own engines' devices (engine/remote.py)
+            from .engine.remote import local_mesh
+
+            return {"mesh": local_mesh(args.prefill_devices, args.decode_devices, args.prefill_tensor_parallel_size,
+                                       args.tensor_parallel_size)}
         return {"mesh": group_mesh(args.prefill_devices, args.prefill_tensor_parallel_size)}
     tp, dp = args.tensor_parallel_size, getattr(args, "data_parallel_size", None)
     if jax.process_count() > 1 and tp is None and dp is None:
@@ -113,9 +125,12 @@ def is_follower() -> bool:
 
 def follow(surge) -> int:
     """A follower process: run the leader's steps until it stops. Exit status 0 after a clean stop."""
-    from .engine.multihost import follow as run
-
     import jax
+
+    if getattr(surge.driver, "multihost_disaggregated", False):
+        from .engine.remote import follow as run
+    else:
+        from .engine.multihost import follow as run
 
     print(f"vsurge: process {jax.process_index()} follows process 0", file=sys.stderr, flush=True)
     try:

@@ -75,9 +75,11 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
-        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py)
-            from .engine.multihost import attach
-
+        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py, engine/remote.py)
+            if getattr(driver, "multihost_disaggregated", False):
+                from .engine.remote import attach
+            else:
+                from .engine.multihost import attach
             attach(self)
 
     @classmethod
@@ -108,6 +110,11 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
             prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
             seed=seed, context=model.config.max_position_embeddings, **engine_settings)
+        name = vsurge_name or (model.config.name or model.config.architecture)
+        if _across_processes(prefill_devices):
+            return cls._across_processes(model, processor, lambda m, c: vEngine(m, processor, config=c), config,
+                                         vDriver, name, prefill_devices, decode_devices, prefill_tensor_parallel_size,
+                                         tensor_parallel_size, max_queue, transfer_backlog)
         prefill_models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
                                                        prefill_devices, decode_devices, prefill_tensor_parallel_size)
         prefill = [vEngine(m, processor, config=config) for m in prefill_models]
@@ -146,6 +153,11 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             page_size=manager.page_size if manager else page_size, hbm_utilization=hbm_utilization,
             num_pages=manager.num_pages if manager else num_pages, enable_prefix_caching=enable_prefix_caching,
             **engine_settings)
+        if _across_processes(prefill_devices):
+            return cls._across_processes(model, processor, lambda m, c: oEngine(m, processor, config=c), config,
+                                         oDriver, vsurge_name or (model.config.name or model.config.architecture),
+                                         prefill_devices, decode_devices, prefill_tensor_parallel_size,
+                                         tensor_parallel_size, max_queue, transfer_backlog)
         models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
                                                prefill_devices, decode_devices, prefill_tensor_parallel_size)
         if len(models) + len(decode_models) > 1 and (storage is not None or manager is not None):
@@ -161,6 +173,25 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         else:
             driver = oDriver(engines, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
+
+    @classmethod
+    def _across_processes(cls, model, processor, make_engine, config, driver_class, name, prefill_devices,
+                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size, max_queue,
+                          transfer_backlog) -> "vSurge":
+        """Disaggregated serving in a multi-process job: process 0 gets the prefill engines and a view
+        of every decode engine; the others the decode engines on their devices (engine/remote.py)."""
+        from .engine.remote import disaggregated_engines, store_name
+
+        prefill, decode = disaggregated_engines(model, processor, make_engine, config, prefill_devices,
+                                                decode_devices, prefill_tensor_parallel_size, tensor_parallel_size,
+                                                store_name(name))
+        if prefill:
+            driver = driver_class(prefill_engines=prefill, decode_engines=decode, max_queue=max_queue,
+                                  transfer_backlog=transfer_backlog)
+        else:  # a process that only runs decode engines: this driver never starts (remote.follow runs them)
+            driver = driver_class(prefill_engines=decode, decode_engines=decode)
+        driver.multihost_disaggregated = True
+        return cls(driver, vsurge_name=name)
 
     # ------------------------------------------------------------ seed properties
     @property
@@ -321,6 +352,10 @@ def _engine_models(model, tensor_parallel_size, data_parallel_size, mesh, prefil
                          "sizes and the tensor-parallel sizes: data_parallel_size and mesh cannot be given")
     return disaggregated_models(model, prefill_devices, decode_devices, prefill_tensor_parallel_size,
                                 tensor_parallel_size)
+
+
+def _across_processes(prefill_devices) -> bool:
+    return prefill_devices is not None and _several_processes()
 
 
 def _several_processes() -> bool:

@@ -449,8 +449,7 @@ def _check_disaggregated(prefill: list, decode: list) -> None:
 
 def _kv_layout(engine):
     """Per-layer KV shapes and dtype of an engine's pages (None for engines without a model)."""
-    model = getattr(engine, "model", None)
-    return None if model is None else (tuple(model.config.kv_layout), str(model.dtype))
+    return getattr(engine, "kv_signature", None)
 
 
 __all__ = ["Driver", "Replica", "StepPlan", "oDriver", "vDriver"]

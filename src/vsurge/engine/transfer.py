@@ -43,6 +43,7 @@ class KVPrefix:
 
     pages: PrefixPages
     num_pages: int  # the first num_pages of the bucket hold the sequence's K/V
+    transfer_id: int | None = None  # across processes: names the pages the decode engine's owner received
 
     @property
     def bucket(self) -> int:
@@ -71,6 +72,13 @@ def prefix_pages_needed(seq, page_size: int) -> int:
 
 class PrefixTransferAPI:
     """export_prefix / receive_prefix / insert_prefix on EngineCore (self.config, self.pool, ...)."""
+
+    @property
+    def kv_signature(self) -> tuple:
+        """What a prefix's pages look like here (per-layer KV shapes, dtype): engines that hand
+        prefixes to each other must agree on it."""
+        layout = self.model.config.kv_layout
+        return (tuple((l.heads, l.k_dim, l.v_dim) for l in layout), str(self.model.dtype))
 
     def _bucket(self, pages: int) -> int:
         return next(n for n in self.config.transfer_pages if n >= pages)
