@@ -157,7 +157,8 @@ def main() -> int:
                 result = asyncio.run(workload(surge, processor, args))
         finally:
             surge.stop(5)
-        result.update(mode=mode, compile_s=compiled, rounds=args.rounds, devices=args.devices, streams=args.streams, long=args.long,
+        result.update(mode=mode, compile_s=compiled, rounds=args.rounds, devices=args.devices, streams=args.streams,
+                      long=args.long,
                       long_tokens=args.long_tokens, platform=jax.devices()[0].platform,
                       transfers=surge.metrics.value("vsurge:kv_transfer_seconds_count"))
         results[mode] = result
