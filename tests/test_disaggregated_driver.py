@@ -193,3 +193,18 @@ def test_a_prefix_cache_hit_on_the_prefill_side_skips_the_prefill(started):
     assert tokens_of(drain(again)) == expected_tokens(prompt, 5)
     assert prefill.calls["step"] == steps  # every token but the last was cached: no prefill step at all
     assert decode.calls["insert"] == 2 and prefill.pool.prefix_hits == 32
+
+
+def test_a_decode_engine_out_of_pages_makes_the_transfer_wait(started):
+    prefill = [MockEngine(slots=4)]
+    decode = MockEngine(slots=4, decode_delay=0.005)
+    decode.pool = HBMPageManager(num_pages=4, page_size=16, enable_prefix_caching=False)  # one 48-token sequence
+    driver = started(vDriver(prefill_engines=prefill, decode_engines=[decode]))
+    prompts = [[i + 1] * 40 for i in range(4)]  # 40 + 8 tokens: 3 pages each, free slots for all four
+    requests = [make_request(p, max_tokens=8) for p in prompts]
+    for r in requests:
+        driver.submit_request(r)
+    for p, r in zip(prompts, requests):
+        assert tokens_of(drain(r)) == expected_tokens(p, 8)
+    assert decode.max_busy == 1  # the pages, not the slots, held the others back
+    assert driver.replicas[1].scheduler.num_preemptions == 0 and decode.calls["insert"] == 4
