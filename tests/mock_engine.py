@@ -4,6 +4,10 @@ The real Scheduler plans every step over SlotPages. A prompt row that ends its
 prompt samples 10 + sum(prompt) % 7; every decode step adds 1 to a row's
 token. A request therefore produces first, first+1, ... until an eos id or
 max_tokens. Failures and delays can be injected per call.
+
+For disaggregated drivers a prefix is the list of token ids whose K/V the
+prefill engine computed; the decode engine checks it against the sequence it
+attaches (`inserted`), so a prefix that went to the wrong sequence fails loudly.
 """
 
 from __future__ import annotations
@@ -66,7 +70,10 @@ class MockEngine:
         self.model_name = "mock"
         self.decode_delay = decode_delay
         self.fail_on: dict[str, int] = {}  # method -> call number that raises
-        self.calls = {"step": 0}
+        self.calls = {"step": 0, "export": 0, "receive": 0, "insert": 0}
+        self.chunk_rows = 0  # prompt rows computed, over every step
+        self.decode_rows = 0
+        self.inserted: list[int] = []  # request ids whose prefix this engine received
         self.max_busy = 0
         self.slots_used: set[int] = set()
         self.compiled = False
@@ -95,6 +102,8 @@ class MockEngine:
         if self.decode_delay:
             time.sleep(self.decode_delay)
         self.max_busy = max(self.max_busy, len(plan.sequences))
+        self.chunk_rows += len(plan.chunks)
+        self.decode_rows += len(plan.decode)
         self.slots_used.update(s.slot for s in plan.sequences)
         d = len(plan.decode)
         k = plan.num_steps if not plan.chunks else 1
@@ -111,9 +120,28 @@ class MockEngine:
                 if token in seq.request.eos_token_ids or made >= seq.request.max_new_tokens:
                     break
         for j, chunk in enumerate(plan.chunks):
-            if chunk.samples:
-                tokens[0, d + j], valid[0, d + j] = first_token(chunk.seq.tokens), True
+            if chunk.samples:  # a recomputed (preempted) sequence goes on where it was
+                seq = chunk.seq
+                token = seq.tokens[-1] + 1 if seq.generated else first_token(seq.tokens)
+                tokens[0, d + j], valid[0, d + j] = token, True
         return state, MockOutput(tokens, valid, chunk_offset=d)
+
+
+    # -- disaggregated serving: a "prefix" is the tokens whose K/V were computed
+    def export_prefix(self, state, seq):
+        self.calls["export"] += 1
+        return {"tokens": list(seq.tokens[: seq.num_computed]), "seq": seq.seq_id}
+
+    def receive_prefix(self, prefix):
+        self.calls["receive"] += 1
+        return dict(prefix)
+
+    def insert_prefix(self, state, prefix, seq):
+        self.calls["insert"] += 1
+        if prefix["seq"] != seq.seq_id or prefix["tokens"] != seq.tokens[: seq.num_computed]:
+            raise AssertionError(f"prefix of request {prefix['seq']} inserted for request {seq.seq_id}")
+        self.inserted.append(seq.seq_id)
+        return state
 
 
 def expected_tokens(prompt_ids, max_tokens, eos=()):

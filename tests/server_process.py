@@ -32,7 +32,8 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model: str, *extra: str, cache_dir: str, scheme: str = "http", verify=True):
+    def __init__(self, model: str, *extra: str, cache_dir: str, scheme: str = "http", verify=True,
+                 env: dict | None = None):
         self.port, self.metrics_port = free_port(), free_port()
         self.base = f"{scheme}://127.0.0.1:{self.port}"
         self.verify = verify
@@ -40,7 +41,8 @@ class ServerProcess:
                "--metrics-port", str(self.metrics_port), "--compilation-cache", cache_dir, *extra]
         # output goes to a file: nobody reads a pipe while the tests run, and a full pipe blocks the server
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-", suffix=".log")
-        self.proc = subprocess.Popen(cmd, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT,
+                                     text=True)
 
     @property
     def output(self) -> str:

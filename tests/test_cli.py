@@ -7,10 +7,13 @@ CLI engine's programs; the others load them from disk.
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import queue
 import signal
+import struct
 import subprocess
+import termios
 import threading
 import time
 
@@ -141,7 +144,23 @@ class _Lines:
         raise AssertionError(f"timed out; saw: {''.join(seen)[-2000:]}")
 
 
+def _wait_until_read(pipe, timeout: float = 60) -> None:
+    """Until the process on the other end has read everything written to `pipe` (FIONREAD: bytes
+    still in the pipe)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = struct.unpack("i", fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+        if not left:
+            return
+        assert time.monotonic() < deadline, f"the chat did not read its input ({left} bytes left)"
+        time.sleep(0.01)
+
+
 def test_ctrl_c_stops_a_reply_and_a_second_at_the_prompt_quits():
+    """The race this test once lost: a Ctrl-C after the message was written but before the reply began
+    (the chat still reading it, rendering the template, tokenizing: ~20 ms idle, seconds on a loaded
+    machine) quit the chat with no JSON line. Now Ctrl-C stops the reply from the moment its message
+    is read, and the test signals only after the chat has read it."""
     proc = popen_cli("chat", "--max-tokens", "2000", "--json", "--temperature", "0", stdin=subprocess.PIPE,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -149,6 +168,7 @@ def test_ctrl_c_stops_a_reply_and_a_second_at_the_prompt_quits():
         stderr.wait_for(lambda line: line.startswith("Sampling:"), timeout=600)  # compiled, warmed up
         proc.stdin.write("Write a very long story about a dragon who learns to cook.\n")
         proc.stdin.flush()
+        _wait_until_read(proc.stdin)  # a Ctrl-C before that would quit at the prompt, as it should
         time.sleep(3)  # the reply is streaming (2000 tokens take minutes)
         proc.send_signal(signal.SIGINT)
         stopped = json.loads(stdout.wait_for(lambda line: line.startswith("{"), timeout=60))
@@ -181,3 +201,40 @@ def test_bad_arguments_fail_cleanly(tmp_path):
         out = run_cli(*args, timeout=120)
         assert out.returncode != 0 and "vsurge: error: " in out.stderr and message in out.stderr, (args, out.stderr)
         assert "Traceback" not in out.stderr and "Loading" not in out.stderr  # refused before loading
+
+
+def test_ctrl_c_between_reading_a_message_and_its_reply_stops_that_reply(capsys):
+    """The race's window, without timing: Ctrl-C lands while the chat template renders."""
+    from vsurge.cli_chat import run_chat
+    from vsurge.cli_engine import Reply
+    from vsurge.sampling_params import SamplingParams
+
+    class Surge:
+        vsurge_name = "fake"
+
+    class Engine:
+        max_length, surge, templated = 256, Surge(), 0
+
+        def chat_prompt(self, messages):
+            self.templated += 1
+            if self.templated == 1:
+                raise KeyboardInterrupt  # what the SIGINT handler raises at that moment
+            return [1, 2, 3]
+
+        def reply(self, ids, params, on_text=None):
+            return Reply(prompt_tokens=len(ids), text="Paris.", token_ids=[7], finish_reason="stop")
+
+    class Lines:
+        interactive = False
+
+        def __init__(self, lines):
+            self.lines = iter(lines)
+
+        def __call__(self, prompt):
+            return next(self.lines, None)
+
+    code = run_chat(Engine(), SamplingParams(max_tokens=16), system=None, as_json=True,
+                    reader=Lines(["Tell me a story.", "What is the capital of France?"]))
+    replies = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert code == 0 and [r["finish_reason"] for r in replies] == ["interrupted", "stop"]  # the chat went on
+    assert replies[1]["text"] == "Paris."

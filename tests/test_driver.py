@@ -192,10 +192,9 @@ def test_idle_driver_uses_no_cpu(driver_factory):
     assert time.process_time() - start < 0.05  # threads are blocked on queues, not polling
 
 
-@pytest.mark.parametrize("kwargs", [dict(interleaved_mode=True), dict(detokenizing_blocks=1)])
-def test_seed_arguments_without_effect_warn_and_still_work(driver_factory, kwargs):
+def test_seed_arguments_without_effect_warn_and_still_work(driver_factory):
     with pytest.warns(UserWarning, match="has no effect"):
-        driver = driver_factory(**kwargs)
+        driver = driver_factory(detokenizing_blocks=1)
     requests = [make_request([i], max_tokens=6) for i in range(5)]
     for r in requests:
         driver.submit_request(r)
@@ -227,3 +226,28 @@ def test_several_decode_steps_per_call_give_the_same_tokens(driver_factory):
         driver.submit_request(r)
     for i, r in enumerate(requests):
         assert tokens_of(drain(r)) == expected_tokens([i, 2], 3 + 2 * i, [14] if i == 1 else ())
+
+
+def test_vsurge_generate_cancels_the_submitted_prompts_when_a_later_one_is_refused():
+    """Old bug: vSurge.generate submitted prompts one by one; when the queue refused a later one, the
+    earlier ones ran on to max_tokens with nobody reading them."""
+    import asyncio
+
+    from vsurge import vSurge
+
+    engine = MockEngine(slots=1, decode_delay=0.01)
+    driver = vDriver(engine, max_queue=1)
+    driver.start()
+    try:
+        surge = vSurge(driver)
+        params = SamplingParams(max_tokens=400, temperature=0.0)  # 4 s each at 10 ms a step
+        with pytest.raises(QueueFullError):
+            asyncio.run(surge.generate(["ab", "cd", "ef", "gh", "ij"], params))
+        deadline = time.monotonic() + 2
+        while (driver._live or driver.num_used_slots) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not driver._live and driver.num_used_slots == 0  # cancelled at once, not run to the end
+        assert driver.metrics.value("vsurge:request_success_total", finished_reason="abort") >= 1
+        assert engine.calls["step"] < 100
+    finally:
+        driver.stop(timeout=1)

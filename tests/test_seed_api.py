@@ -189,3 +189,118 @@ def test_seed_names_import_from_the_package():
                  "PagedAttentionCache", "HBMPageManager", "vInference", "SampleState", "PromptOutput"):
         assert getattr(vsurge, name).__name__ == name
     assert issubclass(vSurge, object)
+
+
+# ---------------------------------------------------------------- the seed's last gaps (issue 22)
+def test_seed_base_classes_and_state_type_have_the_seeds_names(v_engine):
+    from vsurge import AbstractDriver, AbstractInferenceEngine, GenerationState, oDriver, vDriver
+
+    assert issubclass(vEngine, AbstractInferenceEngine) and issubclass(oEngine, AbstractInferenceEngine)
+    assert issubclass(vDriver, AbstractDriver) and issubclass(oDriver, AbstractDriver)
+    assert isinstance(v_engine.init_decode_state(), GenerationState)
+    with pytest.raises(TypeError, match="abstract"):
+        AbstractDriver()
+
+
+def _batch(prompts, width=16, left=()):
+    """(B, width) tokens and valids; rows in `left` are left-padded."""
+    tokens, valids = np.zeros((len(prompts), width), np.int32), np.zeros((len(prompts), width), bool)
+    for b, p in enumerate(prompts):
+        span = slice(width - len(p), width) if b in left else slice(0, len(p))
+        tokens[b, span], valids[b, span] = p, True
+    return tokens, valids
+
+
+PROMPTS = [[5, 17, 300, 42, 7], [9, 8, 7], [1000, 2000, 3000, 4000, 5000, 6000, 7000]]
+
+
+def test_vengine_prefill_takes_a_batch_its_valids_and_its_key_in_the_seeds_order(v_engine, tiny):
+    model, _ = tiny
+    tokens, valids = _batch(PROMPTS, left={1})
+    lengths = np.asarray([len(p) for p in PROMPTS])
+    key = jax.random.PRNGKey(3)
+    # seed order: (graphstate, graphothers, tokens, valids, true_length, temperature, top_p, rngs)
+    prefixes, first = v_engine.prefill(None, None, tokens, valids, lengths, np.zeros(3), np.ones(3), key)
+    assert isinstance(prefixes, list) and len(prefixes) == 3 and first.shape == (3,)
+    assert first.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS]  # every row, not row 0 only
+    with pytest.raises(ValueError, match="valids marks 5 tokens but true_length is 4"):
+        v_engine.prefill(None, None, tokens[:1], valids[:1], 4, 0.0, 1.0, key)
+    # sampled rows: the key decides the samples
+    hot = np.ones(3)
+    again = [v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, key)[1].tolist() for _ in range(2)]
+    other = v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, jax.random.PRNGKey(4))[1].tolist()
+    assert again[0] == again[1] and other != again[0]
+
+    # no hidden 16-token cap: a slot decodes on until its context is full
+    state = v_engine.bulk_insert(prefixes, v_engine.init_decode_state(), [0, 1, 2])
+    got = [[int(t)] for t in first]
+    for _ in range(24):
+        state, result = v_engine.decode(None, None, state)
+        for b in range(3):
+            assert result.valid[b]
+            got[b].append(int(result.tokens[b]))
+    assert got == [greedy_generate(model, p, 25) for p in PROMPTS]
+    for slot in range(3):
+        v_engine.free_resource(slot)
+
+
+def test_decode_samples_with_its_key(v_engine):
+    tokens, valids = _batch(PROMPTS[:1])
+
+    def run(decode_key):
+        prefix, first = v_engine.prefill(None, None, tokens, valids, 5, 1.0, 1.0, jax.random.PRNGKey(7))
+        state = v_engine.insert(prefix, v_engine.init_decode_state(), 0)
+        out = []
+        for step in range(4):
+            state, result = v_engine.decode(None, None, state, jax.random.fold_in(decode_key, step))
+            out.append(int(result.tokens[0]))
+        v_engine.free_resource(0)
+        return out
+
+    a, b, c = run(jax.random.PRNGKey(1)), run(jax.random.PRNGKey(1)), run(jax.random.PRNGKey(2))
+    assert a == b and a != c
+
+
+def test_oengine_prefill_takes_top_k_before_the_key(tiny):
+    model, processor = tiny
+    engine = oEngine(model, processor, max_concurrent_decodes=2, max_length=64, prefill_lengths=[16], num_pages=8,
+                     page_size=16)
+    tokens, valids = _batch(PROMPTS[:2])
+    # seed order: (..., temperature, top_p, top_k, rngs)
+    prefixes, first = engine.prefill(None, None, tokens, valids, [5, 3], 0.0, 1.0, 0, jax.random.PRNGKey(0))
+    assert first.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS[:2]]
+    top1 = engine.prefill(None, None, tokens, valids, [5, 3], 1.0, 1.0, 1, jax.random.PRNGKey(5))[1]
+    assert top1.tolist() == first.tolist()  # top_k=1 at temperature 1 is greedy: top_k is honoured
+
+
+def test_vinference_count_tokens_takes_the_seeds_keywords(default_model):
+    model, processor = default_model
+    inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]
+    prefilled = len(processor.apply_chat_template(messages))
+    assert inf.count_tokens(messages=messages) == inf.count_tokens(messages) == prefilled
+    hello = len(processor.encode("hello world"))
+    assert inf.count_tokens(text="hello world") == inf.count_tokens("hello world") == hello
+    # oai_like: OpenAI's way of counting chat input (3 per message + content, 3 to prime the reply)
+    contents = [len(processor.encode(m["content"], add_special_tokens=False)) for m in messages]
+    assert inf.count_tokens(messages=messages, oai_like=True) == 3 + sum(3 + n for n in contents)
+    assert inf.count_tokens(text="hello world", oai_like=True) == len(processor.encode("hello world",
+                                                                                        add_special_tokens=False))
+    with pytest.raises(TypeError, match="not both"):
+        inf.count_tokens(messages=messages, text="hi")
+    with pytest.raises(TypeError, match="needs messages"):
+        inf.count_tokens()
+
+
+def test_vinference_generate_returns_the_final_sample_state(default_model):
+    model, processor = default_model
+    inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=4))
+    states, gen = [], inf.generate([[5, 6, 7]], sampling_params=SamplingParams(max_tokens=8, temperature=0.0))
+    while True:
+        try:
+            states.append(next(gen))
+        except StopIteration as end:
+            final = end.value
+            break
+    assert isinstance(final, vsurge.SampleState) and final is states[-1]
+    assert final.is_sequence_finished.all() and final.row_tokens(0) == greedy_generate(model, [5, 6, 7], 8)

@@ -62,7 +62,8 @@ def test_model_stats_reads_every_series():
     assert stats.itl.p50 == pytest.approx(0.075) and stats.e2e.count == 2
     assert stats.queue_time.count == 0 and stats.queue_time.p50 is None
     assert [r.id for r in stats.replicas] == [0]
-    assert stats.replicas[0].model_dump(exclude={"id"}) == stats.model_dump(
+    assert stats.replicas[0].role == "both"
+    assert stats.replicas[0].model_dump(exclude={"id", "role"}) == stats.model_dump(
         exclude={"name", "ready", "max_model_len", "replicas"})
 
 
@@ -88,3 +89,28 @@ def test_replicas_add_up():
 def test_histogram_stats_from_no_buckets():
     empty = histogram_stats([], 0.0)
     assert empty.count == 0 and empty.mean is None and empty.bucket_bounds == []
+
+
+def test_a_disaggregated_model_reports_roles_steps_and_hand_overs():
+    metrics = EngineMetrics("m")
+    prefill, decode = metrics.for_replica(0, "prefill"), metrics.for_replica(1, "decode")
+    for _ in range(3):
+        prefill.engine_step()
+    for _ in range(7):
+        decode.engine_step()
+    for seconds in (0.002, 0.004):
+        decode.kv_transfer(seconds)
+    metrics.set_transfer_queue_depth(2)
+
+    class Replica:
+        def __init__(self, m):
+            self.metrics = m
+
+    stats = model_stats("m", FakeSurge(metrics), [Replica(m) for m in metrics.replica_metrics()])
+    assert [(r.id, r.role) for r in stats.replicas] == [(0, "prefill"), (1, "decode")]
+    assert stats.steps == {"decode": 7, "prefill": 3}
+    assert stats.replicas[0].steps == {"prefill": 3} and stats.replicas[1].steps == {"decode": 7}
+    assert stats.kv_transfer.count == 2 and stats.kv_transfer.sum == pytest.approx(0.006)
+    assert stats.replicas[1].kv_transfer.count == 2 and stats.replicas[0].kv_transfer.count == 0
+    assert stats.kv_transfer_queue_depth == 2
+    assert metrics.value("vsurge:engine_steps_total") == 10

@@ -413,9 +413,9 @@ def test_stats_schema_and_agreement_with_metrics(server):
     assert abs(parsed.timestamp - time.time()) < 60
     model = body["models"][0]
     assert (model["name"], model["max_model_len"], model["ready"]) == (MODEL, 512, True)
-    assert [r["id"] for r in model["replicas"]] == [0]
+    assert [(r["id"], r["role"]) for r in model["replicas"]] == [(0, "both")]
     replica = dict(model["replicas"][0])
-    del replica["id"]
+    del replica["id"], replica["role"]
     assert replica == {k: v for k, v in model.items() if k not in ("name", "ready", "max_model_len", "replicas")}
 
     def m(name, **labels):
@@ -435,6 +435,8 @@ def test_stats_schema_and_agreement_with_metrics(server):
         bounds = model[key]["bucket_bounds"] + [float("inf")]
         assert model[key]["bucket_counts"] == [m(series + "_bucket", le=_le(b)) for b in bounds], key
     assert model["streamed_tokens"] == model["ttft"]["count"] + model["itl"]["count"]
+    assert model["steps"] == {"both": m("vsurge:engine_steps_total", role="both")} and model["steps"]["both"] > 0
+    assert model["kv_transfer"]["count"] == 0 and model["kv_transfer_queue_depth"] == 0  # one engine: no hand-over
 
 
 def _le(bound: float) -> str:

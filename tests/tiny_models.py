@@ -72,8 +72,10 @@ TINY_CONFIGS = {
 HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}}
 
 
-def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_size=None, seed: int = 0):
-    """Save a random model of config `name` (safetensors) plus the default tokenizer into `folder`.
+def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_size=None, seed: int = 0,
+                     **overrides):
+    """Save a random model of config `name` (safetensors) plus the default tokenizer into `folder`;
+    `overrides` change config fields (e.g. head counts that a tensor-parallel size divides).
 
     Returns the torch model (float32, eval mode).
     """
@@ -81,7 +83,7 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
     import transformers
 
     cls_name, extra = TINY_CONFIGS[name]
-    config = getattr(transformers, cls_name)(**{**COMMON, **extra})
+    config = getattr(transformers, cls_name)(**{**COMMON, **extra, **overrides})
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

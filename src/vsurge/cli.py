@@ -341,19 +341,21 @@ def cmd_serve(args) -> int:
     buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
     name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
                                       if args.model != "default" else "SmolLM2-135M-Instruct")
+    parallel = (cli_parallel.disaggregated_kwargs(args) if cli_parallel.disaggregated(args)
+                else cli_parallel.load_kwargs(args))
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
-                  speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy,
-                  **cli_parallel.load_kwargs(args))
+                  speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy, **parallel)
     try:
         if args.engine == "paged":
             surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
                                           hbm_utilization=args.hbm_utilization,
                                           enable_prefix_caching=not args.no_prefix_caching, **common)
-            manager = surge.engine.manager
-            print(f"Paged KV cache: {manager.num_pages} pages of {manager.page_size} tokens "
-                  f"({manager.max_tokens} tokens)", file=sys.stderr, flush=True)
+            for engine in surge.driver.engines:
+                manager, role = engine.manager, engine.config.role
+                print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "
+                      f"pages of {manager.page_size} tokens ({manager.max_tokens} tokens)", file=sys.stderr, flush=True)
         else:
             surge = vSurge.create_vdriver(model, processor, **common)
     except ValueError as e:

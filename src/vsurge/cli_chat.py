@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Callable, TextIO
 
-from .cli_engine import LocalEngine, status
+from .cli_engine import LocalEngine, Reply, status
 from .sampling_params import SamplingParams
 
 BLOCK = '"""'
@@ -141,18 +142,25 @@ def _turn(engine: LocalEngine, params: SamplingParams, conversation: Conversatio
         status(f"unknown command {command}: /help lists the commands")
         return False
     conversation.add("user", message)
-    ids = conversation.prompt_ids(engine, room_for_reply=min(params.max_tokens, engine.max_length // 2))
-    if ids is None:
-        status(f"vsurge: error: that message does not fit in the context of {engine.max_length} tokens")
-        conversation.messages.pop()
-        return False
-    room = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
+    ids = None
     try:
+        ids = conversation.prompt_ids(engine, room_for_reply=min(params.max_tokens, engine.max_length // 2))
+        if ids is None:
+            status(f"vsurge: error: that message does not fit in the context of {engine.max_length} tokens")
+            conversation.messages.pop()
+            return False
+        room = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
         reply = engine.reply(ids, room, on_text=None if as_json else write_text)
     except ValueError as e:  # the engine refused the request (its message says why)
         status(f"vsurge: error: {e}")
         conversation.messages.pop()
         return False
+    except KeyboardInterrupt:
+        # Ctrl-C once the message is read but before its reply started (the chat template and the
+        # tokenizer run first: ~20 ms, seconds on a loaded machine) stops that reply, as it would a
+        # moment later inside engine.reply; only Ctrl-C while waiting for input quits.
+        reply = Reply(prompt_tokens=len(ids or ()), finish_reason="interrupted", seed=params.seed)
+        reply.finished_at = time.perf_counter()
     if as_json:
         print(json.dumps(reply.as_json(), ensure_ascii=False), flush=True)
     else:

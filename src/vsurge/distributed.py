@@ -9,7 +9,10 @@ spans them all. vsurge sets three things first:
     instead (engine/multihost.py);
   * jax_enable_preemption_service off: it takes SIGTERM, which the server uses
     to drain;
-  * on CPU, cross-process collectives over gloo (jax_cpu_collectives_implementation).
+  * on CPU, cross-process collectives over gloo (jax_cpu_collectives_implementation);
+  * for disaggregated serving across processes (engine/remote.py), JAX's transfer
+    server at `transfer_address` (jax_cross_host_transfer_socket_address): it
+    carries jax.device_put of a prefix from one process's devices to another's.
 
 The coordination service (run by process 0) also carries vsurge's per-step
 messages and its view of which processes are alive (`client`, `live_processes`).
@@ -36,7 +39,7 @@ def requested(coordinator_address=None, num_processes=None, process_id=None, aut
 
 def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
                process_id: int | None = None, *, heartbeat_timeout_seconds: int = DEFAULT_HEARTBEAT_TIMEOUT,
-               initialization_timeout: int = 300) -> None:
+               initialization_timeout: int = 300, transfer_address: str | None = None) -> None:
     """jax.distributed.initialize with vsurge's settings. Unset arguments come from JAX's own
     cluster detection (JAX_COORDINATOR_ADDRESS, SLURM, Open MPI, TPU pod slices, GKE, ...)."""
     import jax
@@ -46,6 +49,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     jax.config.update("jax_enable_recoverability", True)
     jax.config.update("jax_enable_preemption_service", False)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if transfer_address:  # before the backend starts: its client is made with the transfer server
+        jax.config.update("jax_cross_host_transfer_socket_address", transfer_address)
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                heartbeat_timeout_seconds=int(heartbeat_timeout_seconds),
                                initialization_timeout=int(initialization_timeout))
@@ -80,3 +85,17 @@ def agree_min(value: int) -> int:
     from jax.experimental import multihost_utils
 
     return int(np.min(multihost_utils.process_allgather(np.asarray(value, np.int64))))
+
+
+def default_transfer_address(coordinator_address: str | None, process_id: int | None) -> str:
+    """This process's transfer-server address when none is given: on the coordinator's host (a
+    loopback job) or this host's name, at the coordinator's port + 1 + the process id."""
+    import socket
+
+    if not coordinator_address or process_id is None:
+        raise ValueError("disaggregated serving across processes needs --transfer-address HOST:PORT (where the "
+                         "other processes reach this one) when the coordinator or the process id is detected")
+    host, _, port = coordinator_address.rpartition(":")
+    if host not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        host = socket.gethostbyname(socket.gethostname())
+    return f"{host}:{int(port) + 1 + int(process_id)}"

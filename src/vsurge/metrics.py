@@ -5,6 +5,13 @@ collide); the server exposes them all. Every series carries `model_name` and
 `replica` labels: a model served by several data-parallel replicas records each
 replica under its own label value (`for_replica`), and the model's totals are
 their sum (`value`, /v1/stats, or `sum by (model_name)` in PromQL).
+
+Disaggregated serving (engine/disaggregated.py) adds what its hand-over does:
+`vsurge:kv_transfer_seconds` (one observation per prefix moved, under the
+decode replica that received it), `vsurge:kv_transfer_queue_depth` (prefixes
+between a prefill engine and their decode engine's step) and, for every
+engine, `vsurge:engine_steps_total` with the engine's `role` (prefill, decode,
+or both when it interleaves them).
 """
 
 from __future__ import annotations
@@ -14,15 +21,18 @@ from prometheus_client.metrics import MetricWrapperBase
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _COMPILE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_TRANSFER_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class EngineMetrics:
     """Counters and histograms of one model; this object records under replica `replica`."""
 
-    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, replica: int = 0):
+    def __init__(self, model_name: str, registry: CollectorRegistry | None = None, replica: int = 0,
+                 role: str = "both"):
         self.registry = registry or CollectorRegistry()
         self.model_name = model_name
         self.replica = replica
+        self.role = role  # what this replica's engine computes: "both", "prefill" or "decode"
         self._views = {replica: self}  # replica index -> the object recording under it (shared)
         labels = ["model_name", "replica"]
         r = self.registry
@@ -51,6 +61,13 @@ class EngineMetrics:
                                        labels, registry=r)
         self._prefix_hits = Counter("vsurge:prefix_cache_hits", "Prompt tokens found in the prefix cache",
                                     labels, registry=r)
+        self._steps = Counter("vsurge:engine_steps", "Engine steps (device calls) by the engine's role",
+                              labels + ["role"], registry=r)
+        self._transfer = Histogram("vsurge:kv_transfer_seconds",
+                                   "Time to move one prefix's KV pages to a decode engine's devices", labels,
+                                   buckets=_TRANSFER_BUCKETS, registry=r)
+        self._transfer_depth = Gauge("vsurge:kv_transfer_queue_depth",
+                                     "Prefixes waiting between prefill and decode engines", labels, registry=r)
 
     def rename(self, model_name: str) -> None:
         """Label every later series with `model_name` (the served name), dropping series recorded
@@ -63,13 +80,16 @@ class EngineMetrics:
         for view in [self, *self._views.values()]:
             view.model_name = model_name
 
-    def for_replica(self, index: int) -> "EngineMetrics":
-        """The same series recorded under replica `index` (created on first use)."""
+    def for_replica(self, index: int, role: str | None = None) -> "EngineMetrics":
+        """The same series recorded under replica `index` (created on first use); `role`: what the
+        replica's engine computes (its step counts carry it)."""
         if index not in self._views:
             view = object.__new__(EngineMetrics)
             view.__dict__.update(self.__dict__)
             view.replica = index
             self._views[index] = view
+        if role is not None:
+            self._views[index].role = role
         return self._views[index]
 
     def replica_metrics(self) -> list["EngineMetrics"]:
@@ -125,6 +145,15 @@ class EngineMetrics:
     def prefix_cache(self, queried: int, hit: int):
         self._l(self._prefix_queries).inc(queried)
         self._l(self._prefix_hits).inc(hit)
+
+    def engine_step(self):
+        self._l(self._steps, role=self.role).inc()
+
+    def kv_transfer(self, seconds: float):
+        self._l(self._transfer).observe(seconds)
+
+    def set_transfer_queue_depth(self, n: int):
+        self._l(self._transfer_depth).set(n)
 
     # -- reading
     def value(self, name: str, **labels) -> float:

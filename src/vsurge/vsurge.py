@@ -85,9 +85,11 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
-        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py)
-            from .engine.multihost import attach
-
+        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py, engine/remote.py)
+            if getattr(driver, "multihost_disaggregated", False):
+                from .engine.remote import attach
+            else:
+                from .engine.multihost import attach
             attach(self)
 
     @classmethod
@@ -97,25 +99,39 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                        max_queue: int | None = None, interleaved_mode: bool = False,
                        detokenizing_blocks: int = 8, max_concurrent_prefill: int | None = None,
                        config: EngineConfig | None = None, tensor_parallel_size: int | None = None,
-                       data_parallel_size: int | None = None, mesh=None, **engine_settings) -> "vSurge":
+                       data_parallel_size: int | None = None, mesh=None, prefill_devices=None,
+                       decode_devices=None, prefill_tensor_parallel_size: int | None = None,
+                       transfer_backlog: int = 4, **engine_settings) -> "vSurge":
         """A dense vEngine (a fixed run of KV pages per slot) driven by a vDriver.
 
         The seed's keyword arguments map onto an EngineConfig (`config` overrides them;
         `engine_settings` are further EngineConfig fields, e.g. decode_steps).
         tensor_parallel_size / data_parallel_size (or a (data, model) `mesh`): one engine per
         data-parallel replica, each tensor-parallel over its own device group (engine/replicas.py);
-        by default the engine runs where the model's weights are."""
-        from .engine.replicas import replica_models
+        by default the engine runs where the model's weights are.
+
+        prefill_devices / decode_devices (device indices: "0-2", [3, 4, 5]): disaggregated serving,
+        prefill engines on the first group and decode engines on the second (engine/disaggregated.py);
+        each group is one engine tensor-parallel over all its devices, or engines of
+        prefill_tensor_parallel_size (prefill) / tensor_parallel_size (decode) devices each."""
         from .engine.vengine import vEngine
 
         config = config or EngineConfig.from_seed_kwargs(
             max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
             prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
             seed=seed, context=model.config.max_position_embeddings, **engine_settings)
-        engines = [vEngine(m, processor, config=config)
-                   for m in replica_models(model, tensor_parallel_size, data_parallel_size, mesh)]
-        driver = vDriver(prefill_engines=engines, decode_engines=engines, interleaved_mode=interleaved_mode,
-                         detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
+        name = vsurge_name or (model.config.name or model.config.architecture)
+        if _across_processes(prefill_devices):
+            return cls._across_processes(model, processor, lambda m, c: vEngine(m, processor, config=c), config,
+                                         vDriver, name, prefill_devices, decode_devices, prefill_tensor_parallel_size,
+                                         tensor_parallel_size, max_queue, transfer_backlog)
+        prefill_models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
+                                                       prefill_devices, decode_devices, prefill_tensor_parallel_size)
+        prefill = [vEngine(m, processor, config=config) for m in prefill_models]
+        decode = [vEngine(m, processor, config=config) for m in decode_models] if decode_models else prefill
+        driver = vDriver(prefill_engines=prefill, decode_engines=decode, interleaved_mode=interleaved_mode,
+                         detokenizing_blocks=detokenizing_blocks, max_queue=max_queue,
+                         transfer_backlog=transfer_backlog)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
 
     @classmethod
@@ -127,14 +143,18 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                        enable_prefix_caching: bool = True, max_queue: int | None = None,
                        detokenizing_blocks: int = 8, config: EngineConfig | None = None,
                        tensor_parallel_size: int | None = None, data_parallel_size: int | None = None,
-                       mesh=None, **engine_settings) -> "vSurge":
+                       mesh=None, prefill_devices=None, decode_devices=None,
+                       prefill_tensor_parallel_size: int | None = None, interleaved_mode: bool = False,
+                       transfer_backlog: int = 4, **engine_settings) -> "vSurge":
         """A paged oEngine (pages on demand, prefix caching, preemption) driven by an oDriver.
 
         The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights.
         tensor_parallel_size / data_parallel_size / mesh: as for create_vdriver (each replica has
-        its own pool; `storage` and `manager` serve one replica only)."""
+        its own pool; `storage` and `manager` serve one replica only). prefill_devices /
+        decode_devices: disaggregated serving, as for create_vdriver (the prefix cache lives on the
+        prefill engines; decode engines allocate pages for each prefix as it arrives)."""
         from .engine.oengine import oEngine
-        from .engine.replicas import agreed_num_pages, replica_models
+        from .engine.replicas import agreed_num_pages
 
         config = config or EngineConfig.from_seed_kwargs(
             max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
@@ -143,14 +163,45 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             page_size=manager.page_size if manager else page_size, hbm_utilization=hbm_utilization,
             num_pages=manager.num_pages if manager else num_pages, enable_prefix_caching=enable_prefix_caching,
             **engine_settings)
-        models = replica_models(model, tensor_parallel_size, data_parallel_size, mesh)
-        if len(models) > 1 and (storage is not None or manager is not None):
-            raise ValueError("storage and manager serve one engine; with data_parallel_size > 1 each replica "
-                             "builds its own page pool")
+        if _across_processes(prefill_devices):
+            return cls._across_processes(model, processor, lambda m, c: oEngine(m, processor, config=c), config,
+                                         oDriver, vsurge_name or (model.config.name or model.config.architecture),
+                                         prefill_devices, decode_devices, prefill_tensor_parallel_size,
+                                         tensor_parallel_size, max_queue, transfer_backlog)
+        models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
+                                               prefill_devices, decode_devices, prefill_tensor_parallel_size)
+        if len(models) + len(decode_models) > 1 and (storage is not None or manager is not None):
+            raise ValueError("storage and manager serve one engine; with data_parallel_size > 1 or separate "
+                             "prefill and decode engines each engine builds its own page pool")
         config = agreed_num_pages(models[0], config)
         engines = [oEngine(m, processor, storage=storage, manager=manager, config=config) for m in models]
-        driver = oDriver(engines, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
+        if decode_models:
+            decode = [oEngine(m, processor, config=agreed_num_pages(m, config)) for m in decode_models]
+            driver = oDriver(prefill_engines=engines, decode_engines=decode, interleaved_mode=interleaved_mode,
+                             detokenizing_blocks=detokenizing_blocks, max_queue=max_queue,
+                             transfer_backlog=transfer_backlog)
+        else:
+            driver = oDriver(engines, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
         return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
+
+    @classmethod
+    def _across_processes(cls, model, processor, make_engine, config, driver_class, name, prefill_devices,
+                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size, max_queue,
+                          transfer_backlog) -> "vSurge":
+        """Disaggregated serving in a multi-process job: process 0 gets the prefill engines and a view
+        of every decode engine; the others the decode engines on their devices (engine/remote.py)."""
+        from .engine.remote import disaggregated_engines, store_name
+
+        prefill, decode = disaggregated_engines(model, processor, make_engine, config, prefill_devices,
+                                                decode_devices, prefill_tensor_parallel_size, tensor_parallel_size,
+                                                store_name(name))
+        if prefill:
+            driver = driver_class(prefill_engines=prefill, decode_engines=decode, max_queue=max_queue,
+                                  transfer_backlog=transfer_backlog)
+        else:  # a process that only runs decode engines: this driver never starts (remote.follow runs them)
+            driver = driver_class(prefill_engines=decode, decode_engines=decode)
+        driver.multihost_disaggregated = True
+        return cls(driver, vsurge_name=name)
 
     # ------------------------------------------------------------ seed properties
     @property
@@ -289,8 +340,15 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         else:
             params_list = [SamplingParams.coerce(sampling_params)] * len(prompts)
         requests = [vSurgeRequest.from_sampling_params(p, sp) for p, sp in zip(prompts, params_list)]
-        submissions = [self.submit(await self._prompt_ids(r), r.to_sampling_params(),
-                                   not r.is_client_side_tokenization) for r in requests]
+        submissions: list[Submission] = []
+        try:
+            for r in requests:
+                submissions.append(self.submit(await self._prompt_ids(r), r.to_sampling_params(),
+                                               not r.is_client_side_tokenization))
+        except BaseException:  # a later prompt refused (queue full, bad prompt): nobody would read the others
+            for submission in submissions:
+                submission.cancel()
+            raise
         if stream:
             return self._tagged(submissions)
         finals: dict[int, dict[int, ReturnSample]] = {}
@@ -311,6 +369,26 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         async for index, sample in merged_updates(submissions):
             sample.metadata = {"request_index": index}
             yield [sample]
+
+
+def _engine_models(model, tensor_parallel_size, data_parallel_size, mesh, prefill_devices, decode_devices,
+                   prefill_tensor_parallel_size) -> tuple[list, list]:
+    """(models of the prefill engines, or of every replica; models of the decode engines, or [])."""
+    from .engine.replicas import disaggregated_models, replica_models
+
+    if prefill_devices is None and decode_devices is None:
+        if prefill_tensor_parallel_size is not None:
+            raise ValueError("prefill_tensor_parallel_size needs prefill_devices and decode_devices")
+        return replica_models(model, tensor_parallel_size, data_parallel_size, mesh), []
+    if data_parallel_size is not None or mesh is not None:
+        raise ValueError("with prefill_devices and decode_devices the engines per group come from the groups' "
+                         "sizes and the tensor-parallel sizes: data_parallel_size and mesh cannot be given")
+    return disaggregated_models(model, prefill_devices, decode_devices, prefill_tensor_parallel_size,
+                                tensor_parallel_size)
+
+
+def _across_processes(prefill_devices) -> bool:
+    return prefill_devices is not None and _several_processes()
 
 
 def _several_processes() -> bool:

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
+ROLES = ("both", "prefill", "decode")
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
 
 
@@ -59,6 +60,10 @@ class EngineConfig:
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
     # "fcfs": first come, first served; "priority": requests' `priority` orders the queue and may preempt
     scheduling_policy: str = "fcfs"
+    # What the engine's steps compute (disaggregated serving, engine/disaggregated.py): "both"
+    # (prompt chunks and decode rows in one step: interleaved), "prefill" (prompt chunks only; a
+    # finished prefix is handed to a decode engine) or "decode" (decode rows only).
+    role: str = "both"
 
     def __post_init__(self):
         for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):
@@ -74,6 +79,8 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):
             raise ValueError(f"chunk_lengths must be in [1, prefill_tokens={self.prefill_tokens}], "
                              f"got {self.chunk_lengths}")
@@ -125,7 +132,7 @@ class EngineConfig:
     def mixed_decode_rows(self) -> list[int]:
         """Decode rows of steps that also prefill: 0, max_slots, and every quarter of it down to 32
         (coarser than decode_rows: such a step's cost is mostly its prompt tokens)."""
-        if self.prefill_first:
+        if self.prefill_first or self.role == "prefill":
             return [0]
         rows, n = {0, max(2, self.max_slots)}, self.max_slots // 4
         while n >= 32:
@@ -166,6 +173,12 @@ class EngineConfig:
         if self.window_buckets:
             return sorted(self.window_buckets)
         return [self.pages_per_sequence]
+
+    @functools.cached_property
+    def transfer_pages(self) -> list[int]:
+        """Page counts of the programs that move a prefix between a prefill and a decode engine
+        (1, 2, 4, ... and every page of max_length): a prefix is padded to the next one."""
+        return sorted({*_powers(1, self.pages_per_sequence), self.pages_per_sequence})
 
     def dynamic_window(self, window: int) -> bool:
         """Decode programs of this window loop over page columns instead of unrolling them (more than

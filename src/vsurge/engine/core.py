@@ -32,6 +32,8 @@ from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .scheduler import Scheduler, StepPlan
+from .interface import AbstractInferenceEngine
+from .transfer import PrefixTransferAPI
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,10 @@ def _abstract(tree):
                                                        if isinstance(x, np.ndarray) else x.dtype), tree)
 
 
-class EngineCore:
-    """Owns the model's split state, the compiled programs and the page pool."""
+class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
+    """Owns the model's split state, the compiled programs and the page pool. Its config's `role`
+    decides which programs it runs: both kinds of step, or (disaggregated serving) prompt steps and
+    prefix exports, or decode steps and prefix imports (engine/transfer.py)."""
 
     def __init__(self, model, processor, config: EngineConfig, pool):
         self.model = model.for_context(config.max_length)  # a config may depend on the context (LongRoPE)
@@ -109,9 +113,11 @@ class EngineCore:
         """Every program the engine runs."""
         c = self.config
         jobs: list[tuple] = [("init",), ("set_slot",)]
-        jobs += [("decode", rows, window) for window in c.page_windows for rows in c.decode_rows]
-        jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_rows(shape)]
-        return jobs
+        if c.role != "prefill":
+            jobs += [("decode", rows, window) for window in c.page_windows for rows in c.decode_rows]
+        if c.role != "decode":
+            jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_rows(shape)]
+        return jobs + self._transfer_jobs()
 
     def compile(self, progress: bool = True) -> None:
         """Compile every program the engine will run, on one thread per core (XLA compiles without
@@ -174,6 +180,8 @@ class EngineCore:
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)
         if kind == "init":
             return jax.jit(self._empty_state, **self._shardings(kind, state)).lower().compile()
+        if kind in ("export", "import"):
+            return self._compile_transfer(key, state)
         if kind == "set_slot":
             arrays = self.batches.slot_arrays_spec()
             fn = jax.jit(programs.set_slot, donate_argnums=(0,), **self._shardings(kind, state))
@@ -211,6 +219,8 @@ class EngineCore:
         prompt = [self.pad_token_id] * min(16, self.config.prompt_limit)
         request = ActiveRequest(prompt, SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True), 0,
                                 steps, [], ReturnChannel(), detokenize=False)
+        if self.config.role != "both":
+            return self._warm_up_role(state, request)
         scheduler = self.new_scheduler()
         scheduler.add(Sequence.of(request, self._processor, self.vocab_size))
         while scheduler.has_work:

@@ -11,6 +11,11 @@ of one model are data parallelism; each records its metrics under its own
 and marks the driver not ready; callers never hang. `stop()` drains, then
 fails what is left. vDriver (dense engines) and oDriver (a paged engine) are
 this driver with the seed's constructor signatures.
+
+With separate prefill and decode engines (`vDriver(prefill_engines=[...],
+decode_engines=[...])`) the driver is disaggregated: requests go to the prefill
+engines, whose threads hand finished prefixes to the decode engines' threads
+through bounded transfer backlogs (engine/disaggregated.py).
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import time
 import warnings
 
 from ..metrics import EngineMetrics
+from .disaggregated import TRANSFER_BACKLOG, Handover
 from .encode import EncodeRequest
+from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
 from .scheduler import StepPlan
-from .sequence import Sequence
+from .sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +43,7 @@ class Replica:
     def __init__(self, engine, index: int):
         self.engine = engine
         self.index = index
+        self.role = engine.config.role  # "both" (interleaved), "prefill" or "decode"
         self.scheduler = engine.new_scheduler()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
@@ -47,16 +55,27 @@ class Replica:
         self.state = None  # the engine state, when made (and warmed) before the thread starts
 
 
-class Driver:
-    def __init__(self, engines, max_queue: int | None = None, metrics: EngineMetrics | None = None):
-        engines = list(engines)
+class Driver(AbstractDriver):
+    def __init__(self, engines, max_queue: int | None = None, metrics: EngineMetrics | None = None,
+                 decode_engines=None, transfer_backlog: int = TRANSFER_BACKLOG):
+        """engines: the replicas (each prefills and decodes in its own steps); with `decode_engines`,
+        `engines` are prefill engines and the driver is disaggregated (prefill -> transfer -> decode)."""
+        engines, decode_engines = list(engines), list(decode_engines or [])
         if not engines:
             raise ValueError("a driver needs at least one engine")
-        self.replicas = [Replica(engine, i) for i, engine in enumerate(engines)]
+        if decode_engines:
+            _check_disaggregated(engines, decode_engines)
+            for engine, role in [(e, "prefill") for e in engines] + [(e, "decode") for e in decode_engines]:
+                if engine.config.role != role:  # the role decides the programs and the scheduling
+                    engine.config = engine.config.replace(role=role)
+        self.replicas = [Replica(engine, i) for i, engine in enumerate(engines + decode_engines)]
         self.max_queue = max_queue
         self.metrics = metrics or EngineMetrics(engines[0].model_name)
         for replica in self.replicas:
-            replica.metrics = self.metrics.for_replica(replica.index)
+            replica.metrics = self.metrics.for_replica(replica.index, replica.role)
+        self.handover = (Handover(self, [r for r in self.replicas if r.role == "prefill"],
+                                  [r for r in self.replicas if r.role == "decode"], transfer_backlog)
+                         if decode_engines else None)
         self._lock = threading.Lock()
         self._live: set[ActiveRequest] = set()
         self._threads: list[threading.Thread] = []
@@ -70,6 +89,18 @@ class Driver:
     @property
     def primary_engine(self):
         return self.replicas[0].engine
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.handover is not None
+
+    @property
+    def prefill_engines(self) -> list:
+        return [r.engine for r in self.replicas if r.role != "decode"]
+
+    @property
+    def decode_engines(self) -> list:
+        return [r.engine for r in self.replicas if r.role != "prefill"]
 
     @property
     def engines(self) -> list:
@@ -92,11 +123,11 @@ class Driver:
         return self._error
 
     def get_total_concurrent_requests(self) -> int:
-        return sum(r.engine.max_concurrent_decodes for r in self.replicas)
+        return sum(e.max_concurrent_decodes for e in self.decode_engines)
 
     @property
     def num_used_slots(self) -> int:
-        return sum(len(r.scheduler.running) for r in self.replicas)
+        return sum(len(r.scheduler.running) for r in self.replicas if r.role != "prefill")
 
     @property
     def num_waiting(self) -> int:
@@ -117,7 +148,7 @@ class Driver:
         for engine in dict.fromkeys(self.engines):
             engine.compile()
         for thread in init:
-            thread.join()
+            thread.join()  # (a warm-up of a role runs what that role runs: engine/transfer.py)
         for replica in self.replicas if local else ():
             if replica.state is None:
                 raise RuntimeError(f"replica {replica.index}: the engine state could not be made (see the log)")
@@ -141,10 +172,13 @@ class Driver:
         self._running = self._accepting = True
         self._error = None
         for replica in self.replicas:
-            thread = threading.Thread(target=self._guarded, args=(replica,), name=f"vsurge-engine-{replica.index}",
-                                      daemon=True)
+            thread = threading.Thread(target=self._guarded_call, args=(self._loop, replica),
+                                      name=f"vsurge-engine-{replica.index}", daemon=True)
             self._threads.append(thread)
             thread.start()
+        if self.handover is not None:
+            self.handover.start()
+            self._threads += self.handover.threads
 
     def submit_encode(self, request: EncodeRequest) -> None:
         """Queue a prompt for an embed/score pass (engine/encode.py): batched with every other one
@@ -167,14 +201,11 @@ class Driver:
                 raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
                                      f"retry later")
             self._live.add(request)
-            replica = min(self.replicas, key=lambda r: (r.load, r.index))
+            replica = self._least_loaded_prefill()
             replica.load += 1
             replica.metrics.set_waiting(len(replica.scheduler.waiting) + replica.inbox.qsize() + 1)
         replica.inbox.put(request)
         replica.wake.set()
-
-    def place_request_on_prefill_queue(self, request: ActiveRequest) -> None:
-        self.submit_request(request)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
@@ -185,12 +216,15 @@ class Driver:
             time.sleep(0.02)
         self._shutdown(DriverNotReadyError("the driver stopped before this request finished"))
 
-    # ------------------------------------------------------------ the engine thread
-    def _guarded(self, replica: Replica) -> None:
+    def _least_loaded_prefill(self) -> Replica:
+        return min((r for r in self.replicas if r.role != "decode"), key=lambda r: (r.load, r.index))
+
+    # ------------------------------------------------------------ the engine threads
+    def _guarded_call(self, loop, replica: Replica) -> None:
         try:
-            self._loop(replica)
+            loop(replica)
         except BaseException as exc:  # noqa: BLE001: any failure must reach the callers
-            log.exception("%s engine thread %d failed", type(self).__name__, replica.index)
+            log.exception("%s thread of replica %d failed", type(self).__name__, replica.index)
             self._error = RuntimeError(f"{type(self).__name__} engine thread {replica.index} failed: {exc!r}")
             self._shutdown(self._error)
 
@@ -202,9 +236,13 @@ class Driver:
             self._drop_cancelled(replica)
             if replica.encodes:
                 self._encode(replica)
+            if replica.role == "prefill":
+                self.handover.hand_over(replica, state)
+            elif replica.role == "decode":
+                state = self.handover.take_arrivals(replica, state)
             if not scheduler.has_work:
                 if not replica.encodes:
-                    replica.wake.wait()  # idle until a request or a stop arrives
+                    replica.wake.wait()  # idle until a request, a prefix, room in the backlog or a stop arrives
                     replica.wake.clear()
                 continue
             plan = scheduler.schedule()
@@ -217,20 +255,28 @@ class Driver:
             state, out = engine.step(state, plan, scheduler.masks(plan))
             host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
             replica.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
+            replica.metrics.engine_step()
             for seq, sample in scheduler.postprocess(plan, host):
                 self._emit(replica, seq, sample)
+            if replica.role == "decode":
+                self.handover.after_step(replica)
+        replica.state = state  # a restart goes on with it (and tests can see where its arrays live)
 
     def _take_new(self, replica: Replica) -> None:
         while True:
             try:
-                request = replica.inbox.get_nowait()
+                item = replica.inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(request, EncodeRequest):
-                replica.encodes.append(request)
+            if isinstance(item, EncodeRequest):
+                replica.encodes.append(item)
                 continue
-            seq = Sequence.of(request, replica.engine.processor, replica.engine.vocab_size)
-            replica.live[request.request_id] = seq
+            if isinstance(item, Sequence):  # preempted by a decode engine: recompute it
+                replica.live[item.seq_id] = item
+                replica.scheduler.requeue(item)
+                continue
+            seq = Sequence.of(item, replica.engine.processor, replica.engine.vocab_size)
+            replica.live[item.request_id] = seq
             replica.scheduler.add(seq)
 
     def _encode(self, replica: Replica) -> None:
@@ -259,6 +305,34 @@ class Driver:
         with self._lock:
             self._live.discard(request)
             replica.load -= 1
+
+    # ------------------------------------------------------------ sequences between engines (disaggregated)
+    def _move(self, seq: Sequence, source: Replica | None, target: Replica | None) -> None:
+        """`seq` leaves `source`'s thread and/or joins `target`'s (None: in transit)."""
+        with self._lock:
+            if source is not None:
+                source.live.pop(seq.seq_id, None)
+                source.load -= 1
+            if target is not None:
+                target.live[seq.seq_id] = seq
+                target.load += 1
+
+    def _requeue(self, seq: Sequence) -> None:
+        with self._lock:
+            replica = self._least_loaded_prefill()
+            replica.load += 1
+        replica.inbox.put(seq)
+        replica.wake.set()
+
+    def _finish_in_transit(self, seq: Sequence) -> None:
+        """A request cancelled between a prefill and a decode engine: its last update, and its books."""
+        seq.status = Status.FINISHED
+        sample = seq.output.abort("abort")
+        with self._lock:
+            self._live.discard(seq.request)
+        self.metrics.request_finished(seq.output.finish_reason, len(seq.request.prompt_ids),
+                                      len(seq.output.token_ids), time.perf_counter() - seq.request.submitted_at)
+        seq.request.channel.put(sample)
 
     def _drop_cancelled(self, replica: Replica) -> None:
         for seq in [s for s in replica.live.values() if s.request.is_cancelled]:
@@ -289,8 +363,9 @@ class Driver:
         for r in self.replicas:
             s = r.scheduler
             r.metrics.set_kv_usage(s.pool.usage)
-            r.metrics.set_running(len(s.running))
-            r.metrics.set_waiting(len(s.waiting) + r.inbox.qsize())
+            # a prefill engine's running sequences are still being prefilled: they wait for tokens
+            r.metrics.set_running(0 if r.role == "prefill" else len(s.running))
+            r.metrics.set_waiting(len(s.waiting) + r.inbox.qsize() + (len(s.running) if r.role == "prefill" else 0))
 
     def _report(self, replica: Replica) -> None:
         """Pool and queue gauges, and the replica's counters as deltas since its last report."""
@@ -319,6 +394,8 @@ class Driver:
             request.channel.put(error)
         for replica in self.replicas:
             replica.wake.set()
+        if self.handover is not None:
+            self.handover.wake_all()
         current = threading.current_thread()
         for thread in self._threads:
             if thread is not current:
@@ -334,33 +411,42 @@ def _warn_unused(name: str, value, default, why: str) -> None:
 
 
 class vDriver(Driver):  # noqa: N801 (the seed's name)
-    """The seed's dense driver. `decode_engines` are replicas (data parallel); prompts are
-    prefilled inside each engine's steps (chunked prefill), so `prefill_engines` must be the
-    same engines (or None) and `interleaved_mode` is how every step works already."""
+    """The seed's dense driver.
+
+    * `prefill_engines` and `decode_engines` the same engines (or one of them None), or
+      `interleaved_mode=True`: every engine is a replica (data parallel) that prefills its prompts
+      inside its own steps (chunked prefill, beside its decode rows).
+    * Different engines (typically on different device groups): disaggregated serving. Prompts
+      are computed by the prefill engines only, each finished prefix (K/V, first token, sampling
+      state) moves to the decode engine with the most free slots, and decode engines run decode
+      steps only (engine/disaggregated.py). `transfer_backlog` bounds the prefixes waiting per
+      prefill engine (the seed's 4)."""
 
     def __init__(self, prefill_engines=None, decode_engines=None, interleaved_mode: bool = False,
-                 detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None):
-        prefill, decode = _as_list(prefill_engines), _as_list(decode_engines)
-        if not prefill and not decode:
-            raise ValueError("vDriver needs at least one engine")
-        engines = decode or prefill
-        if prefill and decode and set(map(id, prefill)) - set(map(id, decode)):
-            warnings.warn("separate prefill engines are not used: each engine prefills its own prompts inside "
-                          "its steps (chunked prefill)", stacklevel=2)
-        _warn_unused("interleaved_mode", interleaved_mode, False, "prefill and decode always share steps")
+                 detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None,
+                 transfer_backlog: int = TRANSFER_BACKLOG):
+        engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "vDriver")
         _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
                      "detokenization runs on each engine's thread right after its step")
-        super().__init__(engines, max_queue, metrics)
+        super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
 
 
 class oDriver(Driver):  # noqa: N801 (the seed's name)
-    """The seed's paged driver: one oEngine (or a list: one per data-parallel replica)."""
+    """The seed's paged driver: one oEngine (or a list: one per data-parallel replica), or separate
+    `prefill_engines` and `decode_engines` for disaggregated serving, as vDriver takes them."""
 
-    def __init__(self, engine, detokenizing_blocks: int = 8, max_queue: int | None = None,
-                 metrics: EngineMetrics | None = None):
+    def __init__(self, engine=None, detokenizing_blocks: int = 8, max_queue: int | None = None,
+                 metrics: EngineMetrics | None = None, prefill_engines=None, decode_engines=None,
+                 interleaved_mode: bool = False, transfer_backlog: int = TRANSFER_BACKLOG):
         _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
                      "detokenization runs on the engine's thread right after its step")
-        super().__init__(_as_list(engine), max_queue, metrics)
+        if engine is not None and (prefill_engines is not None or decode_engines is not None):
+            raise ValueError("give oDriver either `engine` or `prefill_engines` / `decode_engines`, not both")
+        if engine is not None:
+            engines, decode = _as_list(engine), None
+        else:
+            engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "oDriver")
+        super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
 
     @property
     def engine(self):
@@ -371,6 +457,44 @@ def _as_list(engines) -> list:
     if engines is None:
         return []
     return list(engines) if isinstance(engines, (list, tuple)) else [engines]
+
+
+def _engine_sets(prefill_engines, decode_engines, interleaved_mode: bool, name: str):
+    """(replicas, None) for interleaved serving, (prefill engines, decode engines) for disaggregated."""
+    prefill, decode = _as_list(prefill_engines), _as_list(decode_engines)
+    if not prefill and not decode:
+        raise ValueError(f"{name} needs at least one engine")
+    same = {id(e) for e in prefill} == {id(e) for e in decode}
+    if interleaved_mode or not prefill or not decode or same:
+        return list({id(e): e for e in decode + prefill}.values()), None
+    shared = [e for e in prefill if any(e is d for d in decode)]
+    if shared:
+        raise ValueError(f"{name}: an engine cannot be both a prefill and a decode engine when they differ "
+                         f"({len(shared)} engine(s) in both lists); give disjoint lists for disaggregated "
+                         f"serving, or interleaved_mode=True to let every engine prefill and decode")
+    return prefill, decode
+
+
+def _check_disaggregated(prefill: list, decode: list) -> None:
+    """Prefill and decode engines must agree on what a prefix is: its K/V pages and its limits."""
+    for engine in prefill + decode:
+        missing = [m for m in ("export_prefix", "receive_prefix", "insert_prefix") if not hasattr(engine, m)]
+        if missing:
+            raise TypeError(f"{type(engine).__name__} cannot serve disaggregated: it lacks {', '.join(missing)}")
+    first = prefill[0]
+    for engine in prefill[1:] + decode:
+        for what, mine, theirs in (
+                ("max_length", first.max_length, engine.max_length),
+                ("vocab_size", first.vocab_size, engine.vocab_size),
+                ("page_size", first.config.page_size, engine.config.page_size),
+                ("KV layout", _kv_layout(first), _kv_layout(engine))):
+            if mine != theirs:
+                raise ValueError(f"prefill and decode engines must agree on {what}: {mine} vs {theirs}")
+
+
+def _kv_layout(engine):
+    """Per-layer KV shapes and dtype of an engine's pages (None for engines without a model)."""
+    return getattr(engine, "kv_signature", None)
 
 
 __all__ = ["Driver", "Replica", "StepPlan", "oDriver", "vDriver"]

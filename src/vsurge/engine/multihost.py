@@ -262,8 +262,8 @@ def _host_tree(engine, key: tuple):
     kind = key[0]
     if kind == "set_slot":
         return engine.batches.slot_arrays_spec()
-    if kind == "decode":
-        return (engine.batches.decode_spec(key[1], key[2]),)
+    if kind == "decode":  # (a long window's program loops over its page columns: one more input)
+        return (engine.batches.decode_spec(key[1], key[2], engine.config.dynamic_window(key[2])),)
     if kind == "mixed":
         return (engine.batches.mixed_spec(key[1], key[2]),)
     return ()

@@ -64,6 +64,13 @@ class oEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
         self._storage = storage  # used as the first state's pages, then owned by the state
         self._batch_size = batch_size
 
+    def prefill(self, graphstate, graphothers, tokens, valids, true_length, temperature=0.0, top_p=1.0, top_k=0,
+                rngs=None, *, max_new_tokens: int | None = None):
+        """The seed's oEngine.prefill (top_k, then rngs): a batch of prompts (B, T) -> (Prefix, or a
+        list of B when B > 1; first tokens (B,)). See `_prefill_rows`."""
+        return self._prefill_rows(graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k,
+                                  rngs, max_new_tokens)
+
     @property
     def manager(self) -> HBMPageManager:
         return self.pool

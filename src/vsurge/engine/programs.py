@@ -276,4 +276,5 @@ def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: 
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool))
     return EngineState(kv, slots)
-ActiveSequenceBatch = EngineState
+ActiveSequenceBatch = EngineState  # the seed's names of the state: oEngine's ...
+GenerationState = EngineState  # ... and vEngine's

@@ -18,6 +18,14 @@ recompute preemption). With `scheduling_policy="priority"` the queue is ordered 
 sequence with the largest (priority, arrival), and a waiting sequence that finds no
 free slot preempts a running one of lower priority. The page pool is an HBMPageManager (paged engine:
 pages on demand, prefix cache) or SlotPages (dense engine: a fixed run per slot).
+
+Disaggregated serving (engine/disaggregated.py) gives each engine one `role`
+(EngineConfig.role): a "prefill" scheduler computes prompt chunks only, and a
+sequence whose prompt is computed (its first token sampled, or every token but
+the last found in the prefix cache) waits in `running` until the driver hands it
+over (`ready_for_handover`, `detach`); a "decode" scheduler never sees a prompt:
+handed-over sequences arrive with their K/V (`attach`), and a preempted one goes
+to `evicted`, for a prefill engine to recompute.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Protocol, Sequence as Seq
 
 from . import speculation
 from .config import EngineConfig
+from ..kv.page_manager import PageTable
 from .sequence import Sequence, Status
 
 
@@ -95,6 +104,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
         self.num_preemptions = 0
+        self.role = config.role
+        self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
 
     # ------------------------------------------------------------ membership
     @property
@@ -130,6 +141,14 @@ class Scheduler:
                 return
             self._preempt(victim)
 
+    def requeue(self, seq: Sequence) -> None:
+        """A preempted sequence from elsewhere (a decode engine): first in line, with what it generated."""
+        seq.num_computed, seq.status = 0, Status.WAITING
+        if self.by_priority:
+            self._enqueue(seq)
+        else:
+            self.waiting.appendleft(seq)
+
     def abort(self, seq: Sequence, reason: str = "abort"):
         """End a sequence now (cancelled, or the engine stops); returns its last update."""
         if seq.status is Status.RUNNING:
@@ -141,7 +160,15 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
+        """Something for the next step to compute (a prefill engine's sequences waiting to be
+        handed over are not: they wait for the transfer queue)."""
+        if self.role == "prefill":
+            return bool(self.waiting) or any(s.remaining > 1 for s in self.running)
         return bool(self.waiting or self.running)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
 
     def _release(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -152,23 +179,59 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self._release(seq)
         seq.num_computed, seq.status = 0, Status.WAITING
-        if self.by_priority:
+        if self.role == "decode":  # a decode engine never prefills: a prefill engine recomputes it
+            seq.pages = PageTable()
+            self.evicted.append(seq)
+        elif self.by_priority:
             self._enqueue(seq)
         else:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    # ------------------------------------------------------------ hand-over (disaggregated serving)
+    def ready_for_handover(self) -> list[Sequence]:
+        """Prefill role: running sequences whose prompt is computed (one token left: their last)."""
+        return [s for s in self.running if s.remaining == 1]
+
+    def detach(self, seq: Sequence) -> None:
+        """Prefill role: the sequence leaves for a decode engine (its K/V already copied out); its
+        slot and pages are free again (full pages stay in the prefix cache)."""
+        self._release(seq)
+        seq.pages, seq.status = PageTable(), Status.WAITING
+
+    def attach(self, seq: Sequence) -> bool:
+        """Decode role: a handed-over sequence takes a slot and pages for its tokens (its K/V are
+        written into them next); False, changing nothing, while either is not free."""
+        if not self._free_slots:
+            return False
+        slot = self._free_slots[0]
+        self.pool.add_sequence(seq.pages, (), slot)  # no prefix-cache lookup: the prefill side has the cache
+        if not self.pool.reserve(seq.pages, len(seq.tokens)):
+            self.pool.free_sequence(seq.pages)
+            return False
+        heapq.heappop(self._free_slots)
+        seq.mark_admitted(slot)
+        self.running.append(seq)
+        return True
+
+    def pages_to_attach(self, seq: Sequence) -> int:
+        """Pages `attach` would take for `seq` (0 for a dense pool: a slot owns its pages)."""
+        return self.pool.pages_needed(PageTable(), len(seq.tokens))
 
     # ------------------------------------------------------------ planning
     def schedule(self) -> StepPlan:
         self._preempt_for_priority()
         decode = self._schedule_decodes()
         plan = StepPlan(decode)
-        self._schedule_chunks(plan)
+        if self.role != "decode":
+            self._schedule_chunks(plan)
         if self.config.prefill_first and plan.chunks:
             plan.decode = []  # decode rows wait until every admitted prompt is prefilled
-        if plan.empty and len(self.running) > 1:
+        # (a prefill engine's sequences waiting for hand-over free their pages without help)
+        blocked = [s for s in self.running if self.role != "prefill" or s.remaining > 1]
+        if plan.empty and len(blocked) > 1:
             # every running prompt waits for pages the others hold: recompute the newest later
-            self._preempt(self._victim())
+            self._preempt(max(blocked, key=self._rank) if self.by_priority else blocked[-1])
             return self.schedule()
         if not plan.chunks and decode:
             self._speculate(plan)
@@ -191,8 +254,11 @@ class Scheduler:
                 room -= len(drafts)
 
     def _schedule_decodes(self) -> list[Sequence]:
-        """Running sequences with one token to compute; preempts the newest when pages run out."""
+        """Running sequences with one token to compute; preempts the newest when pages run out.
+        None on a prefill engine: such a sequence waits to be handed over."""
         decode: list[Sequence] = []
+        if self.role == "prefill":
+            return decode
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or seq.remaining != 1:
                 continue
@@ -251,8 +317,8 @@ class Scheduler:
             if seq.status is Status.WAITING and not self._admit(seq):
                 break  # FIFO: nobody overtakes a prompt that does not fit yet
             if seq.remaining == 1:  # a cached or one-token prompt: its last token decodes
-                if self.pool.reserve(seq.pages, len(seq.tokens)):
-                    plan.decode.append(seq)
+                if self.role != "prefill" and self.pool.reserve(seq.pages, len(seq.tokens)):
+                    plan.decode.append(seq)  # (a prefill engine hands it over with no step at all)
                 continue
             want = min(seq.remaining, (rows - len(plan.chunks)) * length)
             got = self._fit_pages(seq, want)
@@ -353,7 +419,7 @@ class Scheduler:
                     seq.status = Status.FINISHED
                 if sample is not None:
                     updates.append((seq, sample))
-            if seq.status is Status.RUNNING:
+            if seq.status is Status.RUNNING and self.role != "decode":  # the prefill side caches prefixes
                 self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
         return updates
 

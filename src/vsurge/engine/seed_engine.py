@@ -81,6 +81,21 @@ def _write_prefix(state, k, v, slot_mapping):
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=new_k, v=new_v))
 
 
+def _row(value, b: int, kind):
+    """Row b of a per-row array, or a shared scalar."""
+    a = np.asarray(value).reshape(-1)
+    return kind(a[b] if a.size > 1 else a[0])
+
+
+def _seed_of(key, index: int) -> int:
+    """A request seed from a PRNG key folded with `index` (a typed key or raw uint32 key data)."""
+    key = jnp.asarray(key)
+    if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        key = jax.random.wrap_key_data(key.astype(jnp.uint32).reshape(-1)[-2:])
+    data = np.asarray(jax.random.key_data(jax.random.fold_in(key, index))).reshape(-1)
+    return (int(data[-2]) << 32 | int(data[-1])) & (2**63 - 1)
+
+
 class SeedEngineAPI:
     """Seed methods on top of EngineCore (self.config, self.pool, self.step, self.batches ...)."""
 
@@ -149,15 +164,44 @@ class SeedEngineAPI:
             self._slots_in_use = {}
         return self._slots_in_use
 
-    def prefill(self, graphstate, graphothers, tokens, valids, true_length: int, temperature=0.0, top_p=1.0,
-                top_k=0, rngs=None, max_new_tokens: int = 16):
-        """One prompt (1, T) -> (Prefix, first token (1,)). `valids` is implied by true_length; the
-        sampling key comes from a seed drawn from the engine's generator (rngs is unused)."""
-        ids = [int(t) for t in np.asarray(tokens).reshape(-1)[: int(true_length)]]
-        params = SamplingParams(temperature=float(np.asarray(temperature).reshape(-1)[0]),
-                                top_p=float(np.asarray(top_p).reshape(-1)[0]),
-                                top_k=int(np.asarray(top_k).reshape(-1)[0]), max_tokens=max_new_tokens)
-        request = ActiveRequest(ids, params, self.new_seed(), max_new_tokens, self.eos_token_ids, ReturnChannel())
+    def _prefill_rows(self, graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k, rngs,
+                      max_new_tokens: int | None):
+        """A batch of prompts (B, T) -> (Prefix, or a list of B Prefixes when B > 1; first tokens (B,)).
+
+        Row b's prompt is its `valids[b]` tokens (any padding, left or right), else its first
+        `true_length[b]`; temperature / top_p / top_k are per row (arrays) or shared (scalars).
+        `rngs` (a PRNG key) gives row b the sampling seed of fold_in(rngs, b), so a key fixes the
+        samples; without one, seeds come from the engine's generator. A sequence may generate
+        until the context is full unless `max_new_tokens` caps it (the seed has no cap)."""
+        tokens = np.asarray(tokens)
+        tokens = tokens[None] if tokens.ndim == 1 else tokens
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must be (batch, length), got shape {tokens.shape}")
+        rows = tokens.shape[0]
+        lengths = np.broadcast_to(np.asarray(true_length, np.int64).reshape(-1), (rows,))
+        mask = None if valids is None else np.broadcast_to(np.asarray(valids).astype(bool), tokens.shape)
+        prefixes, firsts = [], []
+        for b in range(rows):
+            ids = tokens[b][mask[b]] if mask is not None else tokens[b][: int(lengths[b])]
+            if mask is not None and true_length is not None and len(ids) != int(lengths[b]):
+                raise ValueError(f"row {b}: valids marks {len(ids)} tokens but true_length is {int(lengths[b])}")
+            prefix = self._prefill_one([int(t) for t in ids], _row(temperature, b, float), _row(top_p, b, float),
+                                       _row(top_k, b, int), graphstate, graphothers,
+                                       self.new_seed() if rngs is None else _seed_of(rngs, b), max_new_tokens)
+            prefixes.append(prefix)
+            firsts.append(int(prefix.first[0]))
+        return (prefixes[0] if rows == 1 else prefixes), np.asarray(firsts, np.int32)
+
+    def _prefill_one(self, ids: list[int], temperature: float, top_p: float, top_k: int, graphstate, graphothers,
+                     seed: int, max_new_tokens: int | None) -> "Prefix":
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if len(ids) >= self.config.max_length:
+            raise ValueError(f"the prompt has {len(ids)} tokens; this engine holds {self.config.max_length} in all")
+        room = self.config.max_length - len(ids)
+        budget = room if max_new_tokens is None else min(int(max_new_tokens), room)
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=budget)
+        request = ActiveRequest(ids, params, seed, budget, self.eos_token_ids, ReturnChannel())
         length = max(16, 1 << (len(ids) - 1).bit_length())
         padded = np.zeros((1, length), np.int32)
         padded[0, : len(ids)] = ids
@@ -169,7 +213,7 @@ class SeedEngineAPI:
         sequence = Sequence.of(request, self.processor)
         sequence.num_computed = len(ids)
         sequence.tokens.append(int(first[0]))
-        return Prefix(k, v, first, sequence), first
+        return Prefix(k, v, first, sequence)
 
     def _prefix_program(self):
         if self.mesh is None:
@@ -209,9 +253,15 @@ class SeedEngineAPI:
         return decode_state
 
     def decode(self, graphstate, graphothers, state, rngs=None):
-        """One token for every inserted, unfinished slot -> (state, ResultTokens per slot)."""
+        """One token for every inserted, unfinished slot -> (state, ResultTokens per slot). A slot
+        decodes until an end token or the context is full (or its prefill's max_new_tokens). `rngs`:
+        a PRNG key; slot s samples this step with the seed of fold_in(rngs, s), so the same key gives
+        the same tokens (without one, each slot goes on with its prefill's seed)."""
         live = {slot: s for slot, s in self._seed_slots().items()
                 if not s.output.finished and s.tokens_left > 0 and s.tokens[-1] not in s.request.eos_token_ids}
+        if rngs is not None:
+            for slot, seq in live.items():
+                seq.request.seed, seq.needs_setup = _seed_of(rngs, slot), True  # loaded by the step
         tokens = np.zeros(self.config.max_slots, np.int32)
         valid = np.zeros(self.config.max_slots, bool)
         if not live:

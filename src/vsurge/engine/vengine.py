@@ -26,3 +26,10 @@ class vEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
             seed=seed, context=model.config.max_position_embeddings)
         super().__init__(model, processor, config, SlotPages(config.max_slots, config.max_length, config.page_size))
         self._batch_size = batch_size
+
+    def prefill(self, graphstate, graphothers, tokens, valids, true_length, temperature=0.0, top_p=1.0, rngs=None,
+                *, top_k=0, max_new_tokens: int | None = None):
+        """The seed's vEngine.prefill (its argument order: no top_k before rngs): a batch of prompts
+        (B, T) -> (Prefix, or a list of B when B > 1; first tokens (B,)). See `_prefill_rows`."""
+        return self._prefill_rows(graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k,
+                                  rngs, max_new_tokens)

@@ -9,7 +9,10 @@ with the buckets themselves so a client can estimate percentiles over a window.
 
 Each model lists its `replicas` (one per data-parallel engine replica, read
 from the series of its `replica` label); the model-level fields are the sum over
-replicas (percentiles from the summed buckets, KV-cache use the mean).
+replicas (percentiles from the summed buckets, KV-cache use the mean). A
+disaggregated model's replicas are its prefill and decode engines (`role`); the
+hand-over adds `kv_transfer` (seconds per prefix moved), `kv_transfer_queue_depth`
+and the engine steps by role (`steps`).
 """
 
 from __future__ import annotations
@@ -61,10 +64,19 @@ class EngineStats(BaseModel):
     itl: HistogramStats = Field(description="inter-token latency")
     e2e: HistogramStats = Field(description="request latency, submission to last token")
     queue_time: HistogramStats = Field(description="time waiting for a slot")
+    steps: dict[str, int] = Field(
+        description="engine steps (device calls) by the engine's role: prefill, decode, or both (interleaved)")
+    kv_transfer: HistogramStats = Field(
+        description="disaggregated serving: time to move one prefix's KV pages to a decode engine (one "
+                    "observation per hand-over)")
+    kv_transfer_queue_depth: int = Field(
+        description="disaggregated serving: prefixes between prefill engines and their decode engine's step now")
 
 
 class _ReplicaIdentity(BaseModel):
-    id: int = Field(description="replica index within the model (data parallelism)")
+    id: int = Field(description="replica index within the model (data parallelism, or its prefill and decode "
+                                "engines when disaggregated)")
+    role: str = Field(description="what the replica's engine computes: both (interleaved), prefill or decode")
 
 
 class _ModelIdentity(BaseModel):
@@ -92,7 +104,8 @@ class ServerStats(BaseModel):
 
 # ---------------------------------------------------------------- reading one registry
 _HISTOGRAMS = {"ttft": "vsurge:time_to_first_token_seconds", "itl": "vsurge:inter_token_latency_seconds",
-               "e2e": "vsurge:e2e_request_latency_seconds", "queue_time": "vsurge:request_queue_time_seconds"}
+               "e2e": "vsurge:e2e_request_latency_seconds", "queue_time": "vsurge:request_queue_time_seconds",
+               "kv_transfer": "vsurge:kv_transfer_seconds"}
 _COUNTERS = {"prompt_tokens": "vsurge:prompt_tokens_total", "generation_tokens": "vsurge:generation_tokens_total",
              "failures": "vsurge:request_failure_total", "preemptions": "vsurge:num_preemptions_total",
              "prefix_cache_queries": "vsurge:prefix_cache_queries_total",
@@ -103,7 +116,8 @@ class EngineSnapshot:
     """The samples of one engine that /v1/stats needs, in a form that adds up across replicas."""
 
     def __init__(self):
-        self.running = self.waiting = 0.0
+        self.running = self.waiting = self.transfer_depth = 0.0
+        self.steps: dict[str, float] = {}
         self.kv_usage: list[float] = []
         self.counters = dict.fromkeys(_COUNTERS, 0.0)
         self.finished: dict[str, float] = {}
@@ -119,6 +133,7 @@ class EngineSnapshot:
 
         raw.running = value("vsurge:num_requests_running") or 0.0
         raw.waiting = value("vsurge:num_requests_waiting") or 0.0
+        raw.transfer_depth = value("vsurge:kv_transfer_queue_depth") or 0.0
         kv = value("vsurge:kv_cache_usage_perc")
         raw.kv_usage = [] if kv is None else [kv]
         raw.counters = {key: value(series) or 0.0 for key, series in _COUNTERS.items()}
@@ -130,6 +145,9 @@ class EngineSnapshot:
                 if sample.name == "vsurge:request_success_total":
                     reason = sample.labels["finished_reason"]
                     raw.finished[reason] = raw.finished.get(reason, 0.0) + sample.value
+                if sample.name == "vsurge:engine_steps_total":
+                    role = sample.labels["role"]
+                    raw.steps[role] = raw.steps.get(role, 0.0) + sample.value
                 for key, series in _HISTOGRAMS.items():
                     if sample.name == series + "_bucket":
                         bound = float(sample.labels["le"])
@@ -141,6 +159,9 @@ class EngineSnapshot:
     def add(self, other: "EngineSnapshot") -> "EngineSnapshot":
         total = EngineSnapshot()
         total.running, total.waiting = self.running + other.running, self.waiting + other.waiting
+        total.transfer_depth = self.transfer_depth + other.transfer_depth
+        for role in set(self.steps) | set(other.steps):
+            total.steps[role] = self.steps.get(role, 0.0) + other.steps.get(role, 0.0)
         total.kv_usage = self.kv_usage + other.kv_usage
         total.counters = {k: self.counters[k] + other.counters[k] for k in _COUNTERS}
         for reason in set(self.finished) | set(other.finished):
@@ -166,8 +187,8 @@ class EngineSnapshot:
             preemptions=int(c["preemptions"]), prefix_cache_queries=int(c["prefix_cache_queries"]),
             prefix_cache_hits=int(c["prefix_cache_hits"]),
             prefix_cache_hit_rate=c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"]
-            else None,
-            **histograms)
+            else None, steps={role: int(n) for role, n in sorted(self.steps.items())},
+            kv_transfer_queue_depth=int(self.transfer_depth), **histograms)
 
 
 # ---------------------------------------------------------------- percentiles from buckets
@@ -208,7 +229,8 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
     for raw in raws[1:]:
         total = total.add(raw)
     return ModelStats(name=name, ready=bool(surge.ready), max_model_len=surge.max_length,
-                      replicas=[ReplicaStats(id=i, **raw.fields()) for i, raw in enumerate(raws)],
+                      replicas=[ReplicaStats(id=i, role=getattr(r.metrics, "role", "both"), **raw.fields())
+                                for i, (r, raw) in enumerate(zip(replicas, raws))],
                       **total.fields())
 
 

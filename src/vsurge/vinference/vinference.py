@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Iterator, Sequence
+from typing import Generator, Sequence
 
 import numpy as np
 from flax import nnx
@@ -101,13 +101,34 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
                              f"prompt in the model's {max_len}-token context")
         return room
 
-    def count_tokens(self, text_or_messages, oai_like: bool = False) -> int:
-        """Tokens of a text, or of chat messages rendered with the chat template (oai_like: the same)."""
-        if isinstance(text_or_messages, str):
-            return len(self.processor.encode(text_or_messages))
-        if isinstance(text_or_messages, list):
-            return len(chat_prompt_ids(self.processor, text_or_messages))
-        raise TypeError("count_tokens takes a string or a list of chat messages")
+    def count_tokens(self, messages=None, oai_like: bool = False, *, text: str | None = None) -> int:
+        """Tokens of chat `messages` or of a `text` (the seed's two forms: count_tokens(messages=...),
+        count_tokens(text=...); a first positional argument may be either).
+
+        oai_like=False: what this model prefills for it: the messages rendered by its chat template
+        with the assistant's generation prompt, or the text encoded as a prompt (special tokens
+        included). oai_like=True: counted the way OpenAI counts chat input (its cookbook's
+        num_tokens_from_messages), with this model's tokenizer: each message's content tokens plus
+        3 per message (and 1 for a `name`), plus 3 that prime the reply; a text is its tokens
+        without special tokens. Comparable across models, independent of the template."""
+        if text is not None and messages is not None:
+            raise TypeError("count_tokens takes messages or text, not both")
+        value = text if text is not None else messages
+        if value is None:
+            raise TypeError("count_tokens needs messages=[...] or text='...'")
+        if isinstance(value, str):
+            return len(self.processor.encode(value, add_special_tokens=not oai_like))
+        if not isinstance(value, list):
+            raise TypeError(f"count_tokens takes a string or a list of chat messages, got {type(value).__name__}")
+        if not oai_like:
+            return len(chat_prompt_ids(self.processor, value))
+        from ..tokenizer.chat_template import normalize_messages
+
+        total = 3  # every reply is primed with <|start|>assistant<|message|>
+        for message in normalize_messages(value):
+            total += 3 + len(self.processor.encode(message["content"], add_special_tokens=False))
+            total += 1 if message.get("name") else 0
+        return total
 
     # ------------------------------------------------------------ compilation
     def precompile(self, config: vInferencePreCompileConfig) -> bool:
@@ -156,8 +177,10 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
 
     # ------------------------------------------------------------ generation
     def generate(self, input_ids, attention_mask=None, *, graphstate=None, graphother=None,
-                 sampling_params: SamplingParams | None = None, **model_kwargs) -> Iterator[SampleState]:
-        """Yield a SampleState every `streaming_chunks` tokens until every row is finished.
+                 sampling_params: SamplingParams | None = None, **model_kwargs
+                 ) -> Generator[SampleState, None, SampleState]:
+        """Yield a SampleState every `streaming_chunks` tokens until every row is finished; the
+        generator returns the final SampleState (the seed's annotation).
 
         input_ids: (B, T) ints, left-padded as HF tokenizers do when attention_mask is given.
         graphstate/graphother: other weights of the same structure (no recompilation).
@@ -169,12 +192,14 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         state = self.start_state(rows, graphstate, graphother)
         return self._stream_states(state)
 
-    def _stream_states(self, state: SampleState) -> Iterator[SampleState]:
+    def _stream_states(self, state: SampleState) -> Generator[SampleState, None, SampleState]:
+        """Yield each SampleState; the generator's return value (StopIteration.value) is the last one."""
         state = self.execute_prefill(state)
         yield state
         while not state.is_sequence_finished.all():
             state = self.execute_decode(state)
             yield state
+        return state
 
     def run_rows(self, rows: Sequence[ActiveRequest], graphstate=None, graphother=None, slots: int | None = None):
         """Generator over one batch: yields (SampleState, [(row, ReturnSample), ...]) after each step.

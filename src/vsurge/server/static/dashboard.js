@@ -97,8 +97,24 @@ class ModelPanel {
       events: new LineChart(charts, { title: "Finished and preempted requests per second", format: perSecond,
         series: [{ key: "finished", label: "finished/s", color: c.blue },
           { key: "preempted", label: "preempted/s", color: c.red }] }),
+      steps: new LineChart(charts, { title: "Engine steps per second, by the engine's role", format: perSecond,
+        series: [{ key: "both", label: "prefill + decode", color: c.purple },
+          { key: "prefill", label: "prefill", color: c.orange }, { key: "decode", label: "decode", color: c.green }] }),
     };
     this.charts.toks.root.id = `${this.root.id}-toks`;
+    this.charts.steps.root.id = `${this.root.id}-steps`;
+    this.disaggregated = false;
+  }
+
+  // Prefill and decode engines on their own devices: the hand-over's tiles and chart, added once.
+  showHandover() {
+    this.disaggregated = true;
+    this.addTile("transfer", "KV transfer p50 / p99");
+    this.addTile("transferq", "Transfer queue");
+    this.charts.handover = new LineChart(this.root.querySelector(".charts"), {
+      title: "Prefixes handed to decode engines per second", format: perSecond,
+      series: [{ key: "handovers", label: "hand-overs/s", color: COLORS.blue }] });
+    this.charts.handover.root.id = `${this.root.id}-handover`;
   }
 
   addTile(key, label) {
@@ -136,8 +152,12 @@ class ModelPanel {
     const ttft = windowPercentiles(m.ttft, windowStart && windowStart.model.ttft);
     const itl = windowPercentiles(m.itl, windowStart && windowStart.model.itl);
 
-    this.badge.textContent = `${m.ready ? "ready" : "not ready"} · context ${m.max_model_len} tokens · ` +
-      `${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"}`;
+    const roles = m.replicas.map((r) => r.role || "both");
+    const engines = (role) => roles.filter((r) => r === role).length;
+    if (!this.disaggregated && roles.some((r) => r !== "both")) this.showHandover();
+    const layout = this.disaggregated ? `${engines("prefill")} prefill + ${engines("decode")} decode engines`
+      : `${m.replicas.length} replica${m.replicas.length === 1 ? "" : "s"}`;
+    this.badge.textContent = `${m.ready ? "ready" : "not ready"} · context ${m.max_model_len} tokens · ${layout}`;
     this.setTile("running", count(m.running));
     this.setTile("waiting", count(m.waiting));
     this.setTile("toks", toks === null ? "–" : perSecond(toks));
@@ -159,6 +179,18 @@ class ModelPanel {
     this.charts.cache.push({ kv: m.kv_cache_usage, hits: queries > 0 ? hits / queries : null });
     this.charts.cache.setNote(m.kv_cache_usage === null ? "The dense engine does not report KV-cache use." : "");
     this.charts.events.push({ finished: rate("finished_total"), preempted: rate("preemptions") });
+    const steps = m.steps || {};
+    const stepRate = (role) => (previous && previous.model.steps
+      ? ((steps[role] || 0) - (previous.model.steps[role] || 0)) / (t - previous.t) : null);
+    this.charts.steps.push({ both: stepRate("both"), prefill: stepRate("prefill"), decode: stepRate("decode") });
+    if (this.disaggregated) {
+      const moved = m.kv_transfer;
+      this.setTile("transfer", `${seconds(moved.p50)} / ${seconds(moved.p99)}`, `${moved.count} prefixes moved since start`);
+      this.setTile("transferq", count(m.kv_transfer_queue_depth),
+        "prefixes between the prefill engines and their decode engine's next step");
+      this.charts.handover.push({ handovers: previous && previous.model.kv_transfer
+        ? (moved.count - previous.model.kv_transfer.count) / (t - previous.t) : null });
+    }
   }
 }
 

@@ -1,0 +1,166 @@
+"""A prefix's K/V between engines (disaggregated serving): copied out of a prefill engine's pages,
+moved onto a decode engine's mesh, written into its pages.
+
+    prefix = prefill.export_prefix(prefill_state, seq)    # its pages gathered, on the prefill mesh
+    prefix = decode.receive_prefix(prefix)                 # jax.device_put onto the decode mesh
+    decode_state = decode.insert_prefix(decode_state, prefix, seq)   # into the pages it attached
+
+A prefix holds the pages covering the sequence's computed tokens, padded to a
+bucket of `EngineConfig.transfer_pages` (1, 2, 4, ... pages: one compiled
+program each, nothing compiles while serving). Its arrays are laid out as the
+page pool (per layer keys (n, KVH, dk, page_size), values (n, KVH, page_size,
+dv)) and sharded by `get_prefix_destination_sharding()`: KV heads over the mesh's
+`model` axis, so on two meshes of the same size the move is a device-to-device
+copy of each shard. The sampling state needs no move: it is rebuilt from the
+sequence (its request, seed and tokens) when the decode engine's next step
+loads its slot, and a sampled token's key depends only on the seed and the
+token's index, so the decode side samples what the prefill side would have.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .programs import EngineState
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PrefixPages:
+    """K/V pages of one sequence's prefix: a bucket of n pages (device arrays)."""
+
+    k: list  # per layer (n, KVH, dk, page_size)
+    v: list  # per layer (n, KVH, page_size, dv)
+
+
+@dataclasses.dataclass
+class KVPrefix:
+    """What travels from a prefill engine to a decode engine: the pages, and how many are real."""
+
+    pages: PrefixPages
+    num_pages: int  # the first num_pages of the bucket hold the sequence's K/V
+    transfer_id: int | None = None  # across processes: names the pages the decode engine's owner received
+
+    @property
+    def bucket(self) -> int:
+        return self.pages.k[0].shape[0]
+
+
+def gather_pages(state: EngineState, ids) -> PrefixPages:
+    """ids (n,) page ids -> those pages of every layer (a copy)."""
+    kv = state.kv
+    return PrefixPages([k[ids] for k in kv.k], [v[ids] for v in kv.v])
+
+
+def scatter_pages(state: EngineState, prefix: PrefixPages, ids) -> EngineState:
+    """Write the prefix's pages at ids (n,); an id of num_pages (padding) writes nothing."""
+    kv = state.kv
+    k = [pages.at[ids].set(p.astype(pages.dtype), mode="drop") for pages, p in zip(kv.k, prefix.k)]
+    v = [pages.at[ids].set(p.astype(pages.dtype), mode="drop") for pages, p in zip(kv.v, prefix.v)]
+    return dataclasses.replace(state, kv=dataclasses.replace(kv, k=k, v=v))
+
+
+def prefix_pages_needed(seq, page_size: int) -> int:
+    """Pages holding the K/V a prefill engine computed for `seq` (its tokens but the last; none for a
+    one-token prompt: the decode engine computes its only token)."""
+    return -(-seq.num_computed // page_size)
+
+
+class PrefixTransferAPI:
+    """export_prefix / receive_prefix / insert_prefix on EngineCore (self.config, self.pool, ...)."""
+
+    @property
+    def kv_signature(self) -> tuple:
+        """What a prefix's pages look like here (per-layer KV shapes, dtype): engines that hand
+        prefixes to each other must agree on it."""
+        layout = self.model.config.kv_layout
+        return (tuple((l.heads, l.k_dim, l.v_dim) for l in layout), str(self.model.dtype))
+
+    def _bucket(self, pages: int) -> int:
+        return next(n for n in self.config.transfer_pages if n >= pages)
+
+    def _prefix_spec(self, pages: int) -> PrefixPages:
+        state = jax.eval_shape(self._empty_state)
+        return PrefixPages([jax.ShapeDtypeStruct((pages, *a.shape[1:]), a.dtype) for a in state.kv.k],
+                           [jax.ShapeDtypeStruct((pages, *a.shape[1:]), a.dtype) for a in state.kv.v])
+
+    def prefix_shardings(self, pages: int):
+        """Where a prefix of `pages` pages lives on this engine (None: the default device)."""
+        if self.mesh is None:
+            return None
+        dest = self.get_prefix_destination_sharding()
+        return jax.tree.map(lambda _: dest, self._prefix_spec(pages))
+
+    def export_prefix(self, state: EngineState, seq) -> KVPrefix:
+        """The K/V pages of `seq`'s computed tokens, copied out of `state` (prefill engine)."""
+        real = prefix_pages_needed(seq, self.pool.page_size)
+        bucket = self._bucket(max(real, 1))
+        ids = np.zeros(bucket, np.int32)  # padding reads page 0: its copy is never written anywhere
+        ids[:real] = seq.pages.pages[:real]
+        return KVPrefix(self._program(("export", bucket))(state, ids), real)
+
+    def receive_prefix(self, prefix: KVPrefix) -> KVPrefix:
+        """`prefix` moved onto this engine's devices: jax.device_put onto its prefix sharding (decode
+        engine). Returns once the copy is done, so its time is the transfer's."""
+        dest = self.prefix_shardings(prefix.bucket)
+        moved = jax.device_put(prefix.pages, dest if dest is not None else jax.devices()[0])
+        return KVPrefix(jax.block_until_ready(moved), prefix.num_pages)
+
+    def insert_prefix(self, state: EngineState, prefix: KVPrefix, seq) -> EngineState:
+        """Write a received prefix into the pages `seq` attached here (decode engine)."""
+        ids = np.full(prefix.bucket, self.pool.num_pages, np.int32)  # padding: dropped writes
+        ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
+        return self._program(("import", prefix.bucket))(state, prefix.pages, ids)
+
+    # ------------------------------------------------------------ compiling and warming up
+    def _transfer_jobs(self) -> list[tuple]:
+        role = self.config.role
+        kind = {"prefill": "export", "decode": "import"}.get(role)
+        return [] if kind is None else [(kind, n) for n in self.config.transfer_pages]
+
+    def _compile_transfer(self, key: tuple, state):
+        kind, pages = key
+        ids = jax.ShapeDtypeStruct((pages,), jnp.int32)
+        shardings = {}
+        if self.mesh is not None:
+            from ..sharding import replicated, state_shardings
+
+            kv, rep, prefix = state_shardings(state, self.mesh), replicated(self.mesh), self.prefix_shardings(pages)
+            shardings = (dict(in_shardings=(kv, rep), out_shardings=prefix) if kind == "export" else
+                         dict(in_shardings=(kv, prefix, rep), out_shardings=kv))
+        if kind == "export":
+            return jax.jit(gather_pages, **shardings).lower(state, ids).compile()
+        fn = jax.jit(scatter_pages, donate_argnums=(0,), **shardings)
+        return fn.lower(state, self._prefix_spec(pages), ids).compile()
+
+    def _warm_up_role(self, state: EngineState, request) -> EngineState:
+        """The first runs of what a prefill engine (a prompt step, then a prefix copied out) or a
+        decode engine (a prefix written in, then decode steps) runs."""
+        from .sequence import Sequence
+
+        scheduler = self.new_scheduler()
+        seq = Sequence.of(request, self._processor, self.vocab_size)
+        if self.config.role == "prefill":
+            scheduler.add(seq)
+            while scheduler.has_work:
+                plan = scheduler.schedule()
+                state, out = self.step(state, plan)
+                scheduler.postprocess(plan, out.to_host(False))
+            for ready in scheduler.ready_for_handover():
+                jax.block_until_ready(self.export_prefix(state, ready))
+                scheduler.detach(ready)
+            return state
+        seq.num_computed = len(seq.tokens) - 1  # as a prefix arrives: every token but the last computed
+        scheduler.attach(seq)
+        pages = prefix_pages_needed(seq, self.pool.page_size)
+        zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(max(pages, 1))))
+        state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages)), seq)
+        while scheduler.has_work:
+            plan = scheduler.schedule()
+            state, out = self.step(state, plan)
+            scheduler.postprocess(plan, out.to_host(False))
+        return state
