@@ -7,9 +7,10 @@ For each family's tiny random checkpoint (tests/tiny_models.py):
   3. llama.cpp's llama-server runs the same file: its greedy tokens for a token-id prompt must
      equal vsurge's on that file.
 The test checkpoints carry SmolLM2's BPE tokenizer, which the converter reads for most families; for
-Gemma 2 and Phi-3 it insists on a sentencepiece model and for Qwen2 it does not recognize this
-pre-tokenizer, so for those the converter runs with its vocabulary step replaced by its own GPT-2
-one (the tensors and the model's metadata are the converter's as ever).
+Gemma 2 and Phi-3 it insists on a sentencepiece model, for Qwen2 it does not recognize this
+pre-tokenizer and for GLM-4 it wants GLM's special tokens, so for those the converter runs with its
+vocabulary step replaced by its own GPT-2 one (the tensors and the model's metadata are the
+converter's as ever).
 
     python benchmarks/families_vs_llamacpp.py            (builds llama.cpp on first use, ~10 min)
 """
@@ -35,7 +36,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 from serve import Server, llama_server_binary  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
-            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
+            "ministral3")
 GREEDY = 8
 
 
@@ -43,8 +45,8 @@ GREEDY = 8
 RUN_CONVERTER = """
 import sys
 sys.path.insert(0, sys.argv[1])
-from conversion import base, gemma, phi, qwen
-for cls in (gemma.Gemma2Model, phi.Phi3MiniModel, qwen.Qwen2Model):
+from conversion import base, gemma, glm, phi, qwen
+for cls in (gemma.Gemma2Model, phi.Phi3MiniModel, qwen.Qwen2Model, glm.Glm4Model):
     cls.set_vocab = lambda self: self._set_vocab_gpt2()
 known = base.TextModel.get_vocab_base_pre
 def pre(self, tokenizer):

@@ -22,8 +22,9 @@ from gguf_files import copy_tokenizer_metadata, llama_cpp_permute
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
-             "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}
-PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3"}  # llama.cpp's "NORM" rotation from HF weights
+             "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
+             "ministral3": "mistral3"}
+PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
 
@@ -134,7 +135,7 @@ def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
         raise ValueError(leaf)
 
 
-LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3"}  # its LlamaModel writes vocab, rope dims
+LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # its LlamaModel writes vocab, rope dims
 
 
 def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
@@ -145,9 +146,18 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if model_type in LLAMA_CONVERTER or model_type.startswith("deepseek"):
+    if model_type == "cohere2":  # its converter writes both epsilons; the LayerNorm's is layer_norm_eps
+        w.add_layer_norm_eps(cfg.layer_norm_eps)
+        w.add_logit_scale(cfg.logit_scale)
+        w.add_sliding_window(cfg.sliding_window)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+    if model_type in LLAMA_CONVERTER or model_type == "cohere2" or model_type.startswith("deepseek"):
         w.add_vocab_size(cfg.vocab_size)
     rope = _rope(cfg)
+    if model_type == "ministral3" and rope.get("llama_4_scaling_beta"):
+        w.add_attn_temperature_scale(rope["llama_4_scaling_beta"])
+    if model_type == "ministral3" and rope.get("mscale_all_dim"):
+        w.add_rope_scaling_yarn_log_mul(rope["mscale_all_dim"])
     if model_type != "gemma2":  # its converter leaves the base at llama.cpp's default (10000)
         w.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     kind = rope.get("rope_type", "default")
@@ -170,8 +180,8 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     if hparams.get("head_dim") or model_type.startswith("gemma"):  # as the converter: only when the config says
         w.add_key_length(hd)
         w.add_value_length(hd)
-    if model_type in LLAMA_CONVERTER or model_type == "phi3":
-        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 1.0)))
+    if model_type in LLAMA_CONVERTER or model_type in ("phi3", "glm4", "cohere2"):
+        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.5 if model_type == "glm4" else 1.0)))
     if model_type in ("gemma2", "gemma3_text", "phi3", "gpt_oss") and getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)
     if model_type == "gemma2":

@@ -65,11 +65,16 @@ TINY_CONFIGS = {
         topk_method="group_limited_greedy",
         moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None,
         qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.5)),
+    "glm4": ("Glm4Config", dict(head_dim=16, pad_token_id=2)),
+    "cohere2": ("Cohere2Config", dict(num_hidden_layers=4, sliding_window=4, logit_scale=0.5, pad_token_id=2)),
+    "ministral3": ("Ministral3Config", dict(rope_parameters={
+        "type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 4,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1})),
 }
 
 
 # keys the hub's checkpoints carry that transformers' config classes do not (llama.cpp's converter reads them)
-HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}}
+HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, "cohere2": {"rotary_pct": 1.0}}
 
 
 def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_size=None, seed: int = 0,

@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from ..kv.paged import PagedAttentionCache, StepLayout
+from ..ops.attention import attend
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
 from .encode import EncodeBatch
@@ -201,33 +202,25 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class SegmentAttention:
-    """The `cache` of a pass over packed prompts: causal attention within each prompt (segment) only,
-    nothing stored. segments (R, C) i32, -1 = padding."""
+    """The `cache` of a pass over packed prompts: each layer's own attention (scale, window,
+    soft-cap, sinks) within each prompt (segment) only, nothing stored. segments (R, C) i32,
+    -1 = padding."""
 
     segments: jax.Array
-    sliding_window: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
-    def attend(self, layer, q, k, v, positions):
-        """q (R, C, H, hd), k/v (R, C, KVH, hd), positions (R, C) -> (R, C, H, hd)."""
-        r, c, h, hd = q.shape
-        kvh = k.shape[2]
-        qg = q.reshape(r, c, kvh, h // kvh, hd)
-        scores = jnp.einsum("rqkgd,rskd->rkgqs", qg, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    def attend(self, layer, q, k, v, positions, spec, sinks=None):
+        """q (R, C, H, dk), k (R, C, KVH, dk), v (R, C, KVH, dv), positions (R, C) -> (R, C, H, dv)."""
         seg = self.segments
-        visible = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0) & \
-            (positions[:, None, :] <= positions[:, :, None])  # (R, Cq, Cs)
-        if self.sliding_window is not None:
-            visible &= positions[:, None, :] > positions[:, :, None] - self.sliding_window
-        scores = jnp.where(visible[:, None, None], scores * (1.0 / hd**0.5), jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        out = jnp.einsum("rkgqs,rskd->rqkgd", probs, v, preferred_element_type=jnp.float32)
-        return out.reshape(r, c, h, hd).astype(q.dtype), self
+        same_prompt = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] >= 0)  # (R, Cq, Cs)
+        out = attend(q, k.transpose(0, 2, 3, 1), v.swapaxes(1, 2), positions, positions, spec, sinks,
+                     mask=same_prompt)
+        return out, self
 
 
 def _prompt_pass(graphdef, graphstate, graphother, batch):
     """-> (model, hidden (R, C, D) after the final norm) of every packed prompt."""
     model = nnx.merge(graphdef, graphstate, graphother)
-    cache = SegmentAttention(batch.segments, model.config.sliding_window)
+    cache = SegmentAttention(batch.segments)
     hidden, _ = model.decode_layers(model.embed_tokens(batch.tokens), batch.positions, cache)
     return model, hidden
 

@@ -296,15 +296,16 @@ class CausalLM(nnx.Module):
             rows = rows * jnp.asarray(self.embed_scale, rows.dtype)
         return rows.astype(self.dtype)
 
-    def decode_layers(self, hidden, positions, cache):
-        """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm."""
+    def decode_layers(self, hidden, positions, cache, final_norm: bool = True):
+        """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm (a family with
+        another kind of final norm applies its own: final_norm=False)."""
         c = self.config
         ropes = {c.layer_rope(i) for i in range(c.num_layers)} - {None}
         ctx = StepContext(positions, {r: rope_cos_sin(positions, r, c.head_dim) for r in ropes})
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
                 hidden, cache = self.layer(i, hidden, layer.weights(), cache, ctx)
-        return rms_norm(hidden, self.final_norm[...], c.rms_norm_eps), cache
+        return (rms_norm(hidden, self.final_norm[...], c.rms_norm_eps) if final_norm else hidden), cache
 
     def layer(self, i: int, x, w: dict, cache, ctx: StepContext):
         """Layer i: x (B, T, D) -> (x, cache)."""

@@ -35,11 +35,14 @@ def norm(d: int, hf: str | None, gguf: str | None, *, hf_offset: float = 0.0) ->
 
 def attention_weights(c: ModelConfig, *, hf: str, gguf: str | None, permuted_qk: bool = False,
                       hf_qkv: str | None = None, gguf_qkv: str | None = None, qk_norm_width: str = "head",
-                      qk_norm_offset: float = 0.0, sinks: bool = False) -> dict[str, Weight]:
+                      qk_norm_offset: float = 0.0, sinks: bool = False,
+                      interleaved_rotary: int = 0) -> dict[str, Weight]:
     """q/k/v/o (+ biases, q/k norms, sinks) of one layer. hf / gguf: the tensor name prefixes
     ("model.layers.3.self_attn", "blk.3"). permuted_qk: llama.cpp's converter stored the q/k rows
-    interleaved per head (its `llama` rotary layout). hf_qkv / gguf_qkv: the checkpoint fuses
-    q, k, v into one tensor of that name (Phi-3). qk_norm_width "head" (hd,) or "all" (Q,)/(K,)."""
+    interleaved per head (its `llama` rotary layout). interleaved_rotary: the first that many dims
+    of each q/k head rotate in adjacent pairs in the checkpoint itself, both formats (GLM-4,
+    Cohere 2): put in rotate-half order at load. hf_qkv / gguf_qkv: the checkpoint fuses q, k, v
+    into one tensor of that name (Phi-3). qk_norm_width "head" (hd,) or "all" (Q,)/(K,)."""
     D, Q, K, H, KVH, hd = c.hidden_size, c.q_size, c.kv_size, c.num_heads, c.num_kv_heads, c.head_dim
     qkv = Q + 2 * K
 
@@ -54,9 +57,12 @@ def attention_weights(c: ModelConfig, *, hf: str, gguf: str | None, permuted_qk:
             v = Tensor(name, full, rows=(Q + K, qkv))
         else:
             names = ("attn_q", "attn_k", "attn_v") if gguf_names else ("q_proj", "k_proj", "v_proj")
-            perm = permuted_qk and gguf_names
-            q = Tensor(f"{prefix}.{names[0]}.{kind}", (Q, *shape_tail), permuted_heads=H if perm else 0)
-            k = Tensor(f"{prefix}.{names[1]}.{kind}", (K, *shape_tail), permuted_heads=KVH if perm else 0)
+            perm = (permuted_qk and gguf_names) or interleaved_rotary
+            span = (0, interleaved_rotary) if interleaved_rotary else None
+            q = Tensor(f"{prefix}.{names[0]}.{kind}", (Q, *shape_tail), permuted_heads=H if perm else 0,
+                       permute_span=span)
+            k = Tensor(f"{prefix}.{names[1]}.{kind}", (K, *shape_tail), permuted_heads=KVH if perm else 0,
+                       permute_span=span)
             v = Tensor(f"{prefix}.{names[2]}.{kind}", (K, *shape_tail))
         if shape_tail:  # matrices: the model reads them (in, out)
             q, k, v = (dataclasses.replace(t, transpose=True) for t in (q, k, v))
@@ -126,13 +132,16 @@ def project_qkv(c: ModelConfig, x, w: dict, qk_norm_width: str = "head"):
     return q, k, v
 
 
-def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str = "head"):
-    """Self-attention of layer i on normed input x (B, T, D) -> (out (B, T, D), cache)."""
+def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str = "head", query_scale=None):
+    """Self-attention of layer i on normed input x (B, T, D) -> (out (B, T, D), cache).
+    query_scale (B, T): multiplies the rotated queries (Ministral 3's position-dependent temperature)."""
     b, t, _ = x.shape
     q, k, v = project_qkv(c, x, w, qk_norm_width)
     rope = ctx.rope(c, i)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if query_scale is not None:
+        q = (q * query_scale[:, :, None, None]).astype(q.dtype)
     with jax.named_scope("attention"):
         attn, cache = cache.attend(i, q, k, v, ctx.positions, c.attention_spec(i), w.get("sinks"))
     out = linear(attn.reshape(b, t, -1), w["wo"], w.get("wo_scale"))

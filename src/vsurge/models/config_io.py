@@ -170,11 +170,16 @@ def gguf_rope(meta: GGUFMeta, head_dim: int) -> Rope:
         return Rope(kind="linear", theta=theta, dim=dim, factor=float(meta.key("rope.scaling.factor", required=True)),
                     freq_factors=freq_factors)
     if kind == "yarn":
+        # YaRN's mscale_all_dim (the models that write it take mscale equal to it; DeepSeek's
+        # converter writes a tenth of it, which models/deepseek.py undoes)
+        log_mul = meta.key("rope.scaling.yarn_log_multiplier")
+        mscale = float(log_mul) if log_mul else None
         return Rope(kind="yarn", theta=theta, dim=dim, factor=float(meta.key("rope.scaling.factor", required=True)),
                     original_max_position_embeddings=int(meta.key("rope.scaling.original_context_length",
                                                                   required=True)),
                     beta_fast=float(meta.key("rope.scaling.yarn_beta_fast", 32.0)),
-                    beta_slow=float(meta.key("rope.scaling.yarn_beta_slow", 1.0)), freq_factors=freq_factors)
+                    beta_slow=float(meta.key("rope.scaling.yarn_beta_slow", 1.0)), mscale=mscale,
+                    mscale_all_dim=mscale, freq_factors=freq_factors)
     raise UnsupportedModelError(f"{meta.where}: rope scaling type {kind!r} is not supported")
 
 

@@ -128,9 +128,8 @@ class DeepSeek(CausalLM):
         kv_lora = int(meta.key("attention.kv_lora_rank", required=True))
         k_mla = int(meta.key("attention.key_length_mla", required=True))
         rope = fields["rope"]
-        log_mul = meta.key("rope.scaling.yarn_log_multiplier")
-        if rope.kind == "yarn" and log_mul:  # the converter writes 0.1 * mscale_all_dim
-            rope = dataclasses.replace(rope, mscale=float(log_mul) / 0.1, mscale_all_dim=float(log_mul) / 0.1)
+        if rope.mscale:  # llama.cpp's DeepSeek converter writes 0.1 * mscale_all_dim, for legacy reasons
+            rope = dataclasses.replace(rope, mscale=rope.mscale / 0.1, mscale_all_dim=rope.mscale / 0.1)
         # no gating key: V2 GGUFs (softmax), or a V3 converted from a config without `scoring_func`,
         # which its correction bias gives away (V3 scores with sigmoids)
         gating = int(meta.key("expert_gating_func", 2 if meta.has("blk.%d.exp_probs_b.bias" % (n - 1)) else 1))

@@ -29,6 +29,9 @@ FAMILIES = {
     "qwen3_moe": "Qwen3Moe",
     "gpt_oss": "GptOss",
     "deepseek": "DeepSeek",
+    "glm4": "Glm4",
+    "cohere2": "Cohere2",
+    "ministral3": "Ministral3",
 }
 
 

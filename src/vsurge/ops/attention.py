@@ -31,8 +31,9 @@ def _visible(q_pos, k_pos, window):
     return visible
 
 
-def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos):
-    """q (B, T, H, dk), k_t (B, KVH, dk, S) -> (B, KVH, G, T, S) float32: scaled, capped, masked."""
+def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos, mask=None):
+    """q (B, T, H, dk), k_t (B, KVH, dk, S) -> (B, KVH, G, T, S) float32: scaled, capped, masked.
+    mask (B, T, S) bool: more keys to hide (other prompts of a packed row)."""
     b, t, h, dk = q.shape
     kvh = k_t.shape[1]
     qg = q.reshape(b, t, kvh, h // kvh, dk).astype(k_t.dtype)
@@ -43,7 +44,10 @@ def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos):
     s = s * spec.scale
     if spec.softcap is not None:
         s = spec.softcap * jnp.tanh(s / spec.softcap)
-    return jnp.where(_visible(q_pos, k_pos, spec.window)[:, None, None], s, _MASKED)
+    visible = _visible(q_pos, k_pos, spec.window)
+    if mask is not None:
+        visible &= mask
+    return jnp.where(visible[:, None, None], s, _MASKED)
 
 
 def _weighted_values(p, v):
@@ -67,14 +71,15 @@ def attend(
     k_pos: jax.Array,  # (B, S) int32 absolute positions of the keys; < 0 = empty
     spec: AttentionSpec,
     sinks: jax.Array | None = None,  # (H,) f32
+    mask: jax.Array | None = None,  # (B, T, S) bool, ANDed with the causal/window mask
 ) -> jax.Array:  # (B, T, H, dv)
-    return merge_partials([partial_attend(q, k_t, v, q_pos, k_pos, spec)], out_shape(q, v), q.dtype, sinks)
+    return merge_partials([partial_attend(q, k_t, v, q_pos, k_pos, spec, mask)], out_shape(q, v), q.dtype, sinks)
 
 
-def partial_attend(q, k_t, v, q_pos, k_pos, spec: AttentionSpec):
+def partial_attend(q, k_t, v, q_pos, k_pos, spec: AttentionSpec, mask=None):
     """Attention of q over one key segment, unnormalized: (out (B, T, KVH, G, dv), max, sum),
     max and sum (B, KVH, G, T, 1). Combine segments with `merge_partials`."""
-    scores = _scores(q, k_t, spec, q_pos, k_pos)
+    scores = _scores(q, k_t, spec, q_pos, k_pos, mask)
     m = jnp.max(scores, axis=-1, keepdims=True)
     p = jnp.exp(scores - m)
     return _weighted_values(p, v), m, jnp.sum(p, axis=-1, keepdims=True)
