@@ -71,3 +71,26 @@ def test_structured_output_on_routed_experts(tiny_checkpoints):
     got = run(surge, SamplingParams(max_tokens=40, temperature=0.0, structured={"json": schema}))
     for ids in got:
         assert set(json.loads(processor.decode(ids))) == {"n"}
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt_oss", "deepseek_v2"])
+def test_prompt_scoring_uses_each_layers_attention(name, tiny_checkpoints):
+    """The whole-prompt pass (embeddings, prompt logprobs) runs each family's own attention: soft-caps
+    and alternating windows, sinks, the latent cache's split keys; prompts packed into one call.
+    Token logprobs equal transformers' log-softmax on the same weights."""
+    import numpy as np
+    import torch
+    from test_models_vs_transformers import reference_logits
+
+    model, processor = load(tiny_checkpoints, name)
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=16))
+    ids = [processor.encode(p) for p in PROMPTS]
+    surge.start()
+    try:
+        scored = asyncio.run(surge.encode(ids, "score"))
+    finally:
+        surge.stop(5)
+    for prompt, got in zip(ids, scored):
+        logits = torch.tensor(reference_logits(tiny_checkpoints[name][1], np.array(prompt)))
+        logp = torch.log_softmax(logits, -1).numpy()
+        np.testing.assert_allclose(got.logprobs, [logp[t - 1, prompt[t]] for t in range(1, len(prompt))], atol=2e-4)
