@@ -121,6 +121,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hbm-utilization", type=float, default=0.6,
                    help="fraction of the memory left after the weights that KV pages may take (paged engine)")
     p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
+    p.add_argument("--kv-host-cache-gb", type=float, default=None,
+                   help="host-memory tier of the prefix cache: pages evicted from the KV pool (and those of "
+                        "preempted sequences) are kept there and copied back on a hit (default: 0 on CPU, where "
+                        "the pool is already host memory; a quarter of the free RAM, at most 64, on accelerators)")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
+    p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
                         "preempts a running one of lower priority (default fcfs: first come, first served)")
@@ -349,9 +356,15 @@ def cmd_serve(args) -> int:
                   speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy, **parallel)
     try:
         if args.engine == "paged":
+            from .kv.memory import default_host_cache_bytes
+
+            host = (default_host_cache_bytes() if args.kv_host_cache_gb is None
+                    else int(args.kv_host_cache_gb * 2**30))
             surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
                                           hbm_utilization=args.hbm_utilization,
-                                          enable_prefix_caching=not args.no_prefix_caching, **common)
+                                          enable_prefix_caching=not args.no_prefix_caching,
+                                          kv_host_cache_bytes=host, kv_cache_dir=args.kv_cache_dir,
+                                          kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30), **common)
             for engine in surge.driver.engines:
                 manager, role = engine.manager, engine.config.role
                 print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "
