@@ -17,7 +17,19 @@ from vsurge.kv.disk_tier import DiskTier, HostPage
 from vsurge.kv.tiers import TierEntry, page_key
 
 PAGE = 32
+PAGES = 60  # the shared-preamble load needs ~52; the distinct load ~190 (3x)
 PREAMBLE = "The assistant answers questions about the weather, tides and stars with care. " * 40
+
+
+@pytest.fixture(scope="module", autouse=True)
+def xla_cache(tmp_path_factory):
+    """Engines of one pool size share their programs (the tiered one adds only its page copies), and
+    the restarted engine loads all of them, as `vsurge serve` does from its compilation cache."""
+    from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
+
+    use_compilation_cache(tmp_path_factory.mktemp("tiers_xla_cache"))
+    yield
+    stop_using_compilation_cache()
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +59,15 @@ def shared_prompts():
     return [PREAMBLE + f"Question {i}: what is {i} plus {i}?" for i in range(16)]
 
 
-def distinct_prompts():  # 16 x ~16 pages: 3x the tiered engine's pool
-    return [f"Story {i}. " + " ".join(f"w{i}x{j}" for j in range(85)) for i in range(16)]
+def distinct_prompts():  # 16 x ~12 pages with their 320 new tokens: 3x the pool
+    return [f"Story {i}: " + " ".join(f"w{i}x{j}" for j in range(8)) for i in range(16)]
 
 
 @pytest.fixture(scope="module")
 def reference(tiny):
-    """Greedy tokens of an engine with no tier and no waiting for prefixes in flight (pages for all)."""
-    s = engine(tiny, 400, prefix_wait_steps=0)
-    out = generate(s, shared_prompts()), generate(s, distinct_prompts(), 24)
+    """Greedy tokens of an engine with no tier and no waiting for prefixes in flight (recompute preemption)."""
+    s = engine(tiny, PAGES, prefix_wait_steps=0)
+    out = generate(s, shared_prompts()), generate(s, distinct_prompts(), 320)
     s.stop(timeout=5)
     return out
 
@@ -68,7 +80,7 @@ def test_tiers_keep_outputs_share_in_flight_swap_and_survive_a_restart(tiny, ref
     shared_ref, distinct_ref = reference
     preamble = len(tiny[1].encode(PREAMBLE))
     assert preamble > 500
-    s = engine(tiny, 90, kv_host_cache_bytes=64 << 20, kv_cache_dir=str(tmp_path))
+    s = engine(tiny, PAGES, kv_host_cache_bytes=64 << 20, kv_cache_dir=str(tmp_path))
     try:
         # 16 requests arriving together: the preamble is computed once, the other 15 find it
         assert generate(s, shared_prompts()) == shared_ref
@@ -76,7 +88,7 @@ def test_tiers_keep_outputs_share_in_flight_swap_and_survive_a_restart(tiny, ref
         assert hits >= 15 * (preamble // PAGE - 1) * PAGE, (hits, preamble)
         assert s.driver.replicas[0].scheduler.num_prefix_waits > 0
         # 3x oversubscribed: preempted sequences swap their pages out and find them on resuming
-        assert generate(s, distinct_prompts(), 24) == distinct_ref
+        assert generate(s, distinct_prompts(), 320) == distinct_ref
         scheduler, pool = s.driver.replicas[0].scheduler, s.driver.engine.pool
         assert scheduler.num_preemptions > 0 and pool.swap_outs > 0 and scheduler.num_swap_ins > 0
         assert pool.tier_hits["host"] > 0
@@ -90,7 +102,7 @@ def test_tiers_keep_outputs_share_in_flight_swap_and_survive_a_restart(tiny, ref
     finally:
         s.stop(timeout=5)
     # a new engine on the same directory (a restart): the preamble comes from disk, same tokens
-    again = engine(tiny, 90, kv_cache_dir=str(tmp_path))
+    again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))
     try:
         assert generate(again, shared_prompts()[:1]) == shared_ref[:1]
         disk_hits = again.driver.engine.pool.tier_hits["disk"]
