@@ -128,6 +128,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dir", default=None,
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
+    p.add_argument("--prefix-wait-steps", type=int, default=64,
+                   help="steps a prompt may wait for a prefix another request is computing (0: never wait)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
                         "preempts a running one of lower priority (default fcfs: first come, first served)")
@@ -336,6 +338,8 @@ def cmd_serve(args) -> int:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     if not 0 <= args.speculative_tokens <= 16:
         raise _fail("--speculative-tokens must be in [0, 16]")
+    if (args.kv_host_cache_gb or 0) < 0 or args.kv_cache_dir_gb <= 0 or args.prefix_wait_steps < 0:
+        raise _fail("--kv-host-cache-gb and --prefix-wait-steps must be >= 0, --kv-cache-dir-gb > 0")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -364,7 +368,8 @@ def cmd_serve(args) -> int:
                                           hbm_utilization=args.hbm_utilization,
                                           enable_prefix_caching=not args.no_prefix_caching,
                                           kv_host_cache_bytes=host, kv_cache_dir=args.kv_cache_dir,
-                                          kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30), **common)
+                                          kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30),
+                                          prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
                 manager, role = engine.manager, engine.config.role
                 print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "

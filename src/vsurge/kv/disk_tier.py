@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import queue
+import shutil
 import struct
 import threading
 from collections import OrderedDict
@@ -85,6 +86,27 @@ class DiskTier:
 
     def _path(self, key: int) -> Path:
         return self.root / f"{key:016x}{SUFFIX}"
+
+    def file_of(self, key: int) -> Path:
+        return self._path(key)
+
+    def adopt(self, key: int, source: Path) -> bool:
+        """Put a page file kept elsewhere (a saved prompt cache) back under `key`; like any file here,
+        it is checked when read. False when it could not be copied."""
+        target = self._path(key)
+        tmp = target.with_suffix(f".tmp{os.getpid()}a")
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+            size = target.stat().st_size
+        except OSError as exc:
+            log.warning("KV disk cache: could not restore %s: %s", source, exc)
+            return False
+        with self._lock:
+            self._size += size - self._files.pop(key, 0)
+            self._files[key] = size
+            self._trim()
+            return key in self._files
 
     def _trim(self) -> None:
         while self._size > self.capacity_bytes and self._files:
