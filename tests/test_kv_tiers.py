@@ -1,6 +1,6 @@
 """The prefix cache's tiers on a real (tiny, random-weight) model: in-flight sharing, the host tier
-and swap under 3x KV oversubscription, the disk tier across an engine restart. Greedy outputs must
-equal those of an engine without any of them. Disk files: damaged, truncated, foreign are ignored."""
+and swap under 3x KV oversubscription, pages written to the disk tier. Greedy outputs must equal
+those of an engine without any of them. Disk files: damaged, truncated, foreign are ignored."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ PREAMBLE = "The assistant answers questions about the weather, tides and stars w
 @pytest.fixture(scope="module", autouse=True)
 def xla_cache(tmp_path_factory):
     """Engines of one pool size share their programs (the tiered one adds only its page copies), and
-    the restarted engine loads all of them, as `vsurge serve` does from its compilation cache."""
+    nothing is compiled twice."""
     from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
 
     use_compilation_cache(tmp_path_factory.mktemp("tiers_xla_cache"))
@@ -44,7 +44,7 @@ def tiny(tmp_path_factory, default_processor_dir):
 def engine(tiny, num_pages, **settings):
     model, processor = tiny
     s = vSurge.create_odriver(model, processor, max_concurrent_decodes=16, max_length=768, page_size=PAGE,
-                              num_pages=num_pages, seed=1, prefill_lengths=[256], **settings)
+                              num_pages=num_pages, seed=1, prefill_lengths=[256], row_buckets=(16,), **settings)
     s.compile()
     s.start()
     return s
@@ -76,7 +76,7 @@ def tier_value(surge, name, **labels):
     return surge.driver.metrics.value(name, **labels)
 
 
-def test_tiers_keep_outputs_share_in_flight_swap_and_survive_a_restart(tiny, reference, tmp_path):
+def test_tiers_keep_outputs_share_in_flight_and_swap(tiny, reference, tmp_path):
     shared_ref, distinct_ref = reference
     preamble = len(tiny[1].encode(PREAMBLE))
     assert preamble > 500
@@ -98,19 +98,9 @@ def test_tiers_keep_outputs_share_in_flight_swap_and_survive_a_restart(tiny, ref
         assert tier_value(s, "vsurge:kv_tier_bytes_total", direction="to_host") > 0
         pool.check()
         pool.host.disk.flush()
-        assert len(pool.host.disk) > preamble // PAGE
+        assert len(pool.host.disk) > preamble // PAGE  # (read back after a restart: test_kv_tiers_server.py)
     finally:
         s.stop(timeout=5)
-    # a new engine on the same directory (a restart): the preamble comes from disk, same tokens
-    again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))
-    try:
-        assert generate(again, shared_prompts()[:1]) == shared_ref[:1]
-        disk_hits = again.driver.engine.pool.tier_hits["disk"]
-        assert disk_hits >= (preamble // PAGE) * PAGE - PAGE, disk_hits
-        generate(again, ["x"], 1)
-        assert tier_value(again, "vsurge:kv_tier_hits_total", tier="disk") == disk_hits
-    finally:
-        again.stop(timeout=5)
 
 
 # ---------------------------------------------------------------- disk files (numpy only)
