@@ -10,6 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from collections import defaultdict
 
 from vsurge.kv.page_manager import HBMPageManager, PageTable, SlotPages
+from vsurge.kv.tiers import HostTier, page_key
 
 T: dict = defaultdict(PageTable)  # name -> page table, as a sequence would carry it
 
@@ -188,7 +189,7 @@ def test_collision_is_not_a_hit():
     _run(pm, T["a"], [1] * 5)
     # Forge the key of another prefix onto a's page: the token comparison must reject it.
     entry = pm._entries[T["a"].pages[0]]
-    pm._key_to_page[hash((None, (2, 2, 2, 2)))] = pm._key_to_page.pop(entry.key)
+    pm._key_to_page[page_key(None, (2, 2, 2, 2))] = pm._key_to_page.pop(entry.key)
     assert pm.add_sequence(T["b"], [2] * 5) == 0
 
 
@@ -217,12 +218,23 @@ class PageManagerMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.pm = HBMPageManager(PAGES, PS)
+        self.pm = self.make_manager()
         self.content = [[None] * PS for _ in range(PAGES)]  # token "written" to each slot
+        self.host_content: dict[int, list] = {}  # id(tier entry) -> the page's tokens copied to the host
         self.seqs: dict[int, dict] = {}  # id -> {"tokens", "computed"}
         self.tables: dict[int, PageTable] = {}
         self.history: list[list[int]] = []  # every token list seen, to fork prefixes from
         self.next_id = 0
+
+    def make_manager(self):
+        return HBMPageManager(PAGES, PS)
+
+    def _sync(self):
+        """Play the engine's TierMover: every queued copy off the device, then every copy back."""
+        for page, entry in self.pm.take_saves() + self.pm.take_persists():
+            self.host_content[id(entry)] = list(self.content[page])
+        for page, entry in self.pm.take_loads():
+            self.content[page] = list(self.host_content[id(entry)])
 
     def _pick(self, data):
         return data.draw(st.sampled_from(sorted(self.seqs)))
@@ -240,6 +252,7 @@ class PageManagerMachine(RuleBasedStateMachine):
         hits = self.pm.prefix_hits
         self.tables[sid] = PageTable()
         cached = self.pm.add_sequence(self.tables[sid], tokens)
+        self._sync()
         table = list(self.tables[sid].pages)
         assert cached % PS == 0 and cached <= len(tokens) - 1 and cached == len(table) * PS
         assert self.pm.prefix_hits == hits + cached
@@ -257,6 +270,7 @@ class PageManagerMachine(RuleBasedStateMachine):
         before = _snapshot(self.pm, self.tables)
         can = self.pm.can_reserve(self.tables[sid], n)
         ok = self.pm.reserve(self.tables[sid], n)
+        self._sync()
         assert ok == can
         if not ok:
             assert _snapshot(self.pm, self.tables) == before
@@ -274,6 +288,7 @@ class PageManagerMachine(RuleBasedStateMachine):
         seq = self.seqs[sid]
         old = list(self.tables[sid].pages)
         if self.pm.reserve(self.tables[sid], len(seq["tokens"])):
+            self._sync()
             table = list(self.tables[sid].pages)
             for page in table[len(old) :]:
                 self.content[page] = [None] * PS
@@ -303,12 +318,13 @@ class PageManagerMachine(RuleBasedStateMachine):
         self._write(sid, table, data.draw(st.integers(seq["computed"], limit)))
 
     @precondition(lambda self: self.seqs)
-    @rule(data=st.data())
-    def free(self, data):
+    @rule(data=st.data(), swap=st.booleans())
+    def free(self, data, swap):
         sid = self._pick(data)
         del self.seqs[sid]
         table = self.tables.pop(sid)
-        self.pm.free_sequence(table)
+        self.pm.free_sequence(table, swap=swap)  # swap: preempted, its pages to the host tier
+        self._sync()
         assert not table.registered and table.pages == []
 
     @precondition(lambda self: self.pm.num_cached_pages)
@@ -336,3 +352,20 @@ PageManagerMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_page_manager_machine = PageManagerMachine.TestCase
+
+
+class TieredPageManagerMachine(PageManagerMachine):
+    """The same traffic over a pool with a 3-page host tier: every hit, from either tier, must
+    serve the prompt's own tokens, whatever was evicted, swapped out or copied back meanwhile."""
+
+    def make_manager(self):
+        return HBMPageManager(PAGES, PS, host=HostTier(3))
+
+    @invariant()
+    def host_entries_were_copied(self):
+        for key in self.pm.host.keys():  # a host entry holds what its page held when it was copied
+            assert id(self.pm.host._entries[key]) in self.host_content
+
+
+TieredPageManagerMachine.TestCase.settings = settings(PageManagerMachine.TestCase.settings, max_examples=100)
+test_tiered_page_manager_machine = TieredPageManagerMachine.TestCase

@@ -281,3 +281,42 @@ def test_priority_without_the_priority_policy_is_refused():
     with pytest.raises(ValueError, match="--scheduling-policy priority") as info:
         prepare_requests(MockEngine(), [1, 2], SamplingParams(priority=1), ReturnChannel())
     assert info.value.param == "priority"
+
+
+def _shared_preamble_run(wait_steps: int):
+    """16 prompts with the same 24-token preamble (6 pages) and their own 3-token tail, all at once."""
+    config = EngineConfig(max_slots=16, max_length=48, page_size=4, prefill_tokens=32, chunk_lengths=(4, 32),
+                          prefix_wait_steps=wait_steps)
+    s = Scheduler(HBMPageManager(256, 4), config)
+    seqs = [seq(27, first=1) for _ in range(16)]
+    for i, x in enumerate(seqs):
+        x.tokens[24:] = [100 + 3 * i, 101 + 3 * i, 102 + 3 * i]
+        s.add(x)
+    computed = 0
+    while s.has_work:
+        plan = s.schedule()
+        computed += sum(row.length for row in plan.chunks)
+        s.postprocess(plan, Out(plan))
+        s.pool.check()
+    return s, computed
+
+
+def test_prompts_wait_for_a_prefix_in_flight_instead_of_computing_it_again():
+    s, computed = _shared_preamble_run(wait_steps=64)
+    assert s.pool.prefix_hits == 15 * 24  # every later prompt found the whole preamble
+    assert computed == 24 + 16 * 3  # the preamble once, then each prompt's tail
+    assert s.num_prefix_waits > 0 and not s.pool._inflight
+    eager, eager_computed = _shared_preamble_run(wait_steps=0)  # no waiting: the first step's prompts miss
+    assert eager.pool.prefix_hits < 15 * 24 and eager_computed > computed
+
+
+def test_a_prefix_wait_is_bounded():
+    s = make(pages=64, slots=4, prefill_tokens=32, chunk_lengths=(4,))
+    s.config = s.config.replace(prefix_wait_steps=2)  # rows of 4: room for b beside a's 4 rows
+    a, b = seq(13), seq(13)
+    s.add(a)
+    plan = s.schedule()  # a admitted, its first rows planned, never computed (no postprocess)
+    assert a in plan.sequences and s.pool.inflight_pages(b.tokens) == 3
+    s.add(b)
+    assert b not in s.schedule().sequences and b not in s.schedule().sequences  # waits twice
+    assert b in s.schedule().sequences and b.prefix_waits == 2  # then computes it itself

@@ -121,6 +121,15 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hbm-utilization", type=float, default=0.6,
                    help="fraction of the memory left after the weights that KV pages may take (paged engine)")
     p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
+    p.add_argument("--kv-host-cache-gb", type=float, default=None,
+                   help="host-memory tier of the prefix cache: pages evicted from the KV pool (and those of "
+                        "preempted sequences) are kept there and copied back on a hit (default: 0 on CPU, where "
+                        "the pool is already host memory; a quarter of the free RAM, at most 64, on accelerators)")
+    p.add_argument("--kv-cache-dir", default=None,
+                   help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
+    p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
+    p.add_argument("--prefix-wait-steps", type=int, default=64,
+                   help="steps a prompt may wait for a prefix another request is computing (0: never wait)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
                         "preempts a running one of lower priority (default fcfs: first come, first served)")
@@ -329,6 +338,8 @@ def cmd_serve(args) -> int:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     if not 0 <= args.speculative_tokens <= 16:
         raise _fail("--speculative-tokens must be in [0, 16]")
+    if (args.kv_host_cache_gb or 0) < 0 or args.kv_cache_dir_gb <= 0 or args.prefix_wait_steps < 0:
+        raise _fail("--kv-host-cache-gb and --prefix-wait-steps must be >= 0, --kv-cache-dir-gb > 0")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -349,9 +360,16 @@ def cmd_serve(args) -> int:
                   speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy, **parallel)
     try:
         if args.engine == "paged":
+            from .kv.memory import default_host_cache_bytes
+
+            host = (default_host_cache_bytes() if args.kv_host_cache_gb is None
+                    else int(args.kv_host_cache_gb * 2**30))
             surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
                                           hbm_utilization=args.hbm_utilization,
-                                          enable_prefix_caching=not args.no_prefix_caching, **common)
+                                          enable_prefix_caching=not args.no_prefix_caching,
+                                          kv_host_cache_bytes=host, kv_cache_dir=args.kv_cache_dir,
+                                          kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30),
+                                          prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
                 manager, role = engine.manager, engine.config.role
                 print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "

@@ -68,6 +68,14 @@ class EngineMetrics:
                                    buckets=_TRANSFER_BUCKETS, registry=r)
         self._transfer_depth = Gauge("vsurge:kv_transfer_queue_depth",
                                      "Prefixes waiting between prefill and decode engines", labels, registry=r)
+        self._tier_hits = Counter("vsurge:kv_tier_hits", "Prompt tokens found in each tier of the prefix cache",
+                                  labels + ["tier"], registry=r)
+        self._tier_pages = Counter("vsurge:kv_tier_pages", "KV pages copied between the prefix cache's tiers",
+                                   labels + ["direction"], registry=r)
+        self._tier_bytes = Counter("vsurge:kv_tier_bytes", "KV bytes copied between the prefix cache's tiers",
+                                   labels + ["direction"], registry=r)
+        self._swaps = Counter("vsurge:kv_swaps", "Pages of preempted sequences swapped out to the host tier, "
+                              "and found there (or on disk) when they resumed", labels + ["direction"], registry=r)
 
     def rename(self, model_name: str) -> None:
         """Label every later series with `model_name` (the served name), dropping series recorded
@@ -151,6 +159,17 @@ class EngineMetrics:
 
     def kv_transfer(self, seconds: float):
         self._l(self._transfer).observe(seconds)
+
+    def kv_tiers(self, counts: dict[str, int], page_bytes: int):
+        """Deltas of the page pool's tier counters (HBMPageManager.tier_counts, plus swap_ins)."""
+        for name, n in counts.items():
+            if name.startswith("hits_"):
+                self._l(self._tier_hits, tier=name[5:]).inc(n)
+            elif name.startswith("pages_"):
+                self._l(self._tier_pages, direction=name[6:]).inc(n)
+                self._l(self._tier_bytes, direction=name[6:]).inc(n * page_bytes)
+            elif name in ("swap_outs", "swap_ins"):
+                self._l(self._swaps, direction=name[5:-1]).inc(n)
 
     def set_transfer_queue_depth(self, n: int):
         self._l(self._transfer_depth).set(n)

@@ -51,6 +51,11 @@ class EngineConfig:
     num_pages: int | None = None  # paged engine's pool; None = sized from free memory
     hbm_utilization: float = 0.6  # fraction of the free memory the pool may take
     enable_prefix_caching: bool = True
+    # steps a prompt may wait for a prefix that a running sequence is computing (0 = never wait)
+    prefix_wait_steps: int = 64
+    kv_host_cache_bytes: int = 0  # host-memory tier of the prefix cache (kv/tiers.py); 0 = none
+    kv_cache_dir: str | None = None  # disk tier across restarts (kv/disk_tier.py); None = none
+    kv_disk_cache_bytes: int = 4 << 30  # the disk tier's size cap
     speculative_tokens: int = 0  # prompt-lookup drafts per greedy sequence and step (0 = off)
     speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
@@ -79,6 +84,11 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
+        for name in ("prefix_wait_steps", "kv_host_cache_bytes"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if self.kv_disk_cache_bytes <= 0:
+            raise ValueError(f"kv_disk_cache_bytes must be positive, got {self.kv_disk_cache_bytes!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):

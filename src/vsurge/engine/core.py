@@ -65,6 +65,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
         # publishes the call to the followers first (engine/multihost.py)
         self.on_call = None
+        # copies between the pool and its host/disk tiers (engine/tiers.py); None without tiers
+        self.tiers = None
+        if getattr(pool, "host", None) is not None:
+            from .tiers import TierMover
+
+            self.tiers = TierMover(self)
 
     def new_scheduler(self, pool=None) -> Scheduler:
         """A scheduler over the engine's page pool, or over `pool` (a run with its own engine state)."""
@@ -241,6 +247,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
              graphstate=None, graphother=None) -> tuple[EngineState, StepOutput]:
         """Run one plan. masks: sequence -> packed bits of its allowed next tokens (structured
         outputs; `Scheduler.masks(plan)`)."""
+        state = self.sync_tiers(state)
         state = self.setup_slots(state, plan)
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphother is None else graphother
@@ -255,6 +262,17 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         window = next(w for w in c.page_windows if w >= needed)
         batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
         return self._program(("decode", rows, window))(gs, go, state, batch)
+
+    def sync_tiers(self, state: EngineState) -> EngineState:
+        """Run the copies to and from the prefix cache's host/disk tiers that the pool queued."""
+        return state if self.tiers is None else self.tiers.sync(state)
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one KV page over every layer (what a tier copy moves per page)."""
+        from ..kv.paged import page_bytes
+
+        return page_bytes(self.model.config.kv_layout, self.pool.page_size, self.model.dtype)
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
     def encode_step(self, pending: list) -> list[tuple]:

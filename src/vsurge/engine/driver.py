@@ -155,7 +155,7 @@ class Driver(AbstractDriver):
             replica.state = replica.engine.warm_up(replica.state)
             s = replica.scheduler  # the warm-up's prefix-cache lookups are not the users'
             replica.reported.update(preemptions=s.num_preemptions, queries=s.pool.prefix_queries,
-                                    hits=s.pool.prefix_hits)
+                                    hits=s.pool.prefix_hits, **_tier_totals(s))
         for listener in self.listeners:
             listener.compiled(self)
 
@@ -258,6 +258,8 @@ class Driver(AbstractDriver):
             replica.metrics.engine_step()
             for seq, sample in scheduler.postprocess(plan, host):
                 self._emit(replica, seq, sample)
+            if getattr(engine, "tiers", None) is not None:  # newly committed pages to disk now
+                state = engine.sync_tiers(state)
             if replica.role == "decode":
                 self.handover.after_step(replica)
         replica.state = state  # a restart goes on with it (and tests can see where its arrays live)
@@ -376,7 +378,11 @@ class Driver(AbstractDriver):
             replica.metrics.preempted(totals["preemptions"] - seen["preemptions"])
         if totals["queries"] > seen["queries"]:
             replica.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
-        seen.update(totals)
+        tiers = _tier_totals(s)
+        moved = {name: n - seen.get(name, 0) for name, n in tiers.items() if n > seen.get(name, 0)}
+        if moved:
+            replica.metrics.kv_tiers(moved, getattr(replica.engine, "page_nbytes", 0))
+        seen.update(totals, **tiers)
 
     # ------------------------------------------------------------ failure and stop
     def fail(self, error: BaseException) -> None:
@@ -403,6 +409,13 @@ class Driver(AbstractDriver):
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
         for listener in self.listeners:  # after the engine threads' last steps
             listener.stopped(self, error)
+
+
+def _tier_totals(scheduler) -> dict[str, int]:
+    """The pool's tier counters (kv/page_manager.py tier_counts) and the scheduler's swap-ins."""
+    counts = dict(scheduler.pool.tier_counts()) if hasattr(scheduler.pool, "tier_counts") else {}
+    counts["swap_ins"] = getattr(scheduler, "num_swap_ins", 0)
+    return counts
 
 
 def _warn_unused(name: str, value, default, why: str) -> None:

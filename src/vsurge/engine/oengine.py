@@ -33,7 +33,10 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each), %d tokens in all", num_pages,
              config.page_size, per_page / 2**20, num_pages * config.page_size)
-    pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching)
+    from .tiers import make_host_tier
+
+    pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,
+                          host=make_host_tier(model, config))
     if pool.max_tokens < config.max_length:
         raise ValueError(f"too little KV memory: {pool.num_pages} pages of {config.page_size} tokens hold "
                          f"{pool.max_tokens} tokens, less than max_length={config.max_length}; lower max_length "

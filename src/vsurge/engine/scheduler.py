@@ -13,7 +13,11 @@ With no prompt to prefill, a step runs several decode steps on the device.
 When a decoding sequence needs a page and none is left, the most recently
 admitted sequence is preempted: its pages are freed and it goes back to the
 front of the queue with everything it generated, to be recomputed (vLLM's
-recompute preemption). With `scheduling_policy="priority"` the queue is ordered by
+recompute preemption); with a host tier (kv/tiers.py) its full pages are swapped
+out to host memory and come back when it resumes, so only its last partial page
+is recomputed. A waiting prompt whose prefix a running sequence is computing
+right now waits for those pages (at most `prefix_wait_steps` steps) instead of
+computing them a second time; others may overtake it meanwhile. With `scheduling_policy="priority"` the queue is ordered by
 (priority, arrival) (lower priority values first, as vLLM), the victim is the running
 sequence with the largest (priority, arrival), and a waiting sequence that finds no
 free slot preempts a running one of lower priority. The page pool is an HBMPageManager (paged engine:
@@ -104,6 +108,8 @@ class Scheduler:
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
         self.num_preemptions = 0
+        self.num_swap_ins = 0  # pages a resumed sequence found in the host or disk tier
+        self.num_prefix_waits = 0  # steps waiting prompts spent waiting for prefixes in flight
         self.role = config.role
         self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
 
@@ -170,15 +176,15 @@ class Scheduler:
     def free_slots(self) -> int:
         return len(self._free_slots)
 
-    def _release(self, seq: Sequence) -> None:
+    def _release(self, seq: Sequence, swap: bool = False) -> None:
         self.running.remove(seq)
-        self.pool.free_sequence(seq.pages)
+        self.pool.free_sequence(seq.pages, swap=swap)
         heapq.heappush(self._free_slots, seq.slot)
         seq.slot = None
 
     def _preempt(self, seq: Sequence) -> None:
-        self._release(seq)
-        seq.num_computed, seq.status = 0, Status.WAITING
+        self._release(seq, swap=self.role != "decode")  # (a decode engine has no prefix cache)
+        seq.num_computed, seq.status, seq.preempted = 0, Status.WAITING, True
         if self.role == "decode":  # a decode engine never prefills: a prefill engine recomputes it
             seq.pages = PageTable()
             self.evicted.append(seq)
@@ -314,6 +320,8 @@ class Scheduler:
         for seq in candidates:
             if len(plan.chunks) == rows:
                 break
+            if seq.status is Status.WAITING and self._waits_for_prefix(seq):
+                continue  # its prefix is being computed: it needs no slot or pages yet
             if seq.status is Status.WAITING and not self._admit(seq):
                 break  # FIFO: nobody overtakes a prompt that does not fit yet
             if seq.remaining == 1:  # a cached or one-token prompt: its last token decodes
@@ -330,6 +338,15 @@ class Scheduler:
         if plan.chunks:
             plan.chunk_shape = shape
 
+    def _waits_for_prefix(self, seq: Sequence) -> bool:
+        """A running sequence is computing pages of this prompt's prefix: wait for them to be
+        committed (they are hits then) rather than compute them again; bounded, so it never starves."""
+        if seq.prefix_waits >= self.config.prefix_wait_steps or not self.pool.inflight_pages(seq.tokens):
+            return False
+        seq.prefix_waits += 1
+        self.num_prefix_waits += 1
+        return True
+
     def _admit(self, seq: Sequence) -> bool:
         if not self._free_slots:
             return False
@@ -342,6 +359,9 @@ class Scheduler:
             return False
         heapq.heappop(self._free_slots)
         self.waiting.remove(seq)
+        if seq.preempted:
+            hits = self.pool.last_hits
+            self.num_swap_ins += (hits.get("host", 0) + hits.get("disk", 0)) // self.pool.page_size
         seq.num_computed = cached
         seq.mark_admitted(slot)
         self.running.append(seq)

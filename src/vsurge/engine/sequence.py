@@ -37,6 +37,8 @@ class Sequence:
     admitted_at: float | None = None
     matcher: object | None = None  # a GrammarMatcher when the output is constrained (structured outputs)
     speculate_after: int = 0  # no drafts before the sequence holds this many tokens (after a miss)
+    prefix_waits: int = 0  # steps it waited for a prefix another sequence was computing
+    preempted: bool = False  # preempted at least once (its resumption's tier hits are swap-ins)
 
     @classmethod
     def of(cls, request: ActiveRequest, processor, vocab_size: int | None = None) -> "Sequence":

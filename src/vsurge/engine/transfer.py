@@ -119,8 +119,10 @@ class PrefixTransferAPI:
     # ------------------------------------------------------------ compiling and warming up
     def _transfer_jobs(self) -> list[tuple]:
         role = self.config.role
-        kind = {"prefill": "export", "decode": "import"}.get(role)
-        return [] if kind is None else [(kind, n) for n in self.config.transfer_pages]
+        kinds = {"prefill": ["export"], "decode": ["import"]}.get(role, [])
+        if getattr(self, "tiers", None) is not None:  # host/disk tiers copy pages both ways
+            kinds = ["export", "import"]
+        return [(kind, n) for kind in kinds for n in self.config.transfer_pages]
 
     def _compile_transfer(self, key: tuple, state):
         kind, pages = key

@@ -18,6 +18,15 @@ def _host_available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def default_host_cache_bytes() -> int:
+    """The host tier of the prefix cache when none is asked for: none on CPU (the KV pool is host
+    memory already, so a second copy of the same bytes in the same RAM only costs memcpy; a larger
+    pool serves the same hits for free), a quarter of the free RAM (at most 64 GiB) on accelerators."""
+    if jax.devices()[0].platform == "cpu":
+        return 0
+    return int(min(_host_available_bytes() // 4, 64 << 30))
+
+
 def available_kv_bytes(weight_bytes: int, utilization: float) -> int:
     """`utilization` of the accelerator memory left free after the weights are loaded
     (on CPU: of the host memory available now, the weights already counted in it)."""

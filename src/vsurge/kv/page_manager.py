@@ -17,6 +17,17 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   key, so a later request with the same prefix reuses it for free. Such pages are
   still counted as free: ``reserve`` takes truly free pages first and only then
   evicts the least recently freed cached page, dropping its key.
+* In flight. A table announces the keys of the full pages it is about to compute
+  (`add_sequence`) until it commits them; `inflight_pages` tells the scheduler that a
+  prompt's prefix is being computed right now, so it can wait for it instead of
+  computing it again.
+* Lower tiers (kv/tiers.py, optional `host`). An evicted registered page, and every
+  registered page of a preempted sequence (`free_sequence(swap=True)`), is queued to
+  be copied to the host tier (`take_saves`); a lookup that misses the device pool but
+  hits the host (or disk) tier takes a fresh page and queues the copy back
+  (`take_loads`). With a disk tier, each newly registered page is queued to be written
+  (`take_persists`). The engine (engine/tiers.py) runs every queued copy off the device
+  before it writes any page back, and both before the next step.
 
 ``SlotPages`` is the dense engine's pool with the same interface: slot i owns a
 fixed run of pages for its whole life, so reserving never fails and nothing is shared.
@@ -27,6 +38,10 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from .tiers import HostTier, TierEntry, page_key
+
+TIERS = ("device", "host", "disk")
 
 __all__ = ["HBMPageManager", "PageTable", "SlotPages"]
 
@@ -39,6 +54,8 @@ class PageTable:
     num_committed: int = 0  # leading pages already hashed (registered or left private)
     last_key: int | None = None  # chained key of page num_committed - 1
     registered: bool = False  # held by a manager (between add_sequence and free_sequence)
+    pending: list[int] = field(default_factory=list)  # keys of full pages it computes next (in flight)
+    pending_end: int = 0  # index of the page after the last pending one
 
     def __len__(self) -> int:
         return len(self.pages)
@@ -52,7 +69,8 @@ class _Entry:
 
 
 class HBMPageManager:
-    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True):
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True,
+                 host: HostTier | None = None):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got num_pages={num_pages}")
         if page_size < 1:
@@ -68,6 +86,14 @@ class HBMPageManager:
         self._tables: dict[int, PageTable] = {}  # id -> every registered table (for check())
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self._inflight: dict[int, int] = {}  # key -> tables computing that page now
+        self.host = host if enable_prefix_caching else None
+        self._saves: list[tuple[int, TierEntry]] = []  # (page, entry): copy the page's KV to the host
+        self._persists: list[tuple[int, TierEntry]] = []  # (page, entry): write the page's KV to disk
+        self._loads: dict[int, TierEntry] = {}  # page -> entry whose KV must be written into it
+        self.tier_hits = dict.fromkeys(TIERS, 0)  # prompt tokens found in each tier
+        self.last_hits = dict.fromkeys(TIERS, 0)  # of the last add_sequence
+        self.pages_to_host = self.pages_from_host = self.swap_outs = 0
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -108,13 +134,15 @@ class HBMPageManager:
             raise ValueError("this page table is already registered")
         seq.registered = True
         self._tables[id(seq)] = seq
+        self.last_hits = dict.fromkeys(TIERS, 0)
         if not self.enable_prefix_caching:
             return 0
         ps = self._page_size
         # At least one token must be left to compute, or the step would have no logits.
-        for i in range(max(len(tokens) - 1, 0) // ps):
+        full = max(len(tokens) - 1, 0) // ps
+        for i in range(full):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
-            key = hash((seq.last_key, chunk))
+            key = page_key(seq.last_key, chunk)
             page = self._key_to_page.get(key)
             if page is None:
                 break
@@ -126,11 +154,62 @@ class HBMPageManager:
             self._refcount[page] += 1
             seq.pages.append(page)
             seq.last_key = key
+        self.last_hits["device"] = len(seq.pages) * ps
+        while self.host is not None and len(seq.pages) < full and self.num_free_pages:
+            i = len(seq.pages)
+            chunk = tuple(tokens[i * ps : (i + 1) * ps])
+            key = page_key(seq.last_key, chunk)
+            found = self.host.lookup(key, seq.last_key, chunk)
+            if found is None:
+                break
+            page = self._take_page()  # registered now: its KV is written before the next step reads it
+            self._refcount[page] = 1
+            self._key_to_page[key] = page
+            self._entries[page] = _Entry(key, seq.last_key, chunk)
+            self._loads[page] = found
+            self.last_hits["disk" if found.from_disk else "host"] += ps
+            found.from_disk = False  # a later hit on it is a host hit
+            seq.pages.append(page)
+            seq.last_key = key
         seq.num_committed = len(seq.pages)
+        self._announce(seq, tokens)
         cached = len(seq.pages) * ps
         self.prefix_queries += len(tokens)
         self.prefix_hits += cached
+        for tier, n in self.last_hits.items():
+            self.tier_hits[tier] += n
         return cached
+
+    def _announce(self, seq: PageTable, tokens: Sequence[int]) -> None:
+        """Mark the keys of the full pages `seq` will compute as in flight until it commits them."""
+        ps, key = self._page_size, seq.last_key
+        for i in range(len(seq.pages), len(tokens) // ps):
+            key = page_key(key, tuple(tokens[i * ps : (i + 1) * ps]))
+            seq.pending.append(key)
+            self._inflight[key] = self._inflight.get(key, 0) + 1
+        seq.pending_end = len(tokens) // ps
+
+    def _settle(self, seq: PageTable, keep: int) -> None:
+        """Drop `seq`'s in-flight keys but the last `keep`."""
+        while len(seq.pending) > keep:
+            key = seq.pending.pop(0)
+            self._inflight[key] -= 1
+            if not self._inflight[key]:
+                del self._inflight[key]
+
+    def inflight_pages(self, tokens: Sequence[int]) -> int:
+        """Full pages of `tokens`' prefix (as add_sequence would look it up) that a live table is
+        computing now; 0 when none is. Cached pages on the way are skipped over."""
+        if not self._inflight or not self.enable_prefix_caching:
+            return 0
+        ps, key, count = self._page_size, None, 0
+        for i in range(max(len(tokens) - 1, 0) // ps):
+            key = page_key(key, tuple(tokens[i * ps : (i + 1) * ps]))
+            if key in self._inflight:
+                count += 1
+            elif key not in self._key_to_page:
+                break
+        return count
 
     def pages_needed(self, seq: PageTable, num_tokens: int) -> int:
         """Extra pages ``seq`` needs to hold ``num_tokens`` tokens in total."""
@@ -147,14 +226,60 @@ class HBMPageManager:
             return False
         table = seq.pages
         for _ in range(need):
-            if self._free:
-                page = self._free.popleft()
-            else:  # evicting drops cached KV, so only when truly free pages ran out
-                page, _ = self._evictable.popitem(last=False)
-                self._unregister(page)
+            page = self._take_page()
             self._refcount[page] = 1
             table.append(page)
         return True
+
+    def _take_page(self) -> int:
+        """A truly free page, else the least recently freed cached one (its KV to the host tier)."""
+        if self._free:
+            return self._free.popleft()
+        page, _ = self._evictable.popitem(last=False)  # evicting drops cached KV: only when nothing is free
+        self._save(page)
+        self._unregister(page)
+        return page
+
+    def _save(self, page: int) -> bool:
+        """Queue a registered page's KV for the host tier, unless it is there (or never arrived)."""
+        entry = self._entries[page]
+        if page in self._loads:  # its KV was never written: the host tier still has it
+            del self._loads[page]
+            return False
+        if self.host is None or not self.host.enabled or entry.key in self.host:
+            return False
+        copy = TierEntry(entry.key, entry.parent, entry.tokens)
+        self.host.put(copy)
+        self._saves.append((page, copy))
+        self.pages_to_host += 1
+        return True
+
+    # --- copies for the engine (engine/tiers.py): run every save and persist, then every load
+    def take_saves(self) -> list[tuple[int, TierEntry]]:
+        saves, self._saves = self._saves, []
+        return saves
+
+    def take_persists(self) -> list[tuple[int, TierEntry]]:
+        persists, self._persists = self._persists, []
+        return persists
+
+    def take_loads(self) -> list[tuple[int, TierEntry]]:
+        loads, self._loads = list(self._loads.items()), {}
+        self.pages_from_host += len(loads)
+        return loads
+
+    @property
+    def has_moves(self) -> bool:
+        return bool(self._saves or self._persists or self._loads)
+
+    def tier_counts(self) -> dict[str, int]:
+        """Cumulative counters of the tiers (the driver reports their deltas as metrics)."""
+        counts = {f"hits_{tier}": n for tier, n in self.tier_hits.items()}
+        counts.update(pages_to_host=self.pages_to_host, pages_from_host=self.pages_from_host,
+                      swap_outs=self.swap_outs)
+        disk = self.host.disk if self.host is not None else None
+        counts.update(pages_to_disk=disk.pages_written if disk else 0, pages_from_disk=disk.pages_read if disk else 0)
+        return counts
 
     def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
         """The KV of ``tokens[:num_computed]`` is written: register newly full pages."""
@@ -163,21 +288,28 @@ class HBMPageManager:
         ps = self._page_size
         full = min(min(num_computed, len(tokens)) // ps, len(seq.pages))
         # Only pages past num_committed are hashed, so calling this every step is O(new pages).
+        disk = self.host.disk if self.host is not None else None
         for i in range(seq.num_committed, full):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
-            key = hash((seq.last_key, chunk))
+            key = page_key(seq.last_key, chunk)
             page = seq.pages[i]
             # Another page already holds this prefix: keep ours private, freed normally.
             if key not in self._key_to_page:
                 self._key_to_page[key] = page
                 self._entries[page] = _Entry(key, seq.last_key, chunk)
+                if disk is not None and not disk.has(key):
+                    self._persists.append((page, TierEntry(key, seq.last_key, chunk)))
             seq.last_key = key
         seq.num_committed = max(seq.num_committed, full)
+        self._settle(seq, max(0, seq.pending_end - seq.num_committed))
 
-    def free_sequence(self, seq: PageTable) -> None:
-        """Drop the table's references and empty it; an unregistered table is ignored."""
+    def free_sequence(self, seq: PageTable, swap: bool = False) -> None:
+        """Drop the table's references and empty it; an unregistered table is ignored. `swap`
+        (a preempted sequence): its registered pages go to the host tier now, to come back
+        when it resumes."""
         if self._tables.pop(id(seq), None) is None:
             return
+        self._settle(seq, 0)
         # Reverse order: a prefix's tail pages become evictable before its head, so
         # eviction trims prefixes from the end instead of orphaning their tails.
         for page in reversed(seq.pages):
@@ -185,13 +317,16 @@ class HBMPageManager:
             if self._refcount[page] == 0:
                 if page in self._entries:
                     self._evictable[page] = None
+                    if swap and self._save(page):
+                        self.swap_outs += 1
                 else:
                     self._free.append(page)
-        seq.pages, seq.num_committed, seq.last_key, seq.registered = [], 0, None, False
+        seq.pages, seq.num_committed, seq.last_key, seq.registered, seq.pending_end = [], 0, None, False, 0
 
     def reset_prefix_cache(self) -> None:
         """Return every cached-but-unreferenced page to the free list (referenced ones stay)."""
         for page in self._evictable:
+            self._loads.pop(page, None)
             self._unregister(page)
             self._free.append(page)
         self._evictable.clear()
@@ -227,6 +362,15 @@ class HBMPageManager:
             assert page not in self._entries, f"free page {page} is still registered"
         for page in evictable:
             assert page in self._entries, f"evictable page {page} is not registered"
+        pending: dict[int, int] = {}
+        for seq in self._tables.values():
+            for key in seq.pending:
+                pending[key] = pending.get(key, 0) + 1
+        assert pending == self._inflight, f"in-flight keys {self._inflight} but tables announce {pending}"
+        for page in self._loads:
+            assert page in self._entries, f"page {page} waits for a load but is not registered"
+        if self.host is not None:
+            self.host.check()
 
 
 class SlotPages:
@@ -236,6 +380,9 @@ class SlotPages:
 
     enable_prefix_caching = False
     prefix_queries = prefix_hits = 0
+    host = None
+    has_moves = False
+    last_hits: dict = {}
 
     def __init__(self, num_slots: int, max_length: int, page_size: int):
         if num_slots < 1 or max_length < 1 or page_size < 1:
@@ -290,7 +437,13 @@ class SlotPages:
     def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
         pass
 
-    def free_sequence(self, seq: PageTable) -> None:
+    def inflight_pages(self, tokens: Sequence[int]) -> int:
+        return 0
+
+    def tier_counts(self) -> dict[str, int]:
+        return {}
+
+    def free_sequence(self, seq: PageTable, swap: bool = False) -> None:
         if seq.registered:
             self._held.discard(seq.pages[0] // self._per_slot)
         seq.pages, seq.registered = [], False

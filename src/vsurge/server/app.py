@@ -21,6 +21,7 @@ from .adapters.messages import CountTokensRequest as MessagesCountTokensRequest
 from .adapters.messages import MessagesRequest
 from .adapters.responses import ResponsesRequest
 from .protocol import CountTokensRequest, DetokenizeRequest, TokenizeRequest
+from .cache_slots import install_cache_routes
 from .web import install_web_routes
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -127,5 +128,6 @@ def build_app(server) -> FastAPI:
     async def metrics():
         return await server.metrics()
 
+    install_cache_routes(app, server)  # named prompt caches over the disk tier (cache_slots.py)
     install_web_routes(app, server)  # the chat page, the dashboard and /v1/stats
     return app

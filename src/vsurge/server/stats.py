@@ -71,6 +71,14 @@ class EngineStats(BaseModel):
                     "observation per hand-over)")
     kv_transfer_queue_depth: int = Field(
         description="disaggregated serving: prefixes between prefill engines and their decode engine's step now")
+    kv_tier_hits: dict[str, int] = Field(
+        default_factory=dict, description="prompt tokens found in each prefix-cache tier (device, host, disk)")
+    kv_tier_bytes: dict[str, int] = Field(
+        default_factory=dict, description="KV bytes copied between tiers by direction (to_host, from_host, "
+                                          "to_disk, from_disk)")
+    kv_swaps: dict[str, int] = Field(
+        default_factory=dict, description="pages of preempted sequences swapped out (out) and found again on "
+                                          "resuming (in)")
 
 
 class _ReplicaIdentity(BaseModel):
@@ -112,6 +120,13 @@ _COUNTERS = {"prompt_tokens": "vsurge:prompt_tokens_total", "generation_tokens":
              "prefix_cache_hits": "vsurge:prefix_cache_hits_total"}
 
 
+# per-label counters: field -> (series, label)
+_LABELLED = {"kv_tier_hits": ("vsurge:kv_tier_hits_total", "tier"),
+             "kv_tier_bytes": ("vsurge:kv_tier_bytes_total", "direction"),
+             "kv_swaps": ("vsurge:kv_swaps_total", "direction")}
+_LABELLED_SERIES = {series: (key, label) for key, (series, label) in _LABELLED.items()}
+
+
 class EngineSnapshot:
     """The samples of one engine that /v1/stats needs, in a form that adds up across replicas."""
 
@@ -122,6 +137,7 @@ class EngineSnapshot:
         self.counters = dict.fromkeys(_COUNTERS, 0.0)
         self.finished: dict[str, float] = {}
         self.histograms: dict[str, dict] = {key: {"sum": 0.0, "buckets": {}} for key in _HISTOGRAMS}
+        self.labelled: dict[str, dict[str, float]] = {key: {} for key in _LABELLED}
 
     @classmethod
     def read(cls, metrics) -> "EngineSnapshot":
@@ -145,6 +161,10 @@ class EngineSnapshot:
                 if sample.name == "vsurge:request_success_total":
                     reason = sample.labels["finished_reason"]
                     raw.finished[reason] = raw.finished.get(reason, 0.0) + sample.value
+                if sample.name in _LABELLED_SERIES:
+                    key, label = _LABELLED_SERIES[sample.name]
+                    into = raw.labelled[key]
+                    into[sample.labels[label]] = into.get(sample.labels[label], 0.0) + sample.value
                 if sample.name == "vsurge:engine_steps_total":
                     role = sample.labels["role"]
                     raw.steps[role] = raw.steps.get(role, 0.0) + sample.value
@@ -163,6 +183,9 @@ class EngineSnapshot:
         for role in set(self.steps) | set(other.steps):
             total.steps[role] = self.steps.get(role, 0.0) + other.steps.get(role, 0.0)
         total.kv_usage = self.kv_usage + other.kv_usage
+        for key in _LABELLED:
+            mine, theirs = self.labelled[key], other.labelled[key]
+            total.labelled[key] = {k: mine.get(k, 0.0) + theirs.get(k, 0.0) for k in set(mine) | set(theirs)}
         total.counters = {k: self.counters[k] + other.counters[k] for k in _COUNTERS}
         for reason in set(self.finished) | set(other.finished):
             total.finished[reason] = self.finished.get(reason, 0.0) + other.finished.get(reason, 0.0)
@@ -188,7 +211,8 @@ class EngineSnapshot:
             prefix_cache_hits=int(c["prefix_cache_hits"]),
             prefix_cache_hit_rate=c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"]
             else None, steps={role: int(n) for role, n in sorted(self.steps.items())},
-            kv_transfer_queue_depth=int(self.transfer_depth), **histograms)
+            kv_transfer_queue_depth=int(self.transfer_depth), **histograms,
+            **{key: {k: int(n) for k, n in sorted(values.items())} for key, values in self.labelled.items()})
 
 
 # ---------------------------------------------------------------- percentiles from buckets

@@ -167,8 +167,12 @@ class ModelPanel {
     this.setTile("preemptions", count(m.preemptions));
     this.setTile("kv", m.kv_cache_usage === null ? "n/a" : percent(m.kv_cache_usage),
       m.kv_cache_usage === null ? "this engine does not report KV-cache use (dense: one region per slot)" : "");
+    const tiers = Object.entries(m.kv_tier_hits || {}).filter(([, n]) => n > 0);
+    const swaps = m.kv_swaps || {};
     this.setTile("prefix", m.prefix_cache_hit_rate === null ? "n/a" : percent(m.prefix_cache_hit_rate),
-      `${m.prefix_cache_hits} of ${m.prefix_cache_queries} prompt tokens since start`);
+      `${m.prefix_cache_hits} of ${m.prefix_cache_queries} prompt tokens since start` +
+      (tiers.length ? `; by tier: ${tiers.map(([tier, n]) => `${tier} ${n}`).join(", ")}` : "") +
+      (swaps.out ? `; pages swapped out ${swaps.out}, found again ${swaps.in || 0}` : ""));
     this.setTile("ttft", `${seconds(m.ttft.p50)} / ${seconds(m.ttft.p99)}`, `${m.ttft.count} requests since start`);
     this.setTile("itl", `${seconds(m.itl.p50)} / ${seconds(m.itl.p99)}`, `${m.itl.count} gaps since start`);
 

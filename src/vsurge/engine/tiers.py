@@ -1,0 +1,140 @@
+"""The engine's side of the prefix cache's lower tiers: copies between the device pool and host/disk.
+
+The page manager (kv/page_manager.py) queues what must move; `TierMover.sync` runs it before
+each step (and the driver after each step, so committed pages reach the disk without waiting
+for the next request):
+
+    saves + persists   the pages' K/V gathered off the device in one call per bucket of pages
+                       (engine/transfer.py's export program), copied to host asynchronously
+                       (`copy_to_host_async`) and made numpy one sync later, off the step's path
+    loads              pages found in the host or disk tier, written into their new device pages
+                       (the import program), after every gather of this sync
+
+Gathers run before loads, and both before the step that reads or overwrites the pages, so a
+page evicted and reused in one scheduling pass is copied out with its old K/V.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import jax
+import numpy as np
+
+from ..kv.disk_tier import LAYOUT_VERSION, DiskTier
+from ..kv.paged import page_bytes
+from ..kv.tiers import HostTier
+from .transfer import PrefixPages
+
+
+class PageBatch:
+    """K/V of n pages gathered in one call: per layer (n, ...) arrays; device arrays until `host()`."""
+
+    def __init__(self, pages: PrefixPages):
+        self.k, self.v = list(pages.k), list(pages.v)
+        self._on_host = False
+        self._lock = threading.Lock()
+        for array in (*self.k, *self.v):
+            array.copy_to_host_async()
+
+    def host(self) -> "PageBatch":
+        with self._lock:
+            if not self._on_host:
+                self.k = [np.asarray(a) for a in self.k]
+                self.v = [np.asarray(a) for a in self.v]
+                self._on_host = True
+        return self
+
+
+class PageRef:
+    """Page `index` of a PageBatch: a tier entry's payload."""
+
+    def __init__(self, batch: PageBatch, index: int):
+        self.batch, self.index = batch, index
+
+    def arrays(self) -> tuple[list, list]:
+        batch = self.batch.host()
+        return [k[self.index] for k in batch.k], [v[self.index] for v in batch.v]
+
+
+def fingerprint(model, config) -> str:
+    """What a disk tier's pages depend on: the model (its config and a sample of every weight), the
+    KV dtype and layout, the page size and LAYOUT_VERSION. Another model or layout never matches."""
+    from flax import nnx
+
+    h = hashlib.blake2b(digest_size=16)
+    h.update(repr((LAYOUT_VERSION, repr(model.config), str(model.dtype), config.page_size,
+                   tuple(model.config.kv_layout))).encode())
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
+        if not hasattr(leaf, "shape") or not leaf.size:
+            continue
+        row = leaf[(0,) * (leaf.ndim - 1)] if leaf.ndim > 1 else leaf
+        h.update(jax.tree_util.keystr(path).encode() + repr((leaf.shape, str(leaf.dtype))).encode())
+        h.update(np.asarray(jax.device_get(row[:64])).tobytes())
+    return h.hexdigest()
+
+
+def make_host_tier(model, config) -> HostTier | None:
+    """The host (and disk) tier of an engine's page pool, from its config; None when it has neither."""
+    if not config.enable_prefix_caching or not (config.kv_host_cache_bytes or config.kv_cache_dir):
+        return None
+    per_page = page_bytes(model.config.kv_layout, config.page_size, model.dtype)
+    disk = None
+    if config.kv_cache_dir:
+        layout = model.config.kv_layout
+        spec = ([((l.heads, l.k_dim, config.page_size), str(np.dtype(model.dtype))) for l in layout]
+                + [((l.heads, config.page_size, l.v_dim), str(np.dtype(model.dtype))) for l in layout])
+        disk = DiskTier(config.kv_cache_dir, fingerprint(model, config), config.kv_disk_cache_bytes, spec)
+    return HostTier(int(config.kv_host_cache_bytes // per_page), disk)
+
+
+class TierMover:
+    """Runs the copies an engine's page pool queued (see the module docstring)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self._fresh: list[PageBatch] = []  # gathered last sync: made numpy at the next one
+
+    def sync(self, state):
+        engine, pool = self.engine, self.engine.pool
+        for batch in self._fresh:
+            batch.host()
+        self._fresh = []
+        if not pool.has_moves:
+            return state
+        disk = pool.host.disk
+        reads = [(p, e, False) for p, e in pool.take_saves()] + [(p, e, True) for p, e in pool.take_persists()]
+        for part in _parts(reads, engine.config.transfer_pages[-1]):
+            bucket = engine._bucket(len(part))
+            ids = np.zeros(bucket, np.int32)  # padding gathers page 0: never used
+            ids[: len(part)] = [page for page, _, _ in part]
+            batch = PageBatch(engine._program(("export", bucket))(state, ids))
+            self._fresh.append(batch)
+            for i, (_, entry, persist) in enumerate(part):
+                if persist:
+                    disk.put(entry, PageRef(batch, i))
+                else:
+                    entry.payload = PageRef(batch, i)
+                    if disk is not None:
+                        disk.put(entry, entry.payload)
+        for part in _parts(pool.take_loads(), engine.config.transfer_pages[-1]):
+            bucket = engine._bucket(len(part))
+            ids = np.full(bucket, pool.num_pages, np.int32)  # padding: dropped writes
+            ids[: len(part)] = [page for page, _ in part]
+            pages = [entry.payload.arrays() for _, entry in part]
+            k = [_stack([p[0][l] for p in pages], bucket) for l in range(len(pages[0][0]))]
+            v = [_stack([p[1][l] for p in pages], bucket) for l in range(len(pages[0][1]))]
+            state = engine._program(("import", bucket))(state, PrefixPages(k, v), ids)
+        return state
+
+
+def _parts(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def _stack(arrays: list, bucket: int) -> np.ndarray:
+    """(bucket, ...) with the pages first, zeros after (their writes are dropped)."""
+    out = np.zeros((bucket, *arrays[0].shape), arrays[0].dtype)
+    out[: len(arrays)] = arrays
+    return out

@@ -1,0 +1,254 @@
+"""The prefix cache's disk tier: pages kept in files under `--kv-cache-dir`, across restarts (no JAX).
+
+One file per page, `<dir>/<fingerprint>/<key as 16 hex digits>.kvp`, holding
+
+    b"VSURGEKV" | header length (u32 LE) | header (JSON) | payload (each array's raw bytes, in order)
+
+The header repeats the fingerprint (model identity, weights sample, dtype, page size, KV
+layout, LAYOUT_VERSION: engine/tiers.py `fingerprint`), the page's chained key, its parent
+key and tokens, each array's shape and dtype, and a digest of the payload. A read checks all
+of it against what was asked for, so a damaged, truncated or foreign file is ignored with a
+warning, never trusted. Files are written by a background thread (to a temporary name, then
+renamed, so a crash never leaves half a file under a real name); the directory is capped at
+`capacity_bytes`, dropping the least recently used files (a hit refreshes a file's mtime,
+so the order survives restarts).
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import queue
+import shutil
+import struct
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"VSURGEKV"
+LAYOUT_VERSION = 1  # bump when the page layout (kv/paged.py) or this file format changes
+SUFFIX = ".kvp"
+
+
+class HostPage:
+    """One page's K/V in host memory: per layer key and value arrays (as kv/paged.py lays out one page)."""
+
+    def __init__(self, k: list, v: list):
+        self.k, self.v = k, v
+
+    def arrays(self) -> tuple[list, list]:
+        return self.k, self.v
+
+
+class DiskTier:
+    def __init__(self, directory, fingerprint: str, capacity_bytes: int, spec: list[tuple[tuple, str]]):
+        """spec: (shape, dtype) of each array of one page, keys of every layer then values."""
+        self.fingerprint = fingerprint
+        self.root = Path(directory) / fingerprint[:32]
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.capacity_bytes = int(capacity_bytes)
+        self.spec = [(tuple(shape), str(dtype)) for shape, dtype in spec]
+        self._lock = threading.Lock()
+        self._files: OrderedDict[int, int] = OrderedDict()  # key -> file size; first = dropped first
+        self._queued: set[int] = set()
+        self._size = 0
+        self.pages_written = self.pages_read = self.rejected = 0
+        self._scan()
+        self._queue: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="vsurge-kv-disk", daemon=True)
+        self._writer.start()
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------ index
+    def _scan(self) -> None:
+        found = []
+        for path in self.root.glob("*" + SUFFIX):
+            try:
+                key = int(path.stem, 16)
+                stat = path.stat()
+            except (ValueError, OSError):
+                log.warning("KV disk cache: ignoring %s (not a page file of this cache)", path)
+                continue
+            found.append((stat.st_mtime, key, stat.st_size))
+        for _, key, size in sorted(found):
+            self._files[key] = size
+            self._size += size
+        self._trim()
+        if self._files:
+            log.info("KV disk cache %s: %d pages, %.1f MiB", self.root, len(self._files), self._size / 2**20)
+
+    def _path(self, key: int) -> Path:
+        return self.root / f"{key:016x}{SUFFIX}"
+
+    def file_of(self, key: int) -> Path:
+        return self._path(key)
+
+    def adopt(self, key: int, source: Path) -> bool:
+        """Put a page file kept elsewhere (a saved prompt cache) back under `key`; like any file here,
+        it is checked when read. False when it could not be copied."""
+        target = self._path(key)
+        tmp = target.with_suffix(f".tmp{os.getpid()}a")
+        try:
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, target)
+            size = target.stat().st_size
+        except OSError as exc:
+            log.warning("KV disk cache: could not restore %s: %s", source, exc)
+            return False
+        with self._lock:
+            self._size += size - self._files.pop(key, 0)
+            self._files[key] = size
+            self._trim()
+            return key in self._files
+
+    def _trim(self) -> None:
+        while self._size > self.capacity_bytes and self._files:
+            key, size = self._files.popitem(last=False)
+            self._size -= size
+            try:
+                self._path(key).unlink()
+            except OSError:
+                pass
+
+    def has(self, key: int) -> bool:
+        with self._lock:
+            return key in self._files or key in self._queued
+
+    def __len__(self) -> int:
+        return len(self._files)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size
+
+    # ------------------------------------------------------------ reading
+    def get(self, key: int, parent: int | None, tokens: tuple[int, ...]) -> HostPage | None:
+        """The page stored under `key`, if its file is whole and names exactly this prefix."""
+        with self._lock:
+            if key not in self._files:
+                return None
+        path = self._path(key)
+        try:
+            page = self._read(path, key, parent, tokens)
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            log.warning("KV disk cache: ignoring %s: %s", path, exc)
+            self.rejected += 1
+            with self._lock:
+                size = self._files.pop(key, None)
+                self._size -= size or 0
+            return None
+        with self._lock:
+            if key in self._files:
+                self._files.move_to_end(key)
+        try:
+            os.utime(path)
+        except OSError:
+            pass
+        self.pages_read += 1
+        return page
+
+    def _read(self, path: Path, key: int, parent, tokens) -> HostPage:
+        data = path.read_bytes()
+        if data[: len(MAGIC)] != MAGIC:
+            raise ValueError("not a vsurge KV page file")
+        (length,) = struct.unpack_from("<I", data, len(MAGIC))
+        start = len(MAGIC) + 4
+        if start + length > len(data):
+            raise ValueError("truncated header")
+        header = json.loads(data[start : start + length])
+        for name, want in (("version", LAYOUT_VERSION), ("fingerprint", self.fingerprint), ("key", key),
+                           ("parent", parent), ("tokens", list(tokens))):
+            if header.get(name) != want:
+                raise ValueError(f"its {name} differs from this cache's (another model, layout or prefix)")
+        arrays = [(tuple(shape), dtype) for shape, dtype in header["arrays"]]
+        if arrays != self.spec:
+            raise ValueError(f"its arrays {arrays} are not this engine's pages {self.spec}")
+        payload = memoryview(data)[start + length :]
+        if len(payload) != sum(_nbytes(s, d) for s, d in arrays):
+            raise ValueError(f"truncated: {len(payload)} payload bytes")
+        if hashlib.blake2b(payload, digest_size=16).hexdigest() != header["digest"]:
+            raise ValueError("its payload does not match its digest (damaged)")
+        out, offset = [], 0
+        for shape, dtype in arrays:
+            n = _nbytes(shape, dtype)
+            out.append(np.frombuffer(payload[offset : offset + n], dtype=_np_dtype(dtype)).reshape(shape).copy())
+            offset += n
+        half = len(out) // 2
+        return HostPage(out[:half], out[half:])
+
+    # ------------------------------------------------------------ writing (background)
+    def put(self, entry, page) -> None:
+        """Write `page` (anything with .arrays() -> (k list, v list)) under `entry`'s key, in the background."""
+        with self._lock:
+            if entry.key in self._files or entry.key in self._queued:
+                return
+            self._queued.add(entry.key)
+        self._queue.put((entry, page))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except Exception:  # noqa: BLE001: a cache write must never take the engine down
+                log.exception("KV disk cache: a page could not be written")
+            finally:
+                if item is not None:
+                    with self._lock:
+                        self._queued.discard(item[0].key)
+                self._queue.task_done()
+
+    def _write(self, entry, page) -> None:
+        k, v = page.arrays()
+        arrays = [np.ascontiguousarray(np.asarray(a)) for a in (*k, *v)]
+        payload = b"".join(a.tobytes() for a in arrays)
+        header = json.dumps({"version": LAYOUT_VERSION, "fingerprint": self.fingerprint, "key": entry.key,
+                             "parent": entry.parent, "tokens": list(entry.tokens),
+                             "arrays": [[list(a.shape), _dtype_name(a.dtype)] for a in arrays],
+                             "digest": hashlib.blake2b(payload, digest_size=16).hexdigest()}).encode()
+        path = self._path(entry.key)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<I", len(header)) + header + payload)
+        os.replace(tmp, path)
+        size = path.stat().st_size
+        with self._lock:
+            self._size += size - self._files.pop(entry.key, 0)
+            self._files[entry.key] = size
+            self._trim()
+        self.pages_written += 1
+
+    def flush(self) -> None:
+        """Wait until every queued page is written."""
+        self._queue.join()
+
+    def close(self) -> None:
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join(timeout=60)
+
+
+def _dtype_name(dtype) -> str:
+    return str(np.dtype(dtype)) if np.dtype(dtype).kind != "V" else str(dtype)
+
+
+def _np_dtype(name: str):
+    try:
+        return np.dtype(name)
+    except TypeError:
+        import ml_dtypes  # bfloat16 and friends (a JAX dependency)
+
+        return np.dtype(getattr(ml_dtypes, name))
+
+
+def _nbytes(shape, dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * _np_dtype(dtype).itemsize

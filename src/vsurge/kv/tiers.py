@@ -1,0 +1,103 @@
+"""The prefix cache's lower tiers: host memory and a directory on disk (pure Python, no JAX).
+
+The device pool (page_manager.HBMPageManager) is the first tier. A registered page it
+evicts, or a page of a preempted sequence (swap), is copied into the host tier under the
+same chained key (`page_key`); a lookup that misses the device pool asks the host tier,
+which asks the disk tier (kv/disk_tier.py) on a miss and keeps what it reads. Every entry
+keeps its parent key and tokens, and a hit compares them, so a key collision never serves
+the wrong KV.
+
+An entry's `payload` is filled by the engine (engine/tiers.py) once it has copied the
+page off the device: the page manager only decides which page goes where.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass
+
+__all__ = ["HostTier", "TierEntry", "page_key"]
+
+
+def page_key(parent: int | None, tokens) -> int:
+    """Chained key of a page: names the whole prefix up to the page's end. Stable across
+    processes (a disk tier reads it after a restart), which hash() of a tuple holding None is not."""
+    h = hashlib.blake2b(b"\x00" if parent is None else b"\x01" + parent.to_bytes(8, "little"), digest_size=8)
+    h.update(array("q", tokens).tobytes())
+    return int.from_bytes(h.digest(), "little")
+
+
+@dataclass(eq=False)
+class TierEntry:
+    key: int
+    parent: int | None
+    tokens: tuple[int, ...]
+    payload: object = None  # the page's K/V (engine/tiers.py PageRef); None until copied off the device
+    from_disk: bool = False  # read back from the disk tier (for its hit count)
+
+    def matches(self, parent: int | None, tokens) -> bool:
+        return self.parent == parent and self.tokens == tuple(tokens)
+
+
+class HostTier:
+    """LRU map of chained keys to pages held in host memory, at most `capacity_pages` of them.
+    `disk`: the tier below (kv/disk_tier.DiskTier), asked on a miss; None = no disk tier."""
+
+    def __init__(self, capacity_pages: int, disk=None):
+        if capacity_pages < 0:
+            raise ValueError(f"capacity_pages must be >= 0, got {capacity_pages}")
+        self.capacity_pages = capacity_pages
+        self.disk = disk
+        self._entries: OrderedDict[int, TierEntry] = OrderedDict()  # first = dropped first
+        self.dropped = 0  # entries pushed out by newer ones (LRU)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: int) -> bool:
+        return key in self._entries
+
+    @property
+    def enabled(self) -> bool:
+        """Pages may be kept here (a disk tier alone passes its pages through)."""
+        return self.capacity_pages > 0
+
+    def keys(self) -> list[int]:
+        return list(self._entries)
+
+    def put(self, entry: TierEntry) -> None:
+        """Keep `entry` (most recently used), dropping the least recently used beyond capacity."""
+        if not self.enabled:
+            return
+        self._entries[entry.key] = entry
+        self._entries.move_to_end(entry.key)
+        while len(self._entries) > self.capacity_pages:
+            self._entries.popitem(last=False)
+            self.dropped += 1
+
+    def lookup(self, key: int, parent: int | None, tokens) -> TierEntry | None:
+        """The page of this prefix, from host memory or else from disk (then kept here); None on a miss."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            if not entry.matches(parent, tokens):
+                return None  # a key collision: not our prefix
+            self._entries.move_to_end(key)
+            return entry
+        if self.disk is None:
+            return None
+        payload = self.disk.get(key, parent, tuple(tokens))
+        if payload is None:
+            return None
+        entry = TierEntry(key, parent, tuple(tokens), payload, from_disk=True)
+        self.put(entry)
+        return entry
+
+    def discard(self, key: int) -> None:
+        self._entries.pop(key, None)
+
+    def check(self) -> None:
+        assert len(self._entries) <= max(self.capacity_pages, 0), "host tier over capacity"
+        for key, entry in self._entries.items():
+            assert entry.key == key, f"host entry under {key} carries key {entry.key}"
