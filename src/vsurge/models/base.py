@@ -41,6 +41,7 @@ from ..config import ModelConfig
 from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
+from ..ops.quantized import gather_rows, held_bytes, is_quantized
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .spec import Weight, tensor
@@ -113,7 +114,7 @@ class CausalLM(nnx.Module):
         v, d = config.vocab_size, config.hidden_size
         out = {
             "embed": Weight((v, d), ("vocab", "embed"), tensor("model.embed_tokens.weight", (v, d), matrix=False),
-                            tensor("token_embd.weight", (v, d), matrix=False)),
+                            tensor("token_embd.weight", (v, d), matrix=False), lookup=True),
             "final_norm": Weight((d,), ("embed",), tensor("model.norm.weight", (d,)),
                                  tensor("output_norm.weight", (d,)), init="ones"),
         }
@@ -167,12 +168,26 @@ class CausalLM(nnx.Module):
     # ---------------------------------------------------------------- weights
     @property
     def quantization(self) -> str | None:
-        return "int8" if hasattr(self, "lm_head_scale") else None  # quantize() always quantizes the head
+        """"int8" (quantize()), "blocks" (weights held in GGUF block formats), or None."""
+        if hasattr(self, "lm_head_scale"):
+            return "int8"  # quantize() always quantizes the head
+        return "blocks" if any(is_quantized(w) for w in self.named_weights().values()) else None
+
+    def block_formats(self) -> dict[str, int]:
+        """Block format -> how many weights are held in it (empty for a float model)."""
+        out: dict[str, int] = {}
+        for w in self.named_weights().values():
+            if is_quantized(w):
+                out[w.format] = out.get(w.format, 0) + 1
+        return out
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
         """Replace the declared matrices by int8 + per-channel scales, in place (ops/linear.py)."""
         if kind != "int8":
             raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
+        if self.quantization == "blocks":
+            raise ValueError("the weights are held in GGUF block formats already; load the file with an "
+                             "explicit dtype (dequantized) to quantize it to int8")
         if self.quantization:
             return self
         for i, layer in enumerate(self.layers):
@@ -201,6 +216,8 @@ class CausalLM(nnx.Module):
           ~16 ms per call at V=49k; a gather of integer rows is exact and reads only those rows."""
         if self.param_dtype == self.dtype:
             return self
+        if is_quantized(self.embed[...]):
+            return self  # the table and the tied head are the same blocks (no float copies)
         if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
             self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
         table = self.embed[...]
@@ -216,6 +233,8 @@ class CausalLM(nnx.Module):
     def embedding_table(self) -> jax.Array:
         """The (V, D) embedding in the weights' dtype (whichever way it is held)."""
         table = self.embed[...]
+        if is_quantized(table):
+            return gather_rows(table, jnp.arange(table.shape[0]), self.param_dtype)
         return jax.lax.bitcast_convert_type(table, self.param_dtype) if table.dtype == jnp.uint16 else table
 
     def named_weights(self) -> dict[str, jax.Array]:
@@ -246,7 +265,7 @@ class CausalLM(nnx.Module):
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weights held in memory."""
-        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in self.named_weights().values())
+        return sum(held_bytes(w) for w in self.named_weights().values())
 
     @property
     def decode_bytes(self) -> int:
@@ -255,7 +274,7 @@ class CausalLM(nnx.Module):
         weights = self.named_weights()
         if "lm_head" in weights:
             weights.pop("embed")
-        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in weights.values())
+        return sum(held_bytes(w) for w in weights.values())
 
     @property
     def num_params(self) -> int:
@@ -288,7 +307,9 @@ class CausalLM(nnx.Module):
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """(...) int32 -> (..., D) in the activation dtype."""
         table = self.embed[...]
-        if table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+        if is_quantized(table):  # GGUF blocks: the rows' tiles gathered and dequantized
+            rows = gather_rows(table, input_ids, self.param_dtype)
+        elif table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
             rows = jax.lax.bitcast_convert_type(table[input_ids], self.param_dtype)
         else:
             rows = table[input_ids]

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vsurge import kernels
-from vsurge.ops.quant_layout import BY_QTYPE, FORMATS, BlockFormat, repack_gguf, tile_bytes, tile_count, unpack
+from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, repack_gguf, tile_bytes, tile_count,
+                                     unpack)
 
 QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # formats `quantize` makes (gguf's quantizer)
 
@@ -45,11 +46,68 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return int(np.prod(self.data.shape))
 
+    @property
+    def sharding(self):
+        return getattr(self.data, "sharding", None)
+
+    def __getitem__(self, index):
+        """`param[...]` (how nnx reads a Param's value) is the weight itself; nothing else indexes it."""
+        if index is Ellipsis:
+            return self
+        raise TypeError(f"{self!r} cannot be indexed with {index!r}: multiply it with qmatmul or gather_rows")
+
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.format}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 jax.tree_util.register_dataclass(QuantizedWeight, data_fields=["data"], meta_fields=["format", "shape"])
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedParts:
+    """A weight whose rows are in more than one block format (a fused q/k/v where llama.cpp gave v
+    more bits than q and k): one QuantizedWeight per format, and `order` (N,): output row n is row
+    order[n] of the parts' outputs concatenated. y = concat(x @ part^T ...)[..., order]."""
+
+    parts: tuple[QuantizedWeight, ...]
+    order: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.order), self.parts[0].shape[1]
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def sharding(self):
+        return self.parts[0].sharding
+
+    def __getitem__(self, index):
+        if index is Ellipsis:
+            return self
+        raise TypeError(f"{self!r} cannot be indexed with {index!r}")
+
+    def __repr__(self) -> str:
+        return f"QuantizedParts({self.format}, shape={self.shape}, {self.nbytes} bytes)"
+
+
+jax.tree_util.register_dataclass(QuantizedParts, data_fields=["parts"], meta_fields=["order"])
+
+
+def is_quantized(w) -> bool:
+    """A weight held in GGUF blocks (QuantizedWeight or QuantizedParts)."""
+    return isinstance(w, (QuantizedWeight, QuantizedParts))
+
+
+def held_bytes(w) -> int:
+    """Bytes a weight holds in memory, whichever way it is held (an array, or blocks)."""
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(w))
 
 
 def _format_of(qtype) -> BlockFormat:
@@ -99,6 +157,18 @@ def dequantize(w: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
     return unpack(w.data, w.block_format, *w.shape, dtype=dtype)
 
 
+def gather_rows(w: QuantizedWeight, ids: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Rows `ids` (...) int of W (N, K) -> (..., K) in `dtype`: an embedding lookup in a table kept in
+    blocks. Each row's 16-row tile is gathered and unpacked (16x the row's arithmetic, a few KB)."""
+    n, k = w.shape
+    flat = ids.reshape(-1).astype(jnp.int32)
+    tiles = jnp.take(w.data, flat // TILE_ROWS, axis=0)  # (M, tile bytes)
+    rows = unpack(tiles, w.block_format, tiles.shape[0] * TILE_ROWS, k, dtype=dtype)  # (M * 16, K)
+    rows = rows.reshape(-1, TILE_ROWS, k)
+    picked = jnp.take_along_axis(rows, (flat % TILE_ROWS)[:, None, None], axis=1)[:, 0]
+    return picked.reshape(*ids.shape, k)
+
+
 def _check(x: jax.Array, w: QuantizedWeight) -> None:
     n, k = w.shape
     if x.shape[-1] != k:
@@ -118,10 +188,13 @@ def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int
     return jax.lax.dot_general(rows, weights, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def qmatmul(x: jax.Array, w: QuantizedWeight, *, use_kernel: bool | None = None) -> jax.Array:
+def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bool | None = None) -> jax.Array:
     """x (..., K) float32 or bfloat16 @ W^T -> (..., N) float32. use_kernel: None = the C++ kernel
     on CPU when it is available, the dequantizing XLA path elsewhere; False = always the XLA path;
     True = the kernel (an error where it is not available)."""
+    if isinstance(w, QuantizedParts):
+        out = jnp.concatenate([qmatmul(x, p, use_kernel=use_kernel) for p in w.parts], axis=-1)
+        return jnp.take(out, jnp.asarray(w.order, jnp.int32), axis=-1)
     _check(x, w)
     n, k = w.shape
     lead = x.shape[:-1]
