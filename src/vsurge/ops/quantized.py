@@ -152,8 +152,11 @@ def quantize(w, format: str = "q8_0") -> QuantizedWeight:
     return from_gguf(gguf.quants.quantize(w, fmt.qtype), fmt.qtype)
 
 
-def dequantize(w: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+def dequantize(w: QuantizedWeight | QuantizedParts, dtype=jnp.float32) -> jax.Array:
     """W (N, K) in `dtype`; works inside jit on any device."""
+    if isinstance(w, QuantizedParts):
+        rows = jnp.concatenate([dequantize(p, dtype) for p in w.parts])
+        return jnp.take(rows, jnp.asarray(w.order, jnp.int32), axis=0)
     return unpack(w.data, w.block_format, *w.shape, dtype=dtype)
 
 
