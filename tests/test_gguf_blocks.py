@@ -147,3 +147,33 @@ def test_default_weight_dtype_follows_the_cpu(monkeypatch):
     monkeypatch.delenv("XLA_FLAGS")
     native = kernels.cpu_isa() in devices.NATIVE_BF16_ISAS
     assert devices.default_dtype() == (jnp.bfloat16 if native or jax.default_backend() != "cpu" else jnp.float32)
+
+
+@pytest.mark.parametrize("kind,fmt", [("int4", Q.Q4_0), ("q8_0", Q.Q8_0)])
+def test_hf_checkpoint_quantized_at_load_to_blocks(kind, fmt, tmp_path, default_processor_dir):
+    """An HF checkpoint with --quantization int4 / q8_0: every matrix and the embedding held as gguf's
+    quantizer writes them; logits those of a float model holding gguf's dequantized weights (the
+    independent reference) within the activations' 8-bit rounding."""
+    import gguf
+
+    from tiny_models import write_tiny_model
+    from vsurge.sharding import _holder_param
+
+    write_tiny_model("llama", tmp_path, default_processor_dir)
+    floats, processor = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)
+    blocks, _ = vsurge.load(tmp_path, dtype=jnp.float32, quantization=kind, progress=False, load_processor=False)
+    assert blocks.quantization == "blocks"
+    held = {n: w for n, w in blocks.named_weights().items() if is_quantized(w)}
+    assert set(held) == {n for n, spec in floats.weight_specs(floats.config).items()
+                         if len(spec.shape) == 2 and (spec.quantize or spec.lookup)}
+    assert {w.format for w in held.values()} == {fmt.name.lower()}
+    for name, w in held.items():
+        ref = np.asarray(floats.named_weights()[name])
+        rows = ref if name == "embed" else ref.T
+        expected = gguf.quants.dequantize(gguf.quants.quantize(rows, fmt), fmt)
+        np.testing.assert_allclose(np.asarray(dequantize(w)), expected, rtol=1e-6, atol=1e-7, err_msg=name)
+        _holder_param(floats, name).set_value(jnp.asarray(expected if name == "embed" else expected.T))
+    ids = processor.encode("Quantized at load: 12 ducks swim.")
+    ours, ref = jitted_logits(blocks, ids), jitted_logits(floats, ids)
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert rel <= TINY_LOGIT_RTOL, rel

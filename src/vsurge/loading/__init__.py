@@ -19,7 +19,7 @@ from .weights import assemble_weights, build_model, check_source
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = (None, "blocks", "none", "int8")
+QUANTIZATIONS = (None, "blocks", "none", "int8", "int4", "q8_0")
 
 __all__ = ["load", "load_processor", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
 
@@ -46,7 +46,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     quantization: None (a GGUF file: its matrices and embedding stay in their block formats where
         `keeps_blocks` says so, the other weights float32; anything else: weights in `dtype`),
         "blocks" (GGUF: keep the blocks, an error where that is not possible), "none" (dequantize
-        everything), or "int8" (per-channel int8 matrices; faster on CPU, slightly less exact).
+        everything), "int8" (per-channel int8 matrices; faster on CPU, slightly less exact), or
+        "int4" / "q8_0" (matrices and embedding quantized at load to GGUF q4_0 / q8_0 blocks, one
+        scale per 32 weights, multiplied by the block kernel: on CPU only where it is available).
     progress: show a progress bar while reading weights (one per device when sharded).
     mesh: a jax Mesh (sharding.make_mesh) to load the weights onto, each device reading only its
         shard; or tensor_parallel_size / data_parallel_size to build one over the first devices.
@@ -109,6 +111,12 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
                                blocks=blocks)
         model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
+        if quantization in ("int4", "q8_0"):
+            from .. import kernels
+
+            if not kernels.available():
+                log.warning("%s weights without the block kernel (%s): every step dequantizes them", quantization,
+                            kernels.unavailable_reason())
         model.quantize(quantization)
     log.info("loaded %s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p, config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)

@@ -41,7 +41,9 @@ from ..config import ModelConfig
 from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
-from ..ops.quantized import gather_rows, held_bytes, is_quantized
+from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
+
+BLOCK_QUANTIZATIONS = {"int4": "q4_0", "q8_0": "q8_0"}  # quantize() kinds held as GGUF blocks -> format
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .spec import Weight, tensor
@@ -182,9 +184,14 @@ class CausalLM(nnx.Module):
         return out
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
-        """Replace the declared matrices by int8 + per-channel scales, in place (ops/linear.py)."""
+        """Replace the declared matrices, in place: "int8" by int8 + per-channel scales (ops/linear.py);
+        "int4" (q4_0: 4 bits, one scale per 32 weights) or "q8_0" (8 bits, one scale per 32) by GGUF
+        blocks (ops/quantized.py) multiplied by the block kernel, the embedding too (its rows are
+        gathered from the blocks, and a tied head multiplies them)."""
+        if kind in BLOCK_QUANTIZATIONS:
+            return self._quantize_blocks(BLOCK_QUANTIZATIONS[kind])
         if kind != "int8":
-            raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
+            raise ValueError(f"unsupported quantization {kind!r} (supported: int8, {', '.join(BLOCK_QUANTIZATIONS)})")
         if self.quantization == "blocks":
             raise ValueError("the weights are held in GGUF block formats already; load the file with an "
                              "explicit dtype (dequantized) to quantize it to int8")
@@ -203,6 +210,33 @@ class CausalLM(nnx.Module):
         else:
             self.lm_head = nnx.Param(q)  # the float embedding stays for token lookups
         self.lm_head_scale = nnx.Param(scale)
+        return self
+
+    def _quantize_blocks(self, fmt: str) -> "CausalLM":
+        """Every 2-D `quantize` matrix (K, N) and `lookup` table (N, K) with K a multiple of 32 -> blocks
+        of `fmt` (gguf's quantizer), replicated on the model's mesh if it has one."""
+        if self.quantization:
+            raise ValueError(f"the model is quantized already ({self.quantization})")
+        from ..sharding import mesh_of, replicated
+
+        mesh = mesh_of(self)
+        for name, spec in self.weight_specs(self.config).items():
+            if len(spec.shape) != 2 or spec.indexed or not (spec.quantize or spec.lookup):
+                continue
+            holder = self
+            *parents, leaf = name.split(".")
+            for p in parents:
+                holder = holder[int(p)] if p.isdigit() else getattr(holder, p)
+            value = getattr(holder, leaf)[...]
+            if value.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+                value = jax.lax.bitcast_convert_type(value, self.param_dtype)
+            rows = value.T if spec.quantize else value  # (N, K)
+            if rows.shape[1] % 32:
+                continue
+            blocks = quantize(rows, fmt)
+            getattr(holder, leaf).set_value(jax.device_put(blocks, replicated(mesh)) if mesh else blocks)
+        if hasattr(self, "lm_head") and not is_quantized(self.lm_head[...]) and self.config.tie_word_embeddings:
+            del self.lm_head  # a float copy of the tied head (prepare_mixed_dtypes): the embedding's blocks serve
         return self
 
     def prepare_mixed_dtypes(self) -> "CausalLM":
