@@ -50,10 +50,6 @@ def tiny_gguf(tmp_path_factory, default_gguf_path):
     return path, blocks, floats, processor
 
 
-def logits(model, ids):
-    return np.asarray(model(jnp.asarray([ids], jnp.int32))[0][0])
-
-
 def test_every_format_is_held_as_the_files_blocks(tiny_gguf):
     _, blocks, floats, _ = tiny_gguf
     held = {n: w for n, w in blocks.named_weights().items() if is_quantized(w)}
@@ -65,8 +61,10 @@ def test_every_format_is_held_as_the_files_blocks(tiny_gguf):
     assert formats == {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k"}
     float_weights = floats.named_weights()
     for name, w in held.items():  # the same numbers as the dequantized load, row for row
+        if name.startswith("layers.") and not name.startswith("layers.0."):
+            continue  # layer 1 holds the same formats and shapes
         ref = np.asarray(float_weights[name])
-        ours = np.asarray(dequantize(w))  # (N, K)
+        ours = np.asarray(jax.jit(dequantize)(w))  # (N, K)
         np.testing.assert_allclose(ours if name == "embed" else ours.T, ref,
                                    rtol=1e-6, atol=1e-7, err_msg=name)
     assert blocks.weight_bytes < floats.weight_bytes / 3
@@ -75,7 +73,7 @@ def test_every_format_is_held_as_the_files_blocks(tiny_gguf):
 def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     _, blocks, floats, processor = tiny_gguf
     ids = processor.encode("Blocks kept as they are: 12 ducks swim.")
-    ours, ref = logits(blocks, ids), logits(floats, ids)
+    ours, ref = jitted_logits(blocks, ids), jitted_logits(floats, ids)
     rel = np.abs(ours - ref).max() / np.abs(ref).max()
     assert rel <= TINY_LOGIT_RTOL, rel
     assert (ours.argmax(-1) == ref.argmax(-1)).mean() >= 0.9, (ours.argmax(-1), ref.argmax(-1))
