@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .quantized import is_quantized, qmatmul
+from .quantized import TWO_PASS, is_quantized, qmatmul
 
 INT8_ROWS_LIMIT = 64  # above this many rows, dequantize and use a float dot
 
@@ -63,7 +63,7 @@ def _mixed_dot(x: jax.Array, w: jax.Array, w_contract: int) -> jax.Array:
 def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
     """x (..., K) @ w.T for w (N, K) (a tied output head) -> (..., N)."""
     if is_quantized(w):
-        return qmatmul(x, w).astype(x.dtype)
+        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     return _mixed_dot(x, w, 1)
 
 
@@ -71,7 +71,7 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
     """x (..., K) @ w (K, N) -> (..., N); w int8 with `scale` (N,) selects the int8 path, w in
     blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
     if is_quantized(w):
-        return qmatmul(x, w).astype(x.dtype)
+        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     if scale is None:
         return _mixed_dot(x, w, 0)
     lead, k = x.shape[:-1], x.shape[-1]
