@@ -188,9 +188,9 @@ def describe_model(model) -> str:
     from .devices import platform
 
     formats = model.block_formats()
-    held = (f"{sum(formats.values())} matrices in GGUF blocks ({', '.join(f'{f} {n}' for f, n in sorted(formats.items()))})"
-            f", the rest {model.param_dtype.name}" if formats else
-            f"{model.param_dtype.name}" + (f", {model.quantization}" if model.quantization else ""))
+    listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))
+    held = (f"{sum(formats.values())} matrices in GGUF blocks ({listed}), the rest {model.param_dtype.name}"
+            if formats else f"{model.param_dtype.name}" + (f", {model.quantization}" if model.quantization else ""))
     line = f"Weights: {model.weight_bytes / 2**20:.1f} MiB, {held}"
     if platform() == "cpu":
         line += f"; CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"
