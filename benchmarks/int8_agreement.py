@@ -1,11 +1,13 @@
-"""How far greedy output of bfloat16 and int8 weights follows float32 on the default model.
+"""How far greedy output of bfloat16, int8 and GGUF-block weights follows float32 on the default model.
 
 For a few chat prompts: float32 generates 64 greedy tokens; then, over that text, the share of
 positions where bfloat16 / int8 logits pick the same next token (teacher-forced), and how many
 tokens their own greedy generation keeps identical before the first difference. This is why int8
-weights, faster at one or two rows on CPU (docs/performance.md), are not the default.
+weights, faster at one or two rows on CPU (docs/performance.md), are not the default. "blocks"
+is the default GGUF load on CPU: the file's Q4_1 / Q8_0 blocks kept, multiplied by the C++ kernel,
+which rounds activations to 8 bits per 32 values as llama.cpp does.
 
-    python benchmarks/int8_agreement.py
+    python benchmarks/int8_agreement.py [--only blocks]
 """
 
 from __future__ import annotations
@@ -27,9 +29,15 @@ TOKENS = 64
 
 
 def main() -> int:
+    from vsurge import kernels
+
     reference, processor = vsurge.load("default", dtype="float32", progress=False)
-    others = {"bfloat16": vsurge.load("default", dtype="bfloat16", progress=False)[0],
-              "int8": vsurge.load("default", dtype="bfloat16", quantization="int8", progress=False)[0]}
+    makers = {"bfloat16": lambda: vsurge.load("default", dtype="bfloat16", progress=False)[0],
+              "int8": lambda: vsurge.load("default", dtype="bfloat16", quantization="int8", progress=False)[0],
+              "blocks": lambda: vsurge.load("default", quantization="blocks", progress=False)[0]}
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else list(makers)
+    others = {name: makers[name]() for name in only}
+    print(f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant()}")
     print(f"| prompt | weights | next-token agreement with float32 | greedy tokens identical (of {TOKENS}) |")
     print("|---|---|---|---|")
     for text in PROMPTS:

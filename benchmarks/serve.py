@@ -15,7 +15,12 @@ It also times vsurge's start to readiness with a warm compilation cache, the
 first request after start-up, and prints the table with vsurge/llama-server
 ratios (`--write-readme` puts it into README.md).
 
-    python benchmarks/serve.py [--skip-llama] [--vsurge-args "--quantization int8"] [--write-readme]
+    python benchmarks/serve.py [--skip-llama] [--vsurge-args "--quantization int8"] [--loads "1 stream,32"]
+                               [--write-readme]
+
+The CPU's ISA (vsurge.kernels.cpu_isa(), the block kernel's variant and any XLA_FLAGS ISA cap)
+heads the output and the table: run it under `XLA_FLAGS=--xla_cpu_max_isa=AVX2 VSURGE_CPU_ISA=avx2`
+to measure what an AVX2-only CPU gets.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ from pathlib import Path
 
 import httpx
 
+from vsurge import kernels
 from vsurge.bench_serve import TABLE_HEADER, format_summary, run
+from vsurge.devices import xla_cpu_isa_cap
 from vsurge.loading import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,11 +105,17 @@ class Server:
             self.proc.kill()
 
 
+def isa_line() -> str:
+    cap = xla_cpu_isa_cap()
+    return (f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"
+            + (f", XLA capped at {cap}" if cap else ""))
+
+
 def measure(server: Server, args) -> dict:
     model = server.model()
     first = asyncio.run(run(server.base, model, 1, args.input_len, 16, float("inf"), 1, None, 2, seed=99))
     results = {"first request TTFT s": first["ttft"]["median"]}
-    for name, prompts, concurrency, preamble in LOADS:
+    for name, prompts, concurrency, preamble in args.loads:
         summary = asyncio.run(run(server.base, model, prompts, args.input_len, args.output_len, float("inf"),
                                   concurrency, None, 2, shared_prefix_len=preamble))
         print(format_summary(f"{server.name} · {name}", summary), flush=True)
@@ -115,12 +128,12 @@ def vsurge_cmd(extra: str) -> list[str]:
             *shlex.split(extra)]
 
 
-def table(vs: dict, peer: dict | None, start_s: float, command: str) -> str:
+def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS) -> str:
     lines = [f"`{command}`, default model, 128-word prompts, 128 output tokens, streamed; "
-             f"{time.strftime('%Y-%m-%d')}, this 2-core machine, one run.", "",
+             f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
              "| load | vsurge tok/s | llama-server tok/s | ratio | vsurge TTFT p50 s | llama-server TTFT p50 s | "
              "TTFT ratio |", "|---|---|---|---|---|---|---|"]
-    for name, *_ in LOADS:
+    for name, *_ in loads:
         v = vs[name]
         p = peer[name] if peer else None
         tok = f"{p['output_throughput']:.1f}" if p else "-"
@@ -148,7 +161,12 @@ def main(argv=None) -> int:
     p.add_argument("--vsurge-args", default="", help="extra `vsurge serve` flags (default: none, the fast path)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--write-readme", action="store_true")
+    p.add_argument("--loads", default="", help="comma list of load names' beginnings (default: all)")
     args = p.parse_args(argv)
+    wanted = [w.strip() for w in args.loads.split(",") if w.strip()]
+    args.loads_arg = args.loads
+    args.loads = [load for load in LOADS if not wanted or any(load[0].startswith(w) for w in wanted)]
+    print(isa_line())
     print(TABLE_HEADER)
     # vsurge: a first start fills the compilation cache, the second is timed warm
     warmup = Server("vsurge", vsurge_cmd(args.vsurge_args), "/readiness")
@@ -174,7 +192,9 @@ def main(argv=None) -> int:
             llama.stop()
     command = "python benchmarks/serve.py" + (f" --vsurge-args {shlex.quote(args.vsurge_args)}"
                                               if args.vsurge_args else "")
-    text = table(vs, peer, warm, command)
+    if args.loads != LOADS:
+        command += f" --loads {shlex.quote(args.loads_arg)}"
+    text = table(vs, peer, warm, command, args.loads)
     print("\n" + text)
     if args.write_readme:
         write_readme(text)

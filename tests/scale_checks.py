@@ -24,6 +24,7 @@ from flax import nnx  # noqa: E402
 import vsurge  # noqa: E402
 from vsurge.generation import greedy_generate  # noqa: E402
 from vsurge.loading.hf import SafetensorsSource  # noqa: E402
+from vsurge.ops.quantized import is_quantized  # noqa: E402
 from vsurge.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
 
 IDS = [[1, 5, 9, 200, 3000, 7, 11, 400, 42, 4242, 17, 99]]
@@ -164,6 +165,21 @@ def check_default_tp3():
           flush=True)
 
 
+def check_default_blocks_tp3():
+    """The default GGUF kept in its blocks (replicated on every device) at TP 3 (its 9 heads) vs one device: logits
+    and greedy tokens; the blocks' shardings."""
+    model, processor = vsurge.load("default", progress=False)
+    ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    ref, one = forward(model, [ids]), greedy_generate(model, ids, 8)
+    del model
+    tp3, _ = vsurge.load("default", progress=False, load_processor=False, tensor_parallel_size=3)
+    blocks = {n: w for n, w in tp3.named_weights().items() if is_quantized(w)}
+    print("RESULT " + json.dumps({"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one,
+                                  "tp3": greedy_generate(tp3, ids, 8), "blocks": len(blocks),
+                                  "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
+                                                    for w in blocks.values())}), flush=True)
+
+
 def check_families(*named_paths):
     """Each family (NAME=PATH) at TP 2 and 4 (and, for mixtures of experts, EP 2 and 4: whole experts
     per device) against one device: logits of a full forward pass; and greedy tokens of the paged
@@ -191,5 +207,6 @@ def check_families(*named_paths):
 
 if __name__ == "__main__":
     checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3,
+              "default_blocks_tp3": check_default_blocks_tp3,
               "families": check_families}
     checks[sys.argv[1]](*sys.argv[2:])

@@ -30,8 +30,8 @@ def test_int8_linear_matches_float_within_quantization_error():
 def test_quantize_rejects_unknown_kind():
     cfg = ModelConfig(architecture="llama", vocab_size=50, hidden_size=16, intermediate_size=32, num_layers=1,
                       num_heads=2, num_kv_heads=1, head_dim=8)
-    with pytest.raises(ValueError, match="unsupported quantization 'int4'"):
-        vsurge.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)).quantize("int4")
+    with pytest.raises(ValueError, match="unsupported quantization 'int3'"):
+        vsurge.LlamaForCausalLM(cfg, rngs=nnx.Rngs(0)).quantize("int3")
     with pytest.raises(ValueError, match="unsupported quantization"):
         vsurge.load("default", quantization="fp4")
 

@@ -131,3 +131,12 @@ def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_
     if r["moe"]:  # tensor parallel splits each expert's units; expert parallel splits whole experts
         assert r["tp2"]["specs"] == {"layers.1.experts_gate_up": "P(None, None, 'model')"}, r["tp2"]
         assert r["ep2"]["specs"] == {"layers.1.experts_gate_up": "P('model', None, None)"}, r["ep2"]
+
+
+def test_default_gguf_blocks_replicated_at_tp3():
+    """The default GGUF kept in its blocks at TP 3: every block matrix replicated, logits and greedy
+    tokens those of one device."""
+    r = run_check("default_blocks_tp3", devices=3)
+    assert r["blocks"] == 121 and r["replicated"]
+    assert r["rel_err"] <= LOGIT_RTOL, r
+    assert r["tp3"] == r["tp1"]

@@ -22,9 +22,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights dtype (default: bfloat16)")
-    p.add_argument("--quantization", default=None, choices=["int8"],
-                   help="int8: per-channel int8 weights, faster on CPU (slightly less exact)")
+                   help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
+                        "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
+    p.add_argument("--quantization", default=None, choices=["blocks", "none", "int8", "int4", "q8_0"],
+                   help="blocks: keep a GGUF file's block formats (the default on CPU); none: dequantize them; "
+                        "int8: per-channel int8 weights (slightly less exact); int4 / q8_0: weights quantized at "
+                        "load to GGUF q4_0 / q8_0 blocks (one scale per 32) for the block kernel")
     p.add_argument("--max-length", type=int, default=2048,
                    help="context length: the conversation plus the reply (default 2048, at most the model's)")
     p.add_argument("--compilation-cache", default=_default_cache(),
@@ -96,7 +99,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", default=None, choices=["int8"])
+    p.add_argument("--quantization", default=None, choices=["blocks", "none", "int8", "int4", "q8_0"])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
@@ -329,7 +332,8 @@ def _load(args):
 def cmd_serve(args) -> int:
     import logging
 
-    from .cli_engine import status, use_cache_dir
+    from .cli_engine import describe_model, status, use_cache_dir
+    from .kv.paged import page_bytes
     from .server import vSurgeApiServer
     from .vsurge import vSurge
 
@@ -349,6 +353,7 @@ def cmd_serve(args) -> int:
     defaults = _generation_defaults(args)
     use_cache_dir(args.compilation_cache)
     model, processor = _load(args)
+    status(describe_model(model))
     buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
     name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
                                       if args.model != "default" else "SmolLM2-135M-Instruct")
@@ -372,8 +377,11 @@ def cmd_serve(args) -> int:
                                           prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
                 manager, role = engine.manager, engine.config.role
+                per_page = page_bytes(engine.model.config.kv_layout, manager.page_size, engine.model.dtype)
                 print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "
-                      f"pages of {manager.page_size} tokens ({manager.max_tokens} tokens)", file=sys.stderr, flush=True)
+                      f"pages of {manager.page_size} tokens ({manager.max_tokens} tokens, "
+                      f"{manager.num_pages * per_page / 2**20:.1f} MiB, {2**30 // per_page} pages per GiB)",
+                      file=sys.stderr, flush=True)
         else:
             surge = vSurge.create_vdriver(model, processor, **common)
     except ValueError as e:

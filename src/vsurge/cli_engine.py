@@ -108,6 +108,7 @@ class LocalEngine:
                                      **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size else {}))
         except (ModelLoadError, ValueError) as e:
             raise SystemExit(f"vsurge: error: {e}") from None
+        status(describe_model(loaded))
         try:
             surge = vSurge.create_odriver(
                 loaded, processor, max_concurrent_decodes=CLI_SLOTS, max_concurrent_prefill=1,
@@ -178,6 +179,22 @@ class LocalEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def describe_model(model) -> str:
+    """The start-up line about the loaded weights: their bytes, how they are held, and the CPU's ISA
+    with the kernel that multiplies blocks (what decides the speed here)."""
+    from . import kernels
+    from .devices import platform
+
+    formats = model.block_formats()
+    listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))
+    held = (f"{sum(formats.values())} matrices in GGUF blocks ({listed}), the rest {model.param_dtype.name}"
+            if formats else f"{model.param_dtype.name}" + (f", {model.quantization}" if model.quantization else ""))
+    line = f"Weights: {model.weight_bytes / 2**20:.1f} MiB, {held}"
+    if platform() == "cpu":
+        line += f"; CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"
+    return line
 
 
 def use_cache_dir(directory: str | None) -> None:

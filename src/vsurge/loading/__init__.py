@@ -6,6 +6,8 @@ import logging
 import time
 from pathlib import Path
 
+import jax.numpy as jnp
+
 from ..devices import compute_dtype, default_dtype
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
@@ -16,6 +18,8 @@ from .hf import SafetensorsSource, load_hf_config
 from .weights import assemble_weights, build_model, check_source
 
 log = logging.getLogger(__name__)
+
+QUANTIZATIONS = (None, "blocks", "none", "int8", "int4", "q8_0")
 
 __all__ = ["load", "load_processor", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
 
@@ -34,11 +38,17 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
          data_parallel_size: int | None = None, expert_parallel: bool = False):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
-    dtype: the weights' dtype; default bfloat16. Activations are float32 on CPU (the dots
-        accumulate in float32 there) and the weights' dtype on GPU/TPU; dtype="float32" runs
-        everything in float32 (what the numerical tests against transformers use).
-    quantization: None (weights in `dtype`) or "int8" (per-channel int8 matrices; faster on CPU,
-        slightly less exact: see README).
+    dtype: the weights' dtype; default: devices.default_dtype() (bfloat16, except on a CPU without
+        native bfloat16 dots: float32). Activations are float32 on CPU (the dots accumulate in
+        float32 there) and the weights' dtype on GPU/TPU; dtype="float32" runs everything in
+        float32 (what the numerical tests against transformers use). An explicit dtype also
+        dequantizes a GGUF file's blocks.
+    quantization: None (a GGUF file: its matrices and embedding stay in their block formats where
+        `keeps_blocks` says so, the other weights float32; anything else: weights in `dtype`),
+        "blocks" (GGUF: keep the blocks, an error where that is not possible), "none" (dequantize
+        everything), "int8" (per-channel int8 matrices; faster on CPU, slightly less exact), or
+        "int4" / "q8_0" (matrices and embedding quantized at load to GGUF q4_0 / q8_0 blocks, one
+        scale per 32 weights, multiplied by the block kernel: on CPU only where it is available).
     progress: show a progress bar while reading weights (one per device when sharded).
     mesh: a jax Mesh (sharding.make_mesh) to load the weights onto, each device reading only its
         shard; or tensor_parallel_size / data_parallel_size to build one over the first devices.
@@ -46,9 +56,10 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     expert_parallel: a mixture of experts splits whole experts over the tensor-parallel devices
         (vLLM's --enable-expert-parallel) instead of splitting every expert's hidden units.
     """
-    if quantization not in (None, "int8"):
-        raise ValueError(f"unsupported quantization {quantization!r} (supported: int8)")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unsupported quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS[1:])})")
     p = resolve_model_path(path)
+    explicit_dtype = dtype is not None
     dtype = default_dtype() if dtype is None else dtype
     start = time.perf_counter()
     if p.is_dir():
@@ -75,8 +86,20 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         if not hasattr(config, "expert_parallel"):
             raise ValueError(f"expert parallelism needs a mixture-of-experts model; {p} is {config.architecture}")
         config = config.replace(expert_parallel=True)
+    blocks = False
+    if fmt == "gguf" and quantization in (None, "blocks"):
+        blocks, why = keeps_blocks(explicit_dtype, quantization)
+        if quantization == "blocks" and not blocks:
+            raise ValueError(f"cannot keep {p}'s weights in blocks: {why}")
+        log.info("GGUF %s: %s", "blocks kept" if blocks else "dequantized at load", why)
+        if blocks and not explicit_dtype:
+            dtype = jnp.float32  # what is not in blocks (norms, biases, float tensors) is small
+    elif quantization == "blocks":
+        raise ValueError("quantization='blocks' keeps a GGUF file's blocks; use int8 for other checkpoints")
+    if quantization in ("blocks", "none"):
+        quantization = None
     if mesh is None:
-        weights = assemble_weights(family, config, source, dtype, fmt, progress=progress)
+        weights = assemble_weights(family, config, source, dtype, fmt, progress=progress, blocks=blocks)
         model = build_model(family, config, weights, dtype, compute_dtype(dtype)).prepare_mixed_dtypes()
     else:
         from ..sharding import tensor_parallel_size as tp_of
@@ -84,13 +107,37 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
 
         check_source(family, config, source, fmt)
         model_config = config.for_tensor_parallel(tp_of(mesh))
-        weights = load_sharded(family, config, model_config, source, dtype, fmt, mesh, progress=progress)
+        weights = load_sharded(family, config, model_config, source, dtype, fmt, mesh, progress=progress,
+                               blocks=blocks)
         model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
+        if quantization in ("int4", "q8_0"):
+            from .. import kernels
+
+            if not kernels.available():
+                log.warning("%s weights without the block kernel (%s): every step dequantizes them", quantization,
+                            kernels.unavailable_reason())
         model.quantize(quantization)
-    log.info("loaded %s (%s, %.1fM params) in %.1fs", p, config.architecture,
-             model.num_params / 1e6, time.perf_counter() - start)
+    log.info("loaded %s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p, config.architecture,
+             model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)
     return model, processor
+
+
+def keeps_blocks(explicit_dtype: bool, quantization: str | None = None) -> tuple[bool, str]:
+    """(whether a GGUF file's blocks stay as they are, why). They do where the block kernel runs:
+    on CPU with vsurge's C++ kernel loaded, unless a dtype was asked for. Elsewhere they are
+    dequantized at load: the kernel's fallback dequantizes every weight at every step (~1 s per
+    decode step for the default model on a CPU), and accelerators lack the kernel."""
+    from .. import kernels
+    from ..devices import platform
+
+    if explicit_dtype and quantization != "blocks":
+        return False, "a dtype was given (the weights are dequantized to it)"
+    if platform() != "cpu":
+        return False, f"the block kernel runs on CPU, this is {platform()}"
+    if not kernels.available():
+        return False, f"the block kernel is not available ({kernels.unavailable_reason()})"
+    return True, f"multiplied by the {kernels.variant()} kernel (CPU ISA {kernels.cpu_isa()})"
 
 
 def load_processor(path: str | Path | None = "default") -> Processor:

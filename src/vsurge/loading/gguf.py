@@ -84,6 +84,17 @@ class GGUFSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(n) for n in reversed(self._tensors[name].shape))
 
+    def block_type(self, name: str) -> gguf.GGMLQuantizationType | None:
+        """The quantized type of a 2-D tensor stored in blocks (None: a float tensor, or not 2-D)."""
+        t = self._tensors[name]
+        plain = t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                                  gguf.GGMLQuantizationType.BF16, gguf.GGMLQuantizationType.F64)
+        return None if plain or len(t.shape) != 2 else t.tensor_type
+
+    def raw_rows(self, name: str) -> np.ndarray:
+        """A quantized 2-D tensor's blocks as stored: uint8 (N, bytes per row), memory-mapped."""
+        return self._tensors[name].data
+
     def read(self, name: str, index: Sequence[Range | None] = ()) -> np.ndarray:
         """The index range of each axis (None: all); only those rows are dequantized."""
         t = self._tensors[name]

@@ -7,6 +7,10 @@ dequantizing only those rows) and it goes straight to its device. No device
 and no host buffer ever holds a whole sharded weight, so a model larger than
 one device's memory loads. Slices that several devices share (replicated
 weights, or the same shard on every data-parallel replica) are read once.
+
+Weights kept in GGUF blocks (loading/blocks.py) are replicated: every device holds the whole
+block matrix and the kernel multiplies it with the whole input (XLA gathers a sharded input
+before the custom call), so tensor parallelism splits only the float weights and attention.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..models.spec import TensorSource
-from ..sharding import named_sharding
+from ..sharding import named_sharding, replicated
+from .blocks import keep_blocks
 from .weights import WeightReader
 
 
@@ -25,14 +30,16 @@ def _key(index: tuple) -> tuple:
 
 
 def load_sharded(family, checkpoint: ModelConfig, config: ModelConfig, source: TensorSource, dtype, fmt: str,
-                 mesh, progress: bool = True) -> dict[str, jax.Array]:
+                 mesh, progress: bool = True, blocks: bool = False) -> dict[str, jax.Array]:
     """name -> global jax.Array on `mesh`, built shard by shard. `checkpoint` is the file's config,
-    `config` the model's (KV heads replicated for the mesh's tensor-parallel size)."""
+    `config` the model's (KV heads replicated for the mesh's tensor-parallel size). blocks: keep
+    the weights that can stay in the file's block formats so, replicated."""
     reader = WeightReader(family, checkpoint, source, dtype, fmt, config)
-    shapes = {name: spec.shape for name, spec in reader.specs.items()}
+    held = {name: jax.device_put(w, replicated(mesh)) for name, w in (keep_blocks(reader) if blocks else {}).items()}
+    shapes = {name: spec.shape for name, spec in reader.specs.items() if name not in held}
     devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
     totals = {d: 0 for d in devices}
-    shardings = {name: named_sharding(mesh, spec.axes, spec.shape) for name, spec in reader.specs.items()}
+    shardings = {name: named_sharding(mesh, reader.specs[name].axes, shape) for name, shape in shapes.items()}
     for name, shape in shapes.items():  # bytes per device, for the bars
         for device, index in shardings[name].addressable_devices_indices_map(shape).items():
             totals[device] += _nbytes(shape, index, reader.np_dtype.itemsize)
@@ -55,7 +62,7 @@ def load_sharded(family, checkpoint: ModelConfig, config: ModelConfig, source: T
     finally:
         for bar in bars:
             bar.close()
-    return out
+    return {**out, **held}
 
 
 def _nbytes(shape, index, itemsize: int) -> int:

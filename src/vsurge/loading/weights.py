@@ -23,6 +23,8 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..models.spec import Range, TensorSource
+from ..ops.quantized import is_quantized
+from .blocks import keep_blocks
 
 FORMATS = ("hf", "gguf")
 
@@ -102,17 +104,19 @@ class WeightReader:
 
 
 def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, fmt: str,
-                     progress: bool = True) -> dict[str, np.ndarray]:
-    """Read and check every tensor. Returns model weight name -> array of the model's shape."""
+                     progress: bool = True, blocks: bool = False) -> dict[str, np.ndarray]:
+    """Read and check every tensor. Returns model weight name -> array of the model's shape.
+    blocks: hold the weights that can stay in the file's block formats so (loading/blocks.py)."""
     check_source(family, config, source, fmt)
     reader = WeightReader(family, config, source, dtype, fmt)
-    names = list(reader.specs)
+    held = keep_blocks(reader) if blocks else {}
+    names = [n for n in reader.specs if n not in held]
     layers = {n for n in names if n.startswith("layers.")}
     out = {name: reader.read(name) for name in names if name not in layers}
     for i in tqdm(range(config.num_layers), desc="Loading weights", unit="layer", disable=not progress):
         prefix = f"layers.{i}."
         out.update({name: reader.read(name) for name in names if name.startswith(prefix)})
-    return out
+    return {**out, **held}
 
 
 def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None):
@@ -129,7 +133,9 @@ def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dty
         *parents, leaf = name.split(".")
         for p in parents:
             holder = holder[int(p)] if p.isdigit() else getattr(holder, p)
-        if not isinstance(value, jax.Array):
+        if is_quantized(value):
+            value = jax.device_put(value)
+        elif not isinstance(value, jax.Array):
             value = jax.device_put(jnp.asarray(value, dtype=dtype))
         getattr(holder, leaf).set_value(value)
     return model

@@ -41,6 +41,9 @@ from ..config import ModelConfig
 from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
+from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
+
+BLOCK_QUANTIZATIONS = {"int4": "q4_0", "q8_0": "q8_0"}  # quantize() kinds held as GGUF blocks -> format
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .spec import Weight, tensor
@@ -113,7 +116,7 @@ class CausalLM(nnx.Module):
         v, d = config.vocab_size, config.hidden_size
         out = {
             "embed": Weight((v, d), ("vocab", "embed"), tensor("model.embed_tokens.weight", (v, d), matrix=False),
-                            tensor("token_embd.weight", (v, d), matrix=False)),
+                            tensor("token_embd.weight", (v, d), matrix=False), lookup=True),
             "final_norm": Weight((d,), ("embed",), tensor("model.norm.weight", (d,)),
                                  tensor("output_norm.weight", (d,)), init="ones"),
         }
@@ -167,12 +170,31 @@ class CausalLM(nnx.Module):
     # ---------------------------------------------------------------- weights
     @property
     def quantization(self) -> str | None:
-        return "int8" if hasattr(self, "lm_head_scale") else None  # quantize() always quantizes the head
+        """"int8" (quantize()), "blocks" (weights held in GGUF block formats), or None."""
+        if hasattr(self, "lm_head_scale"):
+            return "int8"  # quantize() always quantizes the head
+        return "blocks" if any(is_quantized(w) for w in self.named_weights().values()) else None
+
+    def block_formats(self) -> dict[str, int]:
+        """Block format -> how many weights are held in it (empty for a float model)."""
+        out: dict[str, int] = {}
+        for w in self.named_weights().values():
+            if is_quantized(w):
+                out[w.format] = out.get(w.format, 0) + 1
+        return out
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
-        """Replace the declared matrices by int8 + per-channel scales, in place (ops/linear.py)."""
+        """Replace the declared matrices, in place: "int8" by int8 + per-channel scales (ops/linear.py);
+        "int4" (q4_0: 4 bits, one scale per 32 weights) or "q8_0" (8 bits, one scale per 32) by GGUF
+        blocks (ops/quantized.py) multiplied by the block kernel, the embedding too (its rows are
+        gathered from the blocks, and a tied head multiplies them)."""
+        if kind in BLOCK_QUANTIZATIONS:
+            return self._quantize_blocks(BLOCK_QUANTIZATIONS[kind])
         if kind != "int8":
-            raise ValueError(f"unsupported quantization {kind!r} (supported: int8)")
+            raise ValueError(f"unsupported quantization {kind!r} (supported: int8, {', '.join(BLOCK_QUANTIZATIONS)})")
+        if self.quantization == "blocks":
+            raise ValueError("the weights are held in GGUF block formats already; load the file with an "
+                             "explicit dtype (dequantized) to quantize it to int8")
         if self.quantization:
             return self
         for i, layer in enumerate(self.layers):
@@ -190,6 +212,33 @@ class CausalLM(nnx.Module):
         self.lm_head_scale = nnx.Param(scale)
         return self
 
+    def _quantize_blocks(self, fmt: str) -> "CausalLM":
+        """Every 2-D `quantize` matrix (K, N) and `lookup` table (N, K) with K a multiple of 32 -> blocks
+        of `fmt` (gguf's quantizer), replicated on the model's mesh if it has one."""
+        if self.quantization:
+            raise ValueError(f"the model is quantized already ({self.quantization})")
+        from ..sharding import mesh_of, replicated
+
+        mesh = mesh_of(self)
+        for name, spec in self.weight_specs(self.config).items():
+            if len(spec.shape) != 2 or spec.indexed or not (spec.quantize or spec.lookup):
+                continue
+            holder = self
+            *parents, leaf = name.split(".")
+            for p in parents:
+                holder = holder[int(p)] if p.isdigit() else getattr(holder, p)
+            value = getattr(holder, leaf)[...]
+            if value.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+                value = jax.lax.bitcast_convert_type(value, self.param_dtype)
+            rows = value.T if spec.quantize else value  # (N, K)
+            if rows.shape[1] % 32:
+                continue
+            blocks = quantize(rows, fmt)
+            getattr(holder, leaf).set_value(jax.device_put(blocks, replicated(mesh)) if mesh else blocks)
+        if hasattr(self, "lm_head") and not is_quantized(self.lm_head[...]) and self.config.tie_word_embeddings:
+            del self.lm_head  # a float copy of the tied head (prepare_mixed_dtypes): the embedding's blocks serve
+        return self
+
     def prepare_mixed_dtypes(self) -> "CausalLM":
         """Layouts for weights whose dtype differs from the activations' (bfloat16 weights on CPU),
         so that XLA:CPU never converts a whole (V, D) table inside a program:
@@ -201,6 +250,8 @@ class CausalLM(nnx.Module):
           ~16 ms per call at V=49k; a gather of integer rows is exact and reads only those rows."""
         if self.param_dtype == self.dtype:
             return self
+        if is_quantized(self.embed[...]):
+            return self  # the table and the tied head are the same blocks (no float copies)
         if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
             self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
         table = self.embed[...]
@@ -216,6 +267,8 @@ class CausalLM(nnx.Module):
     def embedding_table(self) -> jax.Array:
         """The (V, D) embedding in the weights' dtype (whichever way it is held)."""
         table = self.embed[...]
+        if is_quantized(table):
+            return gather_rows(table, jnp.arange(table.shape[0]), self.param_dtype)
         return jax.lax.bitcast_convert_type(table, self.param_dtype) if table.dtype == jnp.uint16 else table
 
     def named_weights(self) -> dict[str, jax.Array]:
@@ -246,7 +299,7 @@ class CausalLM(nnx.Module):
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weights held in memory."""
-        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in self.named_weights().values())
+        return sum(held_bytes(w) for w in self.named_weights().values())
 
     @property
     def decode_bytes(self) -> int:
@@ -255,7 +308,7 @@ class CausalLM(nnx.Module):
         weights = self.named_weights()
         if "lm_head" in weights:
             weights.pop("embed")
-        return sum(int(np.prod(w.shape)) * w.dtype.itemsize for w in weights.values())
+        return sum(held_bytes(w) for w in weights.values())
 
     @property
     def num_params(self) -> int:
@@ -288,7 +341,9 @@ class CausalLM(nnx.Module):
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """(...) int32 -> (..., D) in the activation dtype."""
         table = self.embed[...]
-        if table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
+        if is_quantized(table):  # GGUF blocks: the rows' tiles gathered and dequantized
+            rows = gather_rows(table, input_ids, self.param_dtype)
+        elif table.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
             rows = jax.lax.bitcast_convert_type(table[input_ids], self.param_dtype)
         else:
             rows = table[input_ids]

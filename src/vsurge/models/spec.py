@@ -254,7 +254,10 @@ class Weight:
         heads when the tensor-parallel size needs more KV heads than the checkpoint has.
     indexed: read one slice at a time by a dynamic index inside a loop (stacked experts). Where its
         dtype is narrower than the activations' (bfloat16 on CPU) it is held as its raw bits:
-        XLA:CPU would otherwise convert the whole stack to float32 outside the loop."""
+        XLA:CPU would otherwise convert the whole stack to float32 outside the loop.
+    lookup: an (N, K) table whose rows are looked up (an embedding, also a tied output head):
+        a GGUF file's blocks may hold it as they are (loading/blocks.py), rows gathered and
+        dequantized as they are read, and the head multiplied by the block kernel."""
 
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
@@ -264,6 +267,7 @@ class Weight:
     quantize: bool = False
     kv_groups: bool = False
     indexed: bool = False
+    lookup: bool = False
 
     def __post_init__(self):
         if len(self.shape) != len(self.axes):

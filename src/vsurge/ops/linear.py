@@ -1,4 +1,10 @@
-"""Matrix multiply with float weights, or int8 weights with per-output-channel scales.
+"""Matrix multiply with float weights, weights kept in GGUF blocks, or int8 weights with
+per-output-channel scales.
+
+Weights in blocks (ops/quantized.py: a GGUF file's tensors kept as they are, or float weights
+quantized at load) are (N, K) whichever way the float weight they replace is laid out, so
+`linear` (x @ w for w (K, N)) and `matmul_t` (x @ w.T for w (N, K), a tied head) are the same
+call there: qmatmul, the C++ kernel on CPU.
 
 Float weights in a narrower dtype than the activations (bfloat16 weights,
 float32 activations) multiply in the weights' dtype and accumulate in
@@ -19,6 +25,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from .quantized import TWO_PASS, is_quantized, qmatmul
 
 INT8_ROWS_LIMIT = 64  # above this many rows, dequantize and use a float dot
 
@@ -54,11 +62,16 @@ def _mixed_dot(x: jax.Array, w: jax.Array, w_contract: int) -> jax.Array:
 
 def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
     """x (..., K) @ w.T for w (N, K) (a tied output head) -> (..., N)."""
+    if is_quantized(w):
+        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     return _mixed_dot(x, w, 1)
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
-    """x (..., K) @ w (K, N) -> (..., N); w int8 with `scale` (N,) selects the quantized path."""
+    """x (..., K) @ w (K, N) -> (..., N); w int8 with `scale` (N,) selects the int8 path, w in
+    blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
+    if is_quantized(w):
+        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     if scale is None:
         return _mixed_dot(x, w, 0)
     lead, k = x.shape[:-1], x.shape[-1]

@@ -19,6 +19,7 @@ device_put like any array. Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import gguf
 import jax
@@ -26,8 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from vsurge import kernels
-from vsurge.ops.quant_layout import BY_QTYPE, FORMATS, BlockFormat, repack_gguf, tile_bytes, tile_count, unpack
+from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, repack_gguf, tile_bytes, tile_count,
+                                     unpack)
 
+# Models multiply their blocks in two passes (qmatmul's two_pass): with one, the default model's
+# greedy answer to "What is the capital of France?" parts from float32's at its first token (a
+# 0.08 logit tie that the 8-bit activations tip).
+# VSURGE_QMATMUL_PASSES=1: one pass, llama.cpp's arithmetic (faster: about half the kernel's work).
+TWO_PASS = os.environ.get("VSURGE_QMATMUL_PASSES", "2") != "1"
 QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # formats `quantize` makes (gguf's quantizer)
 
 
@@ -45,11 +52,68 @@ class QuantizedWeight:
     def nbytes(self) -> int:
         return int(np.prod(self.data.shape))
 
+    @property
+    def sharding(self):
+        return getattr(self.data, "sharding", None)
+
+    def __getitem__(self, index):
+        """`param[...]` (how nnx reads a Param's value) is the weight itself; nothing else indexes it."""
+        if index is Ellipsis:
+            return self
+        raise TypeError(f"{self!r} cannot be indexed with {index!r}: multiply it with qmatmul or gather_rows")
+
     def __repr__(self) -> str:
         return f"QuantizedWeight({self.format}, shape={self.shape}, {self.nbytes} bytes)"
 
 
 jax.tree_util.register_dataclass(QuantizedWeight, data_fields=["data"], meta_fields=["format", "shape"])
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedParts:
+    """A weight whose rows are in more than one block format (a fused q/k/v where llama.cpp gave v
+    more bits than q and k): one QuantizedWeight per format, and `order` (N,): output row n is row
+    order[n] of the parts' outputs concatenated. y = concat(x @ part^T ...)[..., order]."""
+
+    parts: tuple[QuantizedWeight, ...]
+    order: tuple[int, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return len(self.order), self.parts[0].shape[1]
+
+    @property
+    def format(self) -> str:
+        return "+".join(p.format for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    @property
+    def sharding(self):
+        return self.parts[0].sharding
+
+    def __getitem__(self, index):
+        if index is Ellipsis:
+            return self
+        raise TypeError(f"{self!r} cannot be indexed with {index!r}")
+
+    def __repr__(self) -> str:
+        return f"QuantizedParts({self.format}, shape={self.shape}, {self.nbytes} bytes)"
+
+
+jax.tree_util.register_dataclass(QuantizedParts, data_fields=["parts"], meta_fields=["order"])
+
+
+def is_quantized(w) -> bool:
+    """A weight held in GGUF blocks (QuantizedWeight or QuantizedParts)."""
+    return isinstance(w, (QuantizedWeight, QuantizedParts))
+
+
+def held_bytes(w) -> int:
+    """Bytes a weight holds in memory, whichever way it is held (an array, or blocks)."""
+    return sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in jax.tree.leaves(w))
 
 
 def _format_of(qtype) -> BlockFormat:
@@ -94,9 +158,24 @@ def quantize(w, format: str = "q8_0") -> QuantizedWeight:
     return from_gguf(gguf.quants.quantize(w, fmt.qtype), fmt.qtype)
 
 
-def dequantize(w: QuantizedWeight, dtype=jnp.float32) -> jax.Array:
+def dequantize(w: QuantizedWeight | QuantizedParts, dtype=jnp.float32) -> jax.Array:
     """W (N, K) in `dtype`; works inside jit on any device."""
+    if isinstance(w, QuantizedParts):
+        rows = jnp.concatenate([dequantize(p, dtype) for p in w.parts])
+        return jnp.take(rows, jnp.asarray(w.order, jnp.int32), axis=0)
     return unpack(w.data, w.block_format, *w.shape, dtype=dtype)
+
+
+def gather_rows(w: QuantizedWeight, ids: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Rows `ids` (...) int of W (N, K) -> (..., K) in `dtype`: an embedding lookup in a table kept in
+    blocks. Each row's 16-row tile is gathered and unpacked (16x the row's arithmetic, a few KB)."""
+    n, k = w.shape
+    flat = ids.reshape(-1).astype(jnp.int32)
+    tiles = jnp.take(w.data, flat // TILE_ROWS, axis=0)  # (M, tile bytes)
+    rows = unpack(tiles, w.block_format, tiles.shape[0] * TILE_ROWS, k, dtype=dtype)  # (M * 16, K)
+    rows = rows.reshape(-1, TILE_ROWS, k)
+    picked = jnp.take_along_axis(rows, (flat % TILE_ROWS)[:, None, None], axis=1)[:, 0]
+    return picked.reshape(*ids.shape, k)
 
 
 def _check(x: jax.Array, w: QuantizedWeight) -> None:
@@ -113,15 +192,41 @@ def _kernel_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int) 
     return call(rows, data, format=np.int64(fmt.kernel_id))
 
 
+def _rounding_residual(rows: jax.Array) -> jax.Array:
+    """rows (M, K) float32 -> rows - Q8(rows): what the kernel's int8 rounding of each 32-value block
+    leaves out (the kernel's own arithmetic: scale = max|x| / 127, round half to even)."""
+    m, k = rows.shape
+    b = rows.reshape(m, k // 32, 32)
+    amax = jnp.max(jnp.abs(b), axis=-1, keepdims=True)
+    scale = amax / 127.0
+    inv = jnp.where(amax > 0, 1.0 / jnp.where(amax > 0, scale, 1.0), 0.0)
+    return (b - jnp.round(b * inv) * scale).reshape(m, k)
+
+
+def _two_pass_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int) -> jax.Array:
+    """The kernel on [x; x - Q8(x)] (2M rows, the weights read once): the sum of the two halves is
+    x @ W^T with x kept to ~15 bits instead of 8."""
+    rows = rows.astype(jnp.float32)
+    out = _kernel_rows(jnp.concatenate([rows, _rounding_residual(rows)]), data, fmt=fmt, n=n)
+    m = rows.shape[0]
+    return out[:m] + out[m:]
+
+
 def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, k: int) -> jax.Array:
     weights = unpack(data, fmt, n, k, dtype=rows.dtype)
     return jax.lax.dot_general(rows, weights, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def qmatmul(x: jax.Array, w: QuantizedWeight, *, use_kernel: bool | None = None) -> jax.Array:
+def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bool | None = None,
+            two_pass: bool = False) -> jax.Array:
     """x (..., K) float32 or bfloat16 @ W^T -> (..., N) float32. use_kernel: None = the C++ kernel
     on CPU when it is available, the dequantizing XLA path elsewhere; False = always the XLA path;
-    True = the kernel (an error where it is not available)."""
+    True = the kernel (an error where it is not available). two_pass: the kernel also multiplies
+    what its int8 rounding of x left out, as extra rows of the same call (TWO_PASS, the models'
+    choice: ~1/250 of the rounding error, for twice the integer work; the weights are read once)."""
+    if isinstance(w, QuantizedParts):
+        out = jnp.concatenate([qmatmul(x, p, use_kernel=use_kernel, two_pass=two_pass) for p in w.parts], axis=-1)
+        return jnp.take(out, jnp.asarray(w.order, jnp.int32), axis=-1)
     _check(x, w)
     n, k = w.shape
     lead = x.shape[:-1]
@@ -137,6 +242,9 @@ def qmatmul(x: jax.Array, w: QuantizedWeight, *, use_kernel: bool | None = None)
     if not use_kernel or rows.shape[0] == 0:
         out = fallback(rows, w.data)
     else:
-        kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n)  # noqa: E731
+        if two_pass and k % 32 == 0:
+            kernel = lambda r, d: _two_pass_rows(r, d, fmt=fmt, n=n)  # noqa: E731
+        else:
+            kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n)  # noqa: E731
         out = jax.lax.platform_dependent(rows, w.data, cpu=kernel, default=fallback)
     return out.reshape(*lead, n)

@@ -91,6 +91,9 @@ class _ModelIdentity(BaseModel):
     name: str = Field(description="the name clients send as `model`")
     ready: bool = Field(description="compiled and running")
     max_model_len: int = Field(description="context length (prompt + output tokens)")
+    weight_bytes: int = Field(description="bytes of the weights held in memory (all engines, each model once)")
+    kv_cache_bytes: int = Field(description="bytes of the KV cache pools (all engines)")
+    kv_cache_pages: int = Field(description="KV pages in the pools (all engines)")
 
 
 # identity first in the JSON: pydantic orders fields from the last base class to the first
@@ -252,10 +255,23 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
     total = raws[0]
     for raw in raws[1:]:
         total = total.add(raw)
-    return ModelStats(name=name, ready=bool(surge.ready), max_model_len=surge.max_length,
+    return ModelStats(name=name, ready=bool(surge.ready), max_model_len=surge.max_length, **memory_fields(surge),
                       replicas=[ReplicaStats(id=i, role=getattr(r.metrics, "role", "both"), **raw.fields())
                                 for i, (r, raw) in enumerate(zip(replicas, raws))],
                       **total.fields())
+
+
+def memory_fields(surge) -> dict:
+    """weight_bytes, kv_cache_bytes and kv_cache_pages of a vSurge's engines (each model and pool once)."""
+    from ..kv.paged import page_bytes
+
+    engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
+    models = {id(e.model): e.model for e in engines}
+    pools = {id(e.pool): (e.pool, e.model) for e in engines}
+    return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
+                kv_cache_bytes=sum(p.num_pages * page_bytes(m.config.kv_layout, p.page_size, m.dtype)
+                                   for p, m in pools.values()),
+                kv_cache_pages=sum(p.num_pages for p, _ in pools.values()))
 
 
 class _Replica:
