@@ -53,6 +53,7 @@ class Replica:
         self.metrics: EngineMetrics | None = None  # this replica's series (set by the driver)
         self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
         self.state = None  # the engine state, when made (and warmed) before the thread starts
+        self.last_step_at = 0.0  # when the thread last read a step's results
 
 
 class Driver(AbstractDriver):
@@ -231,6 +232,11 @@ class Driver(AbstractDriver):
     def _loop(self, replica: Replica) -> None:
         engine, scheduler = replica.engine, replica.scheduler
         state, replica.state = (replica.state if replica.state is not None else engine.init_state()), None
+        # the overlapped loop: step N+1 is planned and dispatched before step N's tokens are read (JAX
+        # dispatches asynchronously; N+1 is fed N's tokens on the device), so reading, detokenizing and
+        # streaming N's tokens and planning N+2 run while N+1 computes
+        overlap = replica.role == "both" and getattr(engine, "overlaps_steps", False)
+        inflight = None  # (plan, output, dispatched at) of the step whose tokens are not read yet
         while self._running:
             self._take_new(replica)
             self._drop_cancelled(replica)
@@ -240,27 +246,45 @@ class Driver(AbstractDriver):
                 self.handover.hand_over(replica, state)
             elif replica.role == "decode":
                 state = self.handover.take_arrivals(replica, state)
-            if not scheduler.has_work:
+            if not scheduler.has_work and inflight is None:
                 if not replica.encodes:
                     replica.wake.wait()  # idle until a request, a prefix, room in the backlog or a stop arrives
                     replica.wake.clear()
                 continue
-            plan = scheduler.schedule()
+            plan = None
+            if inflight is None or _can_plan_ahead(inflight[0]):
+                plan = scheduler.schedule(ahead=inflight is not None)
+            if plan is None:  # the next plan needs the tokens in flight (or a preemption): read them first
+                self._finish_step(replica, *inflight)
+                inflight = None
+                continue
             self._report(replica)
             if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
                 replica.wake.wait(0.01)
                 replica.wake.clear()
                 continue
-            start = time.perf_counter()
             state, out = engine.step(state, plan, scheduler.masks(plan))
-            host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
-            replica.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
-            replica.metrics.engine_step()
-            for seq, sample in scheduler.postprocess(plan, host):
-                self._emit(replica, seq, sample)
-            if replica.role == "decode":
-                self.handover.after_step(replica)
+            scheduler.advance(plan)
+            dispatched = time.perf_counter()
+            if inflight is not None:
+                self._finish_step(replica, *inflight)
+            inflight = (plan, out, dispatched)
+            if not overlap:
+                self._finish_step(replica, *inflight)
+                inflight = None
         replica.state = state  # a restart goes on with it (and tests can see where its arrays live)
+
+    def _finish_step(self, replica: Replica, plan: StepPlan, out, dispatched: float) -> None:
+        """Read a step's tokens (waiting for the device), account them and send the updates."""
+        host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
+        done = time.perf_counter()  # the step's time: from its dispatch, or from the end of the one before
+        replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
+        replica.last_step_at = done
+        replica.metrics.engine_step()
+        for seq, sample in replica.scheduler.postprocess(plan, host):
+            self._emit(replica, seq, sample)
+        if replica.role == "decode":
+            self.handover.after_step(replica)
 
     def _take_new(self, replica: Replica) -> None:
         while True:
@@ -403,6 +427,13 @@ class Driver(AbstractDriver):
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
         for listener in self.listeners:  # after the engine threads' last steps
             listener.stopped(self, error)
+
+
+def _can_plan_ahead(plan: StepPlan) -> bool:
+    """Whether the next step can be planned before `plan`'s tokens are read: not when one of its
+    sequences is constrained (its next mask follows from that token) or drafted (verification
+    decides how many tokens it keeps)."""
+    return not plan.drafts and all(seq.matcher is None for seq in plan.sequences)
 
 
 def _warn_unused(name: str, value, default, why: str) -> None:
