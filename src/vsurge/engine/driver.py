@@ -54,6 +54,7 @@ class Replica:
         self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
         self.state = None  # the engine state, when made (and warmed) before the thread starts
         self.last_step_at = 0.0  # when the thread last read a step's results
+        self.overlapped_steps = 0  # steps dispatched before the previous one's tokens were read
 
 
 class Driver(AbstractDriver):
@@ -235,7 +236,6 @@ class Driver(AbstractDriver):
         # the overlapped loop: step N+1 is planned and dispatched before step N's tokens are read (JAX
         # dispatches asynchronously; N+1 is fed N's tokens on the device), so reading, detokenizing and
         # streaming N's tokens and planning N+2 run while N+1 computes
-        overlap = replica.role == "both" and getattr(engine, "overlaps_steps", False)
         inflight = None  # (plan, output, dispatched at) of the step whose tokens are not read yet
         while self._running:
             self._take_new(replica)
@@ -267,9 +267,10 @@ class Driver(AbstractDriver):
             scheduler.advance(plan)
             dispatched = time.perf_counter()
             if inflight is not None:
+                replica.overlapped_steps += 1
                 self._finish_step(replica, *inflight)
             inflight = (plan, out, dispatched)
-            if not overlap:
+            if replica.role != "both" or not getattr(engine, "overlaps_steps", False):
                 self._finish_step(replica, *inflight)
                 inflight = None
         replica.state = state  # a restart goes on with it (and tests can see where its arrays live)
