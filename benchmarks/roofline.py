@@ -158,7 +158,7 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
             flops = 2 * (matmul_params - model.config.vocab_size * model.config.hidden_size) * tokens + causal
             mfu = f"{100 * flops / wall / peak:.0f}%" if peak else "-"
             rows.append(f"| {name} | prefill, {tokens} tokens | {wall * 1e3:.1f} | - | - | {tokens / wall:.0f} | "
-                        f"{flops / wall / 1e12:.1f} TFLOP/s, MFU {mfu} |")
+                        f"{flops / wall / 1e12:.3g} TFLOP/s, MFU {mfu} |")
         print(rows[-1], flush=True)
     return rows
 
