@@ -4,6 +4,7 @@
     state, out = engine.step(state, plan)
     for seq, update in scheduler.postprocess(plan, out.to_host()): send update
 
+overlapped (EngineConfig.async_scheduling): step N+1 is dispatched before step N's tokens are read.
 `submit_request` hands a request to the least loaded replica (several replicas
 of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
