@@ -253,7 +253,7 @@ class Driver(AbstractDriver):
                     replica.wake.clear()
                 continue
             plan = None
-            if inflight is None or _can_plan_ahead(inflight[0]):
+            if inflight is None or scheduler.can_plan_ahead(inflight[0]):
                 plan = scheduler.schedule(ahead=inflight is not None)
             if plan is None:  # the next plan needs the tokens in flight (or a preemption): read them first
                 self._finish_step(replica, *inflight)
@@ -429,13 +429,6 @@ class Driver(AbstractDriver):
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
         for listener in self.listeners:  # after the engine threads' last steps
             listener.stopped(self, error)
-
-
-def _can_plan_ahead(plan: StepPlan) -> bool:
-    """Whether the next step can be planned before `plan`'s tokens are read: not when one of its
-    sequences is constrained (its next mask follows from that token) or drafted (verification
-    decides how many tokens it keeps)."""
-    return not plan.drafts and all(seq.matcher is None for seq in plan.sequences)
 
 
 def _warn_unused(name: str, value, default, why: str) -> None:

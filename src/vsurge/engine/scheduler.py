@@ -241,6 +241,16 @@ class Scheduler:
             self._ahead = False
         return None if ahead and plan.empty else plan
 
+    def can_plan_ahead(self, plan: StepPlan) -> bool:
+        """Whether the next step can be planned before `plan`'s tokens are read: not when one of its
+        sequences is constrained (its next mask follows from that token), drafted (verification
+        decides how many tokens it keeps) or would draft next (drafts come from its tokens)."""
+        return not plan.drafts and all(seq.matcher is None and not self._speculates(seq) for seq in plan.sequences)
+
+    def _speculates(self, seq: Sequence) -> bool:
+        k = seq.request.params.speculative_tokens
+        return (self.config.speculative_tokens if k is None else k) > 0 and speculation.eligible(seq)
+
     def _plan(self) -> StepPlan:
         self._preempt_for_priority()
         decode = self._schedule_decodes()
