@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The README's GPU column on a borrowed one-GPU machine (this workplace's `run` tool), in one call:
 #
-#   bash benchmarks/gpu_session.sh PARTS_DIR SECONDS [CODE_DIR]
+#   bash benchmarks/gpu_session.sh PARTS_DIR SECONDS [CODE_DIR] [serve|roofline]
 #
+# (roofline: benchmarks/roofline.py, both models at 1/16/64/256 streams, then the 8B shape with
+# JAX's Pallas decode kernel, instead of the serving table.)
 # run from the repository root there. Why the parts: the default model file (98 MB GGUF) is over
 # what one call may carry (64 MiB), so it travels in two calls. PARTS_DIR holds head.bin (the
 # file's bytes before its tensor data: metadata, tokenizer, tensor table) and a.bin or b.bin (the
@@ -119,6 +121,16 @@ if ! python3 -c "$IMPORTS"; then
         .whl/alt/*.whl || exit 1
     export PYTHONPATH=$CODE/src:/tmp/site-flax:/tmp/model-site:/tmp/site
     python3 -c "$IMPORTS" || { echo "import check failed"; exit 1; }
+fi
+
+if [ "${4:-serve}" = roofline ]; then  # the 4th argument: benchmarks/roofline.py instead of the serving table
+    echo "== roofline, XLA paged attention ($(left) s left)"
+    timeout --signal=INT $(($(left) / 2)) python3 "$CODE/benchmarks/roofline.py" --streams 1,16,64,256
+    echo "== roofline, JAX's Pallas decode kernel (VSURGE_PAGED_KERNEL=pallas), 8B shape ($(left) s left)"
+    VSURGE_PAGED_KERNEL=pallas timeout --signal=INT $(($(left) - 10)) \
+        python3 "$CODE/benchmarks/roofline.py" --models 8b --streams 1,64
+    echo "== done in $(($(date +%s) - START)) s"
+    exit 0
 fi
 
 echo "== scale_accelerator ($(left) s left)"

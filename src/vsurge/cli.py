@@ -115,6 +115,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated prompt-row lengths a step may use (default: prefill-tokens and 1/16 of it)")
     p.add_argument("--decode-steps", type=int, default=4,
                    help="decode steps per device call while no prompt waits")
+    p.add_argument("--no-async-scheduling", action="store_true",
+                   help="read each step's tokens before planning the next (default: the next step is planned "
+                        "and dispatched while the device runs this one, fed its tokens on the device)")
     p.add_argument("--engine", default="paged", choices=["dense", "paged"],
                    help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "
                         "max-length run of pages per slot")
@@ -362,7 +365,8 @@ def cmd_serve(args) -> int:
     common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
-                  speculative_tokens=args.speculative_tokens, scheduling_policy=args.scheduling_policy, **parallel)
+                  async_scheduling=not args.no_async_scheduling, speculative_tokens=args.speculative_tokens,
+                  scheduling_policy=args.scheduling_policy, **parallel)
     try:
         if args.engine == "paged":
             from .kv.memory import default_host_cache_bytes

@@ -48,7 +48,7 @@ class BatchBuilder:
     # ------------------------------------------------------------ decode
     def decode_window(self, plan: StepPlan) -> int:
         """Pages the furthest row reads during the plan's steps (drafts included)."""
-        return max(self._pages_for(len(s.tokens) - 1 + max(plan.num_steps - 1, len(plan.drafts.get(s, ()))))
+        return max(self._pages_for(s.num_tokens - 1 + max(plan.num_steps - 1, len(plan.drafts.get(s, ()))))
                    for s in plan.decode)
 
     def decode(self, plan: StepPlan, rows: int, window: int, masks: dict | None = None,
@@ -61,19 +61,21 @@ class BatchBuilder:
         slots = np.full(rows, self.spare, np.int32)
         generated, active = np.zeros(rows, np.int32), np.zeros(rows, bool)
         eos, budget = np.full((rows, EOS_WIDTH), -1, np.int32), np.ones(rows, np.int32)
+        from_device = np.zeros(rows, bool)
         rows_of = [(seq, seq.tokens[-1], 0) for seq in plan.decode]
         rows_of += [(seq, token, i + 1) for seq, i, token in plan.draft_rows]  # drafts: later positions
         for i, (seq, token, ahead) in enumerate(rows_of):
-            tokens[i], positions[i] = token, len(seq.tokens) - 1 + ahead
+            tokens[i], positions[i] = token, seq.num_tokens - 1 + ahead
+            from_device[i] = not ahead and seq.pending > 0  # sampled by the step in flight: fed on device
             tables[i] = self._table(seq, window)
-            slots[i], generated[i], active[i] = seq.slot, len(seq.generated) + ahead, True
+            slots[i], generated[i], active[i] = seq.slot, seq.num_generated + ahead, True
             ids = seq.request.eos_token_ids
             eos[i, : len(ids)] = ids
-            budget[i] = len(seq.generated) + seq.tokens_left
+            budget[i] = seq.request.max_new_tokens
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
                            self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
-                           None if columns is None else np.asarray(columns, np.int32))
+                           from_device, None if columns is None else np.asarray(columns, np.int32))
 
     # ------------------------------------------------------------ mixed
     def mixed(self, plan: StepPlan, decode_rows: int, masks: dict | None = None) -> MixedBatch:
@@ -87,22 +89,25 @@ class BatchBuilder:
         chunk_tables, chunk_pos = np.zeros((rows_p, width), np.int32), np.full((rows_p, length), -1, np.int32)
         logits_index, slots = np.zeros(r, np.int32), np.full(r, self.spare, np.int32)
         generated, samples = np.zeros(r, np.int32), np.zeros(r, bool)
+        from_device = np.zeros(d, bool)
         columns = 1
 
         def place(row: int, seq: Sequence, start: int, count: int, at: int) -> None:
             nonlocal columns
             pos = np.arange(start, start + count)
             pages = np.asarray(seq.pages.pages, np.int32)
-            tokens[at:at + count] = seq.tokens[start:start + count]
+            known = seq.tokens[start:start + count]  # (a token still on the device is fed there)
+            tokens[at:at + len(known)] = known
             positions[at:at + count] = pos
             slot_mapping[at:at + count] = pages[pos // self.page_size] * self.page_size + pos % self.page_size
             logits_index[row] = at + count - 1
-            slots[row], generated[row] = seq.slot, len(seq.generated)
+            slots[row], generated[row] = seq.slot, seq.num_generated
             columns = max(columns, self._pages_for(start + count - 1))
 
         for i, seq in enumerate(plan.decode):
-            place(i, seq, len(seq.tokens) - 1, 1, i)
-            decode_tables[i], decode_pos[i, 0], samples[i] = self._table(seq, width), len(seq.tokens) - 1, True
+            place(i, seq, seq.num_tokens - 1, 1, i)
+            from_device[i] = seq.pending > 0
+            decode_tables[i], decode_pos[i, 0], samples[i] = self._table(seq, width), seq.num_tokens - 1, True
         for j, chunk in enumerate(plan.chunks):
             at = d + j * length
             place(d + j, chunk.seq, chunk.start, chunk.length, at)
@@ -114,7 +119,7 @@ class BatchBuilder:
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
-                          self._bitmasks(r, masks, row_of))
+                          self._bitmasks(r, masks, row_of), from_device)
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:

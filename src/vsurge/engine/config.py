@@ -69,6 +69,9 @@ class EngineConfig:
     # (prompt chunks and decode rows in one step: interleaved), "prefill" (prompt chunks only; a
     # finished prefix is handed to a decode engine) or "decode" (decode rows only).
     role: str = "both"
+    # Plan and dispatch step N+1 before reading step N's tokens (fed back on the device), so host work
+    # overlaps the device's (driver.py); False: each step's tokens are read before the next is planned.
+    async_scheduling: bool = True
 
     def __post_init__(self):
         for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):

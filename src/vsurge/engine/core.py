@@ -82,6 +82,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return self._processor
 
     @property
+    def overlaps_steps(self) -> bool:
+        """The driver may dispatch a step before reading the previous one's tokens (one process: a
+        multi-host leader's followers replay calls in order, but have not been checked with it)."""
+        return self.config.async_scheduling and self.on_call is None
+
+    @property
     def max_length(self) -> int:
         return self.config.max_length
 

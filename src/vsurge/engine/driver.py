@@ -4,6 +4,7 @@
     state, out = engine.step(state, plan)
     for seq, update in scheduler.postprocess(plan, out.to_host()): send update
 
+overlapped (EngineConfig.async_scheduling): step N+1 is dispatched before step N's tokens are read.
 `submit_request` hands a request to the least loaded replica (several replicas
 of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
@@ -53,6 +54,8 @@ class Replica:
         self.metrics: EngineMetrics | None = None  # this replica's series (set by the driver)
         self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
         self.state = None  # the engine state, when made (and warmed) before the thread starts
+        self.last_step_at = 0.0  # when the thread last read a step's results
+        self.overlapped_steps = 0  # steps dispatched before the previous one's tokens were read
 
 
 class Driver(AbstractDriver):
@@ -231,6 +234,10 @@ class Driver(AbstractDriver):
     def _loop(self, replica: Replica) -> None:
         engine, scheduler = replica.engine, replica.scheduler
         state, replica.state = (replica.state if replica.state is not None else engine.init_state()), None
+        # the overlapped loop: step N+1 is planned and dispatched before step N's tokens are read (JAX
+        # dispatches asynchronously; N+1 is fed N's tokens on the device), so reading, detokenizing and
+        # streaming N's tokens and planning N+2 run while N+1 computes
+        inflight = None  # (plan, output, dispatched at) of the step whose tokens are not read yet
         while self._running:
             self._take_new(replica)
             self._drop_cancelled(replica)
@@ -240,29 +247,54 @@ class Driver(AbstractDriver):
                 self.handover.hand_over(replica, state)
             elif replica.role == "decode":
                 state = self.handover.take_arrivals(replica, state)
-            if not scheduler.has_work:
+            if not scheduler.has_work and inflight is None:
                 if not replica.encodes:
                     replica.wake.wait()  # idle until a request, a prefix, room in the backlog or a stop arrives
                     replica.wake.clear()
                 continue
-            plan = scheduler.schedule()
+            plan = None
+            if inflight is None or scheduler.can_plan_ahead(inflight[0]):
+                plan = scheduler.schedule(ahead=inflight is not None)
+            if plan is None:  # the next plan needs the tokens in flight (or a preemption): read them first
+                self._finish_step(replica, *inflight)
+                inflight = None
+                state = self._sync_tiers(engine, state)
+                continue
             self._report(replica)
             if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
                 replica.wake.wait(0.01)
                 replica.wake.clear()
                 continue
-            start = time.perf_counter()
             state, out = engine.step(state, plan, scheduler.masks(plan))
-            host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
-            replica.metrics.stage("step" if plan.chunks else "decode", time.perf_counter() - start)
-            replica.metrics.engine_step()
-            for seq, sample in scheduler.postprocess(plan, host):
-                self._emit(replica, seq, sample)
-            if getattr(engine, "tiers", None) is not None:  # newly committed pages to disk now
-                state = engine.sync_tiers(state)
-            if replica.role == "decode":
-                self.handover.after_step(replica)
+            scheduler.advance(plan)
+            dispatched = time.perf_counter()
+            if inflight is not None:
+                replica.overlapped_steps += 1
+                self._finish_step(replica, *inflight)
+            inflight = (plan, out, dispatched)
+            if replica.role != "both" or not getattr(engine, "overlaps_steps", False):
+                self._finish_step(replica, *inflight)
+                inflight = None
+                state = self._sync_tiers(engine, state)
         replica.state = state  # a restart goes on with it (and tests can see where its arrays live)
+
+    @staticmethod
+    def _sync_tiers(engine, state):
+        """Pages the last step committed go to the prefix cache's host/disk tiers now (a step also
+        syncs before it runs; this covers the step before an idle wait or a stop)."""
+        return engine.sync_tiers(state) if getattr(engine, "tiers", None) is not None else state
+
+    def _finish_step(self, replica: Replica, plan: StepPlan, out, dispatched: float) -> None:
+        """Read a step's tokens (waiting for the device), account them and send the updates."""
+        host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
+        done = time.perf_counter()  # the step's time: from its dispatch, or from the end of the one before
+        replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
+        replica.last_step_at = done
+        replica.metrics.engine_step()
+        for seq, sample in replica.scheduler.postprocess(plan, host):
+            self._emit(replica, seq, sample)
+        if replica.role == "decode":
+            self.handover.after_step(replica)
 
     def _take_new(self, replica: Replica) -> None:
         while True:

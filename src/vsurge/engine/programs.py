@@ -47,6 +47,9 @@ class SlotState:
     has_bias: jax.Array  # (S+1,) bool
     sampling: SamplingArrays  # rows of S+1
     want_logprobs: jax.Array  # (S+1,) bool
+    # the overlapped loop (driver.py) feeds a step the tokens its predecessor sampled without reading them:
+    last_token: jax.Array  # (S+1,) i32 the slot's last sampled token
+    stopped: jax.Array  # (S+1,) bool the slot's row ended (end token or budget) in the last decode call
 
 
 @jax.tree_util.register_dataclass
@@ -71,6 +74,7 @@ class DecodeBatch:
     budget: np.ndarray  # (D,) i32 tokens the row may still generate
     bitmask: np.ndarray  # (D, ceil(V/32)) i32 allowed next tokens (-1 = all)
     num_steps: np.ndarray  # () i32 steps to run (1 when a row is constrained)
+    from_device: np.ndarray  # (D,) bool: the row's token is its slot's last_token (sampled by the step in flight)
     num_columns: np.ndarray | None = None  # () i32: loop over this many page columns (None: all W, unrolled)
 
 
@@ -87,6 +91,7 @@ class MixedBatch:
     generated: np.ndarray  # (R,) i32
     samples: np.ndarray  # (R,) bool: the row's token is real (decode rows, prompt rows that end)
     bitmask: np.ndarray  # (R, ceil(V/32)) i32
+    from_device: np.ndarray  # (D,) bool: decode row i's token is its slot's last_token
 
 
 @jax.tree_util.register_dataclass
@@ -143,6 +148,19 @@ def _count(slots: SlotState, rows, tokens, real) -> SlotState:
     return dataclasses.replace(slots, counts=slots.counts.at[rows, tokens].add(real.astype(jnp.int32)))
 
 
+def _fed(slots: SlotState, rows, tokens, from_device):
+    """Each row's input token: the host's, or its slot's last sampled one (fed back on device)."""
+    return jnp.where(from_device, slots.last_token[rows], tokens)
+
+
+def _remember(slots: SlotState, rows, tokens, real, stopped) -> SlotState:
+    """Keep each real row's last token and whether it ended, for a next step the host built before
+    seeing them (padding rows write the spare slot)."""
+    rows = jnp.where(real, rows, slots.last_token.shape[0] - 1)
+    return dataclasses.replace(slots, last_token=slots.last_token.at[rows].set(tokens),
+                               stopped=slots.stopped.at[rows].set(stopped))
+
+
 # ------------------------------------------------------------ programs
 def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBatch, *, max_steps: int):
     """Up to `batch.num_steps` decode steps for D rows -> (state, StepOutput with K = max_steps)."""
@@ -181,20 +199,29 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
         state = EngineState(kv.storage_only(), slots)
         return step + 1, state, new, positions + active, generated, active & ~done, out
 
-    carry = (jnp.int32(0), state, batch.tokens, batch.positions, batch.generated, batch.active, out)
-    _, state, _, _, _, _, out = jax.lax.while_loop(keep_going, one_step, carry)
-    return state, out
+    # a row fed its token on device whose previous call ended it (an end token the host has not read
+    # yet) runs no more: nothing written, nothing sampled
+    active = batch.active & ~(batch.from_device & state.slots.stopped[batch.slots])
+    tokens = _fed(state.slots, batch.slots, batch.tokens, batch.from_device)
+    carry = (jnp.int32(0), state, tokens, batch.positions, batch.generated, active, out)
+    _, state, tokens, _, _, still, out = jax.lax.while_loop(keep_going, one_step, carry)
+    slots = _remember(state.slots, batch.slots, tokens, batch.active, batch.active & ~still)
+    return EngineState(state.kv, slots), out
 
 
 def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatch):
     """One forward pass over decode tokens and prompt rows -> (state, StepOutput with K = 1)."""
     model = nnx.merge(graphdef, graphstate, graphother)
-    hidden = model.embed_tokens(batch.tokens[None])  # (1, N, Dm)
+    d = batch.from_device.shape[0]
+    fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
+    hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
     hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
     logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
     lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)
-    state = EngineState(kv.storage_only(), _count(state.slots, batch.slots, new, batch.samples))
+    slots = _remember(_count(state.slots, batch.slots, new, batch.samples), batch.slots, new, batch.samples,
+                      jnp.zeros_like(batch.samples))
+    state = EngineState(kv.storage_only(), slots)
     return state, StepOutput(new[None], batch.samples[None], lp[0][None], lp[1][None], lp[2][None])
 
 
@@ -257,7 +284,7 @@ def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, samp
 
     slots = SlotState(put(s.counts, counts), put(s.prompt_mask, prompt_mask), put(s.bias, bias),
                       put(s.has_bias, has_bias), jax.tree.map(lambda f, v: put(f, v[0]), s.sampling, sampling),
-                      put(s.want_logprobs, want_logprobs))
+                      put(s.want_logprobs, want_logprobs), s.last_token, put(s.stopped, False))
     return dataclasses.replace(state, slots=slots)
 
 
@@ -267,7 +294,8 @@ def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: 
     kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype)
     slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
-                      jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool))
+                      jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),
+                      jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     return EngineState(kv, slots)
 ActiveSequenceBatch = EngineState  # the seed's names of the state: oEngine's ...
 GenerationState = EngineState  # ... and vEngine's

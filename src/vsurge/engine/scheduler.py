@@ -77,6 +77,7 @@ class StepPlan:
     chunk_shape: tuple[int, int] | None = None  # (rows, tokens per row) of the prompt part
     num_steps: int = 1  # decode steps the device runs (decode-only plans)
     drafts: dict = dataclasses.field(default_factory=dict)  # sequence -> speculative tokens (extra rows)
+    dispatched: bool = False  # `Scheduler.advance` has counted its tokens as computed and in flight
 
     @property
     def draft_rows(self) -> list[tuple[Sequence, int, int]]:
@@ -100,6 +101,10 @@ class StepPlan:
 NextIterationPlan = StepPlan
 
 
+class _NeedsResults(Exception):
+    """Planning ahead of a step in flight would have to preempt: plan after reading its results."""
+
+
 class Scheduler:
     def __init__(self, pool, config: EngineConfig):
         self.pool = pool
@@ -112,6 +117,7 @@ class Scheduler:
         self.num_prefix_waits = 0  # steps waiting prompts spent waiting for prefixes in flight
         self.role = config.role
         self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
+        self._ahead = False  # planning while a step is in flight (schedule(ahead=True))
 
     # ------------------------------------------------------------ membership
     @property
@@ -183,6 +189,8 @@ class Scheduler:
         seq.slot = None
 
     def _preempt(self, seq: Sequence) -> None:
+        if self._ahead:  # never preempt what a step in flight computes: decide once its results are in
+            raise _NeedsResults
         self._release(seq, swap=self.role != "decode")  # (a decode engine has no prefix cache)
         seq.num_computed, seq.status, seq.preempted = 0, Status.WAITING, True
         if self.role == "decode":  # a decode engine never prefills: a prefill engine recomputes it
@@ -225,7 +233,31 @@ class Scheduler:
         return self.pool.pages_needed(PageTable(), len(seq.tokens))
 
     # ------------------------------------------------------------ planning
-    def schedule(self) -> StepPlan:
+    def schedule(self, ahead: bool = False) -> StepPlan | None:
+        """The next step's plan. ahead: a step is in flight whose tokens the host has not read (the
+        overlapped loop, driver.py): its sequences count them as `pending` (their K/V computed) and
+        decode rows are fed them on the device. None when such a plan needs the step's results
+        first: it would preempt, or has nothing to compute without them."""
+        self._ahead = ahead
+        try:
+            plan = self._plan()
+        except _NeedsResults:
+            return None
+        finally:
+            self._ahead = False
+        return None if ahead and plan.empty else plan
+
+    def can_plan_ahead(self, plan: StepPlan) -> bool:
+        """Whether the next step can be planned before `plan`'s tokens are read: not when one of its
+        sequences is constrained (its next mask follows from that token), drafted (verification
+        decides how many tokens it keeps) or would draft next (drafts come from its tokens)."""
+        return not plan.drafts and all(seq.matcher is None and not self._speculates(seq) for seq in plan.sequences)
+
+    def _speculates(self, seq: Sequence) -> bool:
+        k = seq.request.params.speculative_tokens
+        return (self.config.speculative_tokens if k is None else k) > 0 and speculation.eligible(seq)
+
+    def _plan(self) -> StepPlan:
         self._preempt_for_priority()
         decode = self._schedule_decodes()
         plan = StepPlan(decode)
@@ -238,7 +270,7 @@ class Scheduler:
         if plan.empty and len(blocked) > 1:
             # every running prompt waits for pages the others hold: recompute the newest later
             self._preempt(max(blocked, key=self._rank) if self.by_priority else blocked[-1])
-            return self.schedule()
+            return self._plan()
         if not plan.chunks and decode:
             self._speculate(plan)
             if not self.waiting and not plan.drafts:
@@ -252,7 +284,7 @@ class Scheduler:
             k = seq.request.params.speculative_tokens
             k = self.config.speculative_tokens if k is None else k
             k = min(k, room, seq.tokens_left - 1)
-            if k <= 0 or not speculation.eligible(seq):
+            if k <= 0 or seq.pending or not speculation.eligible(seq):
                 continue
             drafts = speculation.propose(seq.tokens, k)
             if drafts and self.pool.reserve(seq.pages, len(seq.tokens) + len(drafts)):
@@ -266,9 +298,9 @@ class Scheduler:
         if self.role == "prefill":
             return decode
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING or seq.remaining != 1:
-                continue
-            while not self.pool.reserve(seq.pages, len(seq.tokens)):
+            if seq.status is not Status.RUNNING or seq.remaining != 1 or seq.tokens_left <= 0:
+                continue  # (no tokens left: the step in flight ends it)
+            while not self.pool.reserve(seq.pages, seq.num_tokens):
                 victim = self._victim()
                 self._preempt(victim)
                 if victim in decode:
@@ -285,7 +317,7 @@ class Scheduler:
         if any(seq.matcher is not None for seq in decode):
             return 1
         steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
-        if steps > 1 and not all(self.pool.reserve(seq.pages, len(seq.tokens) + steps - 1) for seq in decode):
+        if steps > 1 and not all(self.pool.reserve(seq.pages, seq.num_tokens + steps - 1) for seq in decode):
             steps = 1  # pages already reserved stay with their sequences: they are used next steps
         return max(1, steps)
 
@@ -325,7 +357,7 @@ class Scheduler:
             if seq.status is Status.WAITING and not self._admit(seq):
                 break  # FIFO: nobody overtakes a prompt that does not fit yet
             if seq.remaining == 1:  # a cached or one-token prompt: its last token decodes
-                if self.role != "prefill" and self.pool.reserve(seq.pages, len(seq.tokens)):
+                if self.role != "prefill" and self.pool.reserve(seq.pages, seq.num_tokens):
                     plan.decode.append(seq)  # (a prefill engine hands it over with no step at all)
                 continue
             want = min(seq.remaining, (rows - len(plan.chunks)) * length)
@@ -391,10 +423,27 @@ class Scheduler:
         return {seq: bits[i] for i, seq in enumerate(constrained)}
 
     # ------------------------------------------------------------ results
+    def advance(self, plan: StepPlan) -> None:
+        """The plan is dispatched: its K/V count as computed and the tokens it samples as `pending`,
+        so the next plan can be made before they are read (drafted rows wait for postprocess)."""
+        if plan.dispatched:
+            return
+        plan.dispatched = True
+        for seq in plan.decode:
+            if seq not in plan.drafts:
+                seq.num_computed += plan.num_steps
+                seq.pending += plan.num_steps
+        for chunk in plan.chunks:
+            chunk.seq.num_computed += chunk.length
+            chunk.seq.pending += chunk.samples
+
     def postprocess(self, plan: StepPlan, out: HostStepOutput) -> list[tuple[Sequence, object]]:
         """Account a finished step: new tokens, text, finished sequences (freed), prefix-cache commits.
+        A sequence that finished (or was cancelled) after the plan was made takes nothing from it:
+        no token is emitted after a stop.
 
         Returns (sequence, ReturnSample) updates in row order; a finished sequence's is its last."""
+        self.advance(plan)
         new: dict[Sequence, list[int]] = {}
         logprobs: dict[Sequence, list] = {}
 
@@ -408,6 +457,9 @@ class Scheduler:
         draft_row = len(plan.decode)
         for row, seq in enumerate(plan.decode):
             drafts = plan.drafts.get(seq)
+            if seq.finished:
+                draft_row += len(drafts or ())
+                continue
             if drafts:  # the row's token, then one row per draft: keep what verification accepts
                 rows = [row, *range(draft_row, draft_row + len(drafts))]
                 draft_row += len(drafts)
@@ -418,14 +470,19 @@ class Scheduler:
                     seq.num_computed += 1
                     take(seq, 0, r)
                 continue
+            taken = 0
             for k in range(len(out.tokens)):
                 if out.valid[k][row]:
-                    seq.num_computed += 1
+                    taken += 1
                     take(seq, k, row)
+            seq.pending -= plan.num_steps
+            seq.num_computed -= plan.num_steps - taken  # the row ended early (it finishes below)
         for j, chunk in enumerate(plan.chunks):
-            chunk.seq.num_computed += chunk.length
-            if chunk.samples:
+            if chunk.seq.finished:
+                continue
+            if chunk.start + chunk.length == len(chunk.seq.tokens):  # the row samples (chunk.samples)
                 take(chunk.seq, 0, out.chunk_offset + j)
+                chunk.seq.pending -= 1
         updates = []
         for seq in plan.sequences:
             if seq.status is not Status.RUNNING:

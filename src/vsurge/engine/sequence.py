@@ -39,6 +39,9 @@ class Sequence:
     speculate_after: int = 0  # no drafts before the sequence holds this many tokens (after a miss)
     prefix_waits: int = 0  # steps it waited for a prefix another sequence was computing
     preempted: bool = False  # preempted at least once (its resumption's tier hits are swap-ins)
+    # tokens sampled by the step in flight (the overlapped loop plans the next step before reading
+    # them: they count as tokens, and their K/V as computed, but `tokens` holds only those read)
+    pending: int = 0
 
     @classmethod
     def of(cls, request: ActiveRequest, processor, vocab_size: int | None = None) -> "Sequence":
@@ -60,14 +63,23 @@ class Sequence:
         return self.tokens[self.num_prompt:]
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens, the ones in flight included."""
+        return len(self.tokens) + self.pending
+
+    @property
+    def num_generated(self) -> int:
+        return self.num_tokens - self.num_prompt
+
+    @property
     def remaining(self) -> int:
         """Tokens whose K/V still have to be computed (1 = decoding: the last sampled token)."""
-        return len(self.tokens) - self.num_computed
+        return self.num_tokens - self.num_computed
 
     @property
     def tokens_left(self) -> int:
-        """Tokens it may still generate."""
-        return self.request.max_new_tokens - len(self.generated)
+        """Tokens it may still generate (after those in flight)."""
+        return self.request.max_new_tokens - self.num_generated
 
     @property
     def finished(self) -> bool:

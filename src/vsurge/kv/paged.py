@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import merge_into, merge_partials, out_shape, partial_attend
+from . import kernels
 
 
 def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
@@ -34,6 +35,9 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
     """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
     in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
     (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop."""
+    kernel = kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2], v_pages.shape[3], spec, sinks)
+    if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py)
+        return kernels.decode(kernel, q, k_pages, v_pages, tables, q_pos, spec)
     r, w = tables.shape
     ps = v_pages.shape[2]
     offsets = jnp.arange(ps, dtype=jnp.int32)

@@ -1,0 +1,202 @@
+"""Decode step time against the memory roofline, and prefill MFU, on whatever device JAX has.
+
+Models: random bfloat16 weights at Llama-3.1-8B's shape (16 GB: 32 layers, 4096 wide, 32 query
+and 8 KV heads, 128k vocabulary) and the default model (SmolLM2-135M, bfloat16). For each
+stream count (1/16/64/256), that many `--prompt-len`-token prompts are prefilled into the paged
+engine (one decode step per call), then the same decode step runs `--reps` times:
+
+    step ms       median device time of one decode step (block_until_ready)
+    roofline ms   bytes the step must read / the device's memory bandwidth: every weight once
+                  (the output head included, the input embedding table not: rows are gathered)
+                  plus each row's K/V pages up to its position
+    % roofline    roofline / step
+
+and one prompt step of `--prefill-tokens` tokens gives prefill TFLOP/s (2 x weights x tokens +
+causal attention) and MFU against the device's dense bfloat16 peak. Bandwidth and peak come from
+the device kind (H100/H200/A100/TPU v4-v6e; `--bandwidth-gbs`/`--peak-tflops` override); on CPU
+the bandwidth is measured (a jitted reduction over 0.5 GB) and MFU is left out.
+
+    python benchmarks/roofline.py                       # on the accelerator: both models, 1/16/64/256
+    python benchmarks/roofline.py --smoke               # on CPU: tiny 8B-shaped model, 1 and 4 streams
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import vsurge  # noqa: E402
+from vsurge.config import ModelConfig, Rope  # noqa: E402
+from vsurge.engine.config import EngineConfig  # noqa: E402
+from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
+from vsurge.engine.sequence import Sequence  # noqa: E402
+from vsurge.kernels import cpu_isa  # noqa: E402
+from vsurge.models.llama import Llama  # noqa: E402
+from vsurge.sampling_params import SamplingParams  # noqa: E402
+
+LLAMA_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                rope=Rope(kind="llama3", theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192), name="random Llama-3.1-8B shape")
+SMOKE_8B = dict(LLAMA_8B, hidden_size=256, intermediate_size=896, num_layers=2, num_heads=4, num_kv_heads=2,
+                head_dim=64, vocab_size=8192, name="tiny 8B-shaped (smoke)")
+# device kind (substring) -> (memory GB/s, dense bfloat16 TFLOP/s)
+DEVICES = {"H200": (4800, 989), "H100": (3350, 989), "A100": (2039, 312), "L4": (300, 121),
+           "TPU v6": (1640, 918), "TPU v5p": (2765, 459), "TPU v5": (819, 197), "TPU v4": (1200, 275)}
+
+
+def device_limits(args) -> tuple[float, float | None, str]:
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", device.platform)
+    bandwidth, peak = next((v for k, v in DEVICES.items() if k.lower() in kind.lower()), (None, None))
+    if args.bandwidth_gbs:
+        bandwidth = args.bandwidth_gbs
+    if args.peak_tflops:
+        peak = args.peak_tflops
+    if bandwidth is None:  # CPU or an unknown device: measure reads
+        x = jnp.ones((int(0.5e9 / 4),), jnp.float32)
+        total = jax.jit(jnp.sum)
+        total(x).block_until_ready()
+        walls = []
+        for _ in range(5):
+            start = time.perf_counter()
+            total(x).block_until_ready()
+            walls.append(time.perf_counter() - start)
+        bandwidth = 0.5e9 / min(walls) / 1e9
+        kind += f" (bandwidth measured; CPU ISA {cpu_isa()})" if device.platform == "cpu" else " (bandwidth measured)"
+    return bandwidth * 1e9, (peak * 1e12 if peak else None), kind
+
+
+def random_llama(fields: dict):
+    config = ModelConfig(**fields)
+    return Llama(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+
+
+def weight_bytes(model) -> tuple[int, int]:
+    """(bytes a decode step reads, parameters in the matmuls of one token: the step's flops / 2)."""
+    params = nnx.state(model, nnx.Param)
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    total = sum(x.size * x.dtype.itemsize for _, x in leaves)
+    count = sum(x.size for _, x in leaves)
+    embed = next((x for path, x in leaves if "embed" in jax.tree_util.keystr(path)), None)
+    if embed is not None and not model.config.tie_word_embeddings:  # gathered rows only, never read whole
+        total -= embed.size * embed.dtype.itemsize
+        count -= embed.size
+    return total, count
+
+
+def kv_bytes_per_token(model) -> int:
+    return sum(l.heads * (l.k_dim + l.v_dim) for l in model.config.kv_layout) * 2  # bfloat16 pages
+
+
+def timed(fn, reps: int) -> float:
+    fn()
+    walls = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls)
+
+
+def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -> list[str]:
+    most, page = max(streams), 128
+    max_length = args.prompt_len + args.reps + 64
+    pages = -(-max_length // page)
+    config = EngineConfig(max_slots=max(most, 2), max_length=max_length, decode_steps=1, page_size=page,
+                          num_pages=max(most, 2) * pages, prefill_tokens=args.prefill_tokens,
+                          chunk_lengths=(args.prefill_tokens,), row_buckets=tuple(sorted({max(n, 2) for n in streams})),
+                          enable_prefix_caching=False)
+    engine = vsurge.oEngine(model, processor, config=config)
+    start = time.perf_counter()
+    engine.compile(progress=False)
+    print(f"{name}: compiled in {time.perf_counter() - start:.0f} s", flush=True)
+    read, matmul_params = weight_bytes(engine.model)
+    per_token = kv_bytes_per_token(engine.model)
+    rows, rng = [], np.random.default_rng(0)
+    layers, heads, hd = model.config.num_layers, model.config.num_heads, model.config.head_dim
+    for n in streams:
+        scheduler, holder = engine.new_scheduler(), {"state": engine.init_state()}
+        for _ in range(n):
+            ids = rng.integers(10, min(model.config.vocab_size, 40000), args.prompt_len).tolist()
+            request = ActiveRequest(ids, SamplingParams(max_tokens=args.reps + 32, temperature=0.0, ignore_eos=True),
+                                    0, args.reps + 32, [], ReturnChannel(), detokenize=False)
+            scheduler.add(Sequence.of(request, processor))
+
+        def run(plan):
+            holder["state"], out = engine.step(holder["state"], plan)
+            jax.block_until_ready(out.tokens)
+            return out
+
+        plan, prefill = scheduler.schedule(), None
+        while plan.chunks:
+            tokens = sum(c.length for c in plan.chunks)
+            if prefill is None and tokens == args.prefill_tokens and not plan.decode:
+                prefill = (timed(lambda: run(plan), 2), tokens, plan)  # (re-running a prompt step rewrites its K/V)
+            scheduler.postprocess(plan, run(plan).to_host(False))
+            plan = scheduler.schedule()
+        step = timed(lambda: run(plan), args.reps)
+        context = args.prompt_len + 1
+        kv_read = n * -(-context // page) * page * per_token
+        roofline = (read + kv_read) / bandwidth
+        cells = [f"{name}", f"decode, {n} streams", f"{step * 1e3:.2f}", f"{roofline * 1e3:.3f}",
+                 f"{100 * roofline / step:.0f}%", f"{n / step:.0f}"]
+        rows.append("| " + " | ".join(cells) + " | - |")
+        if prefill is not None and n == streams[-1]:
+            wall, tokens, _ = prefill
+            causal = 4 * tokens * (args.prompt_len / 2) * heads * hd * layers  # QK^T and PV over ~half the prompt
+            flops = 2 * (matmul_params - model.config.vocab_size * model.config.hidden_size) * tokens + causal
+            mfu = f"{100 * flops / wall / peak:.0f}%" if peak else "-"
+            rows.append(f"| {name} | prefill, {tokens} tokens | {wall * 1e3:.1f} | - | - | {tokens / wall:.0f} | "
+                        f"{flops / wall / 1e12:.3g} TFLOP/s, MFU {mfu} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="8b,default", help="8b and/or default")
+    p.add_argument("--streams", default="1,16,64,256")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--bandwidth-gbs", type=float, default=None)
+    p.add_argument("--peak-tflops", type=float, default=None)
+    p.add_argument("--smoke", action="store_true", help="CPU: a tiny 8B-shaped model, 1 and 4 streams, short prompts")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.streams, args.prompt_len, args.prefill_tokens, args.reps = "1,4", 64, 64, 3
+    streams = [int(s) for s in args.streams.split(",")]
+    bandwidth, peak, kind = device_limits(args)
+    print(f"device: {kind}; memory {bandwidth / 1e9:.0f} GB/s; peak "
+          f"{peak / 1e12:.0f} TFLOP/s" if peak else f"device: {kind}; memory {bandwidth / 1e9:.0f} GB/s", flush=True)
+    _, processor = vsurge.load("default", progress=False)
+    rows = []
+    for which in args.models.split(","):
+        if which == "8b":
+            model = random_llama(SMOKE_8B if args.smoke else LLAMA_8B)
+            name = model.config.name
+        else:
+            model, _ = vsurge.load("default", dtype=jnp.bfloat16, progress=False)
+            name = "default model (SmolLM2-135M)"
+        rows += measure(name, model, processor, streams, args, bandwidth, peak)
+        del model
+    print(f"\n`python benchmarks/roofline.py{' --smoke' if args.smoke else ''}`, {kind}, "
+          f"{time.strftime('%Y-%m-%d')}; medians of {args.reps} steps\n")
+    print("| model | step | ms | roofline ms | % roofline | tok/s | prefill |\n|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""JAX's Pallas paged-attention kernels (kv/kernels.py) against the XLA path (kv/paged.py) on CPU.
+
+Random pages, rows of ragged lengths (one page, a page boundary, several pages, a padding row),
+page tables with holes (pages scattered over the pool, zeros past each row's length), GQA ratios,
+soft-caps and sliding windows. The GPU kernel runs in Pallas interpret mode. The TPU ragged
+kernel cannot run in TPU interpret mode on CPU with jax 0.10.2 (it reshapes a VMEM ref after its
+DMA; the interpreter's `to_range` handles indexer transforms only): its arguments as we build
+them go through that module's own reference implementation instead, and the kernel's failure
+there is pinned so that a jax that fixes it shows up.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from vsurge.config import AttentionSpec
+from vsurge.kv import kernels
+from vsurge.kv.paged import paged_attention
+
+POSITIONS = [0, 9, 30, -1, 17]  # ragged lengths; -1: a padding row
+REAL = [i for i, p in enumerate(POSITIONS) if p >= 0]
+
+
+def pages_and_rows(kv_heads: int, group: int, dim: int, page: int, width: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    num_pages, rows = 3 * width, len(POSITIONS)
+    k = jnp.asarray(rng.normal(size=(num_pages, kv_heads, dim, page)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(num_pages, kv_heads, page, dim)), jnp.float32)
+    q = jnp.asarray(rng.normal(size=(rows, 1, kv_heads * group, dim)), jnp.float32)
+    tables = np.zeros((rows, width), np.int32)
+    for i, pos in enumerate(POSITIONS):
+        used = max(pos, 0) // page + 1
+        tables[i, :used] = rng.choice(np.arange(1, num_pages), used, replace=False)  # scattered: holes
+    return q, k, v, jnp.asarray(tables), jnp.asarray(np.asarray(POSITIONS, np.int32)[:, None])
+
+
+def test_gpu_kernel_in_interpret_mode_equals_the_xla_path():
+    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=4, dim=16, page=8, width=4)
+    spec = AttentionSpec(scale=0.25, softcap=5.0)
+    ours = paged_attention(q, k, v, tables, pos, spec)
+    theirs = kernels.gpu_decode(q, k, v, tables, pos, spec, interpret=True)
+    np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("group,window,softcap", [(4, None, None), (1, 11, 5.0)])
+def test_tpu_kernel_arguments_through_its_reference_equal_the_xla_path(group, window, softcap):
+    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=group, dim=128, page=8, width=4, seed=group)
+    spec = AttentionSpec(scale=128 ** -0.5, window=window, softcap=softcap)
+    ours = paged_attention(q, k, v, tables, pos, spec)
+    theirs = kernels.tpu_decode(q, k, v, tables, pos, spec, reference=True)
+    np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
+
+
+def test_the_tpu_kernel_does_not_run_in_interpret_mode_on_cpu_yet():
+    from jax.experimental.pallas import tpu as pltpu
+
+    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=2, dim=128, page=8, width=4)
+    with pytest.raises(Exception, match="ReshapeTransform|indices"), pltpu.force_tpu_interpret_mode():
+        jax.block_until_ready(kernels.tpu_decode(q, k, v, tables, pos, AttentionSpec(scale=0.1)))
+
+
+def test_kernels_are_chosen_by_backend_and_what_they_support(monkeypatch):
+    spec, window = AttentionSpec(scale=0.1), AttentionSpec(scale=0.1, window=8)
+    assert kernels.kernel_for("gpu", 1, 64, 64, spec, None) is None  # opt-in (the layout copies: kernels.py)
+    monkeypatch.setenv("VSURGE_PAGED_KERNEL", "pallas")
+    assert kernels.kernel_for("cpu", 1, 64, 64, spec, None) is None  # the XLA path on CPU
+    assert kernels.kernel_for("gpu", 1, 64, 64, spec, None) == "gpu"
+    assert kernels.kernel_for("tpu", 1, 64, 64, window, None) == "tpu"
+    assert kernels.kernel_for("gpu", 1, 64, 64, window, None) is None  # no sliding window in the GPU kernel
+    assert kernels.kernel_for("gpu", 16, 64, 64, spec, None) is None  # prompt rows: the XLA path
+    assert kernels.kernel_for("tpu", 1, 64, 64, spec, jnp.zeros(4)) is None  # sinks
+    assert kernels.kernel_for("tpu", 1, 192, 128, spec, None) is None  # dk != dv (MLA)
