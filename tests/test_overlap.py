@@ -178,8 +178,8 @@ def test_default_model_greedy_and_stops_equal_with_and_without_overlap(dense_sur
 
 
 # ---------------------------------------------------------------- planning ahead (the scheduler alone)
-def _seq(prompt_len, max_tokens):
-    request = ActiveRequest(list(range(1, prompt_len + 1)), SamplingParams(max_tokens=max_tokens), 0,
+def _seq(prompt_len, max_tokens, first_token=1):
+    request = ActiveRequest(list(range(first_token, first_token + prompt_len)), SamplingParams(max_tokens=max_tokens), 0,
                             max_tokens, [], ReturnChannel(), detokenize=False)
     return Sequence.of(request, None)
 
@@ -194,7 +194,7 @@ def test_planning_ahead_counts_pending_tokens_and_never_preempts():
                           decode_steps=4)
     pool = HBMPageManager(6, 4)  # 24 tokens
     scheduler = Scheduler(pool, config)
-    a, b = _seq(7, 5), _seq(7, 20)
+    a, b = _seq(7, 5), _seq(7, 20, first_token=50)  # no shared prefix: b never waits for a's pages
     scheduler.add(a)
     scheduler.add(b)
     first = scheduler.schedule()
