@@ -381,7 +381,7 @@ def cmd_serve(args) -> int:
                                           prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
                 manager, role = engine.manager, engine.config.role
-                per_page = page_bytes(engine.model.config.kv_layout, manager.page_size, engine.model.dtype)
+                per_page = page_bytes(model.config.kv_layout, manager.page_size, model.dtype)  # every engine: this model
                 print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "
                       f"pages of {manager.page_size} tokens ({manager.max_tokens} tokens, "
                       f"{manager.num_pages * per_page / 2**20:.1f} MiB, {2**30 // per_page} pages per GiB)",

@@ -91,7 +91,7 @@ class _ModelIdentity(BaseModel):
     name: str = Field(description="the name clients send as `model`")
     ready: bool = Field(description="compiled and running")
     max_model_len: int = Field(description="context length (prompt + output tokens)")
-    weight_bytes: int = Field(description="bytes of the weights held in memory (all engines, each model once)")
+    weight_bytes: int = Field(description="bytes of the weights held in memory by this process (all its engines, each model once)")
     kv_cache_bytes: int = Field(description="bytes of the KV cache pools (all engines)")
     kv_cache_pages: int = Field(description="KV pages in the pools (all engines)")
 
@@ -266,8 +266,10 @@ def memory_fields(surge) -> dict:
     from ..kv.paged import page_bytes
 
     engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
-    models = {id(e.model): e.model for e in engines}
-    pools = {id(e.pool): (e.pool, e.model) for e in engines}
+    # a remote (other-process) decode engine holds no model here: its pool is of the same model
+    models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
+    same = next(iter(models.values()), None)
+    pools = {id(e.pool): (e.pool, getattr(e, "model", same)) for e in engines}
     return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
                 kv_cache_bytes=sum(p.num_pages * page_bytes(m.config.kv_layout, p.page_size, m.dtype)
                                    for p, m in pools.values()),
