@@ -328,7 +328,7 @@ def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
                            "--ssl-certfile", str(cert), cache_dir=cache_dir, scheme="https",
                            verify=str(cert)).wait_ready()
     try:
-        assert "Paged KV cache: 24 pages of 16 tokens (384 tokens)" in server.output
+        assert "Paged KV cache: 24 pages of 16 tokens (384 tokens, " in server.output  # then MiB and pages per GiB
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.base + "/health", verify=True)  # not trusted without the certificate
         client = client_for(server, http_client=httpx.Client(verify=str(cert)))

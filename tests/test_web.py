@@ -416,7 +416,9 @@ def test_stats_schema_and_agreement_with_metrics(server):
     assert [(r["id"], r["role"]) for r in model["replicas"]] == [(0, "both")]
     replica = dict(model["replicas"][0])
     del replica["id"], replica["role"]
-    assert replica == {k: v for k, v in model.items() if k not in ("name", "ready", "max_model_len", "replicas")}
+    model_only = ("name", "ready", "max_model_len", "replicas", "weight_bytes", "kv_cache_bytes", "kv_cache_pages")
+    assert replica == {k: v for k, v in model.items() if k not in model_only}  # memory: per model, not replica
+    assert model["weight_bytes"] > 0 and model["kv_cache_bytes"] > 0 and model["kv_cache_pages"] > 0
 
     def m(name, **labels):
         return before.get((name, tuple(sorted(labels.items()))), 0.0)
