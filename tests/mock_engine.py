@@ -18,9 +18,13 @@ import time
 
 import numpy as np
 
+from vsurge.engine import ActiveRequest, ReturnChannel
 from vsurge.engine.config import EngineConfig
 from vsurge.engine.scheduler import Scheduler
 from vsurge.kv.page_manager import SlotPages
+from vsurge.sampling_params import SamplingParams
+
+TIMEOUT = 20
 
 
 class CharProcessor:
@@ -153,3 +157,24 @@ def expected_tokens(prompt_ids, max_tokens, eos=()):
         if token in eos or len(out) >= max_tokens:
             return out
         token += 1
+
+
+def make_request(prompt, max_tokens=5, eos=(), stop=None):
+    """A greedy ActiveRequest with its own return channel, as a driver receives it."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
+    return ActiveRequest(list(prompt), params, seed=0, max_new_tokens=max_tokens, eos_token_ids=list(eos),
+                         channel=ReturnChannel())
+
+
+def drain(request, timeout=TIMEOUT):
+    """All items of one request until its final sample (or an exception)."""
+    items = []
+    while True:
+        item = request.channel.get(timeout=timeout)
+        items.append(item)
+        if isinstance(item, BaseException) or item.finish_reason is not None:
+            return items
+
+
+def tokens_of(items):
+    return [t for s in items for t in s.token_ids]

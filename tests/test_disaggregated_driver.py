@@ -9,31 +9,9 @@ import time
 
 import pytest
 
-from mock_engine import MockEngine, expected_tokens
-from vsurge.engine import ActiveRequest, ReturnChannel, oDriver, vDriver
+from mock_engine import TIMEOUT, MockEngine, drain, expected_tokens, make_request, tokens_of
+from vsurge.engine import oDriver, vDriver
 from vsurge.kv.page_manager import HBMPageManager
-from vsurge.sampling_params import SamplingParams
-
-TIMEOUT = 20
-
-
-def make_request(prompt, max_tokens=5):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    return ActiveRequest(list(prompt), params, seed=0, max_new_tokens=max_tokens, eos_token_ids=[],
-                         channel=ReturnChannel())
-
-
-def drain(request, timeout=TIMEOUT):
-    items = []
-    while True:
-        item = request.channel.get(timeout=timeout)
-        items.append(item)
-        if isinstance(item, BaseException) or item.finish_reason is not None:
-            return items
-
-
-def tokens_of(items):
-    return [t for s in items for t in s.token_ids]
 
 
 @pytest.fixture

@@ -6,31 +6,9 @@ import time
 
 import pytest
 
-from mock_engine import MockEngine, expected_tokens
-from vsurge.engine import ActiveRequest, DriverNotReadyError, QueueFullError, ReturnChannel, vDriver
+from mock_engine import TIMEOUT, MockEngine, drain, expected_tokens, make_request, tokens_of
+from vsurge.engine import DriverNotReadyError, QueueFullError, vDriver
 from vsurge.sampling_params import SamplingParams
-
-TIMEOUT = 20
-
-
-def make_request(prompt, max_tokens=5, eos=(), stop=None):
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop)
-    return ActiveRequest(list(prompt), params, seed=0, max_new_tokens=max_tokens, eos_token_ids=list(eos),
-                         channel=ReturnChannel())
-
-
-def drain(request, timeout=TIMEOUT):
-    """All items of one request until its final sample (or an exception)."""
-    items = []
-    while True:
-        item = request.channel.get(timeout=timeout)
-        items.append(item)
-        if isinstance(item, BaseException) or item.finish_reason is not None:
-            return items
-
-
-def tokens_of(items):
-    return [t for s in items for t in s.token_ids]
 
 
 @pytest.fixture

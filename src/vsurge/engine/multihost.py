@@ -302,16 +302,21 @@ def follow(surge) -> None:
         store.key_value_set(f"{name}/failed/{pid}", str(exc))
         raise
     store.key_value_set(f"{name}/ready/{pid}", "1")
+    run_all_in_threads({f"vsurge-follower-{i}": (lambda e=e, i=i: follow_engine(e, StepChannel(f"{name}/{i}")))
+                        for i, e in enumerate(surge.driver.engines)})
+
+
+def run_all_in_threads(jobs: dict) -> None:
+    """Runs each job (thread name -> callable) on its own thread until all end; re-raises the first error."""
     errors: list[BaseException] = []
 
-    def run(engine, index):
+    def run(job):
         try:
-            follow_engine(engine, StepChannel(f"{name}/{index}"))
-        except BaseException as exc:  # noqa: BLE001: reported below
+            job()
+        except BaseException as exc:  # noqa: BLE001: re-raised below, after every thread has ended
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(e, i), name=f"vsurge-follower-{i}", daemon=True)
-               for i, e in enumerate(surge.driver.engines)]
+    threads = [threading.Thread(target=run, args=(job,), name=name, daemon=True) for name, job in jobs.items()]
     for t in threads:
         t.start()
     for t in threads:

@@ -37,7 +37,7 @@ from .. import distributed
 from ..kv.page_manager import HBMPageManager, SlotPages
 from .batch import BatchBuilder
 from .config import EngineConfig
-from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode
+from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
 from .programs import HostStepOutput
 from .scheduler import Scheduler, StepPlan
 from .transfer import KVPrefix, PrefixPages
@@ -336,19 +336,4 @@ def follow(surge) -> None:
         store.key_value_set(f"{name}/failed/{pid}", str(exc))
         raise
     store.key_value_set(f"{name}/ready/{pid}", "1")
-    errors: list[BaseException] = []
-
-    def run(engine):
-        try:
-            follow_engine(engine, name)
-        except BaseException as exc:  # noqa: BLE001: reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(e,), name=f"vsurge-decode-{e.remote_index}", daemon=True)
-               for e in engines]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_all_in_threads({f"vsurge-decode-{e.remote_index}": (lambda e=e: follow_engine(e, name)) for e in engines})
