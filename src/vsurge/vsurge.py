@@ -12,7 +12,7 @@ import dataclasses
 from typing import AsyncGenerator, Sequence
 
 from .engine.config import EngineConfig
-from .engine.driver import oDriver, vDriver
+from .engine.seed_drivers import oDriver, vDriver
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
 from . import sampling_params

@@ -173,3 +173,25 @@ class Handover:
 
     def _report_depth(self) -> None:
         self.driver.metrics.set_transfer_queue_depth(self.depth)
+
+
+def check_disaggregated(prefill: list, decode: list) -> None:
+    """Prefill and decode engines must agree on what a prefix is: its K/V pages and its limits."""
+    for engine in prefill + decode:
+        missing = [m for m in ("export_prefix", "receive_prefix", "insert_prefix") if not hasattr(engine, m)]
+        if missing:
+            raise TypeError(f"{type(engine).__name__} cannot serve disaggregated: it lacks {', '.join(missing)}")
+    first = prefill[0]
+    for engine in prefill[1:] + decode:
+        for what, mine, theirs in (
+                ("max_length", first.max_length, engine.max_length),
+                ("vocab_size", first.vocab_size, engine.vocab_size),
+                ("page_size", first.config.page_size, engine.config.page_size),
+                ("KV layout", _kv_signature(first), _kv_signature(engine))):
+            if mine != theirs:
+                raise ValueError(f"prefill and decode engines must agree on {what}: {mine} vs {theirs}")
+
+
+def _kv_signature(engine):
+    """Per-layer KV shapes and dtype of an engine's pages (None for engines without a model)."""
+    return getattr(engine, "kv_signature", None)

@@ -10,8 +10,8 @@ of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
 (no spinning). A thread that raises fails every live request with its error
 and marks the driver not ready; callers never hang. `stop()` drains, then
-fails what is left. vDriver (dense engines) and oDriver (a paged engine) are
-this driver with the seed's constructor signatures.
+fails what is left. vDriver (dense engines) and oDriver (a paged engine), in seed_drivers.py,
+are this driver with the seed's constructor signatures.
 
 With separate prefill and decode engines (`vDriver(prefill_engines=[...],
 decode_engines=[...])`) the driver is disaggregated: requests go to the prefill
@@ -25,10 +25,9 @@ import logging
 import queue
 import threading
 import time
-import warnings
 
 from ..metrics import EngineMetrics
-from .disaggregated import TRANSFER_BACKLOG, Handover
+from .disaggregated import TRANSFER_BACKLOG, Handover, check_disaggregated
 from .encode import EncodeRequest
 from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
@@ -67,7 +66,7 @@ class Driver(AbstractDriver):
         if not engines:
             raise ValueError("a driver needs at least one engine")
         if decode_engines:
-            _check_disaggregated(engines, decode_engines)
+            check_disaggregated(engines, decode_engines)
             for engine, role in [(e, "prefill") for e in engines] + [(e, "decode") for e in decode_engines]:
                 if engine.config.role != role:  # the role decides the programs and the scheduling
                     engine.config = engine.config.replace(role=role)
@@ -450,96 +449,4 @@ def _tier_totals(scheduler) -> dict[str, int]:
     return counts
 
 
-def _warn_unused(name: str, value, default, why: str) -> None:
-    if value != default:
-        warnings.warn(f"{name}={value!r} has no effect: {why}", stacklevel=3)
-
-
-class vDriver(Driver):  # noqa: N801 (the seed's name)
-    """The seed's dense driver.
-
-    * `prefill_engines` and `decode_engines` the same engines (or one of them None), or
-      `interleaved_mode=True`: every engine is a replica (data parallel) that prefills its prompts
-      inside its own steps (chunked prefill, beside its decode rows).
-    * Different engines (typically on different device groups): disaggregated serving. Prompts
-      are computed by the prefill engines only, each finished prefix (K/V, first token, sampling
-      state) moves to the decode engine with the most free slots, and decode engines run decode
-      steps only (engine/disaggregated.py). `transfer_backlog` bounds the prefixes waiting per
-      prefill engine (the seed's 4)."""
-
-    def __init__(self, prefill_engines=None, decode_engines=None, interleaved_mode: bool = False,
-                 detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None,
-                 transfer_backlog: int = TRANSFER_BACKLOG):
-        engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "vDriver")
-        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
-                     "detokenization runs on each engine's thread right after its step")
-        super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
-
-
-class oDriver(Driver):  # noqa: N801 (the seed's name)
-    """The seed's paged driver: one oEngine (or a list: one per data-parallel replica), or separate
-    `prefill_engines` and `decode_engines` for disaggregated serving, as vDriver takes them."""
-
-    def __init__(self, engine=None, detokenizing_blocks: int = 8, max_queue: int | None = None,
-                 metrics: EngineMetrics | None = None, prefill_engines=None, decode_engines=None,
-                 interleaved_mode: bool = False, transfer_backlog: int = TRANSFER_BACKLOG):
-        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
-                     "detokenization runs on the engine's thread right after its step")
-        if engine is not None and (prefill_engines is not None or decode_engines is not None):
-            raise ValueError("give oDriver either `engine` or `prefill_engines` / `decode_engines`, not both")
-        if engine is not None:
-            engines, decode = _as_list(engine), None
-        else:
-            engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "oDriver")
-        super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
-
-    @property
-    def engine(self):
-        return self.primary_engine
-
-
-def _as_list(engines) -> list:
-    if engines is None:
-        return []
-    return list(engines) if isinstance(engines, (list, tuple)) else [engines]
-
-
-def _engine_sets(prefill_engines, decode_engines, interleaved_mode: bool, name: str):
-    """(replicas, None) for interleaved serving, (prefill engines, decode engines) for disaggregated."""
-    prefill, decode = _as_list(prefill_engines), _as_list(decode_engines)
-    if not prefill and not decode:
-        raise ValueError(f"{name} needs at least one engine")
-    same = {id(e) for e in prefill} == {id(e) for e in decode}
-    if interleaved_mode or not prefill or not decode or same:
-        return list({id(e): e for e in decode + prefill}.values()), None
-    shared = [e for e in prefill if any(e is d for d in decode)]
-    if shared:
-        raise ValueError(f"{name}: an engine cannot be both a prefill and a decode engine when they differ "
-                         f"({len(shared)} engine(s) in both lists); give disjoint lists for disaggregated "
-                         f"serving, or interleaved_mode=True to let every engine prefill and decode")
-    return prefill, decode
-
-
-def _check_disaggregated(prefill: list, decode: list) -> None:
-    """Prefill and decode engines must agree on what a prefix is: its K/V pages and its limits."""
-    for engine in prefill + decode:
-        missing = [m for m in ("export_prefix", "receive_prefix", "insert_prefix") if not hasattr(engine, m)]
-        if missing:
-            raise TypeError(f"{type(engine).__name__} cannot serve disaggregated: it lacks {', '.join(missing)}")
-    first = prefill[0]
-    for engine in prefill[1:] + decode:
-        for what, mine, theirs in (
-                ("max_length", first.max_length, engine.max_length),
-                ("vocab_size", first.vocab_size, engine.vocab_size),
-                ("page_size", first.config.page_size, engine.config.page_size),
-                ("KV layout", _kv_layout(first), _kv_layout(engine))):
-            if mine != theirs:
-                raise ValueError(f"prefill and decode engines must agree on {what}: {mine} vs {theirs}")
-
-
-def _kv_layout(engine):
-    """Per-layer KV shapes and dtype of an engine's pages (None for engines without a model)."""
-    return getattr(engine, "kv_signature", None)
-
-
-__all__ = ["Driver", "Replica", "StepPlan", "oDriver", "vDriver"]
+__all__ = ["Driver", "Replica", "StepPlan"]
