@@ -136,6 +136,7 @@ def main() -> int:
     import jax
 
     import vsurge
+    from vsurge.kernels import cpu_isa
 
     if jax.device_count() < args.devices:
         raise SystemExit(f"{args.devices} devices wanted, {jax.device_count()} visible (XLA_FLAGS was set before?)")
@@ -159,13 +160,14 @@ def main() -> int:
             surge.stop(5)
         result.update(mode=mode, compile_s=compiled, rounds=args.rounds, devices=args.devices, streams=args.streams,
                       long=args.long,
-                      long_tokens=args.long_tokens, platform=jax.devices()[0].platform,
+                      long_tokens=args.long_tokens, platform=jax.devices()[0].platform, cpu_isa=cpu_isa(),
                       transfers=surge.metrics.value("vsurge:kv_transfer_seconds_count"))
         results[mode] = result
         print(json.dumps(result), flush=True)
     if not args.json and len(results) == 2:
         i, d = results["interleaved"], results["disaggregated"]
-        print(f"\n{'':24}{'interleaved':>14}{'disaggregated':>16}", file=sys.stderr)
+        print(f"\nCPU ISA {cpu_isa()}, {args.devices} devices\n{'':24}{'interleaved':>14}{'disaggregated':>16}",
+              file=sys.stderr)
         for key in ("itl_p50_s", "itl_p99_s", "update_gap_p99_s", "long_ttft_p50_s", "long_ttft_max_s", "window_s"):
             print(f"{key:24}{i[key]:>14.4f}{d[key]:>16.4f}", file=sys.stderr)
         print(f"p99 ITL, disaggregated / interleaved: {d['itl_p99_s'] / i['itl_p99_s']:.2f}", file=sys.stderr)

@@ -64,8 +64,10 @@ def main(argv=None) -> int:
         server.stop()
     one, many = statistics.median(batched), statistics.median(in_turn)
     n = len(texts)
+    from vsurge.kernels import cpu_isa
+
     print(f"\n{n} short inputs ({tokens} tokens), `vsurge serve` {args.vsurge_args or '(no flags)'}, "
-          f"median of {args.rounds} interleaved rounds\n")
+          f"CPU ISA {cpu_isa()}, median of {args.rounds} interleaved rounds\n")
     print("| how | wall s | inputs/s |\n|---|---|---|")
     print(f"| {n} inputs in one call | {one:.3f} | {n / one:.1f} |")
     print(f"| {n} calls in turn | {many:.3f} | {n / many:.1f} |")
