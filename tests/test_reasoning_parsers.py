@@ -1,14 +1,17 @@
-"""Reasoning parsers (<think> splitting) and the output pipeline that feeds content on to the tool-call
-parser: whole text and random streamed pieces must agree."""
+"""Reasoning parsers (<think> splitting, GPT-OSS's harmony channels) and the output pipeline that feeds
+content on to the tool-call parser: whole text and random streamed pieces must agree."""
 
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 
+from vsurge.sampling_params import SamplingParams
+from vsurge.server.adapters.common import GenerationRequest, output_parsers
 from vsurge.structured.output_parser import OutputParser
-from vsurge.structured.reasoning import DeepSeekR1Parser, Qwen3Parser, get_reasoning_parser
+from vsurge.structured.reasoning import DeepSeekR1Parser, GptOssParser, Qwen3Parser, get_reasoning_parser
 from vsurge.structured.tool_parsers import HermesParser
 
 CASES = [
@@ -23,6 +26,19 @@ CASES = [
     (DeepSeekR1Parser, "", "no opening tag</think>The answer.", "no opening tag", "The answer."),
     (DeepSeekR1Parser, "", "<think>tagged</think>The answer.", "tagged", "The answer."),
     (DeepSeekR1Parser, "", "all reasoning, never closed", "all reasoning, never closed", None),
+    # harmony: the analysis channel is reasoning, final (and commentary) content; markers never leak
+    (GptOssParser, "<|start|>assistant", "<|channel|>analysis<|message|>User wants the capital.<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>Paris.<|return|>", "User wants the capital.", "Paris."),
+    (GptOssParser, "<|start|>assistant", "<|channel|>final<|message|>No reasoning, a < b.", None,
+     "No reasoning, a < b."),
+    (GptOssParser, "", "text without a header <|not a marker|>", None, "text without a header <|not a marker|>"),
+    (GptOssParser, "<|start|>assistant", "<|channel|>analysis<|message|>cut off by max_tokens",
+     "cut off by max_tokens", None),
+    (GptOssParser, "<|start|>assistant<|channel|>analysis<|message|>", "opened by the prompt<|end|>"
+     "<|start|>assistant<|channel|>final<|message|>answer", "opened by the prompt", "answer"),
+    (GptOssParser, "", "<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>analysis<|message|>"
+     "two<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant"
+     "<|channel|>final<|message|>done<|return|>", "onetwo", "Checking.done"),
 ]
 
 
@@ -61,6 +77,20 @@ def test_tool_calls_after_reasoning_still_parse():
         assert "".join(p.call["function"].get("arguments", "") for p in pieces if p.kind == "call") == '{"city": "Paris"}'
 
 
+def test_a_parser_that_reads_special_tokens_makes_the_request_keep_them():
+    server = SimpleNamespace(reasoning_parser="gpt_oss", tool_call_parser="auto")
+    surge = SimpleNamespace(processor=SimpleNamespace(chat_template=None))
+    request = GenerationRequest([[1, 2]], SamplingParams(max_tokens=4), prompt_text="<|start|>assistant")
+    assert request.params.skip_special_tokens
+    new_parser = output_parsers(server, request, surge)
+    assert not request.params.skip_special_tokens and request.params.max_tokens == 4
+    assert new_parser().parse("<|channel|>analysis<|message|>hm<|end|><|start|>assistant<|channel|>final"
+                              "<|message|>ok<|return|>")[:2] == ("hm", "ok")
+    plain = GenerationRequest([[1, 2]], SamplingParams(max_tokens=4))
+    output_parsers(SimpleNamespace(reasoning_parser="qwen3", tool_call_parser="auto"), plain, surge)
+    assert plain.params.skip_special_tokens  # <think> tags are text: nothing changes
+
+
 def test_unknown_parser_is_named():
-    with pytest.raises(ValueError, match="unknown reasoning parser 'nope'.*deepseek_r1, qwen3"):
+    with pytest.raises(ValueError, match="unknown reasoning parser 'nope'.*deepseek_r1, qwen3, gpt_oss"):
         get_reasoning_parser("nope")

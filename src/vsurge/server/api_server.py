@@ -43,7 +43,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     runs in asyncio's default thread pool and chat templates are always OpenAI-style, so they have
     no effect (a warning says so when they differ from the defaults). tool_call_parser: how
     `tool_choice="auto"` outputs are parsed (structured/tool_parsers.py, or auto from the chat template);
-    reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3; None: not at all);
+    reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3, gpt_oss; None: not at all);
     response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL)."""
 
     def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,

@@ -24,7 +24,7 @@ class OpenAIHandlers:
     """Mixed into vSurgeApiServer: self.surges, get(), name_of(), ready, draining, tool_call_parser."""
 
     tool_call_parser: str = "auto"
-    reasoning_parser: str | None = None  # `--reasoning-parser`: deepseek_r1 | qwen3 (None: no reasoning split)
+    reasoning_parser: str | None = None  # `--reasoning-parser`: deepseek_r1 | qwen3 | gpt_oss (None: no reasoning split)
     # served name -> GenerationDefaults for the sampling fields a request leaves unset (`vsurge serve
     # --generation-config`); a model without an entry gets OpenAI's defaults
     generation_defaults: dict | None = None

@@ -8,6 +8,9 @@ Reasoning models write their thinking between `<think>` and `</think>`, then the
 - qwen3: reasoning only inside `<think>...</think>` at the start of the answer (or after a
   prompt that ends with `<think>`, as Qwen3's thinking templates do); otherwise the whole
   text is content (thinking was switched off: `enable_thinking: false`).
+- gpt_oss: GPT-OSS's harmony channels, `<|channel|>analysis<|message|>...<|end|>` is
+  reasoning, the `final` (and `commentary`) channels' messages are content. The markers are
+  special tokens, so this parser reads the text with them kept (`keeps_special_tokens`).
 
 `feed(text)` returns the (reasoning, content) pieces of a text delta, holding back a
 partial tag; `finish()` flushes. `split(text)` runs the same machine over a whole text.
@@ -33,6 +36,7 @@ class ReasoningParser:
     name = ""
     START, END = "<think>", "</think>"
     implicit_start = False  # text before any tag is reasoning (the opening tag may be omitted)
+    keeps_special_tokens = False  # the tags are special tokens: detokenize with them kept
 
     def __init__(self, prompt_text: str = ""):
         opened = prompt_text.rstrip(_WS).endswith(self.START)
@@ -110,7 +114,64 @@ class Qwen3Parser(ReasoningParser):
     name = "qwen3"
 
 
-REASONING_PARSERS = {"deepseek_r1": DeepSeekR1Parser, "qwen3": Qwen3Parser}
+class GptOssParser(ReasoningParser):
+    """Harmony: each message is `[<|start|>role]<|channel|>NAME[ header]<|message|>BODY` ended by
+    <|end|>, <|return|> or <|call|> (or by the next header). BODY is reasoning in the analysis
+    channel and content elsewhere; text without any header is content."""
+
+    name = "gpt_oss"
+    keeps_special_tokens = True
+    START_TAG, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
+    ENDS = ("<|end|>", "<|return|>", "<|call|>")
+
+    def __init__(self, prompt_text: str = ""):
+        self._held = ""
+        self._channel = None  # None: reading a header; else the channel whose body is being read
+        head, sep, _ = prompt_text.rpartition(self.MESSAGE)
+        if sep and self.CHANNEL in head and not any(e in _ for e in self.ENDS):  # the prompt opened a body
+            self._channel = self._channel_of(head[head.rfind(self.CHANNEL):])
+
+    @property
+    def in_reasoning(self) -> bool:
+        return self._channel == "analysis"
+
+    def _channel_of(self, header: str) -> str:
+        rest = header.partition(self.CHANNEL)[2]
+        return (rest.split("<|")[0].split() or ["final"])[0]
+
+    def _is_header(self, text: str) -> bool:
+        """A header begun (or a prefix of one), not plain text."""
+        return any(text.startswith(t) or t.startswith(text) for t in (self.START_TAG, self.CHANNEL))
+
+    def _step(self, final: bool) -> tuple[str, str]:
+        out = {"reasoning": "", "content": ""}
+        while True:
+            if self._channel is None:
+                message = self._held.find(self.MESSAGE)
+                if message >= 0 and self._is_header(self._held):
+                    self._channel = self._channel_of(self._held[:message])
+                    self._held = self._held[message + len(self.MESSAGE):]
+                    continue
+                if not self._held or (not final and self._is_header(self._held)):
+                    return out["reasoning"], out["content"]
+                self._channel = "final"  # plain text: no harmony header
+                continue
+            bucket = "reasoning" if self._channel == "analysis" else "content"
+            stops = [(i, t) for t in (*self.ENDS, self.START_TAG, self.CHANNEL) if (i := self._held.find(t)) >= 0]
+            if stops:
+                i, tag = min(stops)
+                out[bucket] += self._held[:i]
+                self._held = self._held[i + len(tag):] if tag in self.ENDS else self._held[i:]
+                self._channel = None
+                continue
+            keep = 0 if final else max(_partial_suffix(self._held, t) for t in (*self.ENDS, self.START_TAG,
+                                                                                  self.CHANNEL))
+            out[bucket] += self._held[:len(self._held) - keep]
+            self._held = self._held[len(self._held) - keep:]
+            return out["reasoning"], out["content"]
+
+
+REASONING_PARSERS = {"deepseek_r1": DeepSeekR1Parser, "qwen3": Qwen3Parser, "gpt_oss": GptOssParser}
 
 
 def get_reasoning_parser(name: str) -> type[ReasoningParser]:

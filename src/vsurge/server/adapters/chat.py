@@ -81,7 +81,7 @@ async def respond(server, body: ChatCompletionRequest):
     check_stream_options(body)
     surge = server.surge_for(body.model)
     request = await to_request(server, body, surge)
-    streams = ChoiceStreams(surge, request.prompts, request.params,
-                            new_parser=output_parsers(server, request, surge))
+    new_parser = output_parsers(server, request, surge)
+    streams = ChoiceStreams(surge, request.prompts, request.params, new_parser=new_parser)
     fmt = Formatter("chat", server.name_of(surge), surge.processor)
     return await server.respond(streams, fmt, body)

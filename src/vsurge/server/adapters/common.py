@@ -10,6 +10,7 @@ maps the engine's updates back onto its wire format's events.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -108,13 +109,17 @@ async def render_chat(processor, messages: list[dict], tools: list[dict] | None 
 
 
 def output_parsers(server, request: GenerationRequest, surge) -> Callable[[], OutputParser] | None:
-    """A factory of fresh OutputParsers for the request's choices (None: the text is plain content)."""
+    """A factory of fresh OutputParsers for the request's choices (None: the text is plain content).
+    Call it before the request's params are used: a parser that reads special tokens (GPT-OSS's
+    channels) makes the request's text keep them."""
     reasoning = server.reasoning_parser if request.chat else None
     tools = request.structured.tools is not None and request.chat
     if not reasoning and not tools:
         return None
     template = getattr(surge.processor, "chat_template", None)
     reasoning_cls = get_reasoning_parser(reasoning) if reasoning else None
+    if reasoning_cls is not None and reasoning_cls.keeps_special_tokens:
+        request.params = dataclasses.replace(request.params, skip_special_tokens=False)
 
     def new() -> OutputParser:
         tool_parser = request.structured.parser(server.tool_call_parser, template) if tools else None

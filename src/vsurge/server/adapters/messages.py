@@ -297,13 +297,13 @@ def _sse(event: dict) -> str:
 async def respond(server, body: MessagesRequest):
     surge = server.surge_for(body.model)
     request = await to_request(server, body, surge)
+    new_parser = output_parsers(server, request, surge)
     streams = ChoiceStreams(surge, request.prompts, request.params)
     builder = MessageBuilder({"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant",
                               "model": server.name_of(surge), "content": [], "stop_reason": None,
                               "stop_sequence": None,
                               "usage": {"input_tokens": request.prompt_tokens, "output_tokens": 0,
                                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}})
-    new_parser = output_parsers(server, request, surge)
     streams.start_or_refuse()
     if body.stream:
         async def events():
