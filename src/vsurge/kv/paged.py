@@ -10,6 +10,8 @@ the same step. Attention then walks each row's page table one page column at
 a time (gather one page per row, online softmax across columns): key position
 = column * page_size + offset, so causality hides unwritten slots and table
 padding. `paged_attention` is the one function a fused kernel would replace.
+Stored as int8 / fp8 (`--kv-cache-dtype`), each token's K/V per head is quantized at
+the scatter and each gathered page expanded before its column's attention (kv/quant.py).
 """
 
 from __future__ import annotations

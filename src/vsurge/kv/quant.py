@@ -72,8 +72,11 @@ def dequantize(packed, dtype):
 
 
 def dequantize_key_pages(pages, dtype):
-    """Gathered key pages (R, KVH, dk + 2, ps) -> (R, KVH, dk, ps) `dtype`."""
-    return dequantize(pages.swapaxes(-1, -2), dtype).swapaxes(-1, -2)
+    """Gathered key pages (R, KVH, dk + 2, ps) -> (R, KVH, dk, ps) `dtype` (only the scale rows are
+    transposed for their bitcast, not the page)."""
+    scale = jax.lax.bitcast_convert_type(pages[..., -SCALE_BYTES:, :].swapaxes(-1, -2), SCALE_DTYPE)  # (R, KVH, ps)
+    values = pages[..., :-SCALE_BYTES, :].astype(jnp.float32)
+    return (values * scale[..., None, :].astype(jnp.float32)).astype(dtype)
 
 
 def dequantize_value_pages(pages, dtype):
