@@ -233,3 +233,11 @@ def test_jax_handles_the_fp8_converts_on_this_backend():
     x = np.random.default_rng(0).normal(size=(4096,)).astype(np.float32) * 50
     got = np.asarray(jax.jit(lambda v: v.astype(jnp.float8_e4m3fn).astype(jnp.float32))(x))
     assert np.array_equal(got, x.astype(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+def test_vinference_buckets_store_their_pages_as_asked(tiny_checkpoints):
+    from vsurge import vInference, vInferenceConfig
+
+    model, processor = load_tiny(tiny_checkpoints, "llama")
+    vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, kv_cache_dtype="int8"))
+    assert vi._buckets.config(2, 16).kv_cache_dtype == "int8"  # every bucket's engine: int8 pages
