@@ -134,6 +134,10 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dir", default=None,
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                   help="how the paged KV pool stores keys and values: auto (the model dtype), int8 or fp8 "
+                        "(float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
+                        "the pages of a bfloat16 pool in the same memory (the start-up line prints them)")
     p.add_argument("--prefix-wait-steps", type=int, default=64,
                    help="steps a prompt may wait for a prefix another request is computing (0: never wait)")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
@@ -335,8 +339,7 @@ def _load(args):
 def cmd_serve(args) -> int:
     import logging
 
-    from .cli_engine import describe_model, status, use_cache_dir
-    from .kv.paged import page_bytes
+    from .cli_engine import describe_kv_pool, describe_model, status, use_cache_dir
     from .server import vSurgeApiServer
     from .vsurge import vSurge
 
@@ -366,7 +369,7 @@ def cmd_serve(args) -> int:
                   max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
                   max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
                   async_scheduling=not args.no_async_scheduling, speculative_tokens=args.speculative_tokens,
-                  scheduling_policy=args.scheduling_policy, **parallel)
+                  scheduling_policy=args.scheduling_policy, kv_cache_dtype=args.kv_cache_dtype, **parallel)
     try:
         if args.engine == "paged":
             from .kv.memory import default_host_cache_bytes
@@ -380,12 +383,7 @@ def cmd_serve(args) -> int:
                                           kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30),
                                           prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
-                manager, role = engine.manager, engine.config.role
-                per_page = page_bytes(model.config.kv_layout, manager.page_size, model.dtype)  # every engine: this model
-                print(f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {manager.num_pages} "
-                      f"pages of {manager.page_size} tokens ({manager.max_tokens} tokens, "
-                      f"{manager.num_pages * per_page / 2**20:.1f} MiB, {2**30 // per_page} pages per GiB)",
-                      file=sys.stderr, flush=True)
+                status(describe_kv_pool(model, engine))
         else:
             surge = vSurge.create_vdriver(model, processor, **common)
     except ValueError as e:

@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from .kv.dense import DenseKVCache
+from .kv.quant import storage_dtype
 from .sharding import create_state, mesh_of
 
 
@@ -61,6 +62,7 @@ class Generator:
 
     model: nnx.Module
     max_length: int = 2048
+    kv_cache_dtype: str | None = None  # None / "auto": the model dtype; "int8" / "fp8": quantized (kv/quant.py)
 
     def __post_init__(self):
         self.max_length = min(self.max_length, self.model.config.max_position_embeddings)
@@ -85,7 +87,8 @@ class Generator:
         width = min(bucket_length(n), self.max_length)
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = prompt_ids
-        cache = create_state(partial(DenseKVCache.init, self.model.config.kv_layout, 1, self.max_length, self.model.dtype),
+        dtype = storage_dtype(self.kv_cache_dtype, self.model.dtype)
+        cache = create_state(partial(DenseKVCache.init, self.model.config.kv_layout, 1, self.max_length, dtype),
                              mesh_of(self.model))  # on the model's mesh: split over KV heads
         key = jax.random.PRNGKey(seed)
         temp = jnp.full((1,), temperature, jnp.float32)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
+KV_CACHE_DTYPES = ("auto", "int8", "fp8")  # kv/quant.py's storage dtypes (that module imports JAX)
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
 
 
@@ -56,6 +57,9 @@ class EngineConfig:
     kv_host_cache_bytes: int = 0  # host-memory tier of the prefix cache (kv/tiers.py); 0 = none
     kv_cache_dir: str | None = None  # disk tier across restarts (kv/disk_tier.py); None = none
     kv_disk_cache_bytes: int = 4 << 30  # the disk tier's size cap
+    # KV pages' storage: None / "auto" = the model dtype; "int8" / "fp8" (float8_e4m3fn) = quantized
+    # per token and KV head with a float16 scale each (kv/quant.py): about half a bfloat16 page
+    kv_cache_dtype: str | None = None
     speculative_tokens: int = 0  # prompt-lookup drafts per greedy sequence and step (0 = off)
     speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
@@ -92,6 +96,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if self.kv_disk_cache_bytes <= 0:
             raise ValueError(f"kv_disk_cache_bytes must be positive, got {self.kv_disk_cache_bytes!r}")
+        if self.kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
+            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):

@@ -160,8 +160,15 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             program = self._compiled[key]
         return program if self.on_call is None else partial(self.on_call, key, program)
 
+    @property
+    def kv_dtype(self):
+        """The KV pages' storage dtype: the model's, or int8 / float8 (`config.kv_cache_dtype`, kv/quant.py)."""
+        from ..kv.quant import storage_dtype
+
+        return storage_dtype(self.config.kv_cache_dtype, self.model.dtype)
+
     def _empty_state(self) -> EngineState:
-        return programs.empty_state(self.model.config, self.model.dtype, self.pool.num_pages, self.pool.page_size,
+        return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots)
 
     def _shardings(self, kind: str, state, batch=None) -> dict:
@@ -278,7 +285,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         """Bytes of one KV page over every layer (what a tier copy moves per page)."""
         from ..kv.paged import page_bytes
 
-        return page_bytes(self.model.config.kv_layout, self.pool.page_size, self.model.dtype)
+        return page_bytes(self.model.config.kv_layout, self.pool.page_size, self.kv_dtype)
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
     def encode_step(self, pending: list) -> list[tuple]:

@@ -10,6 +10,7 @@ import warnings
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import PagedAttentionCache, page_bytes
+from ..kv.quant import storage_dtype
 from .config import EngineConfig
 from .core import EngineCore
 from .seed_engine import SeedEngineAPI
@@ -23,16 +24,22 @@ def pages_that_fit(model, config: EngineConfig) -> int:
     a page (sharding.kv_page_shards)."""
     from ..sharding import kv_page_shards
 
-    per_device = page_bytes(model.config.kv_layout, config.page_size, model.dtype) // kv_page_shards(model)
+    per_device = pool_page_bytes(model, config) // kv_page_shards(model)
     budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
     return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
 
 
+def pool_page_bytes(model, config: EngineConfig) -> int:
+    """Bytes of one page of this model's pool as `config` stores it (int8 / fp8 with their scales)."""
+    return page_bytes(model.config.kv_layout, config.page_size, storage_dtype(config.kv_cache_dtype, model.dtype))
+
+
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
-    per_page = page_bytes(model.config.kv_layout, config.page_size, model.dtype)
+    per_page = pool_page_bytes(model, config)
     num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
-    log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each), %d tokens in all", num_pages,
-             config.page_size, per_page / 2**20, num_pages * config.page_size)
+    log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
+             config.page_size, per_page / 2**20, storage_dtype(config.kv_cache_dtype, model.dtype),
+             num_pages * config.page_size)
     from .tiers import make_host_tier
 
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,

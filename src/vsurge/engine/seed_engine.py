@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from ..kv import quant
 from ..kv.dense import DenseKVCache
 from ..sharding import named_sharding, replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
@@ -71,12 +72,17 @@ def _prefix_forward(graphdef, graphstate, graphother, tokens, length, sampling):
 
 
 def _write_prefix(state, k, v, slot_mapping):
-    """Scatter a prefix's K/V (per layer (1, KVH, hd, T) / (1, KVH, T, hd)) into its pages."""
+    """Scatter a prefix's K/V (per layer (1, KVH, hd, T) / (1, KVH, T, hd), the model dtype) into its
+    pages (quantized there when the pool is int8 / fp8, kv/quant.py)."""
     kv = state.kv
     page, offset = slot_mapping // kv.page_size, slot_mapping % kv.page_size
-    new_k = [pages.at[page, :, :, offset].set(kl[0].transpose(2, 0, 1).astype(pages.dtype), mode="drop")
+
+    def stored(x, dtype):  # (T, KVH, hd) -> as the pages hold each token
+        return quant.quantize(x, dtype) if quant.is_quantized(dtype) else x.astype(dtype)
+
+    new_k = [pages.at[page, :, :, offset].set(stored(kl[0].transpose(2, 0, 1), pages.dtype), mode="drop")
              for pages, kl in zip(kv.k, k)]
-    new_v = [pages.at[page, :, offset].set(vl[0].transpose(1, 0, 2).astype(pages.dtype), mode="drop")
+    new_v = [pages.at[page, :, offset].set(stored(vl[0].transpose(1, 0, 2), pages.dtype), mode="drop")
              for pages, vl in zip(kv.v, v)]
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=new_k, v=new_v))
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..kv.disk_tier import LAYOUT_VERSION, DiskTier
 from ..kv.paged import page_bytes
+from ..kv.quant import storage_dtype, stored_dim
 from ..kv.tiers import HostTier
 from .transfer import PrefixPages
 
@@ -60,12 +61,13 @@ class PageRef:
 
 def fingerprint(model, config) -> str:
     """What a disk tier's pages depend on: the model (its config and a sample of every weight), the
-    KV dtype and layout, the page size and LAYOUT_VERSION. Another model or layout never matches."""
+    KV storage dtype (an int8 pool never reads float pages, nor the reverse) and layout, the page
+    size and LAYOUT_VERSION. Another model or layout never matches."""
     from flax import nnx
 
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((LAYOUT_VERSION, repr(model.config), str(model.dtype), config.page_size,
-                   tuple(model.config.kv_layout))).encode())
+                   tuple(model.config.kv_layout), str(storage_dtype(config.kv_cache_dtype, model.dtype)))).encode())
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
         if not hasattr(leaf, "shape") or not leaf.size:
             continue
@@ -79,12 +81,13 @@ def make_host_tier(model, config) -> HostTier | None:
     """The host (and disk) tier of an engine's page pool, from its config; None when it has neither."""
     if not config.enable_prefix_caching or not (config.kv_host_cache_bytes or config.kv_cache_dir):
         return None
-    per_page = page_bytes(model.config.kv_layout, config.page_size, model.dtype)
+    dtype = storage_dtype(config.kv_cache_dtype, model.dtype)
+    per_page = page_bytes(model.config.kv_layout, config.page_size, dtype)
     disk = None
     if config.kv_cache_dir:
-        layout = model.config.kv_layout
-        spec = ([((l.heads, l.k_dim, config.page_size), str(np.dtype(model.dtype))) for l in layout]
-                + [((l.heads, config.page_size, l.v_dim), str(np.dtype(model.dtype))) for l in layout])
+        layout, name = model.config.kv_layout, str(np.dtype(dtype))
+        spec = ([((l.heads, stored_dim(l.k_dim, dtype), config.page_size), name) for l in layout]
+                + [((l.heads, config.page_size, stored_dim(l.v_dim, dtype)), name) for l in layout])
         disk = DiskTier(config.kv_cache_dir, fingerprint(model, config), config.kv_disk_cache_bytes, spec)
     return HostTier(int(config.kv_host_cache_bytes // per_page), disk)
 

@@ -75,10 +75,10 @@ class PrefixTransferAPI:
 
     @property
     def kv_signature(self) -> tuple:
-        """What a prefix's pages look like here (per-layer KV shapes, dtype): engines that hand
-        prefixes to each other must agree on it."""
+        """What a prefix's pages look like here (per-layer KV shapes, storage dtype): engines that hand
+        prefixes to each other must agree on it (an int8 pool takes no float pages)."""
         layout = self.model.config.kv_layout
-        return (tuple((l.heads, l.k_dim, l.v_dim) for l in layout), str(self.model.dtype))
+        return (tuple((l.heads, l.k_dim, l.v_dim) for l in layout), str(self.kv_dtype))
 
     def _bucket(self, pages: int) -> int:
         return next(n for n in self.config.transfer_pages if n >= pages)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import attend
+from . import quant
 
 
 def _transposed(k):
@@ -48,9 +49,11 @@ class DenseKVCache:
 
     @classmethod
     def init(cls, layout: tuple[KVLayer, ...], batch_size: int, max_length: int, dtype=jnp.float32):
-        """layout: the model's per-layer KV shapes (`config.kv_layout`)."""
-        return cls(k=[jnp.zeros((batch_size, l.heads, l.k_dim, max_length), dtype) for l in layout],
-                   v=[jnp.zeros((batch_size, l.heads, max_length, l.v_dim), dtype) for l in layout])
+        """layout: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
+        (int8 / float8: quantized, head_dim + 2 with the scales, kv/quant.py)."""
+        dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
+        return cls(k=[jnp.zeros((batch_size, l.heads, dim(l.k_dim), max_length), dtype) for l in layout],
+                   v=[jnp.zeros((batch_size, l.heads, max_length, dim(l.v_dim)), dtype) for l in layout])
 
     @property
     def max_length(self) -> int:
@@ -67,12 +70,18 @@ class DenseKVCache:
         """q: (B, T, H, dk), k: (B, T, KVH, dk), v: (B, T, KVH, dv), positions: (B, T). Positions
         >= max_length are dropped from the write (padding rows)."""
         rows = jnp.arange(k.shape[0])[:, None]  # (B, 1)
-        k_cache = self.k[layer].at[rows, :, :, positions].set(k.astype(self.k[layer].dtype), mode="drop")
-        v_cache = self.v[layer].at[rows, :, positions].set(v.astype(self.v[layer].dtype), mode="drop")
+        dtype = self.v[layer].dtype
+        quantized = quant.is_quantized(dtype)
+        k_new, v_new = (quant.quantize(k, dtype), quant.quantize(v, dtype)) if quantized else (k, v)
+        k_cache = self.k[layer].at[rows, :, :, positions].set(k_new.astype(dtype), mode="drop")
+        v_cache = self.v[layer].at[rows, :, positions].set(v_new.astype(dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_cache), v=_replace(self.v, layer, v_cache))
-        if self.fresh:
+        if self.fresh:  # the new tokens' own K/V (a quantized cache is read back from the next step on)
             return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), cache
         key_pos = jnp.broadcast_to(jnp.arange(self.max_length, dtype=jnp.int32), (k.shape[0], self.max_length))
+        if quantized:  # the whole region, dequantized: the plain reference path, not the engines'
+            k_cache = quant.dequantize_key_pages(k_cache, q.dtype)
+            v_cache = quant.dequantize_value_pages(v_cache, q.dtype)
         return attend(q, k_cache, v_cache, positions, key_pos, spec, sinks), cache
 
 

@@ -4,7 +4,8 @@
           no sliding window, no sinks
     tpu   jax.experimental.pallas.ops.tpu.ragged_paged_attention: GQA, sliding window, soft-cap;
           no sinks
-    xla   kv/paged.py's page-column loop: everything else (CPU, prompt rows, sinks, dk != dv)
+    xla   kv/paged.py's page-column loop: everything else (CPU, prompt rows, sinks, dk != dv,
+          int8 / fp8 pages: kv/quant.py)
 
 `kernel_for` picks one at trace time. They are opt-in (VSURGE_PAGED_KERNEL=pallas) until the
 cache is stored in their layouts: our pages are (P, KVH, dk, ps) keys and (P, KVH, ps, dv) values

@@ -10,6 +10,8 @@ the same step. Attention then walks each row's page table one page column at
 a time (gather one page per row, online softmax across columns): key position
 = column * page_size + offset, so causality hides unwritten slots and table
 padding. `paged_attention` is the one function a fused kernel would replace.
+Stored as int8 / fp8 (`--kv-cache-dtype`), each token's K/V per head is quantized at
+the scatter and each gathered page expanded before its column's attention (kv/quant.py).
 """
 
 from __future__ import annotations
@@ -22,21 +24,27 @@ import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import merge_into, merge_partials, out_shape, partial_attend
-from . import kernels
+from . import kernels, quant
 
 
 def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
-    """Bytes one page takes over all layers, keys and values (layout: `config.kv_layout`)."""
-    per_token = sum(l.heads * (l.k_dim + l.v_dim) for l in layout)
-    return page_size * per_token * jnp.dtype(dtype).itemsize
+    """Bytes one page takes over all layers, keys and values (layout: `config.kv_layout`; dtype: the
+    pages' storage dtype, int8 = quantized with its scales, kv/quant.py)."""
+    per_token = sum(l.heads * (quant.token_bytes(l.k_dim, dtype) + quant.token_bytes(l.v_dim, dtype))
+                    for l in layout)
+    return page_size * per_token
 
 
 def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
     """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
     in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
-    (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop."""
-    kernel = kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2], v_pages.shape[3], spec, sinks)
-    if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py)
+    (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop.
+    int8 pages (kv/quant.py: dk + 2, dv + 2 with their scales) are dequantized per column, right
+    after its gather: only the pages read are expanded."""
+    quantized = quant.is_quantized(v_pages.dtype)
+    kernel = None if quantized else kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2],
+                                                       v_pages.shape[3], spec, sinks)
+    if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py); float pages only
         return kernels.decode(kernel, q, k_pages, v_pages, tables, q_pos, spec)
     r, w = tables.shape
     ps = v_pages.shape[2]
@@ -45,9 +53,12 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
     def column_part(column):
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
-        return partial_attend(q, k_pages[ids], v_pages[ids], q_pos, k_pos, spec)
+        keys, values = k_pages[ids], v_pages[ids]  # (R, KVH, dk, ps), (R, KVH, ps, dv)
+        if quantized:
+            keys, values = quant.dequantize_key_pages(keys, q.dtype), quant.dequantize_value_pages(values, q.dtype)
+        return partial_attend(q, keys, values, q_pos, k_pos, spec)
 
-    shape = out_shape(q, v_pages)
+    shape = out_shape(q, v_pages) if not quantized else (*q.shape[:3], v_pages.shape[-1] - quant.SCALE_BYTES)
     if num_columns is None:
         return merge_partials([column_part(c) for c in range(w)], shape, q.dtype, sinks)
     first = column_part(0)  # every row has at least one page
@@ -85,9 +96,11 @@ class PagedAttentionCache:
 
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32):
-        """layers: the model's per-layer KV shapes (`config.kv_layout`)."""
-        return cls(k=[jnp.zeros((num_pages, l.heads, l.k_dim, page_size), dtype) for l in layers],
-                   v=[jnp.zeros((num_pages, l.heads, page_size, l.v_dim), dtype) for l in layers])
+        """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
+        (int8: quantized, head_dim + 2 with the scales, kv/quant.py)."""
+        dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
+        return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
+                   v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers])
 
     @property
     def num_pages(self) -> int:
@@ -108,8 +121,12 @@ class PagedAttentionCache:
         of C tokens."""
         lay, ps = self.layout, self.page_size
         page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
-        k_pages = self.k[layer].at[page, :, :, offset].set(k[0].astype(self.k[layer].dtype), mode="drop")
-        v_pages = self.v[layer].at[page, :, offset].set(v[0].astype(self.v[layer].dtype), mode="drop")
+        k_new, v_new = k[0], v[0]  # (N, KVH, dk), (N, KVH, dv)
+        dtype = self.v[layer].dtype
+        if quant.is_quantized(dtype):  # each token's vector of each head, with its scale
+            k_new, v_new = quant.quantize(k_new, dtype), quant.quantize(v_new, dtype)
+        k_pages = self.k[layer].at[page, :, :, offset].set(k_new.astype(self.k[layer].dtype), mode="drop")
+        v_pages = self.v[layer].at[page, :, offset].set(v_new.astype(self.v[layer].dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
         d, (p, c) = lay.num_decode, lay.chunk_pos.shape
         heads, dv = q.shape[2], v.shape[-1]

@@ -48,8 +48,10 @@ class Bucket:
 
 class BucketEngines:
     def __init__(self, model, processor, max_new_tokens: int, streaming_chunks: int, seed: int,
-                 on_compile: Callable[[float], None] | None = None, input_partition_spec=None):
+                 on_compile: Callable[[float], None] | None = None, input_partition_spec=None,
+                 kv_cache_dtype: str | None = None):
         self.model = model
+        self.kv_cache_dtype = kv_cache_dtype
         self.input_partition_spec = input_partition_spec  # splits each step's input rows on the mesh
         self.processor = processor
         self.max_new_tokens = max_new_tokens
@@ -73,7 +75,7 @@ class BucketEngines:
                             max_prefill_rows=batch, decode_steps=self.streaming_chunks, page_size=PAGE_SIZE,
                             seed=self.seed, row_buckets=(max(2, batch),),
                             window_buckets=(math.ceil(total / PAGE_SIZE),), prefill_first=True,
-                            enable_prefix_caching=False)
+                            enable_prefix_caching=False, kv_cache_dtype=self.kv_cache_dtype)
 
     def get(self, batch: int, prefill_length: int) -> Bucket:
         key = (batch, prefill_length)

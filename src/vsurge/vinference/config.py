@@ -25,6 +25,8 @@ class vInferenceConfig(BaseModel):  # noqa: N801 (the seed's name)
     sampling_params: Optional[SamplingParams] = None
     # Prompts longer than `model_prefill_length`: False = error, True = keep the END of the prompt.
     truncate_prompt: bool = False
+    # KV pages' storage: None / "auto" = the model dtype, "int8" / "fp8" = quantized (kv/quant.py)
+    kv_cache_dtype: Optional[str] = None
 
     @field_validator("max_new_tokens", "streaming_chunks", "num_return_sequences")
     @classmethod

@@ -63,7 +63,8 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
         self._buckets = BucketEngines(model, processor_class, self.generation_config.max_new_tokens,
                                       self.generation_config.streaming_chunks,
                                       seed if seed is not None else int(np.random.default_rng().integers(2**31)),
-                                      on_compile=self._metrics.compiled, input_partition_spec=input_partition_spec)
+                                      on_compile=self._metrics.compiled, input_partition_spec=input_partition_spec,
+                                      kv_cache_dtype=self.generation_config.kv_cache_dtype)
         self.precompiled_configs: dict[int, vInferencePreCompileConfig] = {}
         self._limits = None  # built on first use: model_prefill_length may refuse the config
         self._device_lock = threading.Lock()  # one batch on the device at a time
