@@ -6,12 +6,14 @@ sizing and the start-up line, and bad input."""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from flax import nnx
 
 import vsurge
 from vsurge import EngineConfig, SamplingParams, vSurge
@@ -124,22 +126,39 @@ QUESTIONS = ["What is 12 times 7? Explain step by step.", "Write a haiku about a
 
 
 def test_default_model_greedy_text_matches_the_float_cache_for_the_first_tokens(default_model):
-    """64 greedy tokens of three chat questions from the plain Generator (its dense cache quantizes
-    as the pages do, kv/quant.py; the paged engine would compile for minutes). int8 keys and values
-    move logits by ~2% of their range (test above), so where two tokens nearly tie the text forks,
-    and where depends on summation order (max_length): measured, two answers are equal for all 64
-    tokens and the third forks at token 8 ("...because of a process" / "...because of the")."""
-    from vsurge.generation import Generator
-
+    """64 greedy tokens of three chat questions with the float cache, teacher-forced through an int8
+    cache: the int8 cache predicts the same next token at (nearly) every position, and at every one
+    of the first tokens. (Free-running texts fork at the first near-tie, and where depends on the
+    CPU's summation order, so they are compared position by position instead.)"""
     model, processor = default_model
-    exact, quantized = Generator(model, max_length=128), Generator(model, max_length=128, kv_cache_dtype="int8")
-    equal = []
+    graphdef, state = nnx.split(model)
+    agree, first = [], []
     for question in QUESTIONS:
         ids = processor.encode(processor.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                                              add_generation_prompt=True))
-        want, got = list(exact.stream(ids, 64)), list(quantized.stream(ids, 64))
-        equal.append(next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), len(want)))
-    assert min(equal) >= 6 and equal.count(64) >= 2, equal
+        greedy = token_by_token(graphdef, state, model.config, ids, 63, jnp.float32)[len(ids) - 1:]  # 64
+        forced = token_by_token(graphdef, state, model.config, ids + greedy[:-1], 0, jnp.int8)[len(ids) - 1:]
+        same = np.asarray(forced) == np.asarray(greedy)  # (64,): the int8 cache's next token at each position
+        agree.append(same.mean())
+        first.append(int(np.argmin(same)) if not same.all() else len(same))
+    assert min(first) >= 4 and np.mean(agree) >= 0.9, (first, agree)
+
+
+@partial(jax.jit, static_argnums=0, donate_argnames="cache")
+def _one_token(graphdef, state, token, position, cache):
+    logits, cache = nnx.merge(graphdef, state)(token, position, cache)
+    return jnp.argmax(logits[0, -1]), cache
+
+
+def token_by_token(graphdef, state, config, ids, steps, dtype, length=192):
+    """Feeds `ids` one token a step through a dense cache stored in `dtype` (one compiled program for
+    every prompt), then its own argmax `steps` more times: the argmax after every fed token."""
+    cache, out = DenseKVCache.init(config.kv_layout, 1, length, dtype), []
+    for pos in range(len(ids) + steps):
+        token = ids[pos] if pos < len(ids) else out[-1]
+        nxt, cache = _one_token(graphdef, state, jnp.asarray([[token]]), jnp.asarray([[pos]]), cache)
+        out.append(int(nxt))
+    return out
 
 
 # ------------------------------------------------------------------ the engine under int8
