@@ -167,15 +167,21 @@ def check_default_tp3():
 
 def check_default_blocks_tp3():
     """The default GGUF kept in its blocks (replicated on every device) at TP 3 (its 9 heads) vs one device: logits
-    and greedy tokens; the blocks' shardings."""
+    and greedy tokens; the blocks' shardings; and 3 data-parallel replicas, each on its own device."""
     model, processor = vsurge.load("default", progress=False)
     ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     ref, one = forward(model, [ids]), greedy_generate(model, ids, 8)
-    del model
+    from vsurge.engine.replicas import replica_models
+
+    replicas = replica_models(model, tensor_parallel_size=1, data_parallel_size=3)  # each on its own device
+    dp3 = {"devices": [sorted({d.id for w in r.named_weights().values() for leaf in jax.tree.leaves(w)
+                               for d in leaf.devices()}) for r in replicas],
+           "tokens": [greedy_generate(r, ids, 8) for r in replicas[1:]]}
+    del model, replicas
     tp3, _ = vsurge.load("default", progress=False, load_processor=False, tensor_parallel_size=3)
     blocks = {n: w for n, w in tp3.named_weights().items() if is_quantized(w)}
     print("RESULT " + json.dumps({"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one,
-                                  "tp3": greedy_generate(tp3, ids, 8), "blocks": len(blocks),
+                                  "tp3": greedy_generate(tp3, ids, 8), "blocks": len(blocks), "dp3": dp3,
                                   "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
                                                     for w in blocks.values())}), flush=True)
 

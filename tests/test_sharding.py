@@ -135,8 +135,10 @@ def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_
 
 def test_default_gguf_blocks_replicated_at_tp3():
     """The default GGUF kept in its blocks at TP 3: every block matrix replicated, logits and greedy
-    tokens those of one device."""
+    tokens those of one device; at DP 3 each replica's blocks on its own device (this crashed)."""
     r = run_check("default_blocks_tp3", devices=3)
     assert r["blocks"] == 121 and r["replicated"]
     assert r["rel_err"] <= LOGIT_RTOL, r
     assert r["tp3"] == r["tp1"]
+    # data parallel: each replica's weights (blocks included) on its own device, the same tokens
+    assert r["dp3"]["devices"] == [[0], [1], [2]] and r["dp3"]["tokens"] == [r["tp1"]] * 2, r["dp3"]

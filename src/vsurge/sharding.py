@@ -162,12 +162,15 @@ def replica_model(model, mesh: Mesh):
     from flax import nnx
 
     devices = set(mesh.devices.flat)
+
+    def on_mesh(array):
+        shards = [s.data for s in array.addressable_shards if s.device in devices]
+        sharding = NamedSharding(mesh, array.sharding.spec)
+        return jax.make_array_from_single_device_arrays(array.shape, sharding, shards)
+
     copy = nnx.merge(*nnx.split(model), copy=True)
-    for name, value in model.named_weights().items():
-        spec = value.sharding.spec
-        shards = [s.data for s in value.addressable_shards if s.device in devices]
-        sharding = NamedSharding(mesh, spec)
-        _holder_param(copy, name).set_value(jax.make_array_from_single_device_arrays(value.shape, sharding, shards))
+    for name, value in model.named_weights().items():  # a GGUF block weight is a pytree of arrays
+        _holder_param(copy, name).set_value(jax.tree.map(on_mesh, value))
     return copy
 
 
