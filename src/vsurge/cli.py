@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .cli_parallel import add_parallel_args
+from .engine.config import KV_CACHE_DTYPES
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
@@ -134,7 +135,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dir", default=None,
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="how the paged KV pool stores keys and values: auto (the model dtype), int8 or fp8 "
                         "(float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
                         "the pages of a bfloat16 pool in the same memory (the start-up line prints them)")

@@ -184,12 +184,11 @@ class LocalEngine:
 def describe_kv_pool(model, engine) -> str:
     """The start-up line about an engine's KV page pool: pages, tokens, bytes, storage dtype, pages
     per GiB. `model`: this process's model (a remote decode engine holds none; its pool is of it)."""
-    from .kv.paged import page_bytes
-    from .kv.quant import is_quantized, storage_dtype
+    from .kv.paged import pool_dtype, pool_page_bytes
+    from .kv.quant import is_quantized
 
     pool, role = engine.pool, engine.config.role
-    dtype = storage_dtype(engine.config.kv_cache_dtype, model.dtype)
-    per_page = page_bytes(model.config.kv_layout, pool.page_size, dtype)
+    dtype, per_page = pool_dtype(model, engine.config), pool_page_bytes(model, engine.config)
     held = f"{dtype.name} with float16 scales" if is_quantized(dtype) else dtype.name
     return (f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {pool.num_pages} pages of "
             f"{pool.page_size} tokens ({pool.max_tokens} tokens, {pool.num_pages * per_page / 2**20:.1f} MiB, "

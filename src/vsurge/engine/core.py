@@ -163,9 +163,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     @property
     def kv_dtype(self):
         """The KV pages' storage dtype: the model's, or int8 / float8 (`config.kv_cache_dtype`, kv/quant.py)."""
-        from ..kv.quant import storage_dtype
+        from ..kv.paged import pool_dtype
 
-        return storage_dtype(self.config.kv_cache_dtype, self.model.dtype)
+        return pool_dtype(self.model, self.config)
 
     def _empty_state(self) -> EngineState:
         return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
@@ -283,9 +283,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     @property
     def page_nbytes(self) -> int:
         """Bytes of one KV page over every layer (what a tier copy moves per page)."""
-        from ..kv.paged import page_bytes
+        from ..kv.paged import pool_page_bytes
 
-        return page_bytes(self.model.config.kv_layout, self.pool.page_size, self.kv_dtype)
+        return pool_page_bytes(self.model, self.config)
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
     def encode_step(self, pending: list) -> list[tuple]:

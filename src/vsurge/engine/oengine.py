@@ -9,8 +9,7 @@ import warnings
 
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
-from ..kv.paged import PagedAttentionCache, page_bytes
-from ..kv.quant import storage_dtype
+from ..kv.paged import PagedAttentionCache, pool_dtype, pool_page_bytes
 from .config import EngineConfig
 from .core import EngineCore
 from .seed_engine import SeedEngineAPI
@@ -29,16 +28,11 @@ def pages_that_fit(model, config: EngineConfig) -> int:
     return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
 
 
-def pool_page_bytes(model, config: EngineConfig) -> int:
-    """Bytes of one page of this model's pool as `config` stores it (int8 / fp8 with their scales)."""
-    return page_bytes(model.config.kv_layout, config.page_size, storage_dtype(config.kv_cache_dtype, model.dtype))
-
-
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     per_page = pool_page_bytes(model, config)
     num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
-             config.page_size, per_page / 2**20, storage_dtype(config.kv_cache_dtype, model.dtype),
+             config.page_size, per_page / 2**20, pool_dtype(model, config),
              num_pages * config.page_size)
     from .tiers import make_host_tier
 

@@ -76,13 +76,9 @@ def _write_prefix(state, k, v, slot_mapping):
     pages (quantized there when the pool is int8 / fp8, kv/quant.py)."""
     kv = state.kv
     page, offset = slot_mapping // kv.page_size, slot_mapping % kv.page_size
-
-    def stored(x, dtype):  # (T, KVH, hd) -> as the pages hold each token
-        return quant.quantize(x, dtype) if quant.is_quantized(dtype) else x.astype(dtype)
-
-    new_k = [pages.at[page, :, :, offset].set(stored(kl[0].transpose(2, 0, 1), pages.dtype), mode="drop")
+    new_k = [pages.at[page, :, :, offset].set(quant.store(kl[0].transpose(2, 0, 1), pages.dtype), mode="drop")
              for pages, kl in zip(kv.k, k)]
-    new_v = [pages.at[page, :, offset].set(stored(vl[0].transpose(1, 0, 2), pages.dtype), mode="drop")
+    new_v = [pages.at[page, :, offset].set(quant.store(vl[0].transpose(1, 0, 2), pages.dtype), mode="drop")
              for pages, vl in zip(kv.v, v)]
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=new_k, v=new_v))
 

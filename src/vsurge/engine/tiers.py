@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from ..kv.disk_tier import LAYOUT_VERSION, DiskTier
-from ..kv.paged import page_bytes
-from ..kv.quant import storage_dtype, stored_dim
+from ..kv.paged import pool_dtype, pool_page_bytes
+from ..kv.quant import stored_dim
 from ..kv.tiers import HostTier
 from .transfer import PrefixPages
 
@@ -67,7 +67,7 @@ def fingerprint(model, config) -> str:
 
     h = hashlib.blake2b(digest_size=16)
     h.update(repr((LAYOUT_VERSION, repr(model.config), str(model.dtype), config.page_size,
-                   tuple(model.config.kv_layout), str(storage_dtype(config.kv_cache_dtype, model.dtype)))).encode())
+                   tuple(model.config.kv_layout), str(pool_dtype(model, config)))).encode())
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
         if not hasattr(leaf, "shape") or not leaf.size:
             continue
@@ -81,8 +81,7 @@ def make_host_tier(model, config) -> HostTier | None:
     """The host (and disk) tier of an engine's page pool, from its config; None when it has neither."""
     if not config.enable_prefix_caching or not (config.kv_host_cache_bytes or config.kv_cache_dir):
         return None
-    dtype = storage_dtype(config.kv_cache_dtype, model.dtype)
-    per_page = page_bytes(model.config.kv_layout, config.page_size, dtype)
+    dtype, per_page = pool_dtype(model, config), pool_page_bytes(model, config)
     disk = None
     if config.kv_cache_dir:
         layout, name = model.config.kv_layout, str(np.dtype(dtype))

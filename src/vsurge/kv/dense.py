@@ -71,18 +71,14 @@ class DenseKVCache:
         >= max_length are dropped from the write (padding rows)."""
         rows = jnp.arange(k.shape[0])[:, None]  # (B, 1)
         dtype = self.v[layer].dtype
-        quantized = quant.is_quantized(dtype)
-        k_new, v_new = (quant.quantize(k, dtype), quant.quantize(v, dtype)) if quantized else (k, v)
-        k_cache = self.k[layer].at[rows, :, :, positions].set(k_new.astype(dtype), mode="drop")
-        v_cache = self.v[layer].at[rows, :, positions].set(v_new.astype(dtype), mode="drop")
+        k_cache = self.k[layer].at[rows, :, :, positions].set(quant.store(k, dtype), mode="drop")
+        v_cache = self.v[layer].at[rows, :, positions].set(quant.store(v, dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_cache), v=_replace(self.v, layer, v_cache))
         if self.fresh:  # the new tokens' own K/V (a quantized cache is read back from the next step on)
             return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), cache
         key_pos = jnp.broadcast_to(jnp.arange(self.max_length, dtype=jnp.int32), (k.shape[0], self.max_length))
-        if quantized:  # the whole region, dequantized: the plain reference path, not the engines'
-            k_cache = quant.dequantize_key_pages(k_cache, q.dtype)
-            v_cache = quant.dequantize_value_pages(v_cache, q.dtype)
-        return attend(q, k_cache, v_cache, positions, key_pos, spec, sinks), cache
+        # int8 / fp8: the whole region dequantized (the plain reference path, not the engines')
+        return attend(q, *quant.expand(k_cache, v_cache, q.dtype), positions, key_pos, spec, sinks), cache
 
 
 def _replace(arrays: list, index: int, value) -> list:

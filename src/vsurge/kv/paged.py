@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
-from ..ops.attention import merge_into, merge_partials, out_shape, partial_attend
+from ..ops.attention import merge_into, merge_partials, partial_attend
 from . import kernels, quant
 
 
@@ -33,6 +33,16 @@ def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
     per_token = sum(l.heads * (quant.token_bytes(l.k_dim, dtype) + quant.token_bytes(l.v_dim, dtype))
                     for l in layout)
     return page_size * per_token
+
+
+def pool_dtype(model, config):
+    """The storage dtype of an engine's pages: the model's, or int8 / fp8 (`config.kv_cache_dtype`)."""
+    return quant.storage_dtype(config.kv_cache_dtype, model.dtype)
+
+
+def pool_page_bytes(model, config) -> int:
+    """Bytes of one page of an engine's pool (`config`: its EngineConfig) over every layer."""
+    return page_bytes(model.config.kv_layout, config.page_size, pool_dtype(model, config))
 
 
 def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
@@ -53,12 +63,10 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
     def column_part(column):
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
-        keys, values = k_pages[ids], v_pages[ids]  # (R, KVH, dk, ps), (R, KVH, ps, dv)
-        if quantized:
-            keys, values = quant.dequantize_key_pages(keys, q.dtype), quant.dequantize_value_pages(values, q.dtype)
+        keys, values = quant.expand(k_pages[ids], v_pages[ids], q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
         return partial_attend(q, keys, values, q_pos, k_pos, spec)
 
-    shape = out_shape(q, v_pages) if not quantized else (*q.shape[:3], v_pages.shape[-1] - quant.SCALE_BYTES)
+    shape = (*q.shape[:3], quant.logical_dim(v_pages.shape[-1], v_pages.dtype))  # (R, T, H, dv)
     if num_columns is None:
         return merge_partials([column_part(c) for c in range(w)], shape, q.dtype, sinks)
     first = column_part(0)  # every row has at least one page
@@ -121,12 +129,9 @@ class PagedAttentionCache:
         of C tokens."""
         lay, ps = self.layout, self.page_size
         page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
-        k_new, v_new = k[0], v[0]  # (N, KVH, dk), (N, KVH, dv)
-        dtype = self.v[layer].dtype
-        if quant.is_quantized(dtype):  # each token's vector of each head, with its scale
-            k_new, v_new = quant.quantize(k_new, dtype), quant.quantize(v_new, dtype)
-        k_pages = self.k[layer].at[page, :, :, offset].set(k_new.astype(self.k[layer].dtype), mode="drop")
-        v_pages = self.v[layer].at[page, :, offset].set(v_new.astype(self.v[layer].dtype), mode="drop")
+        dtype = self.v[layer].dtype  # each token's vector of each head (int8 / fp8: with its scale)
+        k_pages = self.k[layer].at[page, :, :, offset].set(quant.store(k[0], dtype), mode="drop")
+        v_pages = self.v[layer].at[page, :, offset].set(quant.store(v[0], dtype), mode="drop")
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
         d, (p, c) = lay.num_decode, lay.chunk_pos.shape
         heads, dv = q.shape[2], v.shape[-1]

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..engine.config import KV_CACHE_DTYPES
+
 STORAGE = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 QMAX = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0}
 SCALE_DTYPE = jnp.float16
@@ -47,6 +48,11 @@ def stored_dim(head_dim: int, dtype) -> int:
     return head_dim + SCALE_BYTES if is_quantized(dtype) else head_dim
 
 
+def logical_dim(stored: int, dtype) -> int:
+    """head_dim of the vectors a stored array of `dtype` holds (stored_dim's inverse)."""
+    return stored - SCALE_BYTES if is_quantized(dtype) else stored
+
+
 def token_bytes(head_dim: int, dtype) -> int:
     """Bytes one token of one head takes for one of keys or values."""
     return stored_dim(head_dim, dtype) * jnp.dtype(dtype).itemsize
@@ -65,6 +71,12 @@ def quantize(x, dtype):
     return jnp.concatenate([q.astype(dtype), jax.lax.bitcast_convert_type(scale[..., 0], dtype)], axis=-1)
 
 
+def store(x, dtype):
+    """K or V vectors x (..., d) as a cache of `dtype` holds them: quantized with their scales (..., d + 2)
+    for int8 / fp8, else cast."""
+    return quantize(x, dtype) if is_quantized(dtype) else x.astype(dtype)
+
+
 def dequantize(packed, dtype):
     """(..., d + 2) from `quantize` -> (..., d) `dtype`."""
     scale = jax.lax.bitcast_convert_type(packed[..., -SCALE_BYTES:], SCALE_DTYPE)  # (...,)
@@ -79,6 +91,9 @@ def dequantize_key_pages(pages, dtype):
     return (values * scale[..., None, :].astype(jnp.float32)).astype(dtype)
 
 
-def dequantize_value_pages(pages, dtype):
-    """Gathered value pages (R, KVH, ps, dv + 2) -> (R, KVH, ps, dv) `dtype`."""
-    return dequantize(pages, dtype)
+def expand(keys, values, dtype):
+    """Stored keys (..., KVH, dk', T) and values (..., KVH, T, dv') -> `dtype`, dequantized when stored
+    as int8 / fp8 (dk' = dk + 2), else as they are."""
+    if not is_quantized(values.dtype):
+        return keys, values
+    return dequantize_key_pages(keys, dtype), dequantize(values, dtype)

@@ -263,19 +263,15 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
 
 def memory_fields(surge) -> dict:
     """weight_bytes, kv_cache_bytes and kv_cache_pages of a vSurge's engines (each model and pool once)."""
-    from ..kv.paged import page_bytes
-    from ..kv.quant import storage_dtype
+    from ..kv.paged import pool_page_bytes
 
     engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
     # a remote (other-process) decode engine holds no model here: its pool is of the same model
     models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
     same = next(iter(models.values()), None)
-    pools = {id(e.pool): (e.pool, getattr(e, "model", same), getattr(e.config, "kv_cache_dtype", None))
-             for e in engines}
+    pools = {id(e.pool): (e.pool, getattr(e, "model", same), e.config) for e in engines}
     return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
-                kv_cache_bytes=sum(p.num_pages * page_bytes(m.config.kv_layout, p.page_size,
-                                                            storage_dtype(kv, m.dtype))
-                                   for p, m, kv in pools.values()),
+                kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
                 kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()))
 
 
