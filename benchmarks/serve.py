@@ -119,6 +119,8 @@ def measure(server: Server, args) -> dict:
         summary = asyncio.run(run(server.base, model, prompts, args.input_len, args.output_len, float("inf"),
                                   concurrency, None, 2, shared_prefix_len=preamble))
         print(format_summary(f"{server.name} · {name}", summary), flush=True)
+        if summary["failed"]:  # a failed request's tokens are missing from the row's tok/s
+            print(f"  {summary['failed']} failed: {summary['errors']}", file=sys.stderr, flush=True)
         results[name] = summary
     return results
 
