@@ -1,4 +1,5 @@
-"""JAX's Pallas paged-attention kernels (kv/kernels.py) against the XLA path (kv/paged.py) on CPU.
+"""Paged-attention kernels against the XLA path (kv/paged.py) on CPU: JAX's Pallas kernels
+(kv/kernels.py) and vsurge's own C++ decode kernel (kv/cpu_attention.py, kernels/paged_attention.cc).
 
 Random pages, rows of ragged lengths (one page, a page boundary, several pages, a padding row),
 page tables with holes (pages scattered over the pool, zeros past each row's length), GQA ratios,
@@ -19,7 +20,8 @@ import jax.numpy as jnp
 
 from vsurge.config import AttentionSpec
 from vsurge.kv import kernels
-from vsurge.kv.paged import paged_attention
+from vsurge.kv import cpu_attention
+from vsurge.kv.paged import paged_attention, xla_paged_attention
 
 POSITIONS = [0, 9, 30, -1, 17]  # ragged lengths; -1: a padding row
 REAL = [i for i, p in enumerate(POSITIONS) if p >= 0]
@@ -41,7 +43,7 @@ def pages_and_rows(kv_heads: int, group: int, dim: int, page: int, width: int, s
 def test_gpu_kernel_in_interpret_mode_equals_the_xla_path():
     q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=4, dim=16, page=8, width=4)
     spec = AttentionSpec(scale=0.25, softcap=5.0)
-    ours = paged_attention(q, k, v, tables, pos, spec)
+    ours = xla_paged_attention(q, k, v, tables, pos, spec)
     theirs = kernels.gpu_decode(q, k, v, tables, pos, spec, interpret=True)
     np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
 
@@ -50,7 +52,7 @@ def test_gpu_kernel_in_interpret_mode_equals_the_xla_path():
 def test_tpu_kernel_arguments_through_its_reference_equal_the_xla_path(group, window, softcap):
     q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=group, dim=128, page=8, width=4, seed=group)
     spec = AttentionSpec(scale=128 ** -0.5, window=window, softcap=softcap)
-    ours = paged_attention(q, k, v, tables, pos, spec)
+    ours = xla_paged_attention(q, k, v, tables, pos, spec)
     theirs = kernels.tpu_decode(q, k, v, tables, pos, spec, reference=True)
     np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
 
@@ -74,3 +76,48 @@ def test_kernels_are_chosen_by_backend_and_what_they_support(monkeypatch):
     assert kernels.kernel_for("gpu", 16, 64, 64, spec, None) is None  # prompt rows: the XLA path
     assert kernels.kernel_for("tpu", 1, 64, 64, spec, jnp.zeros(4)) is None  # sinks
     assert kernels.kernel_for("tpu", 1, 192, 128, spec, None) is None  # dk != dv (MLA)
+
+
+# ------------------------------------------------------------------ the C++ decode kernel (CPU)
+needs_kernel = pytest.mark.skipif(not cpu_attention.usable(jnp.zeros((1, 1, 1, 8)), jnp.zeros((1, 1, 8, 8)),
+                                                            jnp.zeros((1, 1, 8, 8))),
+                                  reason="vsurge's CPU kernels are not built here")
+
+
+@needs_kernel
+@pytest.mark.parametrize("kv_heads,group,dim,page,window,softcap,sinks", [
+    (2, 4, 16, 8, None, None, False),   # GQA 4
+    (3, 1, 64, 16, None, None, False),  # MHA, the default model's head_dim
+    (1, 2, 24, 8, 11, None, False),     # sliding window over a page boundary
+    (2, 2, 32, 8, None, 5.0, True),     # soft-cap and sinks
+])
+def test_cpu_decode_kernel_equals_the_xla_path(kv_heads, group, dim, page, window, softcap, sinks):
+    q, k, v, tables, pos = pages_and_rows(kv_heads, group, dim, page, width=5, seed=dim)
+    spec = AttentionSpec(scale=dim ** -0.5, window=window, softcap=softcap)
+    sink = jnp.asarray(np.random.default_rng(3).normal(size=(kv_heads * group,)), jnp.float32) if sinks else None
+    want = np.asarray(xla_paged_attention(q, k, v, tables, pos, spec, sink))
+    got = np.asarray(jax.jit(lambda *a: cpu_attention.decode(*a, spec, sink))(q, k, v, tables, pos))
+    np.testing.assert_allclose(got[REAL], want[REAL], atol=2e-5, rtol=2e-5)
+    assert (got[POSITIONS.index(-1)] == 0).all()  # a padding row reads nothing
+    routed = np.asarray(jax.jit(lambda *a: paged_attention(*a, spec, sink))(q, k, v, tables, pos))
+    np.testing.assert_array_equal(routed, got)  # paged_attention takes the kernel for decode rows
+
+
+@needs_kernel
+def test_cpu_decode_kernel_reads_bfloat16_pages():
+    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=2, dim=64, page=16, width=3)
+    k, v = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+    spec = AttentionSpec(scale=0.125)
+    want = np.asarray(xla_paged_attention(q, k, v, tables, pos, spec)).astype(np.float32)
+    got = np.asarray(cpu_attention.decode(q, k, v, tables, pos, spec))
+    # the XLA path also rounds q to bfloat16 before its dots; the kernel keeps q in float32
+    np.testing.assert_allclose(got[REAL], want[REAL], atol=2e-2, rtol=2e-2)
+
+
+@needs_kernel
+def test_cpu_decode_kernel_is_left_to_xla_where_it_does_not_apply():
+    q, k, v, _, _ = pages_and_rows(kv_heads=2, group=2, dim=16, page=8, width=4)
+    assert cpu_attention.usable(q, k, v)
+    assert not cpu_attention.usable(jnp.zeros((2, 4, 4, 16)), k, v)  # prompt rows (4 tokens)
+    assert not cpu_attention.usable(q, k.astype(jnp.int8), v.astype(jnp.int8))  # int8 pages: scales inside
+    assert not cpu_attention.usable(q, k[..., :6], v[:, :, :6])  # page size 6: not a multiple of 8

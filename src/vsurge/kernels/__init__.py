@@ -23,6 +23,7 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FFI_TARGET = "vsurge_qmatmul"
+ATTENTION_TARGET = "vsurge_paged_decode"  # paged_attention.cc: decode rows' attention over their pages
 LAYOUT_VERSION = 1  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py
 _DISABLED = ("none", "off", "xla")
 
@@ -67,6 +68,7 @@ class _Library:
         import jax
 
         jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(lib.vsurge_qmatmul_ffi), platform="cpu")
+        jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.vsurge_paged_decode_ffi), platform="cpu")
         self.lib = lib
 
 
@@ -90,6 +92,11 @@ def _library() -> _Library:
 def available() -> bool:
     """True when the kernels are loaded and registered with XLA (for the CPU platform)."""
     return _library().lib is not None
+
+
+def attention_available() -> bool:
+    """True when the decode attention kernel (paged_attention.cc) is registered too."""
+    return available()
 
 
 def unavailable_reason() -> str | None:

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import merge_into, merge_partials, partial_attend
-from . import kernels, quant
+from . import cpu_attention, kernels, quant
 
 
 def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
@@ -50,12 +50,22 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
     in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
     (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop.
     int8 pages (kv/quant.py: dk + 2, dv + 2 with their scales) are dequantized per column, right
-    after its gather: only the pages read are expanded."""
-    quantized = quant.is_quantized(v_pages.dtype)
-    kernel = None if quantized else kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2],
+    after its gather, and pages of another float dtype cast: only the pages read are expanded."""
+    # the Pallas kernels read pages in q's own dtype only
+    kernel = None if v_pages.dtype != q.dtype else kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2],
                                                        v_pages.shape[3], spec, sinks)
     if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py); float pages only
         return kernels.decode(kernel, q, k_pages, v_pages, tables, q_pos, spec)
+    if cpu_attention.usable(q, k_pages, v_pages):  # decode rows on CPU: one C++ call (kv/cpu_attention.py)
+        return jax.lax.platform_dependent(
+            q, k_pages, v_pages, tables, q_pos,
+            cpu=lambda *a: cpu_attention.decode(*a, spec, sinks),
+            default=lambda *a: xla_paged_attention(*a, spec, sinks, num_columns))
+    return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns)
+
+
+def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
+    """paged_attention in XLA ops (every backend; the reference the kernels are tested against)."""
     r, w = tables.shape
     ps = v_pages.shape[2]
     offsets = jnp.arange(ps, dtype=jnp.int32)
