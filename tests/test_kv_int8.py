@@ -1,5 +1,6 @@
 """Quantized KV pages (`--kv-cache-dtype int8 | fp8`, kv/quant.py): the quantization against a numpy
-reference, logits against the float KV cache on tiny models (paged and dense caches), greedy text on
+reference, logits against the float KV cache on tiny models (paged and dense caches; bfloat16 pages of
+a float32 model too), greedy text on
 the default model, the engine's prefix cache / preemption / host tier / speculation under int8, pool
 sizing and the start-up line, and bad input."""
 
@@ -113,8 +114,9 @@ def test_int8_logits_stay_within_tolerance_of_the_float_cache(name, tiny_checkpo
     reference = paged_logits(model, ids, forced, jnp.float32)
     spread = reference.max() - reference.min()
     checks = [(paged_logits(model, ids, forced, jnp.int8), reference, 0.02)]
-    if name == "llama":  # fp8 and the dense cache on one family (each check costs seconds)
+    if name == "llama":  # fp8, bfloat16 pages and the dense cache on one family (each check costs seconds)
         checks += [(paged_logits(model, ids, forced, jnp.float8_e4m3fn), reference, 0.08),
+                   (paged_logits(model, ids, forced, jnp.bfloat16), reference, 0.01),
                    (dense_logits(model, ids, forced, jnp.int8), dense_logits(model, ids, forced, jnp.float32), 0.02)]
     for got, want, tol in checks:
         err = np.abs(got - want).max()
@@ -221,20 +223,21 @@ def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
 
     model, processor = load_tiny(tiny_checkpoints, "llama")
     lines = {}
-    for dtype in ("auto", "int8"):
+    for dtype in ("auto", "bfloat16", "int8"):
         surge = vSurge.create_odriver(model, processor, config=EngineConfig(**{**CONFIG, "kv_cache_dtype": dtype},
                                                                             num_pages=8))
         lines[dtype] = describe_kv_pool(model, surge.driver.engines[0])
     per_page = pool_page_bytes(model, EngineConfig(page_size=16, kv_cache_dtype="int8"))
     assert lines["int8"] == (f"Paged KV cache: 8 pages of 16 tokens (128 tokens, {8 * per_page / 2**20:.1f} MiB, "
                              f"int8 with float16 scales, {2**30 // per_page} pages per GiB)")
-    assert ", float32, " in lines["auto"]
+    assert ", float32, " in lines["auto"] and ", bfloat16, " in lines["bfloat16"]
     per_gib = {d: int(line.split(", ")[-1].split()[0]) for d, line in lines.items()}  # "N pages per GiB)"
+    assert per_gib["bfloat16"] in (2 * per_gib["auto"], 2 * per_gib["auto"] + 1)  # half the bytes of float32
     assert per_gib["int8"] >= 2 * per_gib["auto"]  # float32 here: > 3.5x; bfloat16 pools: 2 * dk / (dk + 2)
 
 
 def test_bad_kv_cache_dtypes_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"kv_cache_dtype \(--kv-cache-dtype\) must be one of auto, int8, fp8"):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype \(--kv-cache-dtype\) must be one of auto, bfloat16, float16, int8, fp8"):
         EngineConfig(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         quant.storage_dtype("int4", jnp.float32)

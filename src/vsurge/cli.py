@@ -136,8 +136,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="how the paged KV pool stores keys and values: auto (the model dtype), int8 or fp8 "
-                        "(float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
+                   help="how the paged KV pool stores keys and values: auto (the model dtype); bfloat16 or "
+                        "float16 (a float32 model's cache in half the memory, as llama.cpp's f16 cache); int8 or "
+                        "fp8 (float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
                         "the pages of a bfloat16 pool in the same memory (the start-up line prints them)")
     p.add_argument("--prefix-wait-steps", type=int, default=64,
                    help="steps a prompt may wait for a prefix another request is computing (0: never wait)")

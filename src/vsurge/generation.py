@@ -62,7 +62,7 @@ class Generator:
 
     model: nnx.Module
     max_length: int = 2048
-    kv_cache_dtype: str | None = None  # None / "auto": the model dtype; "int8" / "fp8": quantized (kv/quant.py)
+    kv_cache_dtype: str | None = None  # None / "auto": the model dtype; bfloat16 / float16 cast; int8 / fp8 quantized (kv/quant.py)
 
     def __post_init__(self):
         self.max_length = min(self.max_length, self.model.config.max_position_embeddings)

@@ -1,4 +1,8 @@
-"""Quantized KV storage (`--kv-cache-dtype int8 | fp8`): symmetric absmax scaling per token and KV head.
+"""KV storage dtypes (`--kv-cache-dtype`): 16-bit floats as they are, int8 / fp8 with symmetric absmax
+scaling per token and KV head.
+
+bfloat16 / float16 pages are the values cast (a float32 model's cache in half the bytes, as
+llama.cpp's default f16 cache; read back as the compute dtype per gathered page).
 
 Each token's key (or value) vector of one head, over head_dim, is stored as `q = x / s` in the
 storage dtype with one float16 scale `s = absmax / qmax` (int8: rounded, qmax 127; fp8 =
@@ -24,14 +28,14 @@ import jax.numpy as jnp
 
 from ..engine.config import KV_CACHE_DTYPES
 
-STORAGE = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+STORAGE = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
 QMAX = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0}
 SCALE_DTYPE = jnp.float16
 SCALE_BYTES = 2  # the float16 scale's bytes (one byte per element of the 1-byte storage dtypes)
 
 
 def storage_dtype(kv_cache_dtype: str | None, model_dtype) -> jnp.dtype:
-    """The dtype the KV pages are stored in: the model's (None / "auto"), int8 or float8_e4m3fn."""
+    """The dtype the KV pages are stored in: the model's (None / "auto"), a 16-bit float, int8 or float8_e4m3fn."""
     if kv_cache_dtype in (None, "auto"):
         return jnp.dtype(model_dtype)
     if kv_cache_dtype in STORAGE:
@@ -93,7 +97,7 @@ def dequantize_key_pages(pages, dtype):
 
 def expand(keys, values, dtype):
     """Stored keys (..., KVH, dk', T) and values (..., KVH, T, dv') -> `dtype`, dequantized when stored
-    as int8 / fp8 (dk' = dk + 2), else as they are."""
+    as int8 / fp8 (dk' = dk + 2), else cast (a no-op when stored in `dtype`)."""
     if not is_quantized(values.dtype):
-        return keys, values
+        return keys.astype(dtype), values.astype(dtype)
     return dequantize_key_pages(keys, dtype), dequantize(values, dtype)
