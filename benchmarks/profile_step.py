@@ -8,7 +8,7 @@ pages and the dots), cache writes, the output head, sampling, other elementwise
 work. The untraced wall time per call is split in proportion to each category's
 traced op time (host work between calls is not in it: `benchmarks/serve.py` shows it).
 
-    python benchmarks/profile_step.py [--rows 1,16,32] [--engine paged] [--quantization int8]
+    python benchmarks/profile_step.py [--model FILE] [--rows 1,16,32] [--engine paged] [--quantization int8]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.sampling_params import SamplingParams  # noqa: E402
 
+MATMUL_OPS = ("dot_general", "ffi_call")  # XLA's dots and the block kernel's custom call (GGUF blocks kept)
 CATEGORIES = ("weight matmuls", "attention", "cache writes", "output head", "sampling", "elementwise")
 
 
@@ -57,8 +58,8 @@ def category(opcode_and_name: tuple[str, str]) -> str:
     if "/attention/" in name:
         return "cache writes" if leaf.startswith("scatter") else "attention"
     if "/layer_" in name:
-        return "weight matmuls" if leaf.startswith("dot_general") else "elementwise"
-    if leaf.startswith("dot_general"):
+        return "weight matmuls" if leaf.startswith(MATMUL_OPS) else "elementwise"
+    if leaf.startswith(MATMUL_OPS):
         return "output head"
     if any(k in name for k in ("argmax", "top_k", "sort", "random", "threefry", "gumbel", "cumsum", "logsumexp",
                                "argsort", "/cond/")):
@@ -100,7 +101,7 @@ def split(fn, hlo_text: str, reps: int, wall: float) -> dict[str, float]:
 
 
 def build(args, rows: int):
-    model, processor = vsurge.load("default", quantization=args.quantization, progress=False)
+    model, processor = vsurge.load(args.model, quantization=args.quantization, progress=False)
     pages = -(-args.max_length // 128)  # the default page size
     config = EngineConfig(max_slots=max(rows, 2), max_length=args.max_length, decode_steps=1,
                           prefill_tokens=args.prefill_tokens,
@@ -112,6 +113,7 @@ def build(args, rows: int):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="default", help="a GGUF file or checkpoint (default: the default model)")
     p.add_argument("--rows", default="1,16,32")
     p.add_argument("--engine", default="paged", choices=["paged", "dense"])
     p.add_argument("--quantization", default=None)
@@ -123,7 +125,10 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     all_rows = [int(r) for r in args.rows.split(",")]
     if not args.no_header:
-        print(f"default model, {args.engine} engine, {args.quantization or 'bfloat16'} weights; ms per call\n")
+        from vsurge import kernels
+
+        print(f"{args.model} model, {args.engine} engine, {args.quantization or 'load default'} weights, "
+              f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}; ms per call\n")
         print("| step | " + " | ".join(CATEGORIES) + " | total | tok/s |")
         print("|---|" + "---|" * (len(CATEGORIES) + 2), flush=True)
     if len(all_rows) > 1:  # one process per row count (see wall_ms)

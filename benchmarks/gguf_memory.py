@@ -1,0 +1,186 @@
+"""A ~1B Llama-shaped Q4_K_M GGUF: peak memory and speed of `vsurge serve` vs `llama-server` (issue 20).
+
+Makes the file once (cached under ~/.cache/vsurge-bench): random bfloat16 weights at a ~1.1B
+Llama shape (TinyLlama's: hidden 2048, 22 layers, 32 heads, 4 KV heads, MLP 5632) with the default
+model's tokenizer, written by transformers' safetensors layout, converted by llama.cpp's own
+convert_hf_to_gguf.py to f16 and quantized by llama-quantize to Q4_K_M (Q4_K + Q6_K blocks).
+
+Then each server runs alone with the same 32 x 2048 tokens of context:
+    vsurge serve --model FILE --max-length 2048               (32 slots on this CPU; blocks kept)
+    llama-server -m FILE -np 32 -c 65536 -t <cores>
+and is measured at one stream (4 requests in turn) and 8 concurrent (8 requests), 128-word prompts,
+128 greedy tokens. Peak resident memory is the server process's VmHWM (/proc/PID/status) after
+the loads: weights, KV pool, compiled programs and all.
+
+    python benchmarks/gguf_memory.py [--vsurge-args "--kv-cache-dtype int8"] [--write-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from serve import ROOT, Server, isa_line, llama_server_binary, vsurge_cmd  # noqa: E402
+
+from vsurge.bench_serve import TABLE_HEADER, format_summary, run  # noqa: E402
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vsurge-bench"
+SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+         "num_key_value_heads": 4, "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+         "tie_word_embeddings": False}
+LOADS = [("1 stream", 4, 1), ("8 concurrent", 8, 8)]  # (name, prompts, concurrency)
+SLOTS, CONTEXT = 32, 2048
+
+
+def write_checkpoint(out: Path) -> None:
+    """Random bfloat16 weights at SHAPE, in transformers' own layout, with the default model's tokenizer."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vsurge.loading import load_processor
+
+    tokenizer = load_processor("default")
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", **SHAPE)
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+
+
+def make_q4_k_m(binary: str) -> Path:
+    """The cached Q4_K_M file, made on first use (~5 minutes on 2 cores)."""
+    target = CACHE / "llama-1b-random-Q4_K_M.gguf"
+    if target.exists():
+        return target
+    llama_cpp = Path(binary).parents[2]
+    hf, f16 = CACHE / "llama-1b-random-hf", CACHE / "llama-1b-random-f16.gguf"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not (hf / "config.json").exists():
+        print("writing the random checkpoint ...", flush=True)
+        write_checkpoint(hf)
+    print("converting with convert_hf_to_gguf.py ...", flush=True)
+    env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
+    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(f16),
+                    "--outtype", "f16"], env=env, check=True, capture_output=True)
+    print("quantizing with llama-quantize ...", flush=True)
+    partial = target.with_suffix(".partial")
+    subprocess.run([str(Path(binary).parent / "llama-quantize"), str(f16), str(partial), "Q4_K_M"], check=True,
+                   capture_output=True)
+    partial.rename(target)
+    f16.unlink()
+    return target
+
+
+def peak_rss_gib(pid: int) -> float:
+    """The process's high-water resident set (VmHWM), GiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    raise RuntimeError(f"no VmHWM for pid {pid}")
+
+
+def measure(server: Server, input_len: int, output_len: int) -> dict:
+    model = server.model()
+    results = {}
+    for name, prompts, concurrency in LOADS:
+        summary = asyncio.run(run(server.base, model, prompts, input_len, output_len, float("inf"), concurrency,
+                                  None, 2))
+        print(format_summary(f"{server.name} · {name}", summary), flush=True)
+        if summary["failed"]:
+            print(f"  {summary['failed']} failed: {summary['errors']}", file=sys.stderr, flush=True)
+        results[name] = summary["output_throughput"]
+    results["peak RSS GiB"] = peak_rss_gib(server.proc.pid)
+    return results
+
+
+def start_line(log: str) -> str:
+    """vsurge's start-up line (weights by format, KV pool), for the table's note."""
+    lines = [line for line in Path(log).read_text().splitlines() if "weights" in line and "KV" in line]
+    return lines[-1].strip() if lines else ""
+
+
+def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str) -> str:
+    size = file.stat().st_size / 2**30
+    lines = [f"`{command}`: random weights at a ~1.1B Llama shape, Q4_K_M by llama-quantize ({size:.2f} GiB file), "
+             f"32 slots x {CONTEXT} tokens of context each, 128-word prompts, 128 output tokens; "
+             f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
+             "| measure | vsurge | llama-server | ratio |", "|---|---|---|---|"]
+    for key, unit in [("peak RSS GiB", "peak RSS GiB"), ("1 stream", "1 stream tok/s"),
+                      ("8 concurrent", "8 concurrent tok/s")]:
+        lines.append(f"| {unit} | {vs[key]:.2f} | {peer[key]:.2f} | {vs[key] / peer[key]:.2f}x |")
+    lines += ["", f"vsurge ran `vsurge serve --model FILE --max-length {CONTEXT}"
+              + (f" {vsurge_args}" if vsurge_args else "") + f"`; llama-server `-np {SLOTS} -c {SLOTS * CONTEXT}`."]
+    if note:
+        lines.append(f"vsurge's start-up line: `{note}`")
+    return "\n".join(lines)
+
+
+def write_readme(text: str, marker: str) -> None:
+    import re
+
+    readme = ROOT / "README.md"
+    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(\n<!-- /{marker} -->)", re.S)
+    body = readme.read_text()
+    if not pattern.search(body):
+        raise SystemExit(f"README.md has no <!-- {marker} --> section")
+    readme.write_text(pattern.sub(lambda m: m.group(1) + text + m.group(2), body))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vsurge-args", default="", help="extra `vsurge serve` flags")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--write-readme", action="store_true")
+    p.add_argument("--readme-marker", default="gguf-memory-table")
+    args = p.parse_args(argv)
+    print(isa_line())
+    binary = llama_server_binary()
+    file = make_q4_k_m(binary)
+    print(f"{file} ({file.stat().st_size / 2**30:.2f} GiB)\n{TABLE_HEADER}", flush=True)
+    vsurge = Server("vsurge", vsurge_cmd(f"--model {shlex.quote(str(file))} --max-length {CONTEXT} "
+                                         f"{args.vsurge_args}"), "/readiness")
+    print(f"vsurge ready in {vsurge.wait_ready(3600):.1f} s", flush=True)
+    try:
+        vs = measure(vsurge, args.input_len, args.output_len)
+    finally:
+        vsurge.stop()
+    llama = Server("llama-server", [binary, "-m", str(file), "--host", "127.0.0.1", "--port", "{port}",
+                                    "-np", str(SLOTS), "-c", str(SLOTS * CONTEXT), "-t", str(os.cpu_count() or 2)],
+                   "/health")
+    llama.wait_ready()
+    try:
+        peer = measure(llama, args.input_len, args.output_len)
+    finally:
+        llama.stop()
+    print(json.dumps({"vsurge": vs, "llama-server": peer}))
+    command = "python benchmarks/gguf_memory.py" + (f" --vsurge-args {shlex.quote(args.vsurge_args)}"
+                                                    if args.vsurge_args else "")
+    text = table(vs, peer, file, command, args.vsurge_args, start_line(vsurge.log.name))
+    print("\n" + text)
+    if args.write_readme:
+        write_readme(text, args.readme_marker)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
