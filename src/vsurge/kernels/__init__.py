@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 FFI_TARGET = "vsurge_qmatmul"
 ATTENTION_TARGET = "vsurge_paged_decode"  # paged_attention.cc: decode rows' attention over their pages
-LAYOUT_VERSION = 1  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py
+LAYOUT_VERSION = 2  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 

@@ -87,17 +87,22 @@ struct Scratch {
 
 struct QuantizeJob {
   const IsaKernels* isa;
-  const void* x;
+  const void* x;  // rows [0, M) of this input
   bool bf16;
   int64_t k;
   int offset;
   bool halves;
   Scratch* scratch;
+  int64_t first;  // where its rows go in the scratch (M for the second pass)
 };
 
 void quantize_items(void* ctx, int64_t r0, int64_t r1) {
   auto* j = static_cast<QuantizeJob*>(ctx);
-  j->isa->quantize_rows(j->x, j->bf16, r0, r1, j->k, j->offset, j->halves, j->scratch->q.data(),
+  const int64_t blocks = j->k / kBlock, f = j->first;
+  // the ISA's quantize_rows indexes rows from the start of x and of the scratch alike: shift both
+  const void* x = j->bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(j->x) - f * j->k)
+                          : static_cast<const void*>(static_cast<const float*>(j->x) - f * j->k);
+  j->isa->quantize_rows(x, j->bf16, f + r0, f + r1, j->k, j->offset, j->halves, j->scratch->q.data(),
                         j->scratch->d.data(), j->scratch->s.data(), j->scratch->c.data());
 }
 
@@ -115,10 +120,41 @@ void matmul_items(void* ctx, int64_t i0, int64_t i1) {  // item = (tile, row chu
   }
 }
 
-ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y, int64_t format) {
+struct AddJob {
+  const float* a;
+  const float* b;
+  float* out;
+};
+
+void add_items(void* ctx, int64_t i0, int64_t i1) {
+  const auto* j = static_cast<const AddJob*>(ctx);
+  for (int64_t i = i0; i < i1; ++i) j->out[i] = j->a[i] + j->b[i];
+}
+
+// x - Q8(x), float32, from the codes and scales just made: what one pass's rounding left out.
+void rounding_residual(const void* x, bool bf16, int64_t m, int64_t k, const Scratch& s, float* out) {
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      float v;
+      if (bf16) {
+        const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(x)[r * k + i]) << 16;
+        std::memcpy(&v, &bits, 4);
+      } else {
+        v = static_cast<const float*>(x)[r * k + i];
+      }
+      out[r * k + i] = v - static_cast<float>(s.q[r * k + i]) * s.d[(r * k + i) / kBlock];
+    }
+  }
+}
+
+// passes 2: x's rounding residual is quantized too and multiplied as M more rows of the same call
+// (the weights are read once), and each row's two results are added: x keeps ~15 bits, not 8.
+ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y, int64_t format,
+                        int64_t passes) {
   const IsaKernels* isa = variant().load(std::memory_order_relaxed);
   if (isa == nullptr) return ffi::Error::Internal("vsurge_qmatmul: no kernel variant runs on this CPU");
   if (format < 0 || format >= kFormats) return ffi::Error::InvalidArgument("vsurge_qmatmul: unknown format");
+  if (passes != 1 && passes != 2) return ffi::Error::InvalidArgument("vsurge_qmatmul: passes must be 1 or 2");
   const auto xd = x.dimensions();
   const auto yd = y->dimensions();
   if (xd.size() != 2 || yd.size() != 2 || xd[0] != yd[0])
@@ -137,22 +173,35 @@ ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuf
 
   ThreadPool& pool = kernel_pool();
   thread_local Scratch scratch;
-  const int64_t blocks = k / kBlock;
-  scratch.q.resize(m * k);
-  scratch.d.resize(m * blocks);
-  scratch.s.resize(m * blocks);
-  scratch.c.resize(2 * m * blocks);
-  QuantizeJob qj{isa, x.untyped_data(), bf16, k, code_offset(format, isa->vnni), format == kQ6_K, &scratch};
+  thread_local std::vector<float> residual, both;
+  const int64_t blocks = k / kBlock, rows = passes * m;
+  scratch.q.resize(rows * k);
+  scratch.d.resize(rows * blocks);
+  scratch.s.resize(rows * blocks);
+  scratch.c.resize(2 * rows * blocks);
+  const int offset = code_offset(format, isa->vnni);
   // rows of x are cheap to quantize: only many rows are worth the pool's hand-off
   const int64_t rows_per_task = m * k >= (1 << 16) ? std::max<int64_t>(1, m / (2 * pool.threads())) : m;
+  QuantizeJob qj{isa, x.untyped_data(), bf16, k, offset, format == kQ6_K, &scratch, 0};
   pool.parallel_for(m, rows_per_task, quantize_items, &qj);
-
+  if (passes == 2) {
+    residual.resize(m * k);
+    rounding_residual(x.untyped_data(), bf16, m, k, scratch, residual.data());
+    QuantizeJob rj{isa, residual.data(), false, k, offset, format == kQ6_K, &scratch, m};
+    pool.parallel_for(m, rows_per_task, quantize_items, &rj);
+    both.resize(rows * n);
+  }
+  float* out = passes == 2 ? both.data() : y->typed_data();
   MatmulJob mj{isa,
                {static_cast<int>(format), w.typed_data(), n, k, tile_bytes,
-                {scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.c.data(), k}, y->typed_data()},
-               m, (m + kRowChunk - 1) / kRowChunk};
+                {scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.c.data(), k}, out},
+               rows, (rows + kRowChunk - 1) / kRowChunk};
   const int64_t items = tiles * mj.row_chunks;
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())), matmul_items, &mj);
+  if (passes == 2) {
+    AddJob aj{both.data(), both.data() + m * n, y->typed_data()};
+    pool.parallel_for(m * n, std::max<int64_t>(4096, m * n / (4 * pool.threads())), add_items, &aj);
+  }
   return ffi::Error::Success();
 }
 
@@ -167,12 +216,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_ffi, vsurge::qmatmul_impl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("format"));
+                                  .Attr<int64_t>("format")
+                                  .Attr<int64_t>("passes"));
 
 // For ctypes (src/vsurge/kernels/__init__.py).
 extern "C" {
 
-int vsurge_qmatmul_layout_version() { return 1; }
+int vsurge_qmatmul_layout_version() { return 2; }  // 2: the `passes` attribute
 
 const char* vsurge_qmatmul_variant() {
   const vsurge::IsaKernels* k = vsurge::variant().load();

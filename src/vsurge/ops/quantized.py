@@ -186,30 +186,13 @@ def _check(x: jax.Array, w: QuantizedWeight) -> None:
         raise ValueError(f"{w!r}: data {w.data.dtype} {w.data.shape} is not its repacked layout")
 
 
-def _kernel_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int) -> jax.Array:
+def _kernel_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, passes: int = 1) -> jax.Array:
+    """The kernel on rows (M, K). passes 2: it also multiplies what its int8 rounding of each
+    32-value block left out, rows - Q8(rows), as M more rows of the same call (the weights read
+    once) and adds the two halves: x @ W^T with x kept to ~15 bits instead of 8."""
     call = jax.ffi.ffi_call(kernels.FFI_TARGET, jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32),
                             vmap_method="sequential")
-    return call(rows, data, format=np.int64(fmt.kernel_id))
-
-
-def _rounding_residual(rows: jax.Array) -> jax.Array:
-    """rows (M, K) float32 -> rows - Q8(rows): what the kernel's int8 rounding of each 32-value block
-    leaves out (the kernel's own arithmetic: scale = max|x| / 127, round half to even)."""
-    m, k = rows.shape
-    b = rows.reshape(m, k // 32, 32)
-    amax = jnp.max(jnp.abs(b), axis=-1, keepdims=True)
-    scale = amax / 127.0
-    inv = jnp.where(amax > 0, 1.0 / jnp.where(amax > 0, scale, 1.0), 0.0)
-    return (b - jnp.round(b * inv) * scale).reshape(m, k)
-
-
-def _two_pass_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int) -> jax.Array:
-    """The kernel on [x; x - Q8(x)] (2M rows, the weights read once): the sum of the two halves is
-    x @ W^T with x kept to ~15 bits instead of 8."""
-    rows = rows.astype(jnp.float32)
-    out = _kernel_rows(jnp.concatenate([rows, _rounding_residual(rows)]), data, fmt=fmt, n=n)
-    m = rows.shape[0]
-    return out[:m] + out[m:]
+    return call(rows, data, format=np.int64(fmt.kernel_id), passes=np.int64(passes))
 
 
 def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, k: int) -> jax.Array:
@@ -242,9 +225,7 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
     if not use_kernel or rows.shape[0] == 0:
         out = fallback(rows, w.data)
     else:
-        if two_pass and k % 32 == 0:
-            kernel = lambda r, d: _two_pass_rows(r, d, fmt=fmt, n=n)  # noqa: E731
-        else:
-            kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n)  # noqa: E731
+        passes = 2 if two_pass and k % 32 == 0 else 1
+        kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n, passes=passes)  # noqa: E731
         out = jax.lax.platform_dependent(rows, w.data, cpu=kernel, default=fallback)
     return out.reshape(*lead, n)
