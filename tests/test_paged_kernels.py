@@ -115,9 +115,24 @@ def test_cpu_decode_kernel_reads_bfloat16_pages():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype,tol", [(jnp.int8, 1e-5), (jnp.float8_e4m3fn, 1e-5)])
+def test_cpu_decode_kernel_dequantizes_int8_and_fp8_pages_as_the_xla_path(dtype, tol):
+    from vsurge.kv import quant
+
+    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=3, dim=32, page=8, width=5, seed=7)
+    # keys are stored (P, KVH, dk + 2, ps): quantized per token along dk, the scale rows after them
+    kq = jnp.swapaxes(quant.store(jnp.swapaxes(k, -1, -2), dtype), -1, -2)
+    vq = quant.store(v, dtype)
+    spec = AttentionSpec(scale=32 ** -0.5, window=13)
+    want = np.asarray(xla_paged_attention(q, kq, vq, tables, pos, spec))
+    got = np.asarray(cpu_attention.decode(q, kq, vq, tables, pos, spec))
+    np.testing.assert_allclose(got[REAL], want[REAL], atol=tol, rtol=tol)
+    assert cpu_attention.usable(q, kq, vq)
+
+
+@needs_kernel
 def test_cpu_decode_kernel_is_left_to_xla_where_it_does_not_apply():
     q, k, v, _, _ = pages_and_rows(kv_heads=2, group=2, dim=16, page=8, width=4)
     assert cpu_attention.usable(q, k, v)
     assert not cpu_attention.usable(jnp.zeros((2, 4, 4, 16)), k, v)  # prompt rows (4 tokens)
-    assert not cpu_attention.usable(q, k.astype(jnp.int8), v.astype(jnp.int8))  # int8 pages: scales inside
     assert not cpu_attention.usable(q, k[..., :6], v[:, :, :6])  # page size 6: not a multiple of 8

@@ -1,7 +1,9 @@
 // The XLA FFI custom call `vsurge_paged_decode`: attention of one query token per row over its KV
 // pages, read through its page table (kv/paged.py's decode rows on CPU).
 //
-//   q (R, H, dk) f32; k_pages (P, KVH, dk, ps) and v_pages (P, KVH, ps, dv) f32 or bf16;
+//   q (R, H, dk) f32; k_pages (P, KVH, dk, ps) and v_pages (P, KVH, ps, dv) f32 or bf16, or int8 /
+//   fp8 (e4m3fn) with each token's float16 scale as 2 more bytes along head_dim (kv/quant.py:
+//   k_pages (P, KVH, dk + 2, ps), v_pages (P, KVH, ps, dv + 2));
 //   tables (R, W) s32 page ids; q_pos (R,) s32 (< 0: a padding row, zeros out); sinks (H,) f32
 //   -> out (R, H, dv) f32
 //
@@ -63,11 +65,39 @@ inline void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
   }
 }
 
+enum PageKind { kF32, kBF16, kQ8 };  // kQ8: one byte per value (int8 or fp8) and a float16 scale per token
+
+// The value of each byte of an int8 or float8_e4m3fn page (before its token's scale).
+const float* byte_values(bool fp8) {
+  static const std::vector<float> tables[2] = {
+      [] {
+        std::vector<float> t(256);
+        for (int b = 0; b < 256; ++b) t[b] = static_cast<float>(static_cast<int8_t>(b));
+        return t;
+      }(),
+      [] {  // e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, 0x7f / 0xff are NaN
+        std::vector<float> t(256);
+        for (int b = 0; b < 256; ++b) {
+          const int e = (b >> 3) & 15, mant = b & 7;
+          float v = e == 0 ? std::ldexp(mant / 8.0f, -6) : std::ldexp(1.0f + mant / 8.0f, e - 7);
+          if ((b & 0x7f) == 0x7f) v = std::numeric_limits<float>::quiet_NaN();
+          t[b] = (b & 0x80) ? -v : v;
+        }
+        return t;
+      }()};
+  return tables[fp8 ? 1 : 0].data();
+}
+
+inline float f16_at(const uint8_t* lo, const uint8_t* hi) {
+  return _cvtsh_ss(static_cast<uint16_t>(*lo | (*hi << 8)));
+}
+
 struct DecodeJob {
   const float* q;
   const void* k;
   const void* v;
-  bool bf16;
+  PageKind kind;
+  const float* bytes;  // kQ8: byte_values
   const int32_t* tables;
   const int32_t* q_pos;
   const float* sinks;  // nullptr: none
@@ -94,7 +124,7 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
   sc.acc.assign(G * dv, 0.0f);
   sc.m.assign(G, kNegInf);
   sc.l.assign(G, 0.0f);
-  if (j.bf16) {
+  if (j.kind != kF32) {
     sc.kf.resize(dk * ps);
     sc.vf.resize(ps * dv);
   }
@@ -104,12 +134,27 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
   for (int64_t c = lo_pos / ps; c <= last; ++c) {
     const int64_t page = j.tables[row * j.width + c];
     if (page < 0 || page >= j.pages) continue;
-    const int64_t k_off = (page * j.kv_heads + g) * dk * ps, v_off = (page * j.kv_heads + g) * ps * dv;
+    const int64_t extra = j.kind == kQ8 ? 2 : 0;  // the scale's bytes
+    const int64_t k_off = (page * j.kv_heads + g) * (dk + extra) * ps, v_off = (page * j.kv_heads + g) * ps * (dv + extra);
     const float* K;  // (dk, ps)
     const float* V;  // (ps, dv)
-    if (j.bf16) {
+    if (j.kind == kBF16) {
       bf16_to_f32(static_cast<const uint16_t*>(j.k) + k_off, sc.kf.data(), dk * ps);
       bf16_to_f32(static_cast<const uint16_t*>(j.v) + v_off, sc.vf.data(), ps * dv);
+      K = sc.kf.data();
+      V = sc.vf.data();
+    } else if (j.kind == kQ8) {
+      const uint8_t* kq = static_cast<const uint8_t*>(j.k) + k_off;  // (dk + 2, ps): the scales' rows last
+      const uint8_t* vq = static_cast<const uint8_t*>(j.v) + v_off;  // (ps, dv + 2): the scales' columns last
+      float* kscale = sc.s.data();  // scratch: the scores are written after K is made
+      for (int64_t t = 0; t < ps; ++t) kscale[t] = f16_at(kq + dk * ps + t, kq + (dk + 1) * ps + t);
+      for (int64_t d = 0; d < dk; ++d)
+        for (int64_t t = 0; t < ps; ++t) sc.kf[d * ps + t] = j.bytes[kq[d * ps + t]] * kscale[t];
+      for (int64_t t = 0; t < ps; ++t) {
+        const uint8_t* row = vq + t * (dv + 2);
+        const float scale = f16_at(row + dv, row + dv + 1);
+        for (int64_t e = 0; e < dv; ++e) sc.vf[t * dv + e] = j.bytes[row[e]] * scale;
+      }
       K = sc.kf.data();
       V = sc.vf.data();
     } else {
@@ -191,13 +236,17 @@ ffi::Error paged_decode_impl(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pages, ff
   const auto qd = q.dimensions(), kd = k_pages.dimensions(), vd = v_pages.dimensions(), td = tables.dimensions();
   if (qd.size() != 3 || kd.size() != 4 || vd.size() != 4 || td.size() != 2)
     return ffi::Error::InvalidArgument("vsurge_paged_decode: q (R, H, dk), pages (P, KVH, ., .), tables (R, W)");
-  const bool bf16 = k_pages.element_type() == ffi::DataType::BF16;
-  if (k_pages.element_type() != v_pages.element_type() || (!bf16 && k_pages.element_type() != ffi::DataType::F32))
-    return ffi::Error::InvalidArgument("vsurge_paged_decode: pages must both be float32 or bfloat16");
-  DecodeJob j{q.typed_data(), k_pages.untyped_data(), v_pages.untyped_data(), bf16, tables.typed_data(),
+  const ffi::DataType type = k_pages.element_type();
+  const bool q8 = type == ffi::DataType::S8 || type == ffi::DataType::F8E4M3FN;
+  if (v_pages.element_type() != type || (!q8 && type != ffi::DataType::F32 && type != ffi::DataType::BF16))
+    return ffi::Error::InvalidArgument("vsurge_paged_decode: pages must both be float32, bfloat16, int8 or fp8");
+  const PageKind kind = q8 ? kQ8 : type == ffi::DataType::BF16 ? kBF16 : kF32;
+  const int64_t extra = q8 ? 2 : 0;
+  DecodeJob j{q.typed_data(), k_pages.untyped_data(), v_pages.untyped_data(), kind,
+              q8 ? byte_values(type == ffi::DataType::F8E4M3FN) : nullptr, tables.typed_data(),
               q_pos.typed_data(), has_sinks ? sinks.typed_data() : nullptr, out->typed_data(),
-              qd[0], qd[1], kd[1], qd[2], vd[3], kd[0], kd[3], td[1], scale, softcap, window};
-  if (j.heads % j.kv_heads != 0 || kd[2] != j.dk || vd[0] != j.pages || vd[1] != j.kv_heads || vd[2] != j.ps ||
+              qd[0], qd[1], kd[1], qd[2], vd[3] - extra, kd[0], kd[3], td[1], scale, softcap, window};
+  if (j.heads % j.kv_heads != 0 || kd[2] != j.dk + extra || vd[0] != j.pages || vd[1] != j.kv_heads || vd[2] != j.ps ||
       td[0] != j.rows || j.ps % 8 != 0 || static_cast<int64_t>(q_pos.element_count()) != j.rows)
     return ffi::Error::InvalidArgument("vsurge_paged_decode: shapes do not agree (page size must be a multiple of 8)");
   if (j.rows == 0) return ffi::Error::Success();

@@ -4,7 +4,8 @@ XLA runs a decode row's attention as ~25 small ops per layer (a page gather, two
 the online-softmax merge, a loop over columns), each with a fixed cost: at one row they took 13 of
 a default-model token's 35 ms. The kernel reads each page the row sees once for the query heads
 that share it. It serves decode rows (one query token) over float32 or bfloat16 pages in one
-process without a device mesh; int8 / fp8 pages, prompt rows, other backends and sharded pools
+process without a device mesh, over float32, bfloat16, int8 or fp8 pages (those two dequantized
+page by page with their scales, kv/quant.py's layout); prompt rows, other backends and sharded pools
 keep the XLA path. VSURGE_CPU_ATTENTION=0 turns it off (benchmarks compare both).
 """
 
@@ -18,9 +19,10 @@ import numpy as np
 
 from .. import kernels
 from ..config import AttentionSpec
+from . import quant
 
 ENABLED = os.environ.get("VSURGE_CPU_ATTENTION", "1") != "0"
-PAGE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+PAGE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.int8, jnp.float8_e4m3fn))
 
 
 def usable(q, k_pages, v_pages) -> bool:
@@ -37,7 +39,8 @@ def decode(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None):
     """q (R, 1, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W); q_pos (R, 1)
     -> (R, 1, H, dv) in q's dtype, as paged_attention computes it."""
     r, _, h, _ = q.shape
-    call = jax.ffi.ffi_call(kernels.ATTENTION_TARGET, jax.ShapeDtypeStruct((r, h, v_pages.shape[3]), jnp.float32),
+    dv = quant.logical_dim(v_pages.shape[3], v_pages.dtype)
+    call = jax.ffi.ffi_call(kernels.ATTENTION_TARGET, jax.ShapeDtypeStruct((r, h, dv), jnp.float32),
                             vmap_method="sequential")
     out = call(q[:, 0].astype(jnp.float32), k_pages, v_pages, tables.astype(jnp.int32),
                q_pos[:, 0].astype(jnp.int32),
