@@ -46,3 +46,19 @@ def compute_dtype(param_dtype):
     """Activations (residual stream, norms, attention, KV cache): float32 on CPU, where narrow
     elementwise math is emulated and slow; the weights' dtype on GPU/TPU."""
     return jnp.float32 if platform() == "cpu" else jnp.dtype(param_dtype)
+
+
+def release_freed_host_memory() -> None:
+    """Hands the C heap's free pages back to the OS (glibc's malloc_trim): compiling a model's
+    programs leaves hundreds of MB freed but resident (~0.4 GB for a 1B model's 11 programs), which
+    would otherwise add to the peak when the KV pool is allocated next. A no-op elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):
+            libc.malloc_trim(0)
+    except OSError:
+        pass

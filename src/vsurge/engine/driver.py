@@ -137,18 +137,23 @@ class Driver(AbstractDriver):
             return max(0, len(self._live) - self.num_used_slots)
 
     def compile(self) -> None:
-        """Compile every program; in one process, also make each replica's state while that runs
-        (zeroing the KV pages: ~1 s for 3 GB) and warm it, so that readiness (which follows)
-        means the first request runs as fast as the later ones. Multi-host engines publish every
-        program call to their followers, so their states are made by the engine threads."""
+        """Compile every program; in one process, then make each replica's state (zeroing the KV
+        pages: ~1 s for 3 GB) and warm it, so that readiness (which follows) means the first
+        request runs as fast as the later ones. The states come after compiling, once the
+        compiler's freed memory is back with the OS, so the two never add up to the process's peak.
+        Multi-host engines publish every program call to their followers, so their states are made
+        by the engine threads."""
         local = all(getattr(r.engine, "on_call", None) is None and hasattr(r.engine, "warm_up")
                     for r in self.replicas)
-        init = [threading.Thread(target=self._make_state, args=(r,), daemon=True)
-                for r in self.replicas if local and r.state is None]
-        for thread in init:
-            thread.start()
+        from ..devices import release_freed_host_memory
+
         for engine in dict.fromkeys(self.engines):
             engine.compile()
+        release_freed_host_memory()
+        init = [threading.Thread(target=self._make_state, args=(r,), daemon=True)
+                for r in self.replicas if local and r.state is None]
+        for thread in init:  # one thread per replica: each zeroes its own pages
+            thread.start()
         for thread in init:
             thread.join()  # (a warm-up of a role runs what that role runs: engine/transfer.py)
         for replica in self.replicas if local else ():
