@@ -132,17 +132,33 @@ void add_items(void* ctx, int64_t i0, int64_t i1) {
 }
 
 // x - Q8(x), float32, from the codes and scales just made: what one pass's rounding left out.
-void rounding_residual(const void* x, bool bf16, int64_t m, int64_t k, const Scratch& s, float* out) {
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < k; ++i) {
-      float v;
-      if (bf16) {
-        const uint32_t bits = static_cast<uint32_t>(static_cast<const uint16_t*>(x)[r * k + i]) << 16;
-        std::memcpy(&v, &bits, 4);
+struct ResidualJob {
+  const void* x;
+  bool bf16;
+  int64_t k;
+  const Scratch* scratch;
+  float* out;
+};
+
+void residual_items(void* ctx, int64_t r0, int64_t r1) {
+  const auto* j = static_cast<const ResidualJob*>(ctx);
+  const int8_t* q = j->scratch->q.data();
+  const float* d = j->scratch->d.data();
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t b = 0; b < j->k / kBlock; ++b) {
+      const int64_t at = r * j->k + b * kBlock;
+      const float scale = d[at / kBlock];
+      float x[kBlock];
+      if (j->bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(j->x) + at;
+        for (int t = 0; t < kBlock; ++t) {
+          const uint32_t bits = static_cast<uint32_t>(src[t]) << 16;
+          std::memcpy(x + t, &bits, 4);
+        }
       } else {
-        v = static_cast<const float*>(x)[r * k + i];
+        std::memcpy(x, static_cast<const float*>(j->x) + at, sizeof(x));
       }
-      out[r * k + i] = v - static_cast<float>(s.q[r * k + i]) * s.d[(r * k + i) / kBlock];
+      for (int t = 0; t < kBlock; ++t) j->out[at + t] = x[t] - static_cast<float>(q[at + t]) * scale;
     }
   }
 }
@@ -186,7 +202,8 @@ ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuf
   pool.parallel_for(m, rows_per_task, quantize_items, &qj);
   if (passes == 2) {
     residual.resize(m * k);
-    rounding_residual(x.untyped_data(), bf16, m, k, scratch, residual.data());
+    ResidualJob res{x.untyped_data(), bf16, k, &scratch, residual.data()};
+    pool.parallel_for(m, rows_per_task, residual_items, &res);
     QuantizeJob rj{isa, residual.data(), false, k, offset, format == kQ6_K, &scratch, m};
     pool.parallel_for(m, rows_per_task, quantize_items, &rj);
     both.resize(rows * n);
