@@ -138,11 +138,11 @@ def write_readme(text: str, marker: str) -> None:
     import re
 
     readme = ROOT / "README.md"
-    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(\n<!-- /{marker} -->)", re.S)
+    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", re.S)
     body = readme.read_text()
     if not pattern.search(body):
         raise SystemExit(f"README.md has no <!-- {marker} --> section")
-    readme.write_text(pattern.sub(lambda m: m.group(1) + text + m.group(2), body))
+    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
 
 
 def main(argv=None) -> int:

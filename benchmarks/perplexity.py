@@ -111,11 +111,11 @@ def main(argv=None) -> int:
     print("\n" + text)
     if args.write_readme:
         readme = ROOT / "README.md"
-        pattern = re.compile(r"(<!-- perplexity-table -->\n).*?(\n<!-- /perplexity-table -->)", re.S)
+        pattern = re.compile(r"(<!-- perplexity-table -->\n).*?(<!-- /perplexity-table -->)", re.S)
         body = readme.read_text()
         if not pattern.search(body):
             raise SystemExit("README.md has no <!-- perplexity-table --> section")
-        readme.write_text(pattern.sub(lambda m: m.group(1) + text + m.group(2), body))
+        readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
     return 0
 
 
