@@ -30,7 +30,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from serve import ROOT, Server, isa_line, llama_server_binary, vsurge_cmd  # noqa: E402
+from serve import Server, isa_line, llama_server_binary, vsurge_cmd, write_readme  # noqa: E402
 
 from vsurge.bench_serve import TABLE_HEADER, format_summary, run  # noqa: E402
 
@@ -113,9 +113,10 @@ def measure(server: Server, input_len: int, output_len: int) -> dict:
 
 
 def start_line(log: str) -> str:
-    """vsurge's start-up line (weights by format, KV pool), for the table's note."""
-    lines = [line for line in Path(log).read_text().splitlines() if "weights" in line and "KV" in line]
-    return lines[-1].strip() if lines else ""
+    """vsurge's start-up lines on its weights (by format) and KV pool, for the table's note."""
+    lines = [line.strip() for line in Path(log).read_text().splitlines()
+             if line.startswith(("Weights:", "Paged KV cache:"))]
+    return "; ".join(lines)
 
 
 def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str) -> str:
@@ -132,17 +133,6 @@ def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note
     if note:
         lines.append(f"vsurge's start-up line: `{note}`")
     return "\n".join(lines)
-
-
-def write_readme(text: str, marker: str) -> None:
-    import re
-
-    readme = ROOT / "README.md"
-    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", re.S)
-    body = readme.read_text()
-    if not pattern.search(body):
-        raise SystemExit(f"README.md has no <!-- {marker} --> section")
-    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
 
 
 def main(argv=None) -> int:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from serve import ROOT, isa_line, llama_server_binary  # noqa: E402
+from serve import isa_line, llama_server_binary, write_readme  # noqa: E402
 
 TEXT = HERE / "data" / "perplexity.txt"
 
@@ -110,12 +110,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print("\n" + text)
     if args.write_readme:
-        readme = ROOT / "README.md"
-        pattern = re.compile(r"(<!-- perplexity-table -->\n).*?(<!-- /perplexity-table -->)", re.S)
-        body = readme.read_text()
-        if not pattern.search(body):
-            raise SystemExit("README.md has no <!-- perplexity-table --> section")
-        readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
+        write_readme(text, "perplexity-table")
     return 0
 
 

@@ -149,11 +149,14 @@ def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS
     return "\n".join(lines)
 
 
-def write_readme(text: str) -> None:
+def write_readme(text: str, marker: str = "serve-table") -> None:
+    """Puts `text` between README.md's <!-- marker --> and <!-- /marker --> lines."""
     readme = ROOT / "README.md"
     body = readme.read_text()
-    marker = re.compile(r"(<!-- serve-table -->\n).*?(\n<!-- /serve-table -->)", re.S)
-    readme.write_text(marker.sub(lambda m: m.group(1) + text + m.group(2), body))
+    pattern = re.compile(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", re.S)
+    if not pattern.search(body):
+        raise SystemExit(f"README.md has no <!-- {marker} --> section")
+    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
 
 
 def main(argv=None) -> int:

@@ -94,11 +94,6 @@ def available() -> bool:
     return _library().lib is not None
 
 
-def attention_available() -> bool:
-    """True when the decode attention kernel (paged_attention.cc) is registered too."""
-    return available()
-
-
 def unavailable_reason() -> str | None:
     return _library().reason
 
