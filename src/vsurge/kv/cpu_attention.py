@@ -27,7 +27,7 @@ PAGE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.int8, 
 
 def usable(q, k_pages, v_pages) -> bool:
     """q (R, T, H, dk), pages as paged_attention takes them: whether the kernel serves this call."""
-    if not (ENABLED and kernels.available()  # one library registers both calls) or q.shape[1] != 1:
+    if not (ENABLED and kernels.available()) or q.shape[1] != 1:  # one library registers both calls
         return False
     if k_pages.dtype not in PAGE_DTYPES or v_pages.dtype != k_pages.dtype or v_pages.shape[2] % 8:
         return False
