@@ -23,6 +23,8 @@ $(BASE_STAMP): pyproject.toml
 
 $(TEST_STAMP): $(BASE_STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# AutoAWQ's packing code is the AWQ/GPTQ tests' reference; its declared dependencies (triton, datasets) are not needed
+	$(BIN)/python -m pip install --quiet --no-deps autoawq==0.2.9
 	# the web page's browser tests drive Debian's chromium; where it cannot be installed they skip with the reason
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \

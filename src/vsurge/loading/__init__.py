@@ -14,7 +14,8 @@ from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
 from ..models.registry import family_for_gguf
 from .gguf import GGUFSource, gguf_meta, open_gguf
-from .hf import SafetensorsSource, load_hf_config
+from .hf import SafetensorsSource, load_hf_config, read_hf_config
+from .packed import PackedScheme, PackedSource
 from .weights import assemble_weights, build_model, check_source
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,12 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     if p.is_dir():
         family, config = load_hf_config(p)
         source, fmt = SafetensorsSource(p), "hf"
+        packed = PackedScheme.from_config(read_hf_config(p), str(p / "config.json"))
+        if packed:  # AWQ / GPTQ: the packed layers read as float weights, or as blocks
+            source = PackedSource(source, packed)
         processor = Processor.from_dir(p, extra_eos_token_ids=config.eos_token_ids) if load_processor else None
     elif p.suffix.lower() == ".gguf" or p.is_file():
+        packed = None
         reader = open_gguf(p)
         meta = gguf_meta(reader, p)
         family = family_for_gguf(meta)
@@ -87,15 +92,20 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
             raise ValueError(f"expert parallelism needs a mixture-of-experts model; {p} is {config.architecture}")
         config = config.replace(expert_parallel=True)
     blocks = False
-    if fmt == "gguf" and quantization in (None, "blocks"):
+    if (fmt == "gguf" or packed) and quantization in (None, "blocks"):
         blocks, why = keeps_blocks(explicit_dtype, quantization)
         if quantization == "blocks" and not blocks:
             raise ValueError(f"cannot keep {p}'s weights in blocks: {why}")
-        log.info("GGUF %s: %s", "blocks kept" if blocks else "dequantized at load", why)
-        if blocks and not explicit_dtype:
+        kind = packed.describe() if packed else "GGUF"
+        log.info("%s %s: %s", kind, "blocks kept" if blocks else "dequantized at load", why)
+        if blocks and not explicit_dtype and fmt == "gguf":
             dtype = jnp.float32  # what is not in blocks (norms, biases, float tensors) is small
     elif quantization == "blocks":
-        raise ValueError("quantization='blocks' keeps a GGUF file's blocks; use int8 for other checkpoints")
+        raise ValueError("quantization='blocks' keeps a GGUF file's or an AWQ/GPTQ checkpoint's blocks; "
+                         "use int4 or int8 for other checkpoints")
+    elif packed and quantization != "none":
+        raise ValueError(f"{p} is quantized already ({packed.describe()}); "
+                         f"quantization={quantization!r} would quantize it twice")
     if quantization in ("blocks", "none"):
         quantization = None
     if mesh is None:

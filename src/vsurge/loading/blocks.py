@@ -130,7 +130,7 @@ def keep_blocks(reader) -> dict:
         kept[out[name].format] += 1
         log.debug("%s: kept in blocks, %r", name, out[name])
     total = sum(w.nbytes for w in out.values())
-    log.info("GGUF weights kept in blocks: %d (%s; %.1f MiB)%s", len(out),
+    log.info("weights kept in blocks: %d (%s; %.1f MiB)%s", len(out),
              ", ".join(f"{f} {c}" for f, c in sorted(kept.items())), total / 2**20,
              f"; matrices dequantized: {sum(dequantized.values())} "
              f"({', '.join(f'{f} {c}' for f, c in sorted(dequantized.items()))})" if dequantized else "")

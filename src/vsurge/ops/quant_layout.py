@@ -123,6 +123,23 @@ def decode_gguf(raw: np.ndarray, fmt: BlockFormat) -> dict[str, np.ndarray]:
     raise ValueError(f"no decoder for {fmt.name}")
 
 
+def encode_gguf(qtype, fields: dict[str, np.ndarray]) -> np.ndarray:
+    """decode_gguf's inverse for Q8_0, Q4_0 and Q4_1: {"codes": uint8 (N, K) (Q8_0: int8 bytes),
+    "d" (and Q4_1's "m"): (N, K / 32) float} -> GGUF blocks uint8 (N, bytes per row)."""
+    fmt = BY_QTYPE[Q(qtype)]
+    codes = np.asarray(fields["codes"], np.uint8)
+    n, k = codes.shape
+    c = codes.reshape(n, k // BLOCK, BLOCK)
+    f16 = lambda name: np.asarray(fields[name], np.float16).reshape(n, -1, 1).view(np.uint8)  # noqa: E731
+    if fmt.name == "q8_0":
+        parts = [f16("d"), c]
+    elif fmt.name in ("q4_0", "q4_1"):
+        parts = [f16("d")] + ([f16("m")] if fmt.name == "q4_1" else []) + [(c[..., :16] & 0x0F) | (c[..., 16:] << 4)]
+    else:
+        raise ValueError(f"no encoder for {fmt.name}")
+    return np.concatenate(parts, axis=-1).reshape(n, -1)
+
+
 # ---------------------------------------------------------------- codes and scales -> tiles
 
 def _per_tile(a: np.ndarray, tiles: int) -> np.ndarray:
