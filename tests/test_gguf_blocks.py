@@ -183,3 +183,56 @@ def test_hf_checkpoint_quantized_at_load_to_blocks(kind, fmt, tmp_path, default_
     ours, ref = jitted_logits(blocks, ids), jitted_logits(floats, ids)
     rel = np.abs(ours - ref).max() / np.abs(ref).max()
     assert rel <= TINY_LOGIT_RTOL, rel
+
+
+def grouped_reference(rows: np.ndarray, fmt: str, group: int) -> np.ndarray:
+    """W (N, K) quantized with one scale per `group` weights by llama.cpp's q8_0 / q4_0 rounding, dequantized
+    (float32 x times the scale's inverse, as llama.cpp computes it)."""
+    groups = rows.reshape(rows.shape[0], -1, group).astype(np.float32)
+    if fmt == "q8_0":
+        scale = np.abs(groups).max(-1, keepdims=True) / np.float32(127)
+        out = np.round(groups * (np.float32(1) / scale)) * scale
+    else:
+        scale = np.take_along_axis(groups, np.abs(groups).argmax(-1)[..., None], -1) / np.float32(-8)
+        out = (np.minimum(15, np.floor(groups * (np.float32(1) / scale) + np.float32(8.5))) - 8) * scale
+    return out.reshape(rows.shape)
+
+
+@pytest.mark.parametrize("kind", ["int4_g64", "int4_g128", "int8_g128"])
+def test_hf_checkpoint_quantized_with_larger_groups(kind, tmp_path, default_processor_dir):
+    """One scale per 64 / 128 weights: every 32-weight block of a group holds the group's scale and
+    the codes are llama.cpp's rounding with it (a numpy reference); the logits are those of a float
+    model holding the reference's weights, within the activations' rounding."""
+    from tiny_models import write_tiny_model
+    from vsurge.config import BLOCK_QUANTIZATIONS
+    from vsurge.sharding import _holder_param
+
+    fmt, group = BLOCK_QUANTIZATIONS[kind]
+    write_tiny_model("llama", tmp_path, default_processor_dir)
+    floats, processor = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)
+    blocks, _ = vsurge.load(tmp_path, dtype=jnp.float32, quantization=kind, progress=False, load_processor=False)
+    assert set(blocks.block_formats()) == {fmt}
+    for name, w in blocks.named_weights().items():
+        if not is_quantized(w):
+            continue
+        ref = np.asarray(floats.named_weights()[name])
+        rows = ref if name == "embed" else ref.T
+        size = group if rows.shape[1] % group == 0 else 64  # hidden 64: those matrices take groups of 64
+        expected = grouped_reference(rows, fmt, size)
+        got = np.asarray(dequantize(w))
+        np.testing.assert_allclose(got, expected, rtol=2e-3, atol=1e-3 * np.abs(expected).max(), err_msg=name)
+        _holder_param(floats, name).set_value(jnp.asarray(expected if name == "embed" else expected.T))
+    ids = processor.encode("Groups of weights share a scale: 12 ducks swim.")
+    ours, ref = jitted_logits(blocks, ids), jitted_logits(floats, ids)
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert rel <= TINY_LOGIT_RTOL, rel
+    assert blocks.weight_bytes < floats.weight_bytes / (3 if fmt == "q4_0" else 1.8)
+
+
+def test_group_size_that_does_not_divide_is_refused():
+    from vsurge.ops.quantized import quantize
+
+    with pytest.raises(ValueError, match="group size 128"):
+        quantize(np.ones((16, 96), np.float32), "q4_0", 128)
+    with pytest.raises(ValueError, match="q8_0 and q4_0"):
+        quantize(np.ones((16, 128), np.float32), "q4_1", 64)

@@ -8,11 +8,19 @@ import sys
 from pathlib import Path
 
 from .cli_parallel import add_parallel_args
+from .config import QUANTIZATIONS
 from .engine.config import KV_CACHE_DTYPES
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
 COMPILATION_CACHE_ENV = "VSURGE_COMPILATION_CACHE"  # overrides the default directory (e.g. for tests)
+
+
+QUANTIZATION_CHOICES = list(QUANTIZATIONS)
+QUANTIZATION_HELP = ("blocks: keep a GGUF file's or an AWQ/GPTQ checkpoint's blocks (the default on CPU); none: "
+                     "dequantize them; int8: per-channel int8 weights (slightly less exact); int4 / q8_0: weights "
+                     "quantized at load to GGUF q4_0 / q8_0 blocks (one scale per 32 weights) for the block kernel; "
+                     "int4_g64, int4_g128, int8_g64, int8_g128: one scale per 64 / 128 weights")
 
 
 def _default_cache() -> str:
@@ -25,10 +33,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
                         "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
-    p.add_argument("--quantization", default=None, choices=["blocks", "none", "int8", "int4", "q8_0"],
-                   help="blocks: keep a GGUF file's block formats (the default on CPU); none: dequantize them; "
-                        "int8: per-channel int8 weights (slightly less exact); int4 / q8_0: weights quantized at "
-                        "load to GGUF q4_0 / q8_0 blocks (one scale per 32) for the block kernel")
+    p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
     p.add_argument("--max-length", type=int, default=2048,
                    help="context length: the conversation plus the reply (default 2048, at most the model's)")
     p.add_argument("--compilation-cache", default=_default_cache(),
@@ -100,7 +105,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", default=None, choices=["blocks", "none", "int8", "int4", "q8_0"])
+    p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")

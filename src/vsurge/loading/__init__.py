@@ -12,6 +12,7 @@ from ..devices import compute_dtype, default_dtype
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
+from ..config import BLOCK_QUANTIZATIONS, QUANTIZATIONS
 from ..models.registry import family_for_gguf
 from .gguf import GGUFSource, gguf_meta, open_gguf
 from .hf import SafetensorsSource, load_hf_config, read_hf_config
@@ -20,7 +21,6 @@ from .weights import assemble_weights, build_model, check_source
 
 log = logging.getLogger(__name__)
 
-QUANTIZATIONS = (None, "blocks", "none", "int8", "int4", "q8_0")
 
 __all__ = ["load", "load_processor", "resolve_model_path", "default_model_path", "DEFAULT_MODEL_NAME"]
 
@@ -49,7 +49,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         "blocks" (GGUF: keep the blocks, an error where that is not possible), "none" (dequantize
         everything), "int8" (per-channel int8 matrices; faster on CPU, slightly less exact), or
         "int4" / "q8_0" (matrices and embedding quantized at load to GGUF q4_0 / q8_0 blocks, one
-        scale per 32 weights, multiplied by the block kernel: on CPU only where it is available).
+        scale per 32 weights, multiplied by the block kernel: on CPU only where it is available),
+        "int4_g64", "int4_g128", "int8_g64", "int8_g128" (the same with one scale per 64 / 128
+        weights, held in the same blocks). An AWQ / GPTQ checkpoint is read as it is (packed.py).
     progress: show a progress bar while reading weights (one per device when sharded).
     mesh: a jax Mesh (sharding.make_mesh) to load the weights onto, each device reading only its
         shard; or tensor_parallel_size / data_parallel_size to build one over the first devices.
@@ -57,8 +59,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     expert_parallel: a mixture of experts splits whole experts over the tensor-parallel devices
         (vLLM's --enable-expert-parallel) instead of splitting every expert's hidden units.
     """
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unsupported quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS[1:])})")
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"unsupported quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
     p = resolve_model_path(path)
     explicit_dtype = dtype is not None
     dtype = default_dtype() if dtype is None else dtype
@@ -121,7 +123,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
                                blocks=blocks)
         model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
-        if quantization in ("int4", "q8_0"):
+        if quantization in BLOCK_QUANTIZATIONS:
             from .. import kernels
 
             if not kernels.available():

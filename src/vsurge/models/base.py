@@ -30,6 +30,7 @@ float32 activations multiply in bfloat16 and accumulate in float32
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import ClassVar
 
 import jax
@@ -37,16 +38,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..config import ModelConfig
+from ..config import BLOCK_QUANTIZATIONS, ModelConfig
 from ..kv.dense import NoCache
 from ..ops.linear import linear, matmul_t, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
-
-BLOCK_QUANTIZATIONS = {"int4": "q4_0", "q8_0": "q8_0"}  # quantize() kinds held as GGUF blocks -> format
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .spec import Weight, tensor
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -185,11 +186,12 @@ class CausalLM(nnx.Module):
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
         """Replace the declared matrices, in place: "int8" by int8 + per-channel scales (ops/linear.py);
-        "int4" (q4_0: 4 bits, one scale per 32 weights) or "q8_0" (8 bits, one scale per 32) by GGUF
+        "int4" (q4_0: 4 bits, one scale per 32 weights) or "q8_0" (8 bits, one scale per 32), and
+        "int4_g64" / "int4_g128" / "int8_g64" / "int8_g128" (one scale per 64 or 128 weights), by GGUF
         blocks (ops/quantized.py) multiplied by the block kernel, the embedding too (its rows are
         gathered from the blocks, and a tied head multiplies them)."""
         if kind in BLOCK_QUANTIZATIONS:
-            return self._quantize_blocks(BLOCK_QUANTIZATIONS[kind])
+            return self._quantize_blocks(*BLOCK_QUANTIZATIONS[kind])
         if kind != "int8":
             raise ValueError(f"unsupported quantization {kind!r} (supported: int8, {', '.join(BLOCK_QUANTIZATIONS)})")
         if self.quantization == "blocks":
@@ -212,14 +214,16 @@ class CausalLM(nnx.Module):
         self.lm_head_scale = nnx.Param(scale)
         return self
 
-    def _quantize_blocks(self, fmt: str) -> "CausalLM":
-        """Every 2-D `quantize` matrix (K, N) and `lookup` table (N, K) with K a multiple of 32 -> blocks
-        of `fmt` (gguf's quantizer), replicated on the model's mesh if it has one."""
+    def _quantize_blocks(self, fmt: str, group_size: int = 32) -> "CausalLM":
+        """Every 2-D `quantize` matrix (K, N) and `lookup` table (N, K) -> blocks of `fmt` with one scale
+        per `group_size` weights (ops/quantized.quantize), or per 64 / 32 where K is not a multiple of
+        it (logged; K not a multiple of 32 stays float), replicated on the model's mesh if it has one."""
         if self.quantization:
             raise ValueError(f"the model is quantized already ({self.quantization})")
         from ..sharding import mesh_of, replicated
 
         mesh = mesh_of(self)
+        smaller: dict[int, int] = {}  # group size -> matrices whose K needs it
         for name, spec in self.weight_specs(self.config).items():
             if len(spec.shape) != 2 or spec.indexed or not (spec.quantize or spec.lookup):
                 continue
@@ -231,12 +235,18 @@ class CausalLM(nnx.Module):
             if value.dtype == jnp.uint16:  # raw bits of the weights' dtype (prepare_mixed_dtypes)
                 value = jax.lax.bitcast_convert_type(value, self.param_dtype)
             rows = value.T if spec.quantize else value  # (N, K)
-            if rows.shape[1] % 32:
+            size = next((g for g in (group_size, 64, 32) if g <= group_size and rows.shape[1] % g == 0), None)
+            if size is None:
                 continue
-            blocks = quantize(rows, fmt)
+            if size != group_size:
+                smaller[size] = smaller.get(size, 0) + 1
+            blocks = quantize(rows, fmt, size)
             getattr(holder, leaf).set_value(jax.device_put(blocks, replicated(mesh)) if mesh else blocks)
         if hasattr(self, "lm_head") and not is_quantized(self.lm_head[...]) and self.config.tie_word_embeddings:
             del self.lm_head  # a float copy of the tied head (prepare_mixed_dtypes): the embedding's blocks serve
+        for size, count in smaller.items():
+            log.info("%s in groups of %d: %d matrices' input size is not a multiple of %d, they take groups of %d",
+                     fmt, group_size, count, group_size, size)
         return self
 
     def prepare_mixed_dtypes(self) -> "CausalLM":

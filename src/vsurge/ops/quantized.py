@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vsurge import kernels
-from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, repack_gguf, tile_bytes, tile_count,
-                                     unpack)
+from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, encode_gguf, repack_gguf, tile_bytes,
+                                     tile_count, unpack)
 
 # Models multiply their blocks in two passes (qmatmul's two_pass): with one, the default model's
 # greedy answer to "What is the capital of France?" parts from float32's at its first token (a
@@ -145,17 +145,43 @@ def from_gguf(raw: np.ndarray, qtype, shape: tuple[int, int] | None = None) -> Q
     return QuantizedWeight(jnp.asarray(tiles if tiles is not None else repack_gguf(raw, fmt)), fmt.name, (n, k))
 
 
-def quantize(w, format: str = "q8_0") -> QuantizedWeight:
+def quantize(w, format: str = "q8_0", group_size: int = 32) -> QuantizedWeight:
     """Float weights W (N, K) -> QuantizedWeight with gguf's (llama.cpp's reference) quantizer:
     "q8_0" is int8 with one scale per 32 weights, "q4_0" int4 likewise, "q4_1" / "q5_1" add a
-    per-block min. K must be a multiple of 32."""
+    per-block min. K must be a multiple of 32. group_size 64 or 128 (q8_0, q4_0): one scale per
+    that many weights, by llama.cpp's rules for those formats, held as blocks of 32 that repeat
+    their group's scale (the same bytes as group 32: the blocks keep a scale per 32 weights)."""
     fmt = _format_of(format)
     if fmt.name not in QUANTIZABLE:
         raise ValueError(f"quantize makes {', '.join(QUANTIZABLE)}; {fmt.name} blocks come from a GGUF file")
     w = np.asarray(jax.device_get(w), dtype=np.float32)
-    if w.ndim != 2 or w.shape[1] % 32:
-        raise ValueError(f"expected W (N, K) with K a multiple of 32, got {w.shape}")
-    return from_gguf(gguf.quants.quantize(w, fmt.qtype), fmt.qtype)
+    if w.ndim != 2 or w.shape[1] % group_size or group_size % 32:
+        raise ValueError(f"expected W (N, K) with K a multiple of the group size {group_size} "
+                         f"(itself a multiple of 32), got {w.shape}")
+    if group_size == 32:
+        return from_gguf(gguf.quants.quantize(w, fmt.qtype), fmt.qtype)
+    if fmt.name not in ("q8_0", "q4_0"):
+        raise ValueError(f"groups of {group_size} weights are made for q8_0 and q4_0, not {fmt.name}")
+    return from_gguf(_quantize_groups(w, fmt, group_size), fmt.qtype)
+
+
+def _quantize_groups(w: np.ndarray, fmt: BlockFormat, group_size: int) -> np.ndarray:
+    """W (N, K) -> GGUF blocks (N, bytes per row) with one scale per `group_size` weights, rounded as
+    llama.cpp's quantizer rounds q8_0 (scale absmax / 127) and q4_0 (scale = the signed value of
+    largest magnitude / -8, codes floor(x / scale + 8.5) up to 15)."""
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size)
+    if fmt.name == "q8_0":
+        d = np.abs(g).max(-1, keepdims=True) / 127
+        inv = np.divide(1, d, out=np.zeros_like(d), where=d > 0)
+        codes = np.round(g * inv).astype(np.int8).view(np.uint8)
+    else:
+        extreme = np.take_along_axis(g, np.abs(g).argmax(-1)[..., None], axis=-1)
+        d = extreme / -8
+        inv = np.divide(1, d, out=np.zeros_like(d), where=d != 0)
+        codes = np.minimum(15, np.floor(g * inv + 8.5)).astype(np.uint8)
+    d_blocks = np.repeat(d[..., 0], group_size // 32, axis=1)  # (N, K / 32)
+    return encode_gguf(fmt.qtype, {"codes": codes.reshape(n, k), "d": d_blocks})
 
 
 def dequantize(w: QuantizedWeight | QuantizedParts, dtype=jnp.float32) -> jax.Array:
