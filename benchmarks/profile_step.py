@@ -9,6 +9,7 @@ work. The untraced wall time per call is split in proportion to each category's
 traced op time (host work between calls is not in it: `benchmarks/serve.py` shows it).
 
     python benchmarks/profile_step.py [--model FILE] [--rows 1,16,32] [--engine paged] [--quantization int8]
+                                      [--kv-cache-dtype bfloat16]
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def build(args, rows: int):
     pages = -(-args.max_length // 128)  # the default page size
     config = EngineConfig(max_slots=max(rows, 2), max_length=args.max_length, decode_steps=1,
                           prefill_tokens=args.prefill_tokens,
-                          num_pages=max(rows, 2) * pages if args.engine == "paged" else None)
+                          num_pages=max(rows, 2) * pages if args.engine == "paged" else None,
+                          kv_cache_dtype=args.kv_cache_dtype)
     engine_cls = (vsurge.oEngine if args.engine == "paged" else vsurge.vEngine)
     engine = engine_cls(model, processor, config=config)
     return engine, processor
@@ -117,6 +119,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="1,16,32")
     p.add_argument("--engine", default="paged", choices=["paged", "dense"])
     p.add_argument("--quantization", default=None)
+    p.add_argument("--kv-cache-dtype", default=None, help="as `vsurge serve --kv-cache-dtype` (default: auto)")
     p.add_argument("--max-length", type=int, default=2048, help="the serving default: decode rows loop over "
                    "the page columns they use (512 and less: every column of the window, unrolled)")
     p.add_argument("--prefill-tokens", type=int, default=512)
@@ -128,6 +131,7 @@ def main(argv=None) -> int:
         from vsurge import kernels
 
         print(f"{args.model} model, {args.engine} engine, {args.quantization or 'load default'} weights, "
+              f"{args.kv_cache_dtype or 'auto'} KV pages, "
               f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}; ms per call\n")
         print("| step | " + " | ".join(CATEGORIES) + " | total | tok/s |")
         print("|---|" + "---|" * (len(CATEGORIES) + 2), flush=True)

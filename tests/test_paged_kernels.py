@@ -12,6 +12,8 @@ there is pinned so that a jax that fixes it shows up.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -136,3 +138,38 @@ def test_cpu_decode_kernel_is_left_to_xla_where_it_does_not_apply():
     assert cpu_attention.usable(q, k, v)
     assert not cpu_attention.usable(jnp.zeros((2, 4, 4, 16)), k, v)  # prompt rows (4 tokens)
     assert not cpu_attention.usable(q, k[..., :6], v[:, :, :6])  # page size 6: not a multiple of 8
+
+
+@pytest.mark.skipif(not cpu_attention.kernels.available(), reason="no C++ kernels")
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16bit_pages_are_written_and_read_in_place_as_xla_would(dtype):
+    """kv/access.py on CPU: the C++ write equals XLA's scatter (out-of-range pages and offsets dropped,
+    keys along their last axis, values along the third), the C++ page read equals XLA's gather + cast,
+    and the compiled program neither converts nor copies the whole pool (XLA:CPU did both)."""
+    from vsurge.kv.access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
+
+    rng = np.random.default_rng(3)
+    num_pages, heads, dim, page = 6, 2, 16, 8
+    k = jnp.asarray(rng.normal(size=(num_pages, heads, dim, page)), dtype)
+    v = jnp.asarray(rng.normal(size=(num_pages, heads, page, dim)), dtype)
+    pages = jnp.asarray([1, 4, 4, 6, 0, 2], jnp.int32)  # 6: out of range, dropped
+    offsets = jnp.asarray([0, 7, 3, 1, 8, 2], jnp.int32)  # 8: out of range, dropped
+    x = jnp.asarray(rng.normal(size=(6, heads, dim)), jnp.float32)
+
+    def both(kc, vc, p, o, xs):
+        return write_tokens(kc, p, o, xs, KEY_AXIS), write_tokens(vc, p, o, xs, VALUE_AXIS)
+
+    program = jax.jit(both, donate_argnums=(0, 1)).lower(k, v, pages, offsets, x).compile().as_text()
+    assert "vsurge_kv_write" in program
+    whole_pool = re.compile(rf"= \w+\[{num_pages},{heads},\d+,\d+\]\S* (convert|copy)\(")
+    assert not [line for line in program.splitlines() if whole_pool.search(line)]
+    expect_k = k.at[pages, :, :, offsets].set(x.astype(dtype), mode="drop")
+    expect_v = v.at[pages, :, offsets].set(x.astype(dtype), mode="drop")
+    got_k, got_v = jax.jit(both)(k, v, pages, offsets, x)
+    np.testing.assert_array_equal(np.asarray(got_k, np.float32), np.asarray(expect_k, np.float32))
+    np.testing.assert_array_equal(np.asarray(got_v, np.float32), np.asarray(expect_v, np.float32))
+
+    ids = jnp.asarray([5, 0, 3, 3], jnp.int32)
+    keys, values = jax.jit(lambda a, b, i: read_pages(a, b, i, jnp.float32))(got_k, got_v, ids)
+    np.testing.assert_array_equal(np.asarray(keys), np.asarray(got_k[ids], np.float32))
+    np.testing.assert_array_equal(np.asarray(values), np.asarray(got_v[ids], np.float32))

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..kv import quant
 from ..kv.dense import DenseKVCache
+from ..kv.access import KEY_AXIS, VALUE_AXIS, write_tokens
 from ..sharding import named_sharding, replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
 from ..sampling_params import SamplingParams
@@ -76,10 +76,8 @@ def _write_prefix(state, k, v, slot_mapping):
     pages (quantized there when the pool is int8 / fp8, kv/quant.py)."""
     kv = state.kv
     page, offset = slot_mapping // kv.page_size, slot_mapping % kv.page_size
-    new_k = [pages.at[page, :, :, offset].set(quant.store(kl[0].transpose(2, 0, 1), pages.dtype), mode="drop")
-             for pages, kl in zip(kv.k, k)]
-    new_v = [pages.at[page, :, offset].set(quant.store(vl[0].transpose(1, 0, 2), pages.dtype), mode="drop")
-             for pages, vl in zip(kv.v, v)]
+    new_k = [write_tokens(pages, page, offset, kl[0].transpose(2, 0, 1), KEY_AXIS) for pages, kl in zip(kv.k, k)]
+    new_v = [write_tokens(pages, page, offset, vl[0].transpose(1, 0, 2), VALUE_AXIS) for pages, vl in zip(kv.v, v)]
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=new_k, v=new_v))
 
 

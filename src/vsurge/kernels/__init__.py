@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 FFI_TARGET = "vsurge_qmatmul"
 ATTENTION_TARGET = "vsurge_paged_decode"  # paged_attention.cc: decode rows' attention over their pages
-LAYOUT_VERSION = 2  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+KV_WRITE_TARGET = "vsurge_kv_write"  # kv_pages.cc: K/V vectors written into a 16-bit float cache in place
+GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit float cache read as float32
+LAYOUT_VERSION = 3  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 
@@ -69,6 +71,9 @@ class _Library:
 
         jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(lib.vsurge_qmatmul_ffi), platform="cpu")
         jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.vsurge_paged_decode_ffi), platform="cpu")
+        jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
+        jax.ffi.register_ffi_target(GATHER_PAGES_TARGET, jax.ffi.pycapsule(lib.vsurge_gather_pages_ffi),
+                                    platform="cpu")
         self.lib = lib
 
 

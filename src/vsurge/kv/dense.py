@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import attend
 from . import quant
+from .access import KEY_AXIS, VALUE_AXIS, write_tokens
 
 
 def _transposed(k):
@@ -69,10 +70,11 @@ class DenseKVCache:
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q: (B, T, H, dk), k: (B, T, KVH, dk), v: (B, T, KVH, dv), positions: (B, T). Positions
         >= max_length are dropped from the write (padding rows)."""
-        rows = jnp.arange(k.shape[0])[:, None]  # (B, 1)
-        dtype = self.v[layer].dtype
-        k_cache = self.k[layer].at[rows, :, :, positions].set(quant.store(k, dtype), mode="drop")
-        v_cache = self.v[layer].at[rows, :, positions].set(quant.store(v, dtype), mode="drop")
+        b, t = positions.shape
+        rows = jnp.repeat(jnp.arange(b, dtype=jnp.int32), t)  # (B * T,): each token's row, as a page
+        slots, flat = positions.reshape(-1), lambda a: a.reshape(b * t, *a.shape[2:])  # noqa: E731
+        k_cache = write_tokens(self.k[layer], rows, slots, flat(k), KEY_AXIS)
+        v_cache = write_tokens(self.v[layer], rows, slots, flat(v), VALUE_AXIS)
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_cache), v=_replace(self.v, layer, v_cache))
         if self.fresh:  # the new tokens' own K/V (a quantized cache is read back from the next step on)
             return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), cache

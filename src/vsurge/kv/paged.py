@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import merge_into, merge_partials, partial_attend
 from . import cpu_attention, kernels, quant
+from .access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
 
 
 def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
@@ -73,7 +74,7 @@ def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec,
     def column_part(column):
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
-        keys, values = quant.expand(k_pages[ids], v_pages[ids], q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
+        keys, values = read_pages(k_pages, v_pages, ids, q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
         return partial_attend(q, keys, values, q_pos, k_pos, spec)
 
     shape = (*q.shape[:3], quant.logical_dim(v_pages.shape[-1], v_pages.dtype))  # (R, T, H, dv)
@@ -139,9 +140,9 @@ class PagedAttentionCache:
         of C tokens."""
         lay, ps = self.layout, self.page_size
         page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
-        dtype = self.v[layer].dtype  # each token's vector of each head (int8 / fp8: with its scale)
-        k_pages = self.k[layer].at[page, :, :, offset].set(quant.store(k[0], dtype), mode="drop")
-        v_pages = self.v[layer].at[page, :, offset].set(quant.store(v[0], dtype), mode="drop")
+        # each token's vector of each head (int8 / fp8: with its scale)
+        k_pages = write_tokens(self.k[layer], page, offset, k[0], KEY_AXIS)
+        v_pages = write_tokens(self.v[layer], page, offset, v[0], VALUE_AXIS)
         cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
         d, (p, c) = lay.num_decode, lay.chunk_pos.shape
         heads, dv = q.shape[2], v.shape[-1]
