@@ -106,14 +106,16 @@ def test_cpu_decode_kernel_equals_the_xla_path(kv_heads, group, dim, page, windo
 
 
 @needs_kernel
-def test_cpu_decode_kernel_reads_bfloat16_pages():
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_cpu_decode_kernel_reads_16bit_pages(dtype):
     q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=2, dim=64, page=16, width=3)
-    k, v = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
-    spec = AttentionSpec(scale=0.125)
-    want = np.asarray(xla_paged_attention(q, k, v, tables, pos, spec)).astype(np.float32)
+    k, v = k.astype(dtype), v.astype(dtype)
+    spec = AttentionSpec(scale=0.125, window=21)
+    # the reference: the same page values in float32 (XLA would round q to the pages' dtype too)
+    want = np.asarray(xla_paged_attention(q, k.astype(jnp.float32), v.astype(jnp.float32), tables, pos, spec))
     got = np.asarray(cpu_attention.decode(q, k, v, tables, pos, spec))
-    # the XLA path also rounds q to bfloat16 before its dots; the kernel keeps q in float32
-    np.testing.assert_allclose(got[REAL], want[REAL], atol=2e-2, rtol=2e-2)
+    np.testing.assert_allclose(got[REAL], want[REAL], atol=1e-5, rtol=1e-5)
+    assert cpu_attention.usable(q, k, v)
 
 
 @needs_kernel

@@ -1,7 +1,7 @@
 // The XLA FFI custom call `vsurge_paged_decode`: attention of one query token per row over its KV
 // pages, read through its page table (kv/paged.py's decode rows on CPU).
 //
-//   q (R, H, dk) f32; k_pages (P, KVH, dk, ps) and v_pages (P, KVH, ps, dv) f32 or bf16, or int8 /
+//   q (R, H, dk) f32; k_pages (P, KVH, dk, ps) and v_pages (P, KVH, ps, dv) f32, bf16 or f16, or int8 /
 //   fp8 (e4m3fn) with each token's float16 scale as 2 more bytes along head_dim (kv/quant.py:
 //   k_pages (P, KVH, dk + 2, ps), v_pages (P, KVH, ps, dv + 2));
 //   tables (R, W) s32 page ids; q_pos (R,) s32 (< 0: a padding row, zeros out); sinks (H,) f32
@@ -53,19 +53,25 @@ inline __m256 exp_nonpositive(__m256 x) {
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 
-inline void bf16_to_f32(const uint16_t* src, float* dst, int64_t n) {
+// 16-bit floats (bfloat16: the top half of a float32; float16: F16C) -> float32.
+inline void half_to_f32(const uint16_t* src, float* dst, int64_t n, bool bf16) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16))
+                                   : _mm256_cvtph_ps(w));
   }
   for (; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(dst + i, &bits, 4);
+    if (bf16) {
+      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+      std::memcpy(dst + i, &bits, 4);
+    } else {
+      dst[i] = _cvtsh_ss(src[i]);
+    }
   }
 }
 
-enum PageKind { kF32, kBF16, kQ8 };  // kQ8: one byte per value (int8 or fp8) and a float16 scale per token
+enum PageKind { kF32, kBF16, kF16, kQ8 };  // kQ8: one byte per value (int8 or fp8) and a float16 scale per token
 
 // The value of each byte of an int8 or float8_e4m3fn page (before its token's scale).
 const float* byte_values(bool fp8) {
@@ -98,6 +104,7 @@ struct DecodeJob {
   const void* v;
   PageKind kind;
   const float* bytes;  // kQ8: byte_values
+  bool fp8;            // kQ8: float8_e4m3fn bytes (else int8)
   const int32_t* tables;
   const int32_t* q_pos;
   const float* sinks;  // nullptr: none
@@ -106,6 +113,20 @@ struct DecodeJob {
   float scale, softcap;  // softcap 0: none
   int64_t window;        // 0: none
 };
+
+// n int8 / fp8 bytes -> floats, times scales[i] each (scales) or one *scale (else).
+inline void dequantize(const uint8_t* src, const float* scales, const float* scale, float* dst, int64_t n,
+                       const DecodeJob& j) {
+  int64_t i = 0;
+  if (!j.fp8) {  // int8: sign-extend 8 at a time
+    for (; i + 8 <= n; i += 8) {
+      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(v, scales ? _mm256_loadu_ps(scales + i) : _mm256_set1_ps(*scale)));
+    }
+  }
+  for (; i < n; ++i) dst[i] = j.bytes[src[i]] * (scales ? scales[i] : *scale);
+}
 
 struct Scratch {
   std::vector<float> s, acc, m, l, kf, vf;
@@ -136,24 +157,30 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
     if (page < 0 || page >= j.pages) continue;
     const int64_t extra = j.kind == kQ8 ? 2 : 0;  // the scale's bytes
     const int64_t k_off = (page * j.kv_heads + g) * (dk + extra) * ps, v_off = (page * j.kv_heads + g) * ps * (dv + extra);
+    // the keys the row sees in this page, [j0, j1), and the 8-aligned span [t0, t1) that holds them:
+    // only those are converted and scored (a sequence's last page is mostly empty)
+    const int64_t j0 = std::max<int64_t>(0, lo_pos - c * ps), j1 = std::min<int64_t>(ps, pos - c * ps + 1);
+    const int64_t t0 = j0 & ~int64_t{7}, t1 = std::min<int64_t>(ps, (j1 + 7) & ~int64_t{7});
     const float* K;  // (dk, ps)
     const float* V;  // (ps, dv)
-    if (j.kind == kBF16) {
-      bf16_to_f32(static_cast<const uint16_t*>(j.k) + k_off, sc.kf.data(), dk * ps);
-      bf16_to_f32(static_cast<const uint16_t*>(j.v) + v_off, sc.vf.data(), ps * dv);
+    if (j.kind == kBF16 || j.kind == kF16) {
+      const auto* kh = static_cast<const uint16_t*>(j.k) + k_off;
+      for (int64_t d = 0; d < dk; ++d) half_to_f32(kh + d * ps + t0, sc.kf.data() + d * ps + t0, t1 - t0, j.kind == kBF16);
+      half_to_f32(static_cast<const uint16_t*>(j.v) + v_off + j0 * dv, sc.vf.data() + j0 * dv, (j1 - j0) * dv,
+                  j.kind == kBF16);
       K = sc.kf.data();
       V = sc.vf.data();
     } else if (j.kind == kQ8) {
       const uint8_t* kq = static_cast<const uint8_t*>(j.k) + k_off;  // (dk + 2, ps): the scales' rows last
       const uint8_t* vq = static_cast<const uint8_t*>(j.v) + v_off;  // (ps, dv + 2): the scales' columns last
       float* kscale = sc.s.data();  // scratch: the scores are written after K is made
-      for (int64_t t = 0; t < ps; ++t) kscale[t] = f16_at(kq + dk * ps + t, kq + (dk + 1) * ps + t);
-      for (int64_t d = 0; d < dk; ++d)
-        for (int64_t t = 0; t < ps; ++t) sc.kf[d * ps + t] = j.bytes[kq[d * ps + t]] * kscale[t];
-      for (int64_t t = 0; t < ps; ++t) {
+      for (int64_t t = t0; t < t1; ++t) kscale[t] = f16_at(kq + dk * ps + t, kq + (dk + 1) * ps + t);
+      for (int64_t d = 0; d < dk; ++d) dequantize(kq + d * ps + t0, kscale + t0, nullptr, sc.kf.data() + d * ps + t0,
+                                                  t1 - t0, j);
+      for (int64_t t = j0; t < j1; ++t) {
         const uint8_t* row = vq + t * (dv + 2);
         const float scale = f16_at(row + dv, row + dv + 1);
-        for (int64_t e = 0; e < dv; ++e) sc.vf[t * dv + e] = j.bytes[row[e]] * scale;
+        dequantize(row, nullptr, &scale, sc.vf.data() + t * dv, dv, j);
       }
       K = sc.kf.data();
       V = sc.vf.data();
@@ -161,11 +188,10 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       K = static_cast<const float*>(j.k) + k_off;
       V = static_cast<const float*>(j.v) + v_off;
     }
-    const int64_t j0 = std::max<int64_t>(0, lo_pos - c * ps), j1 = std::min<int64_t>(ps, pos - c * ps + 1);
     // scores s[i][t] = scale * q_i . k_t, 8 keys at a time, up to 8 heads per pass over K
     for (int64_t i0 = 0; i0 < G; i0 += 8) {
       const int64_t ni = std::min<int64_t>(8, G - i0);
-      for (int64_t t = 0; t < ps; t += 8) {
+      for (int64_t t = t0; t < t1; t += 8) {
         __m256 a[8];
         for (int64_t i = 0; i < ni; ++i) a[i] = _mm256_setzero_ps();
         for (int64_t d = 0; d < dk; ++d) {
@@ -180,8 +206,8 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       float* s = sc.s.data() + i * ps;
       if (j.softcap > 0)
         for (int64_t t = j0; t < j1; ++t) s[t] = j.softcap * std::tanh(s[t] / j.softcap);
-      for (int64_t t = 0; t < j0; ++t) s[t] = kNegInf;
-      for (int64_t t = j1; t < ps; ++t) s[t] = kNegInf;
+      for (int64_t t = t0; t < j0; ++t) s[t] = kNegInf;
+      for (int64_t t = j1; t < t1; ++t) s[t] = kNegInf;
       float mx = kNegInf;
       for (int64_t t = j0; t < j1; ++t) mx = std::max(mx, s[t]);
       const float m_new = std::max(sc.m[i], mx);
@@ -191,7 +217,7 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       for (int64_t e = 0; e < dv; ++e) acc[e] *= alpha;
       __m256 sum = _mm256_setzero_ps();
       const __m256 mv = _mm256_set1_ps(m_new);
-      for (int64_t t = 0; t < ps; t += 8) {
+      for (int64_t t = t0; t < t1; t += 8) {
         const __m256 p = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
         _mm256_storeu_ps(s + t, p);
         sum = _mm256_add_ps(sum, p);
@@ -238,12 +264,14 @@ ffi::Error paged_decode_impl(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pages, ff
     return ffi::Error::InvalidArgument("vsurge_paged_decode: q (R, H, dk), pages (P, KVH, ., .), tables (R, W)");
   const ffi::DataType type = k_pages.element_type();
   const bool q8 = type == ffi::DataType::S8 || type == ffi::DataType::F8E4M3FN;
-  if (v_pages.element_type() != type || (!q8 && type != ffi::DataType::F32 && type != ffi::DataType::BF16))
-    return ffi::Error::InvalidArgument("vsurge_paged_decode: pages must both be float32, bfloat16, int8 or fp8");
-  const PageKind kind = q8 ? kQ8 : type == ffi::DataType::BF16 ? kBF16 : kF32;
+  if (v_pages.element_type() != type ||
+      (!q8 && type != ffi::DataType::F32 && type != ffi::DataType::BF16 && type != ffi::DataType::F16))
+    return ffi::Error::InvalidArgument("vsurge_paged_decode: pages must both be float32, bfloat16, float16, int8 or fp8");
+  const PageKind kind = q8 ? kQ8 : type == ffi::DataType::BF16 ? kBF16 : type == ffi::DataType::F16 ? kF16 : kF32;
   const int64_t extra = q8 ? 2 : 0;
   DecodeJob j{q.typed_data(), k_pages.untyped_data(), v_pages.untyped_data(), kind,
-              q8 ? byte_values(type == ffi::DataType::F8E4M3FN) : nullptr, tables.typed_data(),
+              q8 ? byte_values(type == ffi::DataType::F8E4M3FN) : nullptr, type == ffi::DataType::F8E4M3FN,
+              tables.typed_data(),
               q_pos.typed_data(), has_sinks ? sinks.typed_data() : nullptr, out->typed_data(),
               qd[0], qd[1], kd[1], qd[2], vd[3] - extra, kd[0], kd[3], td[1], scale, softcap, window};
   if (j.heads % j.kv_heads != 0 || kd[2] != j.dk + extra || vd[0] != j.pages || vd[1] != j.kv_heads || vd[2] != j.ps ||

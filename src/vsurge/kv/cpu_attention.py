@@ -22,7 +22,7 @@ from ..config import AttentionSpec
 from . import quant
 
 ENABLED = os.environ.get("VSURGE_CPU_ATTENTION", "1") != "0"
-PAGE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.int8, jnp.float8_e4m3fn))
+PAGE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.float8_e4m3fn))
 
 
 def usable(q, k_pages, v_pages) -> bool:

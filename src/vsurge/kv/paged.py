@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer
 from ..ops.attention import merge_into, merge_partials, partial_attend
+from .. import kernels as cpp_kernels
 from . import cpu_attention, kernels, quant
 from .access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
 
@@ -37,8 +38,21 @@ def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
 
 
 def pool_dtype(model, config):
-    """The storage dtype of an engine's pages: the model's, or int8 / fp8 (`config.kv_cache_dtype`)."""
+    """The storage dtype of an engine's pages (`config.kv_cache_dtype`): "auto" is the model's
+    activation dtype, except on a CPU whose C++ kernels read and write 16-bit pages (kv/access.py,
+    kv/cpu_attention.py), where float32 activations get float16 pages: half the memory at about the
+    same speed (benchmarks/serve.py), llama.cpp's default cache type."""
+    if config.kv_cache_dtype in (None, "auto") and half_pages_on_cpu(model):
+        return jnp.dtype(jnp.float16)
     return quant.storage_dtype(config.kv_cache_dtype, model.dtype)
+
+
+def half_pages_on_cpu(model) -> bool:
+    from ..sharding import mesh_of
+
+    mesh = mesh_of(model)
+    return (jax.default_backend() == "cpu" and jnp.dtype(model.dtype) == jnp.float32 and cpu_attention.ENABLED
+            and cpp_kernels.available() and (mesh is None or mesh.size == 1))
 
 
 def pool_page_bytes(model, config) -> int:
