@@ -92,7 +92,7 @@ def dense_surge(default_model):
 
     model, processor = default_model
     s = vSurge.create_vdriver(model, processor, max_concurrent_decodes=8, prefill_lengths=[64, 128],
-                              max_prefill_length=128, max_length=256, seed=1)
+                              max_prefill_length=128, max_length=256, seed=1, kv_cache_dtype="float32")
     s.compile()
     s.start()
     yield s

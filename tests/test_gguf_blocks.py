@@ -80,7 +80,7 @@ def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     assert (ours.argmax(-1) == ref.argmax(-1)).all(), (ours.argmax(-1), ref.argmax(-1))
 
     from vsurge import EngineConfig, vSurge
-    from vsurge.kv.paged import page_bytes
+    from vsurge.kv.paged import half_pages_on_cpu, page_bytes
     from vsurge.server.stats import memory_fields
 
     config = EngineConfig(max_slots=2, max_length=64, prefill_tokens=16, chunk_lengths=(16,), row_buckets=(2,),
@@ -88,7 +88,9 @@ def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     surge = vSurge.create_odriver(blocks, processor, config=config)
     engine = surge.driver.engines[0]
     memory = memory_fields(surge)  # what /v1/stats reports
-    per_page = page_bytes(blocks.config.kv_layout, 16, blocks.dtype)
+    # float16 pages by default where the C++ kernels serve them (kv/paged.pool_dtype), as llama.cpp's cache
+    assert engine.kv_dtype == (jnp.float16 if half_pages_on_cpu(blocks) else blocks.dtype)
+    per_page = page_bytes(blocks.config.kv_layout, 16, engine.kv_dtype)
     assert memory == {"weight_bytes": blocks.weight_bytes, "kv_cache_bytes": 8 * per_page, "kv_cache_pages": 8}
     key = next(job for job in engine.buckets() if job[0] == "decode")
     hlo = engine._build(key).as_text()

@@ -219,25 +219,27 @@ def test_disk_tier_fingerprint_and_prefix_signature_name_the_kv_dtype(tiny_check
 # ------------------------------------------------------------------ sizing, start-up line, bad input
 def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
     from vsurge.cli_engine import describe_kv_pool
-    from vsurge.kv.paged import pool_page_bytes
+    from vsurge.kv.paged import half_pages_on_cpu, pool_page_bytes
 
     model, processor = load_tiny(tiny_checkpoints, "llama")
     lines = {}
-    for dtype in ("auto", "bfloat16", "int8"):
+    for dtype in ("auto", "float32", "bfloat16", "int8"):
         surge = vSurge.create_odriver(model, processor, config=EngineConfig(**{**CONFIG, "kv_cache_dtype": dtype},
                                                                             num_pages=8))
         lines[dtype] = describe_kv_pool(model, surge.driver.engines[0])
     per_page = pool_page_bytes(model, EngineConfig(page_size=16, kv_cache_dtype="int8"))
     assert lines["int8"] == (f"Paged KV cache: 8 pages of 16 tokens (128 tokens, {8 * per_page / 2**20:.1f} MiB, "
                              f"int8 with float16 scales, {2**30 // per_page} pages per GiB)")
-    assert ", float32, " in lines["auto"] and ", bfloat16, " in lines["bfloat16"]
+    auto = "float16" if half_pages_on_cpu(model) else "float32"  # kv/paged.pool_dtype
+    assert f", {auto}, " in lines["auto"] and ", float32, " in lines["float32"] and ", bfloat16, " in lines["bfloat16"]
     per_gib = {d: int(line.split(", ")[-1].split()[0]) for d, line in lines.items()}  # "N pages per GiB)"
-    assert per_gib["bfloat16"] in (2 * per_gib["auto"], 2 * per_gib["auto"] + 1)  # half the bytes of float32
-    assert per_gib["int8"] >= 2 * per_gib["auto"]  # float32 here: > 3.5x; bfloat16 pools: 2 * dk / (dk + 2)
+    assert per_gib["bfloat16"] in (2 * per_gib["float32"], 2 * per_gib["float32"] + 1)  # half the bytes of float32
+    dk = model.config.kv_layout[0].k_dim  # int8: dk + 2 bytes per token, head and side (the scale's two)
+    assert abs(per_gib["int8"] - per_gib["bfloat16"] * 2 * dk / (dk + 2)) <= 2
 
 
 def test_bad_kv_cache_dtypes_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"kv_cache_dtype \(--kv-cache-dtype\) must be one of auto, bfloat16, float16, int8, fp8"):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype \(--kv-cache-dtype\) must be one of auto, float32, bfloat16, float16, int8, fp8"):
         EngineConfig(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         quant.storage_dtype("int4", jnp.float32)

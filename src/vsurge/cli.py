@@ -18,7 +18,8 @@ COMPILATION_CACHE_ENV = "VSURGE_COMPILATION_CACHE"  # overrides the default dire
 
 QUANTIZATION_CHOICES = list(QUANTIZATIONS)
 QUANTIZATION_HELP = ("blocks: keep a GGUF file's or an AWQ/GPTQ checkpoint's blocks (the default on CPU); none: "
-                     "dequantize them; int8: per-channel int8 weights (slightly less exact); int4 / q8_0: weights "
+                     "dequantize them; int8 / fp8: per-channel int8 / float8_e4m3fn weights (fp8: for GPUs with fp8 "
+                     "arithmetic); int4 / q8_0: weights "
                      "quantized at load to GGUF q4_0 / q8_0 blocks (one scale per 32 weights) for the block kernel; "
                      "int4_g64, int4_g128, int8_g64, int8_g128: one scale per 64 / 128 weights")
 
@@ -141,8 +142,9 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="how the paged KV pool stores keys and values: auto (the model dtype); bfloat16 or "
-                        "float16 (a float32 model's cache in half the memory, as llama.cpp's f16 cache); int8 or "
+                   help="how the paged KV pool stores keys and values: auto (the model's activation dtype; on a "
+                        "CPU with vsurge's C++ kernels float16, as llama.cpp's default cache); float32; bfloat16 or "
+                        "float16 (a float32 model's cache in half the memory); int8 or "
                         "fp8 (float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
                         "the pages of a bfloat16 pool in the same memory (the start-up line prints them)")
     p.add_argument("--prefix-wait-steps", type=int, default=64,

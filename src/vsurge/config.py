@@ -17,8 +17,9 @@ from dataclasses import dataclass
 # Kinds held as GGUF blocks for the block kernel -> (format, weights per scale):
 BLOCK_QUANTIZATIONS = {"int4": ("q4_0", 32), "int4_g64": ("q4_0", 64), "int4_g128": ("q4_0", 128),
                        "q8_0": ("q8_0", 32), "int8_g64": ("q8_0", 64), "int8_g128": ("q8_0", 128)}
-# blocks: keep a GGUF file's / an AWQ or GPTQ checkpoint's blocks; none: dequantize them; int8: per-channel
-QUANTIZATIONS = ("blocks", "none", "int8", *BLOCK_QUANTIZATIONS)
+# blocks: keep a GGUF file's / an AWQ or GPTQ checkpoint's blocks; none: dequantize them; int8 / fp8:
+# per-channel scales (fp8: float8_e4m3fn, for accelerators with fp8 arithmetic)
+QUANTIZATIONS = ("blocks", "none", "int8", "fp8", *BLOCK_QUANTIZATIONS)
 
 
 @dataclass(frozen=True)

@@ -28,14 +28,15 @@ import jax.numpy as jnp
 
 from ..engine.config import KV_CACHE_DTYPES
 
-STORAGE = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+STORAGE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int8": jnp.int8,
+           "fp8": jnp.float8_e4m3fn}
 QMAX = {jnp.dtype(jnp.int8): 127.0, jnp.dtype(jnp.float8_e4m3fn): 448.0}
 SCALE_DTYPE = jnp.float16
 SCALE_BYTES = 2  # the float16 scale's bytes (one byte per element of the 1-byte storage dtypes)
 
 
 def storage_dtype(kv_cache_dtype: str | None, model_dtype) -> jnp.dtype:
-    """The dtype the KV pages are stored in: the model's (None / "auto"), a 16-bit float, int8 or float8_e4m3fn."""
+    """The dtype the KV pages are stored in: the model's (None / "auto"), a float dtype, int8 or float8_e4m3fn."""
     if kv_cache_dtype in (None, "auto"):
         return jnp.dtype(model_dtype)
     if kv_cache_dtype in STORAGE:

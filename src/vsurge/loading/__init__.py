@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from ..devices import compute_dtype, default_dtype
+from ..devices import compute_dtype, default_dtype, platform
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -47,7 +47,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     quantization: None (a GGUF file: its matrices and embedding stay in their block formats where
         `keeps_blocks` says so, the other weights float32; anything else: weights in `dtype`),
         "blocks" (GGUF: keep the blocks, an error where that is not possible), "none" (dequantize
-        everything), "int8" (per-channel int8 matrices; faster on CPU, slightly less exact), or
+        everything), "int8" (per-channel int8 matrices; faster on CPU, slightly less exact), "fp8"
+        (per-channel float8_e4m3fn matrices and head: half of bfloat16's bytes on GPUs with fp8), or
         "int4" / "q8_0" (matrices and embedding quantized at load to GGUF q4_0 / q8_0 blocks, one
         scale per 32 weights, multiplied by the block kernel: on CPU only where it is available),
         "int4_g64", "int4_g128", "int8_g64", "int8_g128" (the same with one scale per 64 / 128
@@ -123,6 +124,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
                                blocks=blocks)
         model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
     if quantization:
+        if quantization == "fp8" and platform() == "cpu":
+            log.warning("fp8 weights on CPU are converted at every step (XLA:CPU has no fp8 arithmetic); "
+                        "int4 / q8_0 blocks are the CPU's quantized weights")
         if quantization in BLOCK_QUANTIZATIONS:
             from .. import kernels
 
@@ -141,7 +145,6 @@ def keeps_blocks(explicit_dtype: bool, quantization: str | None = None) -> tuple
     dequantized at load: the kernel's fallback dequantizes every weight at every step (~1 s per
     decode step for the default model on a CPU), and accelerators lack the kernel."""
     from .. import kernels
-    from ..devices import platform
 
     if explicit_dtype and quantization != "blocks":
         return False, "a dtype was given (the weights are dequantized to it)"

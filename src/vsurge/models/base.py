@@ -40,7 +40,7 @@ from flax import nnx
 
 from ..config import BLOCK_QUANTIZATIONS, ModelConfig
 from ..kv.dense import NoCache
-from ..ops.linear import linear, matmul_t, quantize_int8
+from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
 from ..ops.rope import rope_cos_sin
@@ -171,9 +171,9 @@ class CausalLM(nnx.Module):
     # ---------------------------------------------------------------- weights
     @property
     def quantization(self) -> str | None:
-        """"int8" (quantize()), "blocks" (weights held in GGUF block formats), or None."""
-        if hasattr(self, "lm_head_scale"):
-            return "int8"  # quantize() always quantizes the head
+        """"int8" / "fp8" (quantize()), "blocks" (weights held in GGUF block formats), or None."""
+        if hasattr(self, "lm_head_scale"):  # quantize() always quantizes the head
+            return "fp8" if self.lm_head[...].dtype == FP8 else "int8"
         return "blocks" if any(is_quantized(w) for w in self.named_weights().values()) else None
 
     def block_formats(self) -> dict[str, int]:
@@ -186,27 +186,31 @@ class CausalLM(nnx.Module):
 
     def quantize(self, kind: str = "int8") -> "CausalLM":
         """Replace the declared matrices, in place: "int8" by int8 + per-channel scales (ops/linear.py);
+        "fp8" by float8_e4m3fn + per-channel scales (for accelerators with fp8: ops/linear.py);
         "int4" (q4_0: 4 bits, one scale per 32 weights) or "q8_0" (8 bits, one scale per 32), and
         "int4_g64" / "int4_g128" / "int8_g64" / "int8_g128" (one scale per 64 or 128 weights), by GGUF
         blocks (ops/quantized.py) multiplied by the block kernel, the embedding too (its rows are
         gathered from the blocks, and a tied head multiplies them)."""
         if kind in BLOCK_QUANTIZATIONS:
             return self._quantize_blocks(*BLOCK_QUANTIZATIONS[kind])
-        if kind != "int8":
-            raise ValueError(f"unsupported quantization {kind!r} (supported: int8, {', '.join(BLOCK_QUANTIZATIONS)})")
+        quantizer = {"int8": quantize_int8, "fp8": quantize_fp8}.get(kind)
+        if quantizer is None:
+            raise ValueError(f"unsupported quantization {kind!r} (supported: int8, fp8, {', '.join(BLOCK_QUANTIZATIONS)})")
         if self.quantization == "blocks":
             raise ValueError("the weights are held in GGUF block formats already; load the file with an "
-                             "explicit dtype (dequantized) to quantize it to int8")
+                             f"explicit dtype (dequantized) to quantize it to {kind}")
         if self.quantization:
+            if self.quantization != kind:
+                raise ValueError(f"the model is quantized already ({self.quantization})")
             return self
         for i, layer in enumerate(self.layers):
             for name, spec in self.layer_weights(self.config, i).items():
                 if spec.quantize:
-                    q, scale = quantize_int8(getattr(layer, name)[...])
+                    q, scale = quantizer(getattr(layer, name)[...])
                     getattr(layer, name).set_value(q)
                     setattr(layer, name + "_scale", nnx.Param(scale))
         head = self.lm_head[...] if hasattr(self, "lm_head") else self.embed[...].T
-        q, scale = quantize_int8(head)
+        q, scale = quantizer(head)
         if hasattr(self, "lm_head"):
             self.lm_head.set_value(q)
         else:

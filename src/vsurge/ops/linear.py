@@ -13,6 +13,11 @@ CPUs with AVX512-BF16, and accelerators do the same natively. A one-row
 bfloat16 dot takes a slow path on XLA:CPU (~7x slower than two rows), so
 single rows are computed as two.
 
+fp8 weights (float8_e4m3fn with per-output-channel scales) are for accelerators with fp8 support
+(weight bytes halved against bfloat16: a memory-bound decode reads half): they are converted to the
+activations' dtype inside the jitted dot, where XLA fuses the conversion into the matmul; on CPU
+that conversion runs every call, so the block formats (int4 / q8_0) are the CPU's quantizations.
+
 The int8 path exists for XLA:CPU, where a float32 dot is bandwidth-bound at
 batch 1 and an int8 x int8 -> int32 dot is several times cheaper per weight.
 Activations are quantized per row in two passes (the value, then its
@@ -37,6 +42,19 @@ def quantize_int8(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     scale = jnp.max(jnp.abs(w32), axis=-2) / 127.0
     scale = jnp.where(scale > 0, scale, 1.0)
     return jnp.round(w32 / scale[..., None, :]).astype(jnp.int8), scale
+
+
+FP8 = jnp.dtype(jnp.float8_e4m3fn)
+FP8_MAX = 448.0  # e4m3fn's largest finite value
+
+
+def quantize_fp8(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """w (..., K, N) float -> (float8_e4m3fn (..., K, N), scale (..., N) float32): each output channel
+    scaled so its largest magnitude is e4m3's largest, 448."""
+    w32 = w.astype(jnp.float32)
+    scale = jnp.max(jnp.abs(w32), axis=-2) / FP8_MAX
+    scale = jnp.where(scale > 0, scale, 1.0)
+    return (w32 / scale[..., None, :]).astype(FP8), scale
 
 
 def _quantize_rows(x):
@@ -68,12 +86,14 @@ def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
-    """x (..., K) @ w (K, N) -> (..., N); w int8 with `scale` (N,) selects the int8 path, w in
-    blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
+    """x (..., K) @ w (K, N) -> (..., N); w int8 or float8_e4m3fn with `scale` (N,) selects the int8
+    or fp8 path, w in blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
     if is_quantized(w):
         return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     if scale is None:
         return _mixed_dot(x, w, 0)
+    if w.dtype == FP8:  # converted inside the dot's fusion; the scale applies per output channel after it
+        return (_mixed_dot(x, w.astype(x.dtype), 0) * scale.astype(x.dtype)).astype(x.dtype)
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).astype(jnp.float32)
     m = rows.shape[0]
