@@ -310,6 +310,29 @@ def test_prompts_wait_for_a_prefix_in_flight_instead_of_computing_it_again():
     assert eager.pool.prefix_hits < 15 * 24 and eager_computed > computed
 
 
+def test_prompts_with_a_cached_preamble_share_a_step_of_short_rows():
+    """Waiting prompts whose preamble is cached need only their tails: the shape is chosen by those
+    (112-token tails in rows of 32), not by their whole length (600 tokens: a full 512-token row each,
+    one prompt per step: the shared-preamble load ran so before)."""
+    config = EngineConfig(max_slots=8, max_length=1024, page_size=16)
+    assert config.chunk_shapes == [(4, 32), (16, 32), (1, 512)]
+    s = Scheduler(HBMPageManager(512, 16), config)
+    first = seq(600)
+    first.tokens[488:] = [5000 + i for i in range(112)]
+    s.add(first)
+    while s.has_work:  # computed and finished: its 30 preamble pages stay cached
+        s.postprocess(plan := s.schedule(), Out(plan))
+    tails = [seq(600) for _ in range(3)]
+    for i, x in enumerate(tails):
+        x.tokens[488:] = [6000 + 200 * i + j for j in range(112)]
+        s.add(x)
+    assert s.pool.cached_tokens(tails[0].tokens) == 480 and s.pool.inflight_pages(tails[0].tokens) == 0
+    plan = s.schedule()
+    assert plan.chunk_shape == (16, 32)  # by whole lengths it was (1, 512): one prompt's 120 tokens
+    assert [sum(r.length for r in plan.chunks if r.seq is x) for x in tails] == [120, 120, 120]
+    assert all(x.num_computed == 480 for x in tails)  # the preamble came from the cache
+
+
 def test_a_prefix_wait_is_bounded():
     s = make(pages=64, slots=4, prefill_tokens=32, chunk_lengths=(4,))
     s.config = s.config.replace(prefix_wait_steps=2)  # rows of 4: room for b beside a's 4 rows

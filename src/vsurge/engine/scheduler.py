@@ -328,14 +328,23 @@ class Scheduler:
 
     def _choose_shape(self, candidates: list[Sequence]) -> tuple[int, int] | None:
         """The chunk shape that schedules the most prompt tokens; among equals the smallest (a step
-        costs the tokens its shape holds), then the one of longer rows (fewer gathers)."""
+        costs the tokens its shape holds), then the one of longer rows (fewer gathers). A waiting
+        prompt needs what the prefix cache does not hold (a shared preamble: a few rows, not a whole
+        512-token row each), and one that will wait for a prefix in flight needs nothing yet."""
+        needs = []
+        for seq in candidates:
+            if seq.status is Status.RUNNING:
+                needs.append(seq.remaining)
+            elif seq.prefix_waits < self.config.prefix_wait_steps and self.pool.inflight_pages(seq.tokens):
+                continue
+            else:
+                needs.append(len(seq.tokens) - self.pool.cached_tokens(seq.tokens))
         best, best_key = None, None
         for rows, length in self.config.chunk_shapes:
             tokens, left = 0, rows
-            for seq in candidates:
+            for need in needs:
                 if not left:
                     break
-                need = seq.remaining if seq.status is Status.RUNNING else len(seq.tokens)
                 used = min(left, -(-need // length))
                 tokens, left = tokens + min(need, used * length), left - used
             key = (tokens, -rows * length, length)

@@ -197,6 +197,21 @@ class HBMPageManager:
             if not self._inflight[key]:
                 del self._inflight[key]
 
+    def cached_tokens(self, tokens: Sequence[int]) -> int:
+        """Tokens of `tokens`' prefix in the device pool's cache now, as add_sequence would find them
+        (host and disk tiers not counted); nothing changes."""
+        if not self.enable_prefix_caching:
+            return 0
+        ps, key, count = self._page_size, None, 0
+        for i in range(max(len(tokens) - 1, 0) // ps):
+            chunk = tuple(tokens[i * ps : (i + 1) * ps])
+            key = page_key(key, chunk)
+            page = self._key_to_page.get(key)
+            if page is None or self._entries[page].tokens != chunk:
+                break
+            count += ps
+        return count
+
     def inflight_pages(self, tokens: Sequence[int]) -> int:
         """Full pages of `tokens`' prefix (as add_sequence would look it up) that a live table is
         computing now; 0 when none is. Cached pages on the way are skipped over."""
@@ -438,6 +453,9 @@ class SlotPages:
         pass
 
     def inflight_pages(self, tokens: Sequence[int]) -> int:
+        return 0
+
+    def cached_tokens(self, tokens: Sequence[int]) -> int:
         return 0
 
     def tier_counts(self) -> dict[str, int]:
