@@ -6,9 +6,17 @@
    (`--prefix-wait-steps 0`). Prints tok/s and TTFT p50 of both and their ratios.
 2. Restart: a long prompt (about `--long-tokens` tokens) to a server with an empty `--kv-cache-dir`
    (cold TTFT), again (warm: in the device pool), then the server restarts on the same directory
-   and it is sent again (its pages come from disk). Prints the three TTFTs and the ratios.
+   and it is sent again (its pages come from disk). Prints the three TTFTs and the ratios. The same
+   against llama-server at its best: one slot with `--slot-save-path`, the prompt sent cold, again
+   (its slot's cache), the slot saved, the server restarted, the slot restored, the prompt again.
+3. Multi-turn: `--users` conversations of `--turns` turns each, `--concurrency` at a time, every
+   turn resending a shared `--system-tokens` system prompt and the conversation so far (raw
+   completions, greedy `--answer-tokens` answers), on a device pool of `--pages` pages, a third of
+   what the conversations' pages take: with a host tier (`--kv-host-cache-gb`) and without (0, the
+   CPU default): evicted history is copied back or recomputed. Prints TTFT p50 of the later turns
+   and tok/s of both, and their ratios.
 
-    python benchmarks/prefix_tiers.py [--skip-shared] [--skip-restart]
+    python benchmarks/prefix_tiers.py [--skip-shared] [--skip-restart] [--skip-multiturn] [--skip-llama]
 
 Run it alone on the machine (`flock /tmp/heavy.lock`): its numbers are wall-clock times.
 """
@@ -17,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -84,12 +94,106 @@ def restart(tokens: int, max_length: int) -> dict:
     return {"cold": cold, "warm": warm, "disk": disk}
 
 
+def llama_restart(tokens: int, max_length: int) -> dict:
+    """llama-server's best after a restart: its slot saved to --slot-save-path and restored."""
+    from serve import llama_server_binary
+    from vsurge.loading import default_model_path
+
+    prompt = random_prompt(random.Random(7), tokens)
+    with tempfile.TemporaryDirectory(prefix="llama-slots-") as slots:
+        def start() -> Server:
+            server = Server("llama-server", [llama_server_binary(), "-m", str(default_model_path()), "--host",
+                                             "127.0.0.1", "--port", "{port}", "-np", "1", "-c", str(max_length),
+                                             "-t", str(os.cpu_count() or 2), "--slot-save-path", slots], "/health")
+            server.wait_ready()
+            return server
+
+        server = start()
+        try:
+            ttft(server, "Hello there")
+            cold = ttft(server, prompt)
+            warm = ttft(server, prompt)  # the slot still holds the prompt
+            httpx.post(server.base + "/slots/0?action=save", json={"filename": "prompt.bin"}, timeout=600).raise_for_status()
+        finally:
+            server.stop()
+        server = start()
+        try:
+            httpx.post(server.base + "/slots/0?action=restore", json={"filename": "prompt.bin"},
+                       timeout=600).raise_for_status()
+            restored = ttft(server, prompt)
+        finally:
+            server.stop()
+    return {"cold": cold, "warm": warm, "restored": restored}
+
+
+async def conversation(client: httpx.AsyncClient, base: str, model: str, system: str, user: int, turns: int,
+                       answer_tokens: int, ttfts: list, tokens: list) -> None:
+    """One user's turns in order: each resends the system prompt and the conversation so far."""
+    rng = random.Random(1000 + user)
+    history = system
+    for turn in range(turns):
+        history += f"\nUser: {random_prompt(rng, 40)}\nAssistant:"
+        body = {"model": model, "prompt": history, "max_tokens": answer_tokens, "temperature": 0.0, "stream": True}
+        start, first, text = time.perf_counter(), None, ""
+        async with client.stream("POST", base + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    import json
+
+                    piece = json.loads(line[6:])["choices"][0]["text"]
+                    if piece and first is None:
+                        first = time.perf_counter() - start
+                    text += piece
+        if turn:  # a later turn: its history was computed before (device pool, host tier, or again)
+            ttfts.append(first)
+        tokens.append(answer_tokens)
+        history += text
+
+
+def multiturn(args, host_gb: float) -> dict:
+    server = serve(f"--max-length {args.max_length} --num-pages {args.pages} --kv-host-cache-gb {host_gb} "
+                   f"--max-concurrent-decodes {args.concurrency}")
+    try:
+        system = random_prompt(random.Random(3), args.system_tokens)
+        model = server.model()
+        ttfts, tokens = [], []
+
+        async def all_users():
+            limit = asyncio.Semaphore(args.concurrency)
+            async with httpx.AsyncClient(timeout=3600) as client:
+                async def one(user):
+                    async with limit:
+                        await conversation(client, server.base, model, system, user, args.turns, args.answer_tokens,
+                                           ttfts, tokens)
+                await asyncio.gather(*(one(u) for u in range(args.users)))
+
+        start = time.perf_counter()
+        asyncio.run(all_users())
+        wall = time.perf_counter() - start
+        stats = httpx.get(server.base + "/v1/stats", timeout=30).json()["models"][0]
+    finally:
+        server.stop()
+    out = {"ttft_p50": statistics.median(ttfts), "tok_s": sum(tokens) / wall, "wall": wall,
+           "hits": stats.get("prefix_cache_hits"), "queries": stats.get("prefix_cache_queries")}
+    print(f"multi-turn, host tier {host_gb} GB: {out}", flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--skip-shared", action="store_true")
     p.add_argument("--skip-restart", action="store_true")
+    p.add_argument("--skip-multiturn", action="store_true")
+    p.add_argument("--skip-llama", action="store_true", help="no llama-server restart comparison")
     p.add_argument("--long-tokens", type=int, default=2400, help="tokens (about) of the restart prompt")
     p.add_argument("--max-length", type=int, default=4096)
+    p.add_argument("--users", type=int, default=16)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--system-tokens", type=int, default=1000)
+    p.add_argument("--answer-tokens", type=int, default=24)
+    p.add_argument("--pages", type=int, default=24, help="the device pool (128-token pages) of the multi-turn load")
+    p.add_argument("--host-gb", type=float, default=2.0, help="the host tier of the multi-turn load")
     args = p.parse_args(argv)
     lines = [f"`python benchmarks/prefix_tiers.py`, default model, CPU ISA {isa()}, "
              f"{time.strftime('%Y-%m-%d')}, one run.", ""]
@@ -106,7 +210,24 @@ def main(argv=None) -> int:
         lines += [f"| {args.long_tokens}-token prompt | TTFT s | vs warm |", "|---|---|---|",
                   f"| cold (empty `--kv-cache-dir`) | {t['cold']:.2f} | {t['cold'] / t['warm']:.2f}x |",
                   f"| warm (in the device pool) | {t['warm']:.2f} | 1.00x |",
-                  f"| after a restart (from `--kv-cache-dir`) | {t['disk']:.2f} | {t['disk'] / t['warm']:.2f}x |"]
+                  f"| after a restart (from `--kv-cache-dir`) | {t['disk']:.2f} | {t['disk'] / t['warm']:.2f}x |", ""]
+        if not args.skip_llama:
+            ll = llama_restart(args.long_tokens, args.max_length)
+            lines += [f"| {args.long_tokens}-token prompt | vsurge TTFT s | llama-server TTFT s | ratio |",
+                      "|---|---|---|---|",
+                      f"| cold | {t['cold']:.2f} | {ll['cold']:.2f} | {t['cold'] / ll['cold']:.2f}x |",
+                      f"| warm (vsurge: device pool; llama-server: its slot) | {t['warm']:.2f} | {ll['warm']:.2f} | "
+                      f"{t['warm'] / ll['warm']:.2f}x |",
+                      f"| after a restart (vsurge: `--kv-cache-dir`; llama-server: slot saved and restored) | "
+                      f"{t['disk']:.2f} | {ll['restored']:.2f} | {t['disk'] / ll['restored']:.2f}x |", ""]
+    if not args.skip_multiturn:
+        tier, none = multiturn(args, args.host_gb), multiturn(args, 0)
+        lines += [f"| {args.users} users x {args.turns} turns, {args.concurrency} at once, {args.system_tokens}-token "
+                  f"shared system prompt, {args.pages}-page pool | TTFT p50 of later turns s | tok/s |",
+                  "|---|---|---|",
+                  f"| host tier ({args.host_gb} GB) | {tier['ttft_p50']:.2f} | {tier['tok_s']:.1f} |",
+                  f"| no host tier (the CPU default) | {none['ttft_p50']:.2f} | {none['tok_s']:.1f} |",
+                  f"| ratio | {tier['ttft_p50'] / none['ttft_p50']:.2f}x | {tier['tok_s'] / none['tok_s']:.2f}x |"]
     print("\n".join(lines))
     return 0
 

@@ -20,7 +20,8 @@ ratios (`--write-readme` puts it into README.md).
 
 The CPU's ISA (vsurge.kernels.cpu_isa(), the block kernel's variant and any XLA_FLAGS ISA cap)
 heads the output and the table: run it under `XLA_FLAGS=--xla_cpu_max_isa=AVX2 VSURGE_CPU_ISA=avx2`
-to measure what an AVX2-only CPU gets.
+to measure what an AVX2-only CPU gets, with LLAMA_SERVER=<a llama-server built for AVX2 only> for the peer
+(the shared script builds it for the machine's own ISA).
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def free_port() -> int:
 
 
 def llama_server_binary() -> str:
+    """$LLAMA_SERVER if set (e.g. a build for another ISA), else the shared script's build (made if missing)."""
+    if os.environ.get("LLAMA_SERVER"):
+        return os.environ["LLAMA_SERVER"]
     found = subprocess.run(["bash", str(BUILD_SCRIPT)], capture_output=True, text=True, check=True)
     return found.stdout.strip().splitlines()[-1]
 
@@ -166,6 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--vsurge-args", default="", help="extra `vsurge serve` flags (default: none, the fast path)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--write-readme", action="store_true")
+    p.add_argument("--readme-marker", default="serve-table", help="the README section --write-readme replaces")
     p.add_argument("--loads", default="", help="comma list of load names' beginnings (default: all)")
     args = p.parse_args(argv)
     wanted = [w.strip() for w in args.loads.split(",") if w.strip()]
@@ -202,7 +207,7 @@ def main(argv=None) -> int:
     text = table(vs, peer, warm, command, args.loads)
     print("\n" + text)
     if args.write_readme:
-        write_readme(text)
+        write_readme(text, args.readme_marker)
     return 0
 
 
