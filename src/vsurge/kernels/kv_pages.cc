@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "half.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -62,23 +63,6 @@ ffi::Error kv_write_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> page, ffi::
   return ffi::Error::Success();
 }
 
-void to_f32(const uint16_t* src, float* dst, int64_t n, bool bf16) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m256 f = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16)) : _mm256_cvtph_ps(w);
-    _mm256_storeu_ps(dst + i, f);
-  }
-  for (; i < n; ++i) {
-    if (bf16) {
-      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    } else {
-      dst[i] = _cvtsh_ss(src[i]);
-    }
-  }
-}
-
 ffi::Error gather_pages_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> ids, ffi::ResultBuffer<ffi::F32> out) {
   const auto cd = cache.dimensions();
   if (cd.size() != 4 || !is_16bit_float(cache.element_type()))
@@ -90,7 +74,7 @@ ffi::Error gather_pages_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> ids, ff
   const bool bf16 = cache.element_type() == ffi::DataType::BF16;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t p = std::clamp<int64_t>(ids.typed_data()[r], 0, P - 1);
-    to_f32(src + p * page, out->typed_data() + r * page, page, bf16);
+    half_to_f32(src + p * page, out->typed_data() + r * page, page, bf16);
   }
   return ffi::Error::Success();
 }

@@ -24,6 +24,7 @@
 #include <limits>
 #include <vector>
 
+#include "half.h"
 #include "thread_pool.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -51,24 +52,6 @@ inline __m256 exp_nonpositive(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(zero_mask, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
-
-// 16-bit floats (bfloat16: the top half of a float32; float16: F16C) -> float32.
-inline void half_to_f32(const uint16_t* src, float* dst, int64_t n, bool bf16) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16))
-                                   : _mm256_cvtph_ps(w));
-  }
-  for (; i < n; ++i) {
-    if (bf16) {
-      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    } else {
-      dst[i] = _cvtsh_ss(src[i]);
-    }
-  }
 }
 
 enum PageKind { kF32, kBF16, kF16, kQ8 };  // kQ8: one byte per value (int8 or fp8) and a float16 scale per token
