@@ -151,7 +151,7 @@ async def conversation(client: httpx.AsyncClient, base: str, model: str, system:
 
 
 def multiturn(args, host_gb: float) -> dict:
-    server = serve(f"--max-length {args.max_length} --num-pages {args.pages} --kv-host-cache-gb {host_gb} "
+    server = serve(f"--max-length {args.multiturn_max_length} --num-pages {args.pages} --kv-host-cache-gb {host_gb} "
                    f"--max-concurrent-decodes {args.concurrency}")
     try:
         system = random_prompt(random.Random(3), args.system_tokens)
@@ -192,7 +192,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--system-tokens", type=int, default=1000)
     p.add_argument("--answer-tokens", type=int, default=24)
-    p.add_argument("--pages", type=int, default=24, help="the device pool (128-token pages) of the multi-turn load")
+    p.add_argument("--pages", type=int, default=20, help="the device pool (128-token pages) of the multi-turn load")
+    p.add_argument("--multiturn-max-length", type=int, default=2048)
     p.add_argument("--host-gb", type=float, default=2.0, help="the host tier of the multi-turn load")
     args = p.parse_args(argv)
     lines = [f"`python benchmarks/prefix_tiers.py`, default model, CPU ISA {isa()}, "
@@ -207,12 +208,14 @@ def main(argv=None) -> int:
                   f"{on['ttft']['median'] / off['ttft']['median']:.2f}x |", ""]
     if not args.skip_restart:
         t = restart(args.long_tokens, args.max_length)
+        print(f"restart: {t}", flush=True)
         lines += [f"| {args.long_tokens}-token prompt | TTFT s | vs warm |", "|---|---|---|",
                   f"| cold (empty `--kv-cache-dir`) | {t['cold']:.2f} | {t['cold'] / t['warm']:.2f}x |",
                   f"| warm (in the device pool) | {t['warm']:.2f} | 1.00x |",
                   f"| after a restart (from `--kv-cache-dir`) | {t['disk']:.2f} | {t['disk'] / t['warm']:.2f}x |", ""]
         if not args.skip_llama:
             ll = llama_restart(args.long_tokens, args.max_length)
+            print(f"llama-server restart: {ll}", flush=True)
             lines += [f"| {args.long_tokens}-token prompt | vsurge TTFT s | llama-server TTFT s | ratio |",
                       "|---|---|---|---|",
                       f"| cold | {t['cold']:.2f} | {ll['cold']:.2f} | {t['cold'] / ll['cold']:.2f}x |",

@@ -207,3 +207,15 @@ def test_a_missing_part_is_named(tmp_path, default_processor_dir):
     save_file(state, tmp_path / "model.safetensors")
     with pytest.raises(ModelLoadError, match=r"model\.layers\.1\.mlp\.up_proj\.scales"):
         vsurge.load(tmp_path, progress=False, load_processor=False)
+
+
+@pytest.mark.parametrize("part, match", [("qzeros", r"qzeros holds"), ("qweight", r"qweight has shape")])
+def test_a_part_of_the_wrong_shape_is_named(part, match, tmp_path, default_processor_dir):
+    torch_model = write_tiny_model("llama", tmp_path, default_processor_dir)
+    write_packed(tmp_path, torch_model, "awq", 32)
+    state = load_file(tmp_path / "model.safetensors")
+    name = f"model.layers.0.self_attn.o_proj.{part}"
+    state[name] = state[name][:, :-1].contiguous()  # one packed column short
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=match):
+        vsurge.load(tmp_path, progress=False, load_processor=False)

@@ -105,18 +105,20 @@ class PackedLinear:
         if qweight_shape != expected or self.n % per:
             raise ModelLoadError(f"tensor {prefix}.qweight has shape {qweight_shape}; with scales {self.scales.shape} "
                                  f"{scheme.describe()} implies {expected}")
-        zeros = source.read(f"{prefix}.qzeros")
-        zeros = _unpack_codes(zeros, scheme.bits, axis=1)  # (groups, N)
+        zeros = _unpack_codes(source.read(f"{prefix}.qzeros"), scheme.bits, axis=1)  # (groups, N)
+        if zeros.shape != (groups, self.n):
+            raise ModelLoadError(f"tensor {prefix}.qzeros holds {zeros.shape} zero points; scales "
+                                 f"{self.scales.shape} need one per scale")
         if scheme.method == "awq":
             zeros = zeros.reshape(groups, -1, 8)[:, :, list(AWQ_COLUMNS)].reshape(groups, -1)
         self.zeros = zeros.astype(np.int32) + scheme.zero_offset  # (groups, N)
         g_idx_name = f"{prefix}.g_idx"
-        size = scheme.group_size if scheme.group_size > 0 else self.k
-        default = np.arange(self.k) // size
+        self.group = scheme.group_size if scheme.group_size > 0 else self.k  # input weights per scale
+        default = np.arange(self.k) // self.group
         self.g_idx = source.read(g_idx_name).astype(np.int64) if g_idx_name in names else default
         if self.g_idx.shape != (self.k,) or self.g_idx.min() < 0 or self.g_idx.max() >= groups:
             raise ModelLoadError(f"tensor {g_idx_name} does not give each of the {self.k} inputs one of {groups} groups")
-        self.contiguous = bool(np.array_equal(self.g_idx, default)) and groups * size == self.k
+        self.contiguous = bool(np.array_equal(self.g_idx, default)) and groups * self.group == self.k
 
     def codes(self) -> np.ndarray:
         """uint8 (N, K): the integer codes in HF orientation (output rows)."""
@@ -136,8 +138,7 @@ class PackedLinear:
 
     def block_type(self) -> Q | None:
         """The GGUF block format this layer converts to without rounding its codes, or None."""
-        size = self.scheme.group_size if self.scheme.group_size > 0 else self.k
-        if not self.contiguous or size % 32 or self.k % 32:
+        if not self.contiguous or self.group % 32 or self.k % 32:
             return None
         symmetric = bool(np.all(self.zeros == 1 << (self.scheme.bits - 1)))
         if self.scheme.bits == 4:
@@ -149,8 +150,7 @@ class PackedLinear:
     def gguf_rows(self) -> np.ndarray:
         """uint8 (N, bytes per row): the layer as GGUF blocks of block_type()."""
         qtype = self.block_type()
-        size = self.scheme.group_size if self.scheme.group_size > 0 else self.k
-        per_block = lambda a: np.repeat(a.T, size // 32, axis=1)  # noqa: E731  (groups, N) -> (N, K / 32)
+        per_block = lambda a: np.repeat(a.T, self.group // 32, axis=1)  # noqa: E731  (groups, N) -> (N, K / 32)
         d = per_block(self.scales)
         codes = self.codes()
         if qtype == Q.Q8_0:
