@@ -148,7 +148,7 @@ def test_16bit_pages_are_written_and_read_in_place_as_xla_would(dtype):
     """kv/access.py on CPU: the C++ write equals XLA's scatter (out-of-range pages and offsets dropped,
     keys along their last axis, values along the third), the C++ page read equals XLA's gather + cast,
     and the compiled program neither converts nor copies the whole pool (XLA:CPU did both)."""
-    from vsurge.kv.access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
+    from vsurge.kv.access import KEY_AXIS, VALUE_AXIS, put_pages, read_pages, take_pages, write_tokens
 
     rng = np.random.default_rng(3)
     num_pages, heads, dim, page = 6, 2, 16, 8
@@ -175,3 +175,14 @@ def test_16bit_pages_are_written_and_read_in_place_as_xla_would(dtype):
     keys, values = jax.jit(lambda a, b, i: read_pages(a, b, i, jnp.float32))(got_k, got_v, ids)
     np.testing.assert_array_equal(np.asarray(keys), np.asarray(got_k[ids], np.float32))
     np.testing.assert_array_equal(np.asarray(values), np.asarray(got_v[ids], np.float32))
+
+    # whole pages out and in as stored (the tiers' and transfers' copies): page 9 is padding, dropped
+    taken = jax.jit(take_pages)(got_k, ids)
+    assert taken.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(taken, np.float32), np.asarray(got_k[ids], np.float32))
+    targets = jnp.asarray([2, 9, 4, 1], jnp.int32)
+    program = jax.jit(put_pages, donate_argnums=0).lower(got_k, targets, taken).compile().as_text()
+    assert "vsurge_put_pages" in program and not [l for l in program.splitlines() if whole_pool.search(l)]
+    put = jax.jit(put_pages)(got_k, targets, taken)
+    expected = got_k.at[targets].set(taken, mode="drop")
+    np.testing.assert_array_equal(np.asarray(put, np.float32), np.asarray(expected, np.float32))

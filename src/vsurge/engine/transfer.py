@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..kv.access import put_pages, take_pages
 from .programs import EngineState
 
 
@@ -53,14 +54,14 @@ class KVPrefix:
 def gather_pages(state: EngineState, ids) -> PrefixPages:
     """ids (n,) page ids -> those pages of every layer (a copy)."""
     kv = state.kv
-    return PrefixPages([k[ids] for k in kv.k], [v[ids] for v in kv.v])
+    return PrefixPages([take_pages(k, ids) for k in kv.k], [take_pages(v, ids) for v in kv.v])
 
 
 def scatter_pages(state: EngineState, prefix: PrefixPages, ids) -> EngineState:
     """Write the prefix's pages at ids (n,); an id of num_pages (padding) writes nothing."""
     kv = state.kv
-    k = [pages.at[ids].set(p.astype(pages.dtype), mode="drop") for pages, p in zip(kv.k, prefix.k)]
-    v = [pages.at[ids].set(p.astype(pages.dtype), mode="drop") for pages, p in zip(kv.v, prefix.v)]
+    k = [put_pages(pages, ids, p) for pages, p in zip(kv.k, prefix.k)]
+    v = [put_pages(pages, ids, p) for pages, p in zip(kv.v, prefix.v)]
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=k, v=v))
 
 

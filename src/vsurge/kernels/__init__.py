@@ -26,7 +26,9 @@ FFI_TARGET = "vsurge_qmatmul"
 ATTENTION_TARGET = "vsurge_paged_decode"  # paged_attention.cc: decode rows' attention over their pages
 KV_WRITE_TARGET = "vsurge_kv_write"  # kv_pages.cc: K/V vectors written into a 16-bit float cache in place
 GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit float cache read as float32
-LAYOUT_VERSION = 3  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+TAKE_PAGES_TARGET = "vsurge_take_pages"  # kv_pages.cc: whole pages copied out of a cache
+PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a cache in place
+LAYOUT_VERSION = 4  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 
@@ -72,8 +74,9 @@ class _Library:
         jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(lib.vsurge_qmatmul_ffi), platform="cpu")
         jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.vsurge_paged_decode_ffi), platform="cpu")
         jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
-        jax.ffi.register_ffi_target(GATHER_PAGES_TARGET, jax.ffi.pycapsule(lib.vsurge_gather_pages_ffi),
-                                    platform="cpu")
+        for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),
+                           (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi)):
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         self.lib = lib
 
 

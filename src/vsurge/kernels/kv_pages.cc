@@ -7,11 +7,16 @@
 //     [page[t], h, offset[t], :]. A token whose page or offset is out of range is dropped (padding).
 //   vsurge_gather_pages: cache (P, H, X, Y); ids (R,) s32 -> (R, H, X, Y) f32, page ids[r] converted
 //     (an id out of range reads the nearest page, as XLA's gather clamps).
+//   vsurge_take_pages: cache (P, ...); ids (R,) s32 -> (R, ...) of the cache's type: whole pages copied
+//     as they are (clamped ids), for the host and disk tiers and transfers between engines.
+//   vsurge_put_pages: cache (P, ...), aliased to the result; ids (R,) s32; pages (R, ...): page r
+//     written at ids[r]; an id out of range is dropped (padding).
 //
 // XLA:CPU has neither a bfloat16 / float16 scatter nor gather: it converted the whole pool to float32
-// around each layer's write (1.7 s of a 32-row decode step of the default model), and around the page
-// gathers of prompt rows (hoisted out of their loop, ~0.3 s of a 512-token step); a bitcast to 16-bit
-// integers around them copied the pool instead. These touch only the vectors and pages named.
+// around each layer's write (1.7 s of a 32-row decode step of the default model), around the page
+// gathers of prompt rows (hoisted out of their loop, ~0.3 s of a 512-token step) and around the tiers'
+// page copies; a bitcast to 16-bit integers around them copied the pool instead. These touch only the
+// vectors and pages named.
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
@@ -79,6 +84,36 @@ ffi::Error gather_pages_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> ids, ff
   return ffi::Error::Success();
 }
 
+// Bytes of one page of a (P, ...) cache, and the page count.
+int64_t page_bytes(const ffi::AnyBuffer& cache) { return cache.size_bytes() / cache.dimensions()[0]; }
+
+ffi::Error take_pages_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> ids, ffi::Result<ffi::AnyBuffer> out) {
+  const int64_t P = cache.dimensions()[0], bytes = page_bytes(cache), R = ids.element_count();
+  if (out->element_type() != cache.element_type() || static_cast<int64_t>(out->size_bytes()) != R * bytes)
+    return ffi::Error::InvalidArgument("vsurge_take_pages: the result is not (R, ...) of the cache's type");
+  const auto* src = static_cast<const uint8_t*>(cache.untyped_data());
+  auto* dst = static_cast<uint8_t*>(out->untyped_data());
+  for (int64_t r = 0; r < R; ++r)
+    std::memcpy(dst + r * bytes, src + std::clamp<int64_t>(ids.typed_data()[r], 0, P - 1) * bytes, bytes);
+  return ffi::Error::Success();
+}
+
+ffi::Error put_pages_impl(ffi::AnyBuffer cache, ffi::Buffer<ffi::S32> ids, ffi::AnyBuffer pages,
+                          ffi::Result<ffi::AnyBuffer> out) {
+  const int64_t P = cache.dimensions()[0], bytes = page_bytes(cache), R = ids.element_count();
+  if (pages.element_type() != cache.element_type() || static_cast<int64_t>(pages.size_bytes()) != R * bytes)
+    return ffi::Error::InvalidArgument("vsurge_put_pages: pages must be (R, ...) of the cache's type");
+  auto* dst = static_cast<uint8_t*>(out->untyped_data());
+  if (dst != cache.untyped_data())  // XLA did not alias the cache to the result: start from a copy
+    std::memcpy(dst, cache.untyped_data(), cache.size_bytes());
+  const auto* src = static_cast<const uint8_t*>(pages.untyped_data());
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t p = ids.typed_data()[r];
+    if (p >= 0 && p < P) std::memcpy(dst + p * bytes, src + r * bytes, bytes);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace vsurge
 
@@ -91,6 +126,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_kv_write_ffi, vsurge::kv_write_impl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Attr<int64_t>("token_axis"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_take_pages_ffi, vsurge::take_pages_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_put_pages_ffi, vsurge::put_pages_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_gather_pages_ffi, vsurge::gather_pages_impl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()

@@ -239,7 +239,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_ffi, vsurge::qmatmul_impl,
 // For ctypes (src/vsurge/kernels/__init__.py).
 extern "C" {
 
-int vsurge_qmatmul_layout_version() { return 3; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages
+int vsurge_qmatmul_layout_version() { return 4; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages
 
 const char* vsurge_qmatmul_variant() {
   const vsurge::IsaKernels* k = vsurge::variant().load();

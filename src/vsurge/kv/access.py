@@ -2,7 +2,8 @@
 
 `write_tokens` stores each token's vector as the cache holds it (kv/quant.py: cast, or quantized
 with its scale) at (page, offset): keys (P, H, dk, ps) along their last axis, values
-(P, H, ps, dv) along the third. `read_pages` gathers whole pages, expanded to a float dtype.
+(P, H, ps, dv) along the third. `read_pages` gathers whole pages, expanded to a float dtype;
+`take_pages` / `put_pages` copy whole pages out and in as stored (tiers, transfers).
 
 On CPU a 16-bit float cache (bfloat16, float16) is written and read by C++ calls
 (kernels/kv_pages.cc): XLA:CPU has neither a 16-bit float scatter nor gather, and converted the
@@ -47,6 +48,25 @@ def read_pages(k_cache, v_cache, ids, dtype):
                                             vmap_method="sequential")(c, ids)
         return gather(k_cache).astype(dtype), gather(v_cache).astype(dtype)
     return quant.expand(k_cache[ids], v_cache[ids], dtype)
+
+
+def take_pages(cache, ids):
+    """Whole pages `ids` (R,) of a cache (P, ...) -> (R, ...), as stored (the tiers' and transfers' copies)."""
+    if _in_cpp(cache):
+        call = jax.ffi.ffi_call(kernels.TAKE_PAGES_TARGET, jax.ShapeDtypeStruct((ids.shape[0], *cache.shape[1:]),
+                                                                                cache.dtype), vmap_method="sequential")
+        return call(cache, ids.astype(jnp.int32))
+    return cache[ids]
+
+
+def put_pages(cache, ids, pages):
+    """The cache (P, ...) with pages (R, ...) written at `ids` (R,); ids out of range are dropped."""
+    pages = pages.astype(cache.dtype)
+    if _in_cpp(cache):
+        call = jax.ffi.ffi_call(kernels.PUT_PAGES_TARGET, jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+                                input_output_aliases={0: 0}, vmap_method="sequential")
+        return call(cache, ids.astype(jnp.int32), pages)
+    return cache.at[ids].set(pages, mode="drop")
 
 
 def _in_cpp(cache) -> bool:
