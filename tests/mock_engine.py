@@ -21,7 +21,7 @@ import numpy as np
 from vsurge.engine import ActiveRequest, ReturnChannel
 from vsurge.engine.config import EngineConfig
 from vsurge.engine.scheduler import Scheduler
-from vsurge.kv.page_manager import SlotPages
+from vsurge.kv.slot_pages import SlotPages
 from vsurge.sampling_params import SamplingParams
 
 TIMEOUT = 20

@@ -54,8 +54,8 @@ def test_prefill_on_devices_0_2_and_decode_on_3_5_answer_as_the_colocated_engine
     assert r["colocated"] == r["reference"]
     assert out["tokens"] == r["colocated"]
     assert out["roles"] == ["prefill", "decode"]
-    # each engine compiled only what its role runs
-    assert out["programs"] == {"prefill": ["export", "init", "mixed", "set_slot"],
+    # each engine compiled only what its role runs (a paged prefill side copies prefix-cache tails)
+    assert out["programs"] == {"prefill": ["copy"] * (kind == "paged") + ["export", "init", "mixed", "set_slot"],
                                "decode": ["decode", "import", "init", "set_slot"]}
     # the decode engine's KV pages live on its devices, split over KV heads; a prefix moves there
     assert out["prefill_kv_devices"] == [0, 1, 2] and out["decode_kv_devices"] == [3, 4, 5]

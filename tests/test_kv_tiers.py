@@ -103,6 +103,45 @@ def test_tiers_keep_outputs_share_in_flight_and_swap(tiny, reference, tmp_path):
         s.stop(timeout=5)
 
 
+def test_tails_copied_on_write_keep_outputs(tiny, tmp_path):
+    """Below a page: the same prompt again, the next turn of a conversation, a prompt diverging inside
+    a page, each after the one before finished, start from a copy of the cached page's tokens (and
+    after a restart from the disk tier's tail): the greedy tokens of an engine without tails, fewer
+    prompt tokens computed."""
+    model, processor = tiny
+    first = PREAMBLE[:300]
+    prompts = [first, first, first + " And the tides?", PREAMBLE[:200] + " Now the stars, please."]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    def one_by_one(surge):
+        return [asyncio.run(surge.generate([p], params))[0].token_ids for p in prompts]
+
+    off = engine(tiny, PAGES)
+    off.driver.engine.pool.tail_hits = False
+    try:
+        expected = one_by_one(off)
+        whole_pages_only = off.driver.engine.pool.tier_hits["device"]
+    finally:
+        off.stop(timeout=5)
+    s = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))
+    try:
+        assert one_by_one(s) == expected
+        pool = s.driver.engine.pool
+        tokens = len(processor.encode(first))
+        # the resent prompt: all but its last token (its pages and the tail of the first run)
+        assert pool.tier_hits["device"] >= whole_pages_only + (tokens - 1) % PAGE
+        pool.check()
+        pool.host.disk.flush()
+    finally:
+        s.stop(timeout=5)
+    again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))  # a restart: pages and tails from disk
+    try:
+        assert asyncio.run(again.generate([prompts[2]], params))[0].token_ids == expected[2]
+        assert again.driver.engine.pool.tier_hits["disk"] > len(processor.encode(prompts[2])) // PAGE * PAGE
+    finally:
+        again.stop(timeout=5)
+
+
 # ---------------------------------------------------------------- disk files (numpy only)
 SPEC = [((2, 4, 4), "float32"), ((2, 4, 4), "float32")]
 

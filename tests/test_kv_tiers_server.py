@@ -80,7 +80,9 @@ def test_a_restarted_server_reads_the_prompt_from_its_cache_dir(tiny_dir, tmp_pa
         assert slot(again, "restore", name="notes") == (200, {"object": "cache.slot", "name": "notes",
                                                              "pages": saved["pages"]})
         complete(again, NOTES)
-        assert labelled(again, "vsurge:kv_tier_hits_total", tier="disk") == (pages + saved["pages"]) * PAGE
+        # its whole pages, and the part of its last page the save computed (the disk tier's tail)
+        hits = labelled(again, "vsurge:kv_tier_hits_total", tier="disk") - pages * PAGE
+        assert saved["pages"] * PAGE < hits < (saved["pages"] + 1) * PAGE
         assert slot(again, "erase", name="notes")[0] == 200
         assert slot(again, "erase", name="notes")[0] == 404
     finally:

@@ -9,7 +9,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from collections import defaultdict
 
-from vsurge.kv.page_manager import HBMPageManager, PageTable, SlotPages
+from vsurge.kv.page_manager import HBMPageManager, PageTable
+from vsurge.kv.slot_pages import SlotPages
 from vsurge.kv.tiers import HostTier, page_key
 
 T: dict = defaultdict(PageTable)  # name -> page table, as a sequence would carry it
@@ -65,7 +66,7 @@ def test_shared_prefix_reuses_pages():
     pm.free_sequence(T["b"])
     pm.free_sequence(T["b"])  # idempotent
     pm.check()
-    assert pm.num_free_pages == 8 and pm.num_cached_pages == 2
+    assert pm.num_free_pages == 8 and pm.num_cached_pages == 3  # a's half page is kept as a tail (b's, the same, is not)
 
 
 def test_exact_page_prompt_leaves_one_token_to_compute():
@@ -73,11 +74,55 @@ def test_exact_page_prompt_leaves_one_token_to_compute():
     prompt = list(range(8))
     _run(pm, T["a"], prompt)
     assert pm.num_cached_pages == 2
+    pm.tail_hits = False  # (below a page: test_tails)
     assert pm.add_sequence(T["b"], prompt) == 4
     assert T["b"].pages == T["a"].pages[:1]
     assert pm.add_sequence(T["c"], prompt + [99]) == 8
     assert pm.add_sequence(T["d"], prompt[:4]) == 0
     pm.check()
+
+
+def test_tails():
+    """Below a page: a freed sequence's partly computed page is registered under its tokens, and a
+    prompt sharing a prefix with it (or with a full page that diverges) starts from a copy."""
+    pm = HBMPageManager(8, 4)
+    prompt = list(range(10))  # 2.5 pages
+    _run(pm, T["a"], prompt)
+    tail = T["a"].pages[2]
+    pm.free_sequence(T["a"])
+    assert pm.num_cached_pages == 3
+    # the same prompt again: 2 pages and 1 token of the tail (its last token is computed again)
+    assert pm.add_sequence(T["b"], prompt) == 9
+    assert T["b"].pages[:2] == [0, 1] and len(T["b"].pages) == 3 and T["b"].pages[2] != tail
+    assert pm.take_copies() == [(tail, T["b"].pages[2])] and pm.last_hits["device"] == 9
+    pm.check()
+    # the next turn: everything computed before, then new tokens
+    assert pm.add_sequence(T["c"], prompt + [50, 51, 52]) == 10
+    # diverging inside a full page: its shared tokens are copied too
+    assert pm.add_sequence(T["d"], [0, 1, 2, 3, 4, 5, 60, 61, 62]) == 6
+    copies = dict((dst, src) for src, dst in pm.take_copies())
+    assert copies == {T["c"].pages[2]: tail, T["d"].pages[1]: 1}
+    assert pm.cached_tokens(prompt + [70]) == 10 and pm.cached_tokens([0, 1, 2, 3, 4, 99]) == 5
+    pm.check()
+    # a table freed before its copy ran: the copy is dropped with it
+    pm.free_sequence(T["b"]), pm.free_sequence(T["c"]), pm.free_sequence(T["d"])
+    assert pm.add_sequence(T["e"], prompt) == 9
+    pm.free_sequence(T["e"])
+    assert pm.take_copies() == []
+    pm.check()
+    # too few shared tokens to copy: computed again
+    big = HBMPageManager(8, 16)
+    assert big.min_tail == 2
+    _run(big, T["f"], list(range(20)))
+    big.free_sequence(T["f"])
+    assert big.add_sequence(T["g"], list(range(19)) + [99]) == 19 and big.take_copies()
+    assert big.add_sequence(T["h"], list(range(16)) + [16, 99, 98]) == 16  # 1 shared token: no copy
+    assert big.take_copies() == []
+    off = HBMPageManager(8, 4)
+    off.tail_hits = False
+    _run(off, T["i"], prompt)
+    off.free_sequence(T["i"])
+    assert off.num_cached_pages == 2 and off.add_sequence(T["j"], prompt) == 8
 
 
 def test_commit_is_incremental():
@@ -110,6 +155,7 @@ def test_reserve_out_of_pages_changes_nothing():
 
 def test_lru_eviction():
     pm = HBMPageManager(4, 4)
+    pm.tail_hits = False  # whole pages only (tails: test_tails)
     _run(pm, T["a"], [1] * 5)  # registers one page
     pm.free_sequence(T["a"])
     _run(pm, T["c"], [2] * 5)
@@ -147,6 +193,7 @@ def test_referenced_cached_page_is_never_evicted():
 
 def test_reset_prefix_cache():
     pm = HBMPageManager(4, 4)
+    pm.tail_hits = False  # whole pages only (tails: test_tails)
     _run(pm, T["a"], [1] * 9)
     _run(pm, T["b"], [2] * 4)
     pm.free_sequence(T["a"])
@@ -233,6 +280,10 @@ class PageManagerMachine(RuleBasedStateMachine):
         """Play the engine's TierMover: every queued copy off the device, then every copy back."""
         for page, entry in self.pm.take_saves() + self.pm.take_persists():
             self.host_content[id(entry)] = list(self.content[page])
+        copies = self.pm.take_copies()  # tails copied on write: all gathered, then all written
+        values = [list(self.content[src]) for src, _ in copies]
+        for (_, dst), value in zip(copies, values):
+            self.content[dst] = value
         for page, entry in self.pm.take_loads():
             self.content[page] = list(self.host_content[id(entry)])
 
@@ -254,7 +305,8 @@ class PageManagerMachine(RuleBasedStateMachine):
         cached = self.pm.add_sequence(self.tables[sid], tokens)
         self._sync()
         table = list(self.tables[sid].pages)
-        assert cached % PS == 0 and cached <= len(tokens) - 1 and cached == len(table) * PS
+        # whole pages, then maybe part of a copied tail page
+        assert cached <= len(tokens) - 1 and len(table) == -(-cached // PS)
         assert self.pm.prefix_hits == hits + cached
         for j in range(cached):  # the hit pages really hold this prompt's KV
             assert self.content[table[j // PS]][j % PS] == tokens[j], (j, table, tokens)

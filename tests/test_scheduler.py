@@ -16,7 +16,8 @@ from vsurge.engine.config import EngineConfig
 from vsurge.engine.request import ActiveRequest, ReturnChannel
 from vsurge.engine.scheduler import Scheduler
 from vsurge.engine.sequence import Sequence, Status
-from vsurge.kv.page_manager import HBMPageManager, SlotPages
+from vsurge.kv.page_manager import HBMPageManager
+from vsurge.kv.slot_pages import SlotPages
 from vsurge.sampling_params import SamplingParams
 
 
@@ -326,11 +327,13 @@ def test_prompts_with_a_cached_preamble_share_a_step_of_short_rows():
     for i, x in enumerate(tails):
         x.tokens[488:] = [6000 + 200 * i + j for j in range(112)]
         s.add(x)
-    assert s.pool.cached_tokens(tails[0].tokens) == 480 and s.pool.inflight_pages(tails[0].tokens) == 0
+    # 30 whole pages, and 8 tokens of the first prompt's page 30 (copied on write: a tail hit)
+    assert s.pool.cached_tokens(tails[0].tokens) == 488 and s.pool.inflight_pages(tails[0].tokens) == 0
     plan = s.schedule()
-    assert plan.chunk_shape == (16, 32)  # by whole lengths it was (1, 512): one prompt's 120 tokens
-    assert [sum(r.length for r in plan.chunks if r.seq is x) for x in tails] == [120, 120, 120]
-    assert all(x.num_computed == 480 for x in tails)  # the preamble came from the cache
+    assert plan.chunk_shape == (16, 32)  # by whole lengths it was (1, 512): one prompt's 112 tokens
+    assert [sum(r.length for r in plan.chunks if r.seq is x) for x in tails] == [112, 112, 112]
+    assert all(x.num_computed == 488 for x in tails)  # the preamble came from the cache
+    assert len(s.pool.take_copies()) == 3
 
 
 def test_a_prefix_wait_is_bounded():

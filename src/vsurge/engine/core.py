@@ -199,7 +199,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         gs, go = _abstract(self.graphstate), _abstract(self.graphother)
         if kind == "init":
             return jax.jit(self._empty_state, **self._shardings(kind, state)).lower().compile()
-        if kind in ("export", "import"):
+        if kind in ("export", "import", "copy"):
             return self._compile_transfer(key, state)
         if kind == "set_slot":
             arrays = self.batches.slot_arrays_spec()
@@ -277,8 +277,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return self._program(("decode", rows, window))(gs, go, state, batch)
 
     def sync_tiers(self, state: EngineState) -> EngineState:
-        """Run the copies to and from the prefix cache's host/disk tiers that the pool queued."""
-        return state if self.tiers is None else self.tiers.sync(state)
+        """Run the page copies the pool queued: to and from the prefix cache's host/disk tiers
+        (engine/tiers.py) and tails copied on write (kv/page_manager.py)."""
+        if self.tiers is not None:
+            return self.tiers.sync(state)
+        take = getattr(self.pool, "take_copies", None)
+        return self.copy_pages(state, take()) if take is not None else state
 
     @property
     def page_nbytes(self) -> int:

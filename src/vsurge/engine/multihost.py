@@ -140,6 +140,7 @@ class Leader:
             channel = StepChannel(f"{name}/{replica.index}")
             self.channels.append(channel)
             replica.engine.on_call = self._publisher(channel, replica.engine)
+            replica.engine.pool.tail_hits = False  # its page copies are not among the calls followers replay
             distributed.client().key_value_set(f"{name}/{replica.index}/engine", engine_fingerprint(replica.engine))
         driver.listeners.append(self)
         self._watchdog = threading.Thread(target=self._watch, name="vsurge-multihost-watchdog", daemon=True)

@@ -34,7 +34,8 @@ import jax
 import numpy as np
 
 from .. import distributed
-from ..kv.page_manager import HBMPageManager, SlotPages
+from ..kv.page_manager import HBMPageManager
+from ..kv.slot_pages import SlotPages
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads

@@ -496,6 +496,8 @@ class Scheduler:
         for seq in plan.sequences:
             if seq.status is not Status.RUNNING:
                 continue
+            if self.role != "decode":  # the prefill side caches prefixes, also of a sequence finishing now
+                self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
             if seq in new:
                 sample = seq.output.add(new[seq], logprobs.get(seq))
                 if seq.matcher is not None and not seq.output.finished and self._grammar_done(seq, new[seq]):
@@ -505,8 +507,6 @@ class Scheduler:
                     seq.status = Status.FINISHED
                 if sample is not None:
                     updates.append((seq, sample))
-            if seq.status is Status.RUNNING and self.role != "decode":  # the prefill side caches prefixes
-                self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
         return updates
 
     @staticmethod

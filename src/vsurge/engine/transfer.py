@@ -65,6 +65,14 @@ def scatter_pages(state: EngineState, prefix: PrefixPages, ids) -> EngineState:
     return dataclasses.replace(state, kv=dataclasses.replace(kv, k=k, v=v))
 
 
+def copy_between(state: EngineState, src, dst) -> EngineState:
+    """Page src[i]'s K/V written into page dst[i] (n,); a dst of num_pages (padding) writes nothing."""
+    return scatter_pages(state, gather_pages(state, src), dst)
+
+
+COPY_BUCKETS = (1, 8)  # pages per copy program call (tails copied on write: one per admitted prompt)
+
+
 def prefix_pages_needed(seq, page_size: int) -> int:
     """Pages holding the K/V a prefill engine computed for `seq` (its tokens but the last; none for a
     one-token prompt: the decode engine computes its only token)."""
@@ -117,13 +125,27 @@ class PrefixTransferAPI:
         ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
         return self._program(("import", prefix.bucket))(state, prefix.pages, ids)
 
+    def copy_pages(self, state: EngineState, copies: list[tuple[int, int]]) -> EngineState:
+        """Copy page src's K/V into page dst for each (src, dst) (tails copied on write)."""
+        for i in range(0, len(copies), COPY_BUCKETS[-1]):
+            part = copies[i : i + COPY_BUCKETS[-1]]
+            bucket = next(n for n in COPY_BUCKETS if n >= len(part))
+            src = np.zeros(bucket, np.int32)  # padding reads page 0 and writes nowhere
+            dst = np.full(bucket, self.pool.num_pages, np.int32)
+            src[: len(part)], dst[: len(part)] = zip(*part)
+            state = self._program(("copy", bucket))(state, src, dst)
+        return state
+
     # ------------------------------------------------------------ compiling and warming up
     def _transfer_jobs(self) -> list[tuple]:
         role = self.config.role
         kinds = {"prefill": ["export"], "decode": ["import"]}.get(role, [])
         if getattr(self, "tiers", None) is not None:  # host/disk tiers copy pages both ways
             kinds = ["export", "import"]
-        return [(kind, n) for kind in kinds for n in self.config.transfer_pages]
+        jobs = [(kind, n) for kind in kinds for n in self.config.transfer_pages]
+        if role != "decode" and self.config.enable_prefix_caching and getattr(self.pool, "tail_hits", False):
+            jobs += [("copy", n) for n in COPY_BUCKETS]
+        return jobs
 
     def _compile_transfer(self, key: tuple, state):
         kind, pages = key
@@ -132,9 +154,13 @@ class PrefixTransferAPI:
         if self.mesh is not None:
             from ..sharding import replicated, state_shardings
 
-            kv, rep, prefix = state_shardings(state, self.mesh), replicated(self.mesh), self.prefix_shardings(pages)
-            shardings = (dict(in_shardings=(kv, rep), out_shardings=prefix) if kind == "export" else
-                         dict(in_shardings=(kv, prefix, rep), out_shardings=kv))
+            kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
+            prefix = None if kind == "copy" else self.prefix_shardings(pages)
+            shardings = {"export": dict(in_shardings=(kv, rep), out_shardings=prefix),
+                         "import": dict(in_shardings=(kv, prefix, rep), out_shardings=kv),
+                         "copy": dict(in_shardings=(kv, rep, rep), out_shardings=kv)}[kind]
+        if kind == "copy":
+            return jax.jit(copy_between, donate_argnums=(0,), **shardings).lower(state, ids, ids).compile()
         if kind == "export":
             return jax.jit(gather_pages, **shardings).lower(state, ids).compile()
         fn = jax.jit(scatter_pages, donate_argnums=(0,), **shardings)

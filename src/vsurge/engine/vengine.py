@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..kv.page_manager import SlotPages
+from ..kv.slot_pages import SlotPages
 from .config import EngineConfig
 from .core import EngineCore
 from .seed_engine import SeedEngineAPI

@@ -21,6 +21,13 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   (`add_sequence`) until it commits them; `inflight_pages` tells the scheduler that a
   prompt's prefix is being computed right now, so it can wait for it instead of
   computing it again.
+* Below a page (tails). A sequence's last, partly computed page is registered when it is
+  freed (the tokens it holds so far), and a prompt whose next tokens share a prefix with a
+  registered page under the same parent key (that tail, or a full page that diverges later)
+  gets a private copy of it (`take_copies`: copy-on-write, it writes the rest itself) and
+  skips those tokens: the same prompt sent again, or the next chat turn, computes only what
+  is new, as llama.cpp's slots do, instead of up to a page. The disk tier keeps one tail per
+  parent key, so a restarted server finds it too.
 * Lower tiers (kv/tiers.py, optional `host`). An evicted registered page, and every
   registered page of a preempted sequence (`free_sequence(swap=True)`), is queued to
   be copied to the host tier (`take_saves`); a lookup that misses the device pool but
@@ -29,8 +36,7 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   (`take_persists`). The engine (engine/tiers.py) runs every queued copy off the device
   before it writes any page back, and both before the next step.
 
-``SlotPages`` is the dense engine's pool with the same interface: slot i owns a
-fixed run of pages for its whole life, so reserving never fails and nothing is shared.
+kv/slot_pages.py's ``SlotPages`` is the dense engine's pool with the same interface.
 """
 
 from __future__ import annotations
@@ -39,11 +45,11 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .tiers import HostTier, TierEntry, page_key
+from .tiers import HostTier, TierEntry, page_key, tail_key
 
 TIERS = ("device", "host", "disk")
 
-__all__ = ["HBMPageManager", "PageTable", "SlotPages"]
+__all__ = ["HBMPageManager", "PageTable"]
 
 
 @dataclass(eq=False)
@@ -56,6 +62,8 @@ class PageTable:
     registered: bool = False  # held by a manager (between add_sequence and free_sequence)
     pending: list[int] = field(default_factory=list)  # keys of full pages it computes next (in flight)
     pending_end: int = 0  # index of the page after the last pending one
+    computed: int = 0  # tokens whose KV is written (as of the last commit)
+    tokens: Sequence[int] = ()  # the sequence's tokens (as of the last commit; for its tail)
 
     def __len__(self) -> int:
         return len(self.pages)
@@ -83,6 +91,10 @@ class HBMPageManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()  # first = evicted first
         self._key_to_page: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # registered page -> its key, parent and tokens
+        self._children: dict[tuple, set[int]] = {}  # (parent key, first token) -> registered pages
+        self.tail_hits = True  # copy-on-write hits below a page (an engine that cannot copy pages turns it off)
+        self.min_tail = max(1, page_size // 8)  # fewer shared tokens are computed again, not copied
+        self._copies: dict[int, int] = {}  # destination page -> source page (tails, copy-on-write)
         self._tables: dict[int, PageTable] = {}  # id -> every registered table (for check())
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -164,8 +176,7 @@ class HBMPageManager:
                 break
             page = self._take_page()  # registered now: its KV is written before the next step reads it
             self._refcount[page] = 1
-            self._key_to_page[key] = page
-            self._entries[page] = _Entry(key, seq.last_key, chunk)
+            self._register(page, key, seq.last_key, chunk)
             self._loads[page] = found
             self.last_hits["disk" if found.from_disk else "host"] += ps
             found.from_disk = False  # a later hit on it is a host hit
@@ -173,7 +184,7 @@ class HBMPageManager:
             seq.last_key = key
         seq.num_committed = len(seq.pages)
         self._announce(seq, tokens)
-        cached = len(seq.pages) * ps
+        cached = len(seq.pages) * ps + self._take_tail(seq, tokens)
         self.prefix_queries += len(tokens)
         self.prefix_hits += cached
         for tier, n in self.last_hits.items():
@@ -183,7 +194,7 @@ class HBMPageManager:
     def _announce(self, seq: PageTable, tokens: Sequence[int]) -> None:
         """Mark the keys of the full pages `seq` will compute as in flight until it commits them."""
         ps, key = self._page_size, seq.last_key
-        for i in range(len(seq.pages), len(tokens) // ps):
+        for i in range(seq.num_committed, len(tokens) // ps):
             key = page_key(key, tuple(tokens[i * ps : (i + 1) * ps]))
             seq.pending.append(key)
             self._inflight[key] = self._inflight.get(key, 0) + 1
@@ -198,19 +209,27 @@ class HBMPageManager:
                 del self._inflight[key]
 
     def cached_tokens(self, tokens: Sequence[int]) -> int:
-        """Tokens of `tokens`' prefix in the device pool's cache now, as add_sequence would find them
-        (host and disk tiers not counted); nothing changes."""
+        """Tokens of `tokens`' prefix that add_sequence would find now: in the device pool, then in
+        the host or disk tier (by key: nothing is read, nothing changes), then a tail."""
         if not self.enable_prefix_caching:
             return 0
-        ps, key, count = self._page_size, None, 0
+        ps, parent, count = self._page_size, None, 0
         for i in range(max(len(tokens) - 1, 0) // ps):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
-            key = page_key(key, chunk)
+            key = page_key(parent, chunk)
             page = self._key_to_page.get(key)
-            if page is None or self._entries[page].tokens != chunk:
+            if page is None and not (self.host is not None and self.host.holds(key)):
                 break
-            count += ps
-        return count
+            if page is not None and self._entries[page].tokens != chunk:
+                break
+            parent, count = key, count + ps
+        rest = tuple(tokens[count : min(len(tokens) - 1, count + ps)])
+        if not self.tail_hits or len(rest) < self.min_tail:
+            return count
+        shared = self._tail_match(parent, rest)[1]
+        if shared < self.min_tail and self.host is not None and self.host.holds_tail(parent):
+            shared = len(rest)  # a tail on disk, unread: a guess (it only shapes the next step)
+        return count + (shared if shared >= self.min_tail else 0)
 
     def inflight_pages(self, tokens: Sequence[int]) -> int:
         """Full pages of `tokens`' prefix (as add_sequence would look it up) that a live table is
@@ -225,6 +244,72 @@ class HBMPageManager:
             elif key not in self._key_to_page:
                 break
         return count
+
+    # --- tails: copy-on-write hits below a page --------------------------------------------
+    def _tail_match(self, parent: int | None, rest: tuple) -> tuple[int | None, int]:
+        """The registered page under `parent` whose tokens share the longest prefix with `rest`
+        (a tail, or a full page that diverges later) and how many tokens they share."""
+        best, shared = None, 0
+        for page in self._children.get((parent, rest[0]), ()) if rest else ():
+            if page in self._loads:
+                continue  # its KV is not written yet
+            n = _shared_prefix(self._entries[page].tokens, rest)
+            if n > shared:
+                best, shared = page, n
+        return best, shared
+
+    def _take_tail(self, seq: PageTable, tokens: Sequence[int]) -> int:
+        """Start `seq`'s next page as a private copy of the best tail match (device pool, else the
+        disk tier's tail under the same parent): the tokens it skips (0 for none)."""
+        ps, i = self._page_size, len(seq.pages)
+        rest = tuple(tokens[i * ps : min(len(tokens) - 1, (i + 1) * ps)])  # one token stays to compute
+        if not self.tail_hits or len(rest) < self.min_tail or not self.num_free_pages:
+            return 0
+        source, shared = self._tail_match(seq.last_key, rest)
+        found = None
+        if shared < len(rest) and self.host is not None and self.host.holds_tail(seq.last_key):
+            found = self.host.tail(seq.last_key)
+            if found is not None and _shared_prefix(found.tokens, rest) > shared:
+                shared = _shared_prefix(found.tokens, rest)
+            else:
+                found = None
+        if shared < self.min_tail:
+            return 0
+        page = self._take_page()  # may evict `source`: copies run before anything writes a page
+        self._refcount[page] = 1
+        if found is not None:
+            self._loads[page] = found
+            self.last_hits["disk"] += shared
+        else:
+            self._copies[page] = source
+            self.last_hits["device"] += shared
+        seq.pages.append(page)
+        return shared
+
+    def _keep_tail(self, seq: PageTable) -> None:
+        """Register the partly computed page after `seq`'s committed ones under the tokens it holds
+        so far (it is being freed), and queue it for the disk tier's tail of its parent."""
+        ps = self._page_size
+        i, n = divmod(seq.computed, ps)
+        if not n or i != seq.num_committed or i >= len(seq.pages) or len(seq.tokens) < seq.computed:
+            return
+        page = seq.pages[i]
+        if page in self._entries or self._refcount[page] != 1 or page in self._copies or page in self._loads:
+            return
+        chunk = tuple(seq.tokens[i * ps : seq.computed])
+        key = page_key(seq.last_key, chunk)
+        if key in self._key_to_page:
+            return
+        self._register(page, key, seq.last_key, chunk)
+        disk = self.host.disk if self.host is not None else None
+        if disk is not None:
+            self._persists.append((page, TierEntry(tail_key(seq.last_key), seq.last_key, chunk, tail=True)))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """(source, destination) pages to copy before the next step (after the tiers' gathers,
+        before their loads: engine/tiers.py)."""
+        copies, self._copies = [(src, dst) for dst, src in self._copies.items()], {}
+        return copies
 
     def pages_needed(self, seq: PageTable, num_tokens: int) -> int:
         """Extra pages ``seq`` needs to hold ``num_tokens`` tokens in total."""
@@ -261,8 +346,8 @@ class HBMPageManager:
         if page in self._loads:  # its KV was never written: the host tier still has it
             del self._loads[page]
             return False
-        if self.host is None or not self.host.enabled or entry.key in self.host:
-            return False
+        if self.host is None or not self.host.enabled or entry.key in self.host or len(entry.tokens) < self._page_size:
+            return False  # (a tail: the disk tier keeps it under its parent)
         copy = TierEntry(entry.key, entry.parent, entry.tokens)
         self.host.put(copy)
         self._saves.append((page, copy))
@@ -285,7 +370,7 @@ class HBMPageManager:
 
     @property
     def has_moves(self) -> bool:
-        return bool(self._saves or self._persists or self._loads)
+        return bool(self._saves or self._persists or self._loads or self._copies)
 
     def tier_counts(self) -> dict[str, int]:
         """Cumulative counters of the tiers (the driver reports their deltas as metrics)."""
@@ -301,6 +386,7 @@ class HBMPageManager:
         if not self.enable_prefix_caching:
             return
         ps = self._page_size
+        seq.computed, seq.tokens = min(num_computed, len(tokens)), tokens
         full = min(min(num_computed, len(tokens)) // ps, len(seq.pages))
         # Only pages past num_committed are hashed, so calling this every step is O(new pages).
         disk = self.host.disk if self.host is not None else None
@@ -310,8 +396,7 @@ class HBMPageManager:
             page = seq.pages[i]
             # Another page already holds this prefix: keep ours private, freed normally.
             if key not in self._key_to_page:
-                self._key_to_page[key] = page
-                self._entries[page] = _Entry(key, seq.last_key, chunk)
+                self._register(page, key, seq.last_key, chunk)
                 if disk is not None and not disk.has(key):
                     self._persists.append((page, TierEntry(key, seq.last_key, chunk)))
             seq.last_key = key
@@ -325,6 +410,8 @@ class HBMPageManager:
         if self._tables.pop(id(seq), None) is None:
             return
         self._settle(seq, 0)
+        if self.tail_hits:
+            self._keep_tail(seq)
         # Reverse order: a prefix's tail pages become evictable before its head, so
         # eviction trims prefixes from the end instead of orphaning their tails.
         for page in reversed(seq.pages):
@@ -335,8 +422,11 @@ class HBMPageManager:
                     if swap and self._save(page):
                         self.swap_outs += 1
                 else:
+                    self._copies.pop(page, None)  # a copy or load queued for it is moot now
+                    self._loads.pop(page, None)
                     self._free.append(page)
         seq.pages, seq.num_committed, seq.last_key, seq.registered, seq.pending_end = [], 0, None, False, 0
+        seq.computed, seq.tokens = 0, ()
 
     def reset_prefix_cache(self) -> None:
         """Return every cached-but-unreferenced page to the free list (referenced ones stay)."""
@@ -346,9 +436,18 @@ class HBMPageManager:
             self._free.append(page)
         self._evictable.clear()
 
+    def _register(self, page: int, key: int, parent: int | None, tokens: tuple) -> None:
+        self._key_to_page[key] = page
+        self._entries[page] = _Entry(key, parent, tokens)
+        self._children.setdefault((parent, tokens[0]), set()).add(page)
+
     def _unregister(self, page: int) -> None:
         entry = self._entries.pop(page)
         del self._key_to_page[entry.key]
+        siblings = self._children[(entry.parent, entry.tokens[0])]
+        siblings.discard(page)
+        if not siblings:
+            del self._children[(entry.parent, entry.tokens[0])]
 
     # --- invariants ----------------------------------------------------------------------
     def check(self) -> None:
@@ -383,85 +482,21 @@ class HBMPageManager:
                 pending[key] = pending.get(key, 0) + 1
         assert pending == self._inflight, f"in-flight keys {self._inflight} but tables announce {pending}"
         for page in self._loads:
-            assert page in self._entries, f"page {page} waits for a load but is not registered"
+            assert page in self._entries or counts[page], f"page {page} waits for a load but is neither registered nor held"
+        for dst, src in self._copies.items():
+            assert counts[dst] and dst not in self._entries, f"tail copy {src} -> {dst} into a page not privately held"
+        children = {}
+        for page, entry in self._entries.items():
+            children.setdefault((entry.parent, entry.tokens[0]), set()).add(page)
+        assert children == self._children, "the children index differs from the registered pages"
         if self.host is not None:
             self.host.check()
 
 
-class SlotPages:
-    """The dense engine's pages: slot i owns pages [i * n, (i + 1) * n), n = pages for max_length.
-
-    Same interface as HBMPageManager, so one scheduler serves both engines."""
-
-    enable_prefix_caching = False
-    prefix_queries = prefix_hits = 0
-    host = None
-    has_moves = False
-    last_hits: dict = {}
-
-    def __init__(self, num_slots: int, max_length: int, page_size: int):
-        if num_slots < 1 or max_length < 1 or page_size < 1:
-            raise ValueError(f"num_slots, max_length and page_size must be >= 1, got {num_slots}, {max_length}, "
-                             f"{page_size}")
-        self._page_size = page_size
-        self._per_slot = -(-max_length // page_size)
-        self._num_pages = num_slots * self._per_slot
-        self._held: set[int] = set()  # slots in use
-
-    @property
-    def num_pages(self) -> int:
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self._num_pages * self._page_size
-
-    @property
-    def num_free_pages(self) -> int:
-        return self._num_pages - self.num_used_pages
-
-    @property
-    def num_used_pages(self) -> int:
-        return len(self._held) * self._per_slot
-
-    @property
-    def usage(self) -> float:
-        return self.num_used_pages / self._num_pages
-
-    def add_sequence(self, seq: PageTable, tokens: Sequence[int], slot: int | None = None) -> int:
-        if slot is None or slot in self._held:
-            raise ValueError(f"slot {slot!r} is not free")
-        self._held.add(slot)
-        seq.pages = list(range(slot * self._per_slot, (slot + 1) * self._per_slot))
-        seq.registered = True
-        return 0
-
-    def pages_needed(self, seq: PageTable, num_tokens: int) -> int:
-        return 0
-
-    def can_reserve(self, seq: PageTable, num_tokens: int) -> bool:
-        return num_tokens <= self._per_slot * self._page_size
-
-    def reserve(self, seq: PageTable, num_tokens: int) -> bool:
-        return self.can_reserve(seq, num_tokens)
-
-    def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
-        pass
-
-    def inflight_pages(self, tokens: Sequence[int]) -> int:
-        return 0
-
-    def cached_tokens(self, tokens: Sequence[int]) -> int:
-        return 0
-
-    def tier_counts(self) -> dict[str, int]:
-        return {}
-
-    def free_sequence(self, seq: PageTable, swap: bool = False) -> None:
-        if seq.registered:
-            self._held.discard(seq.pages[0] // self._per_slot)
-        seq.pages, seq.registered = [], False
+def _shared_prefix(a: tuple, b: tuple) -> int:
+    """How many leading tokens a and b share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

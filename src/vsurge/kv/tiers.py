@@ -18,7 +18,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["HostTier", "TierEntry", "page_key"]
+__all__ = ["HostTier", "TierEntry", "page_key", "tail_key"]
 
 
 def page_key(parent: int | None, tokens) -> int:
@@ -29,6 +29,11 @@ def page_key(parent: int | None, tokens) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
+def tail_key(parent: int | None) -> int:
+    """Key of the disk tier's tail under `parent` (no page holds zero tokens: never a page's key)."""
+    return page_key(parent, ())
+
+
 @dataclass(eq=False)
 class TierEntry:
     key: int
@@ -36,6 +41,7 @@ class TierEntry:
     tokens: tuple[int, ...]
     payload: object = None  # the page's K/V (engine/tiers.py PageRef); None until copied off the device
     from_disk: bool = False  # read back from the disk tier (for its hit count)
+    tail: bool = False  # a partly filled page kept under tail_key(parent); a newer one replaces it
 
     def matches(self, parent: int | None, tokens) -> bool:
         return self.parent == parent and self.tokens == tuple(tokens)
@@ -77,6 +83,19 @@ class HostTier:
             self._entries.popitem(last=False)
             self.dropped += 1
 
+    def holds(self, key: int) -> bool:
+        """A page is kept under `key` here or on disk (unchecked: a lookup may still miss)."""
+        return key in self._entries or (self.disk is not None and self.disk.has(key))
+
+    def holds_tail(self, parent: int | None) -> bool:
+        return self.disk is not None and self.disk.has(tail_key(parent))
+
+    def tail(self, parent: int | None) -> TierEntry | None:
+        """The disk tier's tail under `parent` (whatever tokens it holds), or None."""
+        key = tail_key(parent)
+        payload = self.disk.get(key, parent, None) if self.disk is not None else None
+        return None if payload is None else TierEntry(key, parent, payload.tokens, payload, from_disk=True, tail=True)
+
     def lookup(self, key: int, parent: int | None, tokens) -> TierEntry | None:
         """The page of this prefix, from host memory or else from disk (then kept here); None on a miss."""
         entry = self._entries.get(key)
@@ -93,6 +112,12 @@ class HostTier:
         entry = TierEntry(key, parent, tuple(tokens), payload, from_disk=True)
         self.put(entry)
         return entry
+
+    def release(self, entry: TierEntry) -> None:
+        """`entry`'s page is written back to the device: a disk read buffer this tier does not keep
+        is reused."""
+        if self.disk is not None and self._entries.get(entry.key) is not entry and hasattr(entry.payload, "buffer"):
+            self.disk.recycle(entry.payload)
 
     def discard(self, key: int) -> None:
         self._entries.pop(key, None)

@@ -18,7 +18,7 @@ from typing import Callable
 
 from ..engine.config import EngineConfig
 from ..engine.core import EngineCore
-from ..kv.page_manager import SlotPages
+from ..kv.slot_pages import SlotPages
 
 PAGE_SIZE = 128
 

@@ -23,7 +23,7 @@ from flax import nnx
 from ..engine.request import ActiveRequest, ReturnChannel
 from ..engine.sequence import Sequence as EngineSequence
 from ..engine.validation import prepare_requests
-from ..kv.page_manager import SlotPages
+from ..kv.slot_pages import SlotPages
 from ..metrics import EngineMetrics
 from ..sampling_params import SamplingParams
 from ..seed.vinference_api import vInferenceSeedAPI
