@@ -76,7 +76,26 @@ class _Entry:
     tokens: tuple[int, ...]
 
 
-class HBMPageManager:
+class PoolSizes:
+    """The sizes both page pools (this one, kv/slot_pages.py's) report."""
+
+    _num_pages: int
+    _page_size: int
+
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def page_size(self) -> int:
+        return self._page_size
+
+    @property
+    def max_tokens(self) -> int:
+        return self._num_pages * self._page_size
+
+
+class HBMPageManager(PoolSizes):
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True,
                  host: HostTier | None = None):
         if num_pages < 1:
@@ -108,18 +127,6 @@ class HBMPageManager:
         self.pages_to_host = self.pages_from_host = self.swap_outs = 0
 
     # --- sizes ---------------------------------------------------------------------------
-    @property
-    def num_pages(self) -> int:
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self._num_pages * self._page_size
-
     @property
     def num_free_pages(self) -> int:
         return len(self._free) + len(self._evictable)

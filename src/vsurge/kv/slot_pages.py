@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .page_manager import PageTable
+from .page_manager import PageTable, PoolSizes
 
 __all__ = ["SlotPages"]
 
 
-class SlotPages:
+class SlotPages(PoolSizes):
     """The dense engine's pages: slot i owns pages [i * n, (i + 1) * n), n = pages for max_length.
 
     Same interface as HBMPageManager, so one scheduler serves both engines."""
@@ -29,18 +29,6 @@ class SlotPages:
         self._per_slot = -(-max_length // page_size)
         self._num_pages = num_slots * self._per_slot
         self._held: set[int] = set()  # slots in use
-
-    @property
-    def num_pages(self) -> int:
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self._num_pages * self._page_size
 
     @property
     def num_free_pages(self) -> int:
