@@ -155,7 +155,9 @@ def test_a_high_priority_request_overtakes_the_queue(server):
         running = [pool.submit(stream, f"long{i}", 5, 200, started) for i in range(2)]
         started.wait(timeout=60)  # both slots are generating
         queued = [pool.submit(stream, f"queued{i}", 5, 4) for i in range(2)]
-        time.sleep(0.3)  # they are waiting for a slot
+        deadline = time.time() + 10  # they are waiting for a slot (a fixed pause let the long ones finish
+        while server.metric("vsurge:num_requests_waiting") < 2 and time.time() < deadline:  # on a fast CPU)
+            time.sleep(0.01)
         urgent = pool.submit(stream, "urgent", -5, 4)
         for future in running + queued + [urgent]:
             future.result(timeout=120)

@@ -185,7 +185,9 @@ def test_answer_streams_token_by_token_and_survives_a_reload(browser, server, tm
     wait(browser, lambda d: polled.append(len(assistant_text(d))) or idle(d), timeout=60, message="the answer")
     assert "Paris" in assistant_text(browser)
     lengths = [n for n in browser.execute_script("return window.lengths") if n]
-    assert len(set(lengths)) >= 3 and lengths == sorted(lengths), lengths  # it grew, chunk by chunk
+    # it grew, chunk by chunk: the 8 tokens in at least two (a prompt an earlier test left in the prefix
+    # cache goes straight to decode steps of several tokens each, with no one-token prefill step first)
+    assert len(set(lengths)) >= 2 and lengths == sorted(lengths), lengths
     assert max(polled) > 0
     meta = browser.find_elements(By.CSS_SELECTOR, "#conversation .message.assistant .meta")[-1].text
     assert "8 tokens" in meta and "tok/s" in meta
