@@ -11,8 +11,8 @@ for the next request):
     loads              pages found in the host or disk tier, written into their new device pages
                        (the import program), after every gather of this sync
 
-Gathers run before copies, copies before loads, and all before the step that reads or overwrites the pages, so a
-page evicted and reused in one scheduling pass is copied out with its old K/V.
+Gathers run before copies, copies before loads, and all before the step that reads or overwrites
+the pages, so a page evicted and reused in one scheduling pass is copied out with its old K/V.
 """
 
 from __future__ import annotations

@@ -276,8 +276,9 @@ class HBMPageManager(PoolSizes):
         found = None
         if shared < len(rest) and self.host is not None and self.host.holds_tail(seq.last_key):
             found = self.host.tail(seq.last_key)
-            if found is not None and _shared_prefix(found.tokens, rest) > shared:
-                shared = _shared_prefix(found.tokens, rest)
+            on_disk = _shared_prefix(found.tokens, rest) if found is not None else 0
+            if on_disk > shared:
+                shared = on_disk
             else:
                 found = None
         if shared < self.min_tail:
