@@ -218,3 +218,23 @@ def test_planning_ahead_counts_pending_tokens_and_never_preempts():
     assert b.tokens[7:] == [200, 201, 202, 203, 204, 205] and b.pending == 0 and b.remaining == 1
     assert scheduler.schedule().decode == [b] and scheduler.num_preemptions == 0
     pool.check()
+
+
+def test_a_first_token_comes_from_a_one_step_call():
+    """A prompt with nothing left to prefill (one token here; a resent, cached prompt in practice)
+    decodes its first token in a call of one step, so it streams after one step, not four; the call
+    planned behind it runs all four."""
+    config = EngineConfig(max_slots=2, max_length=64, page_size=4, prefill_tokens=16, chunk_lengths=(8,),
+                          decode_steps=4)
+    scheduler = Scheduler(HBMPageManager(8, 4), config)
+    a = _seq(1, 10)
+    scheduler.add(a)
+    first = scheduler.schedule()
+    assert first.decode == [a] and not first.chunks and first.num_steps == 1
+    scheduler.advance(first)
+    second = scheduler.schedule(ahead=True)
+    assert second.decode == [a] and second.num_steps == 4
+    scheduler.advance(second)
+    scheduler.postprocess(first, _out([[100]]))
+    scheduler.postprocess(second, _out([[101], [102], [103], [104]]))
+    assert a.tokens[1:] == [100, 101, 102, 103, 104] and a.pending == 0

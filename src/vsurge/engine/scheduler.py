@@ -313,8 +313,10 @@ class Scheduler:
 
     def _decode_steps(self, decode: list[Sequence]) -> int:
         """Steps one device call may run: bounded by what every row may still generate and by pages;
-        one when a row is constrained (its next mask depends on the token the host has not seen)."""
-        if any(seq.matcher is not None for seq in decode):
+        one when a row is constrained (its next mask depends on the token the host has not seen) or
+        samples its first token (a resent, fully cached prompt: its first token streams after one
+        step, not after the call's last; the overlapped loop dispatches the longer call behind it)."""
+        if any(seq.matcher is not None or seq.num_generated == 0 for seq in decode):
             return 1
         steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
         if steps > 1 and not all(self.pool.reserve(seq.pages, seq.num_tokens + steps - 1) for seq in decode):
