@@ -6,9 +6,11 @@
    (`--prefix-wait-steps 0`). Prints tok/s and TTFT p50 of both and their ratios.
 2. Restart: a long prompt (about `--long-tokens` tokens) to a server with an empty `--kv-cache-dir`
    (cold TTFT), again (warm: in the device pool), then the server restarts on the same directory
-   and it is sent again (its pages come from disk). Prints the three TTFTs and the ratios. The same
-   against llama-server at its best: one slot with `--slot-save-path`, the prompt sent cold, again
-   (its slot's cache), the slot saved, the server restarted, the slot restored, the prompt again.
+   and it is sent again (its pages come from disk: read into the pool at start-up, `--kv-prefetch-gb`),
+   `--restarts` times. Prints the TTFTs (medians of the resends and restarts) and the ratios. The
+   same against llama-server at its best: one slot with `--slot-save-path`, the prompt sent cold,
+   again (its slot's cache), the slot saved, the server restarted, the slot restored, the prompt
+   again. TTFT is a streamed request's first text, each from a fresh HTTP client, both servers alike.
 3. Multi-turn: `--users` conversations of `--turns` turns each, `--concurrency` at a time, every
    turn resending a shared `--system-tokens` system prompt and the conversation so far (raw
    completions, greedy `--answer-tokens` answers), on a device pool of `--pages` pages, a third of
@@ -75,7 +77,9 @@ def ttft(server: Server, prompt: str) -> float:
     raise RuntimeError("no token received")
 
 
-def restart(tokens: int, max_length: int) -> dict:
+def restart(tokens: int, max_length: int, restarts: int) -> dict:
+    """TTFTs of the long prompt: cold, warm (median of `restarts` resends), and the first request
+    after each of `restarts` restarts on the same --kv-cache-dir (their median)."""
     prompt = random_prompt(random.Random(7), tokens)
     with tempfile.TemporaryDirectory(prefix="vsurge-kv-") as kv_dir:
         extra = f"--kv-cache-dir {kv_dir} --max-length {max_length}"
@@ -83,19 +87,22 @@ def restart(tokens: int, max_length: int) -> dict:
         try:
             ttft(server, "Hello there")  # the first request after start-up pays its own costs
             cold = ttft(server, prompt)
-            warm = ttft(server, prompt)
+            warm = statistics.median(ttft(server, prompt) for _ in range(restarts))
         finally:
             server.stop()
-        server = serve(extra)
-        try:
-            disk = ttft(server, prompt)
-        finally:
-            server.stop()
-    return {"cold": cold, "warm": warm, "disk": disk}
+        disk = []
+        for _ in range(restarts):
+            server = serve(extra)
+            try:
+                disk.append(ttft(server, prompt))
+            finally:
+                server.stop()
+    return {"cold": cold, "warm": warm, "disk": statistics.median(disk), "disk_all": disk}
 
 
-def llama_restart(tokens: int, max_length: int) -> dict:
-    """llama-server's best after a restart: its slot saved to --slot-save-path and restored."""
+def llama_restart(tokens: int, max_length: int, restarts: int) -> dict:
+    """llama-server's best after a restart: its slot saved to --slot-save-path and restored (medians
+    of `restarts` resends and restarts)."""
     from serve import llama_server_binary
     from vsurge.loading import default_model_path
 
@@ -112,18 +119,20 @@ def llama_restart(tokens: int, max_length: int) -> dict:
         try:
             ttft(server, "Hello there")
             cold = ttft(server, prompt)
-            warm = ttft(server, prompt)  # the slot still holds the prompt
+            warm = statistics.median(ttft(server, prompt) for _ in range(restarts))  # the slot holds the prompt
             httpx.post(server.base + "/slots/0?action=save", json={"filename": "prompt.bin"}, timeout=600).raise_for_status()
         finally:
             server.stop()
-        server = start()
-        try:
-            httpx.post(server.base + "/slots/0?action=restore", json={"filename": "prompt.bin"},
-                       timeout=600).raise_for_status()
-            restored = ttft(server, prompt)
-        finally:
-            server.stop()
-    return {"cold": cold, "warm": warm, "restored": restored}
+        restored = []
+        for _ in range(restarts):
+            server = start()
+            try:
+                httpx.post(server.base + "/slots/0?action=restore", json={"filename": "prompt.bin"},
+                           timeout=600).raise_for_status()
+                restored.append(ttft(server, prompt))
+            finally:
+                server.stop()
+    return {"cold": cold, "warm": warm, "restored": statistics.median(restored), "restored_all": restored}
 
 
 async def conversation(client: httpx.AsyncClient, base: str, model: str, system: str, user: int, turns: int,
@@ -185,8 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("--skip-restart", action="store_true")
     p.add_argument("--skip-multiturn", action="store_true")
     p.add_argument("--skip-llama", action="store_true", help="no llama-server restart comparison")
-    p.add_argument("--long-tokens", type=int, default=2400, help="tokens (about) of the restart prompt")
-    p.add_argument("--max-length", type=int, default=4096)
+    p.add_argument("--long-tokens", type=int, default=4000, help="tokens (about) of the restart prompt")
+    p.add_argument("--max-length", type=int, default=8192)
+    p.add_argument("--restarts", type=int, default=3, help="restarts (and warm resends) whose TTFT medians count")
     p.add_argument("--users", type=int, default=16)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=4)
@@ -207,22 +217,22 @@ def main(argv=None) -> int:
                   f"| ratio | {on['output_throughput'] / off['output_throughput']:.2f}x | "
                   f"{on['ttft']['median'] / off['ttft']['median']:.2f}x |", ""]
     if not args.skip_restart:
-        t = restart(args.long_tokens, args.max_length)
+        t = restart(args.long_tokens, args.max_length, args.restarts)
         print(f"restart: {t}", flush=True)
         lines += [f"| {args.long_tokens}-token prompt | TTFT s | vs warm |", "|---|---|---|",
-                  f"| cold (empty `--kv-cache-dir`) | {t['cold']:.2f} | {t['cold'] / t['warm']:.2f}x |",
-                  f"| warm (in the device pool) | {t['warm']:.2f} | 1.00x |",
-                  f"| after a restart (from `--kv-cache-dir`) | {t['disk']:.2f} | {t['disk'] / t['warm']:.2f}x |", ""]
+                  f"| cold (empty `--kv-cache-dir`) | {t['cold']:.3f} | {t['cold'] / t['warm']:.2f}x |",
+                  f"| warm (in the device pool) | {t['warm']:.3f} | 1.00x |",
+                  f"| after a restart (from `--kv-cache-dir`) | {t['disk']:.3f} | {t['disk'] / t['warm']:.2f}x |", ""]
         if not args.skip_llama:
-            ll = llama_restart(args.long_tokens, args.max_length)
+            ll = llama_restart(args.long_tokens, args.max_length, args.restarts)
             print(f"llama-server restart: {ll}", flush=True)
             lines += [f"| {args.long_tokens}-token prompt | vsurge TTFT s | llama-server TTFT s | ratio |",
                       "|---|---|---|---|",
-                      f"| cold | {t['cold']:.2f} | {ll['cold']:.2f} | {t['cold'] / ll['cold']:.2f}x |",
-                      f"| warm (vsurge: device pool; llama-server: its slot) | {t['warm']:.2f} | {ll['warm']:.2f} | "
+                      f"| cold | {t['cold']:.3f} | {ll['cold']:.3f} | {t['cold'] / ll['cold']:.2f}x |",
+                      f"| warm (vsurge: device pool; llama-server: its slot) | {t['warm']:.3f} | {ll['warm']:.3f} | "
                       f"{t['warm'] / ll['warm']:.2f}x |",
                       f"| after a restart (vsurge: `--kv-cache-dir`; llama-server: slot saved and restored) | "
-                      f"{t['disk']:.2f} | {ll['restored']:.2f} | {t['disk'] / ll['restored']:.2f}x |", ""]
+                      f"{t['disk']:.3f} | {ll['restored']:.3f} | {t['disk'] / ll['restored']:.2f}x |", ""]
     if not args.skip_multiturn:
         tier, none = multiturn(args, args.host_gb), multiturn(args, 0)
         lines += [f"| {args.users} users x {args.turns} turns, {args.concurrency} at once, {args.system_tokens}-token "

@@ -14,7 +14,7 @@ import pytest
 import vsurge
 from vsurge import SamplingParams, vSurge
 from vsurge.kv.disk_tier import DiskTier, HostPage
-from vsurge.kv.tiers import TierEntry, page_key
+from vsurge.kv.tiers import TierEntry, page_key, tail_key
 
 PAGE = 32
 PAGES = 60  # the shared-preamble load needs ~52; the distinct load ~190 (3x)
@@ -134,12 +134,55 @@ def test_tails_copied_on_write_keep_outputs(tiny, tmp_path):
         pool.host.disk.flush()
     finally:
         s.stop(timeout=5)
-    again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))  # a restart: pages and tails from disk
+    # a restart: pages and tails read from disk when the prompt asks (no prefetch: the next test)
+    again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path), kv_disk_prefetch_bytes=0)
     try:
         assert asyncio.run(again.generate([prompts[2]], params))[0].token_ids == expected[2]
         assert again.driver.engine.pool.tier_hits["disk"] > len(processor.encode(prompts[2])) // PAGE * PAGE
     finally:
         again.stop(timeout=5)
+
+
+def test_a_restart_prefetches_the_most_recent_pages_into_the_pool(tiny, tmp_path, caplog):
+    """At start-up the disk tier's most recent pages (within the budget) are read into free pages
+    before readiness: the prompt sent again hits them in the device pool (no disk read on its path,
+    counted as disk hits) with the same greedy tokens; a damaged file is skipped with a warning."""
+    prompt, other = PREAMBLE[:700], "A different question about comets, asked once. " * 12
+    s = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))
+    try:
+        generate(s, [other])
+        s.driver.engine.pool.host.disk.flush()
+        others = set(tmp_path.rglob("*.kvp"))
+        expected = generate(s, [prompt])
+        s.driver.engine.pool.host.disk.flush()
+    finally:
+        s.stop(timeout=5)
+    tokens = len(tiny[1].encode(prompt))
+    # one of the other prompt's pages (not the tail under no parent: the warm-up writes that one again)
+    damaged = sorted(p for p in others if p.name != f"{tail_key(None):016x}.kvp")[0]
+    damaged.write_bytes(damaged.read_bytes()[:-7] + b"garbage")
+    with caplog.at_level(logging.WARNING, logger="vsurge.kv.disk_tier"):
+        again = engine(tiny, PAGES, kv_cache_dir=str(tmp_path))
+    try:
+        pool = again.driver.engine.pool
+        assert "ignoring" in caplog.text and damaged.name in caplog.text
+        assert not pool.host.disk.has(int(damaged.stem, 16)) and pool.host.disk.rejected == 1
+        assert pool.pages_prefetched >= (tokens - 1) // PAGE and pool.num_cached_pages >= pool.pages_prefetched
+        assert pool.num_free_pages == PAGES  # cached pages: still free for anyone who needs them
+        read = pool.host.disk.pages_read
+        assert generate(again, [prompt]) == expected
+        prefetched = pool.pages_prefetched
+        assert pool.host.disk.pages_read == read  # its pages were in the pool already
+        assert pool.tier_hits["disk"] >= (tokens - 1) // PAGE * PAGE
+        pool.check()
+    finally:
+        again.stop(timeout=5)
+    page_bytes = again.driver.engine.page_nbytes
+    small = engine(tiny, PAGES, kv_cache_dir=str(tmp_path), kv_disk_prefetch_bytes=4 * page_bytes)
+    try:  # the budget's 4 most recent files (some may be cached already: the warm-up's own tail)
+        assert 1 <= small.driver.engine.pool.pages_prefetched <= 4 < prefetched
+    finally:
+        small.stop(timeout=5)
 
 
 # ---------------------------------------------------------------- disk files (numpy only)

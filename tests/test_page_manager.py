@@ -11,7 +11,7 @@ from collections import defaultdict
 
 from vsurge.kv.page_manager import HBMPageManager, PageTable
 from vsurge.kv.slot_pages import SlotPages
-from vsurge.kv.tiers import HostTier, page_key
+from vsurge.kv.tiers import HostTier, TierEntry, page_key
 
 T: dict = defaultdict(PageTable)  # name -> page table, as a sequence would carry it
 
@@ -151,6 +151,41 @@ def test_reserve_out_of_pages_changes_nothing():
     assert pm.reserve(T["a"], 8)  # never shrinks
     assert len(T["a"].pages) == 3
     pm.check()
+
+
+def test_prefetched_pages_are_cached_free_pages_whose_first_hits_count_as_disk():
+    """Pages read from the disk tier at start-up take truly free pages only (nothing is evicted, the
+    pool's room is unchanged), stay evictable, and wait for their load; a prompt hitting them counts
+    disk hits once, device hits after."""
+    pm = HBMPageManager(4, 4)
+    first = TierEntry(page_key(None, (1, 2, 3, 4)), None, (1, 2, 3, 4))
+    second = TierEntry(page_key(first.key, (5, 6, 7, 8)), first.key, (5, 6, 7, 8))
+    tail = TierEntry(0, second.key, (9, 10))  # a tail: registered under the tokens it holds
+    again = TierEntry(first.key, None, (1, 2, 3, 4))  # already cached: skipped
+    assert pm.prefetch([first, second, tail, again]) == 3
+    assert (pm.num_free_pages, pm.num_cached_pages, pm.tier_counts()["prefetched"]) == (4, 3, 3)
+    assert [page for page, _ in pm.take_loads()] == [0, 1, 2]
+    pm.check()
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert pm.add_sequence(T["a"], prompt) == 10  # two pages and the tail's two tokens
+    assert pm.last_hits == {"device": 0, "host": 0, "disk": 10}
+    pm.free_sequence(T["a"])
+    assert pm.add_sequence(T["b"], prompt) == 10 and pm.last_hits["device"] == 10
+    pm.free_sequence(T["b"])
+    pm.take_copies()
+    pm.check()
+    # a full pool takes nothing; a page prefetched but evicted before its load ran never loads
+    pm.add_sequence(T["c"], [7] * 16)
+    assert pm.reserve(T["c"], 16) and pm.prefetch([TierEntry(1, None, (7, 7, 7, 7))]) == 0
+    pm.free_sequence(T["c"])
+    small = HBMPageManager(2, 4)
+    assert small.prefetch([first]) == 1 and small.add_sequence(T["d"], [9] * 8) == 0
+    assert small.reserve(T["d"], 8)  # evicts it: its load is dropped
+    assert small.take_loads() == [] and small.num_cached_pages == 0
+    small.check()
+    off = HBMPageManager(4, 4)
+    off.tail_hits = False
+    assert off.prefetch([tail]) == 0
 
 
 def test_lru_eviction():

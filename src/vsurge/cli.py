@@ -141,6 +141,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dir", default=None,
                    help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
     p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
+    p.add_argument("--kv-prefetch-gb", type=float, default=0.5,
+                   help="at start-up, read this much of --kv-cache-dir's most recent pages into the KV pool (0: none)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
                    help="how the paged KV pool stores keys and values: auto (the model's activation dtype; on a "
                         "CPU with vsurge's C++ kernels float16, as llama.cpp's default cache); float32; bfloat16 or "
@@ -357,8 +359,9 @@ def cmd_serve(args) -> int:
         raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
     if not 0 <= args.speculative_tokens <= 16:
         raise _fail("--speculative-tokens must be in [0, 16]")
-    if (args.kv_host_cache_gb or 0) < 0 or args.kv_cache_dir_gb <= 0 or args.prefix_wait_steps < 0:
-        raise _fail("--kv-host-cache-gb and --prefix-wait-steps must be >= 0, --kv-cache-dir-gb > 0")
+    if ((args.kv_host_cache_gb or 0) < 0 or args.kv_cache_dir_gb <= 0 or args.prefix_wait_steps < 0
+            or args.kv_prefetch_gb < 0):
+        raise _fail("--kv-host-cache-gb, --kv-prefetch-gb and --prefix-wait-steps must be >= 0, --kv-cache-dir-gb > 0")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -390,6 +393,7 @@ def cmd_serve(args) -> int:
                                           enable_prefix_caching=not args.no_prefix_caching,
                                           kv_host_cache_bytes=host, kv_cache_dir=args.kv_cache_dir,
                                           kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30),
+                                          kv_disk_prefetch_bytes=int(args.kv_prefetch_gb * 2**30),
                                           prefix_wait_steps=args.prefix_wait_steps, **common)
             for engine in surge.driver.engines:
                 status(describe_kv_pool(model, engine))

@@ -57,6 +57,8 @@ class EngineConfig:
     kv_host_cache_bytes: int = 0  # host-memory tier of the prefix cache (kv/tiers.py); 0 = none
     kv_cache_dir: str | None = None  # disk tier across restarts (kv/disk_tier.py); None = none
     kv_disk_cache_bytes: int = 4 << 30  # the disk tier's size cap
+    # the disk tier's most recent pages read into free device pages at start-up (engine/tiers.py)
+    kv_disk_prefetch_bytes: int = 512 << 20
     # KV pages' storage: None / "auto" = the model dtype; "int8" / "fp8" (float8_e4m3fn) = quantized
     # per token and KV head with a float16 scale each (kv/quant.py): about half a bfloat16 page
     kv_cache_dtype: str | None = None
@@ -91,7 +93,7 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                              f"got {self.scheduling_policy!r}")
-        for name in ("prefix_wait_steps", "kv_host_cache_bytes"):
+        for name in ("prefix_wait_steps", "kv_host_cache_bytes", "kv_disk_prefetch_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if self.kv_disk_cache_bytes <= 0:

@@ -276,6 +276,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
         return self._program(("decode", rows, window))(gs, go, state, batch)
 
+    def prefetch_prefixes(self, state: EngineState) -> tuple[EngineState, int]:
+        """The disk tier's most recent pages into free device pages (start-up) -> (state, pages)."""
+        if self.tiers is None or self.config.role == "decode":
+            return state, 0
+        return self.tiers.prefetch(state, self.config.kv_disk_prefetch_bytes)
+
     def sync_tiers(self, state: EngineState) -> EngineState:
         """Run the page copies the pool queued: to and from the prefix cache's host/disk tiers
         (engine/tiers.py) and tails copied on write (kv/page_manager.py)."""

@@ -163,8 +163,22 @@ class Driver(AbstractDriver):
             s = replica.scheduler  # the warm-up's prefix-cache lookups are not the users'
             replica.reported.update(preemptions=s.num_preemptions, queries=s.pool.prefix_queries,
                                     hits=s.pool.prefix_hits, **_tier_totals(s))
+            self._prefetch(replica)  # (its disk reads are reported as the tiers' traffic)
         for listener in self.listeners:
             listener.compiled(self)
+
+    @staticmethod
+    def _prefetch(replica: Replica) -> None:
+        """A restarted server's most recent prefixes from its disk tier into the device pool, so
+        readiness means they hit as warm ones do."""
+        prefetch = getattr(replica.engine, "prefetch_prefixes", None)
+        if prefetch is None:
+            return
+        start = time.perf_counter()
+        replica.state, pages = prefetch(replica.state)
+        if pages:
+            log.info("KV disk cache: %d pages (%.0f MiB) read into replica %d's pool in %.2f s", pages,
+                     pages * replica.engine.page_nbytes / 2**20, replica.index, time.perf_counter() - start)
 
     @staticmethod
     def _make_state(replica: Replica) -> None:

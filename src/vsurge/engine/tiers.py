@@ -11,6 +11,10 @@ for the next request):
     loads              pages found in the host or disk tier, written into their new device pages
                        (the import program), after every gather of this sync
 
+`TierMover.prefetch` (at start-up, before readiness) reads the disk tier's most recently used
+pages into free device pages as cached ones, so a restarted server's first hit on them costs what
+a warm one does (benchmarks/prefix_tiers.py, restart row).
+
 Gathers run before copies, copies before loads, and all before the step that reads or overwrites
 the pages, so a page evicted and reused in one scheduling pass is copied out with its old K/V.
 """
@@ -23,10 +27,10 @@ import threading
 import jax
 import numpy as np
 
-from ..kv.disk_tier import LAYOUT_VERSION, DiskTier
+from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.quant import stored_dim
-from ..kv.tiers import HostTier
+from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
 from .transfer import PrefixPages
 
 
@@ -144,6 +148,39 @@ class TierMover:
             for _, entry in part:
                 pool.host.release(entry)
         return state
+
+
+    def prefetch(self, state, budget_bytes: int):
+        """Read up to `budget_bytes` of the disk tier's most recently used pages (at most half the
+        free pages) into the device pool as cached pages, in parts that fit the read and staging
+        buffers. -> (state, pages prefetched)."""
+        engine, pool = self.engine, self.engine.pool
+        disk = pool.host.disk if pool.host is not None else None
+        if disk is None or budget_bytes <= 0 or not pool.enable_prefix_caching:
+            return state, 0
+        keys = disk.recent(min(pool.num_free_pages // 2, budget_bytes // max(1, engine.page_nbytes)))
+        taken = 0
+        for part in _parts(keys, self._load_pages):
+            found = [entry for entry in map(lambda key: _disk_entry(disk, key), part) if entry is not None]
+            taken += pool.prefetch(found)
+            for entry in found:
+                if not pool.has_load(entry):
+                    pool.host.release(entry)  # not taken (already cached, no room): its buffer is reused
+            state = self.sync(state)
+        return state, taken
+
+
+def _disk_entry(disk: DiskTier, key: int) -> TierEntry | None:
+    """The disk tier's page under `key` whatever prefix it names, if its key is the one that prefix
+    gives (a page's chained key, or its parent's tail key); None when unreadable or inconsistent."""
+    page = disk.get(key, ANY, None, touch=False)
+    if page is None:
+        return None
+    tail = key == tail_key(page.parent)
+    if not tail and key != page_key(page.parent, page.tokens):
+        disk.recycle(page)
+        return None
+    return TierEntry(key, page.parent, page.tokens, page, from_disk=True, tail=tail)
 
 
 def _parts(items: list, size: int) -> list[list]:

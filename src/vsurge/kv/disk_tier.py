@@ -37,13 +37,14 @@ LAYOUT_VERSION = 2  # bump when the page layout (kv/paged.py) or this file forma
 SUFFIX = ".kvp"
 HEADER_SLACK = 64 << 10  # read buffers hold a page's arrays and a header of up to this many bytes
 SPARE_BYTES = 64 << 20  # read buffers kept for reuse
+ANY = object()  # `get(parent=ANY)`: a page under any parent key (a prefetch knows only the key)
 
 
 class HostPage:
     """One page's K/V in host memory: per layer key and value arrays (as kv/paged.py lays out one page)."""
 
-    def __init__(self, k: list, v: list, tokens: tuple = (), buffer: bytearray | None = None):
-        self.k, self.v, self.tokens = k, v, tokens
+    def __init__(self, k: list, v: list, tokens: tuple = (), buffer: bytearray | None = None, parent: int | None = None):
+        self.k, self.v, self.tokens, self.parent = k, v, tokens, parent
         self.buffer = buffer  # the file's bytes the arrays view (a DiskTier read buffer), if any
 
     def arrays(self) -> tuple[list, list]:
@@ -135,10 +136,17 @@ class DiskTier:
     def size_bytes(self) -> int:
         return self._size
 
+    def recent(self, n: int) -> list[int]:
+        """Keys of the `n` most recently written or read pages, most recent first."""
+        with self._lock:
+            keys = list(self._files)
+        return keys[::-1][:n]
+
     # ------------------------------------------------------------ reading
-    def get(self, key: int, parent: int | None, tokens: tuple[int, ...] | None) -> HostPage | None:
+    def get(self, key: int, parent: int | None, tokens: tuple[int, ...] | None, touch: bool = True) -> HostPage | None:
         """The page stored under `key`, if its file is whole and names exactly this prefix (tokens
-        None: any tokens, a tail's; the page carries the file's)."""
+        None: any tokens, a tail's; parent ANY: any parent, a prefetch's; the page carries the
+        file's). `touch`: the read counts as a use (LRU order)."""
         with self._lock:
             if key not in self._files:
                 return None
@@ -152,6 +160,9 @@ class DiskTier:
                 size = self._files.pop(key, None)
                 self._size -= size or 0
             return None
+        self.pages_read += 1
+        if not touch:
+            return page
         with self._lock:
             if key in self._files:
                 self._files.move_to_end(key)
@@ -159,7 +170,6 @@ class DiskTier:
             os.utime(path)
         except OSError:
             pass
-        self.pages_read += 1
         return page
 
     def recycle(self, page: HostPage) -> None:
@@ -194,7 +204,8 @@ class DiskTier:
             raise ValueError("truncated header")
         header = json.loads(bytes(data[start : start + length]))
         for name, want in (("version", LAYOUT_VERSION), ("fingerprint", self.fingerprint), ("key", key),
-                           ("parent", parent), ("tokens", header.get("tokens") if tokens is None else list(tokens))):
+                           ("parent", header.get("parent") if parent is ANY else parent),
+                           ("tokens", header.get("tokens") if tokens is None else list(tokens))):
             if header.get(name) != want or (name == "tokens" and not isinstance(want, list)):
                 raise ValueError(f"its {name} differs from this cache's (another model, layout or prefix)")
         arrays = [(tuple(shape), dtype) for shape, dtype in header["arrays"]]
@@ -212,7 +223,7 @@ class DiskTier:
             out.append(np.frombuffer(payload[offset : offset + n], dtype=_np_dtype(dtype)).reshape(shape))
             offset += n
         half = len(out) // 2
-        return HostPage(out[:half], out[half:], tuple(header["tokens"]))
+        return HostPage(out[:half], out[half:], tuple(header["tokens"]), parent=header["parent"])
 
     # ------------------------------------------------------------ writing (background)
     def put(self, entry, page) -> None:

@@ -124,7 +124,8 @@ class HBMPageManager(PoolSizes):
         self._loads: dict[int, TierEntry] = {}  # page -> entry whose KV must be written into it
         self.tier_hits = dict.fromkeys(TIERS, 0)  # prompt tokens found in each tier
         self.last_hits = dict.fromkeys(TIERS, 0)  # of the last add_sequence
-        self.pages_to_host = self.pages_from_host = self.swap_outs = 0
+        self.pages_to_host = self.pages_from_host = self.swap_outs = self.pages_prefetched = 0
+        self._prefetched: set[int] = set()  # pages prefetched from disk and not hit yet (their hits count as disk's)
 
     # --- sizes ---------------------------------------------------------------------------
     @property
@@ -171,9 +172,9 @@ class HBMPageManager(PoolSizes):
             if self._refcount[page] == 0:
                 del self._evictable[page]
             self._refcount[page] += 1
+            self.last_hits[self._device_hit(page)] += ps
             seq.pages.append(page)
             seq.last_key = key
-        self.last_hits["device"] = len(seq.pages) * ps
         while self.host is not None and len(seq.pages) < full and self.num_free_pages:
             i = len(seq.pages)
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
@@ -290,7 +291,7 @@ class HBMPageManager(PoolSizes):
             self.last_hits["disk"] += shared
         else:
             self._copies[page] = source
-            self.last_hits["device"] += shared
+            self.last_hits[self._device_hit(source)] += shared
         seq.pages.append(page)
         return shared
 
@@ -312,6 +313,41 @@ class HBMPageManager(PoolSizes):
         disk = self.host.disk if self.host is not None else None
         if disk is not None:
             self._persists.append((page, TierEntry(tail_key(seq.last_key), seq.last_key, chunk, tail=True)))
+
+    # --- prefetch: pages read from the disk tier at start-up --------------------------------
+    def prefetch(self, found: list[TierEntry]) -> int:
+        """Put pages read from the disk tier (a restarted server's most recent prefixes) into free
+        pages as cached, unreferenced ones: a prompt that comes back hits them in the device pool
+        and their KV is written before the next step (`take_loads`). Only truly free pages are
+        used (nothing is evicted), and they stay evictable, so the pool's room is unchanged.
+        Entries are registered under the keys their parent and tokens give (a tail: the tokens
+        it holds). -> pages taken."""
+        taken = 0
+        for entry in found:
+            tail = len(entry.tokens) < self._page_size
+            key = page_key(entry.parent, entry.tokens)
+            if (not self._free or not entry.tokens or key in self._key_to_page or (tail and not self.tail_hits)
+                    or not self.enable_prefix_caching):
+                continue
+            page = self._free.popleft()
+            self._register(page, key, entry.parent, entry.tokens)
+            self._evictable[page] = None
+            self._loads[page] = entry
+            self._prefetched.add(page)
+            taken += 1
+        self.pages_prefetched += taken
+        return taken
+
+    def has_load(self, entry: TierEntry) -> bool:
+        """`entry` waits to be written into a device page (its buffer is still needed)."""
+        return any(found is entry for found in self._loads.values())
+
+    def _device_hit(self, page: int) -> str:
+        """The tier a hit on a registered page counts for: disk for a prefetched page's first hit."""
+        if page in self._prefetched:
+            self._prefetched.discard(page)
+            return "disk"
+        return "device"
 
     def take_copies(self) -> list[tuple[int, int]]:
         """(source, destination) pages to copy before the next step (after the tiers' gathers,
@@ -384,7 +420,7 @@ class HBMPageManager(PoolSizes):
         """Cumulative counters of the tiers (the driver reports their deltas as metrics)."""
         counts = {f"hits_{tier}": n for tier, n in self.tier_hits.items()}
         counts.update(pages_to_host=self.pages_to_host, pages_from_host=self.pages_from_host,
-                      swap_outs=self.swap_outs)
+                      swap_outs=self.swap_outs, prefetched=self.pages_prefetched)
         disk = self.host.disk if self.host is not None else None
         counts.update(pages_to_disk=disk.pages_written if disk else 0, pages_from_disk=disk.pages_read if disk else 0)
         return counts
@@ -450,6 +486,7 @@ class HBMPageManager(PoolSizes):
         self._children.setdefault((parent, tokens[0]), set()).add(page)
 
     def _unregister(self, page: int) -> None:
+        self._prefetched.discard(page)
         entry = self._entries.pop(page)
         del self._key_to_page[entry.key]
         siblings = self._children[(entry.parent, entry.tokens[0])]
@@ -491,6 +528,7 @@ class HBMPageManager(PoolSizes):
         assert pending == self._inflight, f"in-flight keys {self._inflight} but tables announce {pending}"
         for page in self._loads:
             assert page in self._entries or counts[page], f"page {page} waits for a load but is neither registered nor held"
+        assert self._prefetched <= set(self._entries), "a prefetched page is no longer registered"
         for dst, src in self._copies.items():
             assert counts[dst] and dst not in self._entries, f"tail copy {src} -> {dst} into a page not privately held"
         children = {}
