@@ -135,6 +135,39 @@ def test_cpu_decode_kernel_dequantizes_int8_and_fp8_pages_as_the_xla_path(dtype,
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype,group,window,sinks", [
+    (jnp.float32, 3, None, False),   # the default model's GQA ratio
+    (jnp.float16, 4, 50, True),      # half pages read in place, a window and sinks across the parts
+    (jnp.bfloat16, 1, None, False),
+    (jnp.int8, 3, None, False),
+])
+def test_cpu_decode_kernel_splits_one_long_row_over_threads(dtype, group, window, sinks):
+    """One row over 40 pages: its (row, KV head) work is split into runs of pages whose softmax
+    statistics are merged; the result equals the XLA path on the same (dequantized) pages."""
+    from vsurge.kv import quant
+
+    rng = np.random.default_rng(11)
+    kv_heads, dim, page, width = 2, 64, 8, 40
+    k = jnp.asarray(rng.normal(size=(2 * width, kv_heads, dim, page)), jnp.float32)
+    v = jnp.asarray(rng.normal(size=(2 * width, kv_heads, page, dim)), jnp.float32)
+    q = jnp.asarray(rng.normal(size=(2, 1, kv_heads * group, dim)), jnp.float32)
+    tables = jnp.asarray(np.stack([rng.permutation(2 * width)[:width], np.zeros(width, int)]), jnp.int32)
+    pos = jnp.asarray([[width * page - 3], [-1]], jnp.int32)  # a long row and a padding row
+    spec = AttentionSpec(scale=dim ** -0.5, window=window)
+    sink = jnp.asarray(rng.normal(size=(kv_heads * group,)), jnp.float32) if sinks else None
+    if dtype == jnp.int8:
+        kp, vp = jnp.swapaxes(quant.store(jnp.swapaxes(k, -1, -2), dtype), -1, -2), quant.store(v, dtype)
+        want = np.asarray(xla_paged_attention(q, kp, vp, tables, pos, spec, sink))
+    else:
+        kp, vp = k.astype(dtype), v.astype(dtype)
+        want = np.asarray(xla_paged_attention(q, kp.astype(jnp.float32), vp.astype(jnp.float32), tables, pos, spec,
+                                              sink))
+    got = np.asarray(cpu_attention.decode(q, kp, vp, tables, pos, spec, sink))
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=2e-5)
+    assert (got[1] == 0).all()
+
+
+@needs_kernel
 def test_cpu_decode_kernel_is_left_to_xla_where_it_does_not_apply():
     q, k, v, _, _ = pages_and_rows(kv_heads=2, group=2, dim=16, page=8, width=4)
     assert cpu_attention.usable(q, k, v)

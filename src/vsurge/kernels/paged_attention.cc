@@ -12,7 +12,9 @@
 // h = g * G + i share KV head g (G = H / KVH): each key page is read once for its G heads. Per
 // page: scores for every key (a broadcast FMA per head dimension, along the page's contiguous keys),
 // scaled, soft-capped, masked, then an online-softmax update of the row's running max, sum and
-// output. Work items are (row, KV head) pairs on the kernel's thread pool. XLA's version of the
+// output (fp16/bf16 pages read as they are, converted in registers). Work items are (row, KV head,
+// part) triples on the kernel's thread pool, a part being a run of the row's pages (one long row
+// keeps every thread busy; the parts' softmax statistics are merged after). XLA's version of the
 // same loop is ~25 small ops per layer, each with a fixed cost that dominates one row's decode.
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
@@ -112,48 +114,125 @@ inline void dequantize(const uint8_t* src, const float* scales, const float* sca
 }
 
 struct Scratch {
-  std::vector<float> s, acc, m, l, kf, vf;
+  std::vector<float> s, kf, vf;
 };
 
-// One (row, KV head): its G query heads over the pages the row sees.
-void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
-  const int64_t G = j.heads / j.kv_heads, ps = j.ps, dk = j.dk, dv = j.dv;
-  float* out = j.out + (row * j.heads + g * G) * dv;  // (G, dv)
-  const int64_t pos = j.q_pos[row];
-  if (pos < 0) {
-    std::fill(out, out + G * dv, 0.0f);
-    return;
+// 8 consecutive page values as float32 (kF32, kF16, kBF16 pages; kQ8 pages are dequantized first).
+template <PageKind kKind>
+inline __m256 load8(const void* base, int64_t i) {
+  if constexpr (kKind == kF32) {
+    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(base) + i));
+    if constexpr (kKind == kF16) return _mm256_cvtph_ps(w);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(w), 16));
   }
+}
+
+// s[i][t] = scale * q_i . k_t for t in [t0, t1) (8-aligned), K (dk, ps): up to 4 heads and 3 blocks
+// of 8 keys per pass, so 12 independent FMA chains hide the FMA latency.
+// Pages are scattered over the pool, so the hardware prefetcher starts over at each: the next page's
+// bytes (`next`, `next_bytes` of them; nullptr: none) are requested while this one is computed.
+inline void prefetch_part(const char* next, int64_t next_bytes, int64_t step, int64_t steps) {
+  if (next == nullptr) return;
+  const int64_t per = (next_bytes / 64 + steps - 1) / steps;  // cache lines per step
+  for (int64_t x = step * per, e = std::min(next_bytes / 64, x + per); x < e; ++x) _mm_prefetch(next + 64 * x, _MM_HINT_T0);
+}
+
+template <PageKind kKind>
+void page_scores(const float* q, const void* K, int64_t G, int64_t dk, int64_t ps, int64_t t0, int64_t t1,
+                 float scale, float* s, const char* next = nullptr, int64_t next_bytes = 0) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t d = 0; d < 8; ++d) prefetch_part(next, next_bytes, d, 8);
+  for (int64_t i0 = 0; i0 < G; i0 += 4) {
+    const int64_t ni = std::min<int64_t>(4, G - i0);
+    int64_t t = t0;
+    for (; t + 24 <= t1; t += 24) {
+      __m256 a[4][3];
+      for (int64_t i = 0; i < 4; ++i)
+        for (int b = 0; b < 3; ++b) a[i][b] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dk; ++d) {
+        const __m256 k0 = load8<kKind>(K, d * ps + t), k1 = load8<kKind>(K, d * ps + t + 8),
+                     k2 = load8<kKind>(K, d * ps + t + 16);
+        for (int64_t i = 0; i < ni; ++i) {
+          const __m256 qi = _mm256_set1_ps(q[(i0 + i) * dk + d]);
+          a[i][0] = _mm256_fmadd_ps(qi, k0, a[i][0]);
+          a[i][1] = _mm256_fmadd_ps(qi, k1, a[i][1]);
+          a[i][2] = _mm256_fmadd_ps(qi, k2, a[i][2]);
+        }
+      }
+      for (int64_t i = 0; i < ni; ++i)
+        for (int b = 0; b < 3; ++b) _mm256_storeu_ps(s + (i0 + i) * ps + t + 8 * b, _mm256_mul_ps(a[i][b], sc));
+    }
+    for (; t < t1; t += 8) {
+      __m256 a[4];
+      for (int64_t i = 0; i < 4; ++i) a[i] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < dk; ++d) {
+        const __m256 k0 = load8<kKind>(K, d * ps + t);
+        for (int64_t i = 0; i < ni; ++i) a[i] = _mm256_fmadd_ps(_mm256_set1_ps(q[(i0 + i) * dk + d]), k0, a[i]);
+      }
+      for (int64_t i = 0; i < ni; ++i) _mm256_storeu_ps(s + (i0 + i) * ps + t, _mm256_mul_ps(a[i], sc));
+    }
+  }
+}
+
+// acc[i] += sum_{t in [j0, j1)} p[i][t] * V[t], V (ps, dv), dv a multiple of 8: two heads and 32
+// values per pass held in registers, each value row read once per pass.
+template <PageKind kKind>
+void page_values(const float* p, const void* V, int64_t G, int64_t dv, int64_t ps, int64_t j0, int64_t j1,
+                 float* acc, const char* next = nullptr, int64_t next_bytes = 0) {
+  for (int64_t d = 0; d < 8; ++d) prefetch_part(next, next_bytes, d, 8);
+  for (int64_t i0 = 0; i0 < G; i0 += 2) {
+    const int64_t ni = std::min<int64_t>(2, G - i0);
+    for (int64_t e0 = 0; e0 < dv; e0 += 32) {
+      const int64_t ne = std::min<int64_t>(4, (dv - e0) / 8);
+      __m256 a[2][4];
+      for (int64_t i = 0; i < ni; ++i)
+        for (int64_t b = 0; b < ne; ++b) a[i][b] = _mm256_loadu_ps(acc + (i0 + i) * dv + e0 + 8 * b);
+      for (int64_t t = j0; t < j1; ++t) {
+        __m256 v[4];
+        for (int64_t b = 0; b < ne; ++b) v[b] = load8<kKind>(V, t * dv + e0 + 8 * b);
+        for (int64_t i = 0; i < ni; ++i) {
+          const __m256 pi = _mm256_set1_ps(p[(i0 + i) * ps + t]);
+          for (int64_t b = 0; b < ne; ++b) a[i][b] = _mm256_fmadd_ps(pi, v[b], a[i][b]);
+        }
+      }
+      for (int64_t i = 0; i < ni; ++i)
+        for (int64_t b = 0; b < ne; ++b) _mm256_storeu_ps(acc + (i0 + i) * dv + e0 + 8 * b, a[i][b]);
+    }
+  }
+}
+
+// One (row, KV head) over the page columns [c_lo, c_hi) it sees: its G query heads' running max m,
+// sum l and unnormalised output acc (G, dv), for the merge in `finish`.
+template <PageKind kKind>
+void decode_part(const DecodeJob& j, int64_t row, int64_t g, int64_t c_lo, int64_t c_hi, Scratch& sc, float* m,
+                 float* l, float* acc) {
+  const int64_t G = j.heads / j.kv_heads, ps = j.ps, dk = j.dk, dv = j.dv;
+  const int64_t pos = j.q_pos[row];
+  std::fill(acc, acc + G * dv, 0.0f);
+  std::fill(m, m + G, kNegInf);
+  std::fill(l, l + G, 0.0f);
   sc.s.resize(G * ps);
-  sc.acc.assign(G * dv, 0.0f);
-  sc.m.assign(G, kNegInf);
-  sc.l.assign(G, 0.0f);
-  if (j.kind != kF32) {
+  if (j.kind == kQ8) {
     sc.kf.resize(dk * ps);
     sc.vf.resize(ps * dv);
   }
   const float* q = j.q + (row * j.heads + g * G) * dk;  // (G, dk)
   const int64_t lo_pos = j.window > 0 ? std::max<int64_t>(0, pos - j.window + 1) : 0;
-  const int64_t last = std::min(j.width - 1, pos / ps);
-  for (int64_t c = lo_pos / ps; c <= last; ++c) {
+  const bool wide = dv % 8 == 0;
+  for (int64_t c = c_lo; c < c_hi; ++c) {
     const int64_t page = j.tables[row * j.width + c];
     if (page < 0 || page >= j.pages) continue;
     const int64_t extra = j.kind == kQ8 ? 2 : 0;  // the scale's bytes
     const int64_t k_off = (page * j.kv_heads + g) * (dk + extra) * ps, v_off = (page * j.kv_heads + g) * ps * (dv + extra);
     // the keys the row sees in this page, [j0, j1), and the 8-aligned span [t0, t1) that holds them:
-    // only those are converted and scored (a sequence's last page is mostly empty)
+    // only those are scored (a sequence's last page is mostly empty)
     const int64_t j0 = std::max<int64_t>(0, lo_pos - c * ps), j1 = std::min<int64_t>(ps, pos - c * ps + 1);
     const int64_t t0 = j0 & ~int64_t{7}, t1 = std::min<int64_t>(ps, (j1 + 7) & ~int64_t{7});
-    const float* K;  // (dk, ps)
-    const float* V;  // (ps, dv)
-    if (j.kind == kBF16 || j.kind == kF16) {
-      const auto* kh = static_cast<const uint16_t*>(j.k) + k_off;
-      for (int64_t d = 0; d < dk; ++d) half_to_f32(kh + d * ps + t0, sc.kf.data() + d * ps + t0, t1 - t0, j.kind == kBF16);
-      half_to_f32(static_cast<const uint16_t*>(j.v) + v_off + j0 * dv, sc.vf.data() + j0 * dv, (j1 - j0) * dv,
-                  j.kind == kBF16);
-      K = sc.kf.data();
-      V = sc.vf.data();
-    } else if (j.kind == kQ8) {
+    const void* K;  // (dk, ps)
+    const void* V;  // (ps, dv)
+    if constexpr (kKind == kQ8) {
       const uint8_t* kq = static_cast<const uint8_t*>(j.k) + k_off;  // (dk + 2, ps): the scales' rows last
       const uint8_t* vq = static_cast<const uint8_t*>(j.v) + v_off;  // (ps, dv + 2): the scales' columns last
       float* kscale = sc.s.data();  // scratch: the scores are written after K is made
@@ -161,30 +240,31 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       for (int64_t d = 0; d < dk; ++d) dequantize(kq + d * ps + t0, kscale + t0, nullptr, sc.kf.data() + d * ps + t0,
                                                   t1 - t0, j);
       for (int64_t t = j0; t < j1; ++t) {
-        const uint8_t* row = vq + t * (dv + 2);
-        const float scale = f16_at(row + dv, row + dv + 1);
-        dequantize(row, nullptr, &scale, sc.vf.data() + t * dv, dv, j);
+        const uint8_t* r = vq + t * (dv + 2);
+        const float scale = f16_at(r + dv, r + dv + 1);
+        dequantize(r, nullptr, &scale, sc.vf.data() + t * dv, dv, j);
       }
       K = sc.kf.data();
       V = sc.vf.data();
     } else {
-      K = static_cast<const float*>(j.k) + k_off;
-      V = static_cast<const float*>(j.v) + v_off;
+      const int64_t size = kKind == kF32 ? 4 : 2;
+      K = static_cast<const char*>(j.k) + k_off * size;
+      V = static_cast<const char*>(j.v) + v_off * size;
     }
-    // scores s[i][t] = scale * q_i . k_t, 8 keys at a time, up to 8 heads per pass over K
-    for (int64_t i0 = 0; i0 < G; i0 += 8) {
-      const int64_t ni = std::min<int64_t>(8, G - i0);
-      for (int64_t t = t0; t < t1; t += 8) {
-        __m256 a[8];
-        for (int64_t i = 0; i < ni; ++i) a[i] = _mm256_setzero_ps();
-        for (int64_t d = 0; d < dk; ++d) {
-          const __m256 kv = _mm256_loadu_ps(K + d * ps + t);
-          for (int64_t i = 0; i < ni; ++i) a[i] = _mm256_fmadd_ps(_mm256_set1_ps(q[(i0 + i) * dk + d]), kv, a[i]);
-        }
-        for (int64_t i = 0; i < ni; ++i)
-          _mm256_storeu_ps(sc.s.data() + (i0 + i) * ps + t, _mm256_mul_ps(a[i], _mm256_set1_ps(j.scale)));
+    constexpr PageKind kRead = kKind == kQ8 ? kF32 : kKind;  // what K and V point at now
+    // the next page this item reads (its keys while these are scored, its values while these are summed)
+    const char *next_k = nullptr, *next_v = nullptr;
+    int64_t next_kb = 0, next_vb = 0;
+    if (kKind != kF32 && kKind != kQ8 && c + 1 < c_hi) {
+      const int64_t np = j.tables[row * j.width + c + 1];
+      if (np >= 0 && np < j.pages) {
+        next_k = static_cast<const char*>(j.k) + (np * j.kv_heads + g) * dk * ps * 2;
+        next_v = static_cast<const char*>(j.v) + (np * j.kv_heads + g) * ps * dv * 2;
+        next_kb = dk * ps * 2;
+        next_vb = ps * dv * 2;
       }
     }
+    page_scores<kRead>(q, K, G, dk, ps, t0, t1, j.scale, sc.s.data(), next_k, next_kb);
     for (int64_t i = 0; i < G; ++i) {
       float* s = sc.s.data() + i * ps;
       if (j.softcap > 0)
@@ -193,11 +273,11 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       for (int64_t t = j1; t < t1; ++t) s[t] = kNegInf;
       float mx = kNegInf;
       for (int64_t t = j0; t < j1; ++t) mx = std::max(mx, s[t]);
-      const float m_new = std::max(sc.m[i], mx);
-      const float alpha = sc.m[i] == kNegInf ? 0.0f : std::exp(sc.m[i] - m_new);
-      sc.m[i] = m_new;
-      float* acc = sc.acc.data() + i * dv;
-      for (int64_t e = 0; e < dv; ++e) acc[e] *= alpha;
+      const float m_new = std::max(m[i], mx);
+      const float alpha = m[i] == kNegInf ? 0.0f : std::exp(m[i] - m_new);
+      m[i] = m_new;
+      float* a = acc + i * dv;
+      for (int64_t e = 0; e < dv; ++e) a[e] *= alpha;
       __m256 sum = _mm256_setzero_ps();
       const __m256 mv = _mm256_set1_ps(m_new);
       for (int64_t t = t0; t < t1; t += 8) {
@@ -207,35 +287,100 @@ void decode_one(const DecodeJob& j, int64_t row, int64_t g, Scratch& sc) {
       }
       float lanes[8];
       _mm256_storeu_ps(lanes, sum);
-      sc.l[i] = sc.l[i] * alpha + lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] +
-                lanes[7];
+      l[i] = l[i] * alpha + lanes[0] + lanes[1] + lanes[2] + lanes[3] + lanes[4] + lanes[5] + lanes[6] + lanes[7];
     }
-    // acc[i] += sum_t p[i][t] * V[t], each value row read once for the G heads
-    for (int64_t t = j0; t < j1; ++t) {
-      const float* vrow = V + t * dv;
-      for (int64_t i = 0; i < G; ++i) {
-        const float p = sc.s[i * ps + t];
-        float* acc = sc.acc.data() + i * dv;
-        for (int64_t e = 0; e < dv; ++e) acc[e] += p * vrow[e];
-      }
+    if (wide) {
+      page_values<kRead>(sc.s.data(), V, G, dv, ps, j0, j1, acc, next_v, next_vb);
+    } else {  // a head size that is not a multiple of 8: one value at a time
+      for (int64_t t = j0; t < j1; ++t)
+        for (int64_t i = 0; i < G; ++i) {
+          const float p = sc.s[i * ps + t];
+          float* a = acc + i * dv;
+          for (int64_t e = 0; e < dv; ++e) {
+            float x;
+            if constexpr (kRead == kF32) {
+              x = static_cast<const float*>(V)[t * dv + e];
+            } else {
+              half_to_f32(static_cast<const uint16_t*>(V) + t * dv + e, &x, 1, kRead == kBF16);
+            }
+            a[e] += p * x;
+          }
+        }
     }
   }
+}
+
+// The work is split into (row, KV head, part) items, each a run of the row's page columns, so that
+// one long row still keeps every thread busy; `finish` merges the parts' softmax statistics.
+struct Split {
+  const DecodeJob* j;
+  int64_t parts;
+  float* state;  // per item: m (G), l (G), acc (G, dv)
+};
+
+int64_t visible_first(const DecodeJob& j, int64_t row) {
+  const int64_t pos = j.q_pos[row];
+  return (j.window > 0 ? std::max<int64_t>(0, pos - j.window + 1) : 0) / j.ps;
+}
+
+void decode_items(void* ctx, int64_t i0, int64_t i1) {
+  const auto* sp = static_cast<const Split*>(ctx);
+  const DecodeJob& j = *sp->j;
+  const int64_t G = j.heads / j.kv_heads, stride = G * (2 + j.dv);
+  thread_local Scratch scratch;
+  for (int64_t i = i0; i < i1; ++i) {
+    const int64_t rg = i / sp->parts, part = i % sp->parts, row = rg / j.kv_heads, g = rg % j.kv_heads;
+    float* m = sp->state + i * stride;
+    float *l = m + G, *acc = m + 2 * G;
+    const int64_t pos = j.q_pos[row];
+    int64_t lo = 0, hi = 0;  // a padding row reads nothing
+    if (pos >= 0) {
+      const int64_t first = visible_first(j, row), n = std::min(j.width - 1, pos / j.ps) - first + 1;
+      lo = first + n * part / sp->parts;
+      hi = first + n * (part + 1) / sp->parts;
+    }
+    switch (j.kind) {
+      case kF32: decode_part<kF32>(j, row, g, lo, hi, scratch, m, l, acc); break;
+      case kF16: decode_part<kF16>(j, row, g, lo, hi, scratch, m, l, acc); break;
+      case kBF16: decode_part<kBF16>(j, row, g, lo, hi, scratch, m, l, acc); break;
+      case kQ8: decode_part<kQ8>(j, row, g, lo, hi, scratch, m, l, acc); break;
+    }
+  }
+}
+
+// out (G, dv) of one (row, KV head) from its parts: rescaled to their common max and normalised
+// (with the sink's logit where the layer has sinks).
+void finish(const Split& sp, int64_t rg) {
+  const DecodeJob& j = *sp.j;
+  const int64_t G = j.heads / j.kv_heads, dv = j.dv, stride = G * (2 + dv), row = rg / j.kv_heads, g = rg % j.kv_heads;
+  float* out = j.out + (row * j.heads + g * G) * dv;
+  if (j.q_pos[row] < 0) {
+    std::fill(out, out + G * dv, 0.0f);
+    return;
+  }
   for (int64_t i = 0; i < G; ++i) {
-    float m = sc.m[i], l = sc.l[i], keep = 1.0f;
+    float m = kNegInf;
+    for (int64_t p = 0; p < sp.parts; ++p) m = std::max(m, sp.state[(rg * sp.parts + p) * stride + i]);
+    float l = 0.0f;
+    float* o = out + i * dv;
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t p = 0; p < sp.parts; ++p) {
+      const float* part = sp.state + (rg * sp.parts + p) * stride;
+      if (part[i] == kNegInf) continue;
+      const float w = std::exp(part[i] - m);
+      l += part[G + i] * w;
+      const float* acc = part + 2 * G + i * dv;
+      for (int64_t e = 0; e < dv; ++e) o[e] += acc[e] * w;
+    }
+    float keep = 1.0f;
     if (j.sinks != nullptr) {  // one more logit in the softmax, with no value
       const float sink = j.sinks[g * G + i], m2 = std::max(m, sink);
       keep = m == kNegInf ? 0.0f : std::exp(m - m2);
       l = l * keep + std::exp(sink - m2);
     }
     const float inv = l > 0 ? keep / l : 0.0f;
-    for (int64_t e = 0; e < dv; ++e) out[i * dv + e] = sc.acc[i * dv + e] * inv;
+    for (int64_t e = 0; e < dv; ++e) o[e] *= inv;
   }
-}
-
-void decode_items(void* ctx, int64_t i0, int64_t i1) {
-  const auto* j = static_cast<const DecodeJob*>(ctx);
-  thread_local Scratch scratch;
-  for (int64_t i = i0; i < i1; ++i) decode_one(*j, i / j->kv_heads, i % j->kv_heads, scratch);
 }
 
 ffi::Error paged_decode_impl(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pages, ffi::AnyBuffer v_pages,
@@ -261,7 +406,14 @@ ffi::Error paged_decode_impl(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pages, ff
       td[0] != j.rows || j.ps % 8 != 0 || static_cast<int64_t>(q_pos.element_count()) != j.rows)
     return ffi::Error::InvalidArgument("vsurge_paged_decode: shapes do not agree (page size must be a multiple of 8)");
   if (j.rows == 0) return ffi::Error::Success();
-  kernel_pool().parallel_for(j.rows * j.kv_heads, 1, decode_items, &j);
+  // parts per (row, KV head): enough items for every thread four times over, at least 2 pages each
+  const int64_t items = j.rows * j.kv_heads, threads = kernel_pool().threads();
+  int64_t parts = std::max<int64_t>(1, (4 * threads + items - 1) / items);
+  parts = std::min<int64_t>(parts, std::max<int64_t>(1, j.width / 2));
+  std::vector<float> state(items * parts * (j.heads / j.kv_heads) * (2 + j.dv));
+  Split sp{&j, parts, state.data()};
+  kernel_pool().parallel_for(items * parts, 1, decode_items, &sp);
+  for (int64_t rg = 0; rg < items; ++rg) finish(sp, rg);
   return ffi::Error::Success();
 }
 
