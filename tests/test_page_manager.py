@@ -162,7 +162,7 @@ def test_prefetched_pages_are_cached_free_pages_whose_first_hits_count_as_disk()
     second = TierEntry(page_key(first.key, (5, 6, 7, 8)), first.key, (5, 6, 7, 8))
     tail = TierEntry(0, second.key, (9, 10))  # a tail: registered under the tokens it holds
     again = TierEntry(first.key, None, (1, 2, 3, 4))  # already cached: skipped
-    assert pm.prefetch([first, second, tail, again]) == 3
+    assert pm.prefetch([first, second, tail, again]) == [first, second, tail]
     assert (pm.num_free_pages, pm.num_cached_pages, pm.tier_counts()["prefetched"]) == (4, 3, 3)
     assert [page for page, _ in pm.take_loads()] == [0, 1, 2]
     pm.check()
@@ -176,16 +176,16 @@ def test_prefetched_pages_are_cached_free_pages_whose_first_hits_count_as_disk()
     pm.check()
     # a full pool takes nothing; a page prefetched but evicted before its load ran never loads
     pm.add_sequence(T["c"], [7] * 16)
-    assert pm.reserve(T["c"], 16) and pm.prefetch([TierEntry(1, None, (7, 7, 7, 7))]) == 0
+    assert pm.reserve(T["c"], 16) and pm.prefetch([TierEntry(1, None, (7, 7, 7, 7))]) == []
     pm.free_sequence(T["c"])
     small = HBMPageManager(2, 4)
-    assert small.prefetch([first]) == 1 and small.add_sequence(T["d"], [9] * 8) == 0
+    assert small.prefetch([first]) == [first] and small.add_sequence(T["d"], [9] * 8) == 0
     assert small.reserve(T["d"], 8)  # evicts it: its load is dropped
     assert small.take_loads() == [] and small.num_cached_pages == 0
     small.check()
     off = HBMPageManager(4, 4)
     off.tail_hits = False
-    assert off.prefetch([tail]) == 0
+    assert off.prefetch([tail]) == []
 
 
 def test_lru_eviction():

@@ -149,7 +149,6 @@ class TierMover:
                 pool.host.release(entry)
         return state
 
-
     def prefetch(self, state, budget_bytes: int):
         """Read up to `budget_bytes` of the disk tier's most recently used pages (at most half the
         free pages) into the device pool as cached pages, in parts that fit the read and staging
@@ -161,11 +160,11 @@ class TierMover:
         keys = disk.recent(min(pool.num_free_pages // 2, budget_bytes // max(1, engine.page_nbytes)))
         taken = 0
         for part in _parts(keys, self._load_pages):
-            found = [entry for entry in map(lambda key: _disk_entry(disk, key), part) if entry is not None]
-            taken += pool.prefetch(found)
-            for entry in found:
-                if not pool.has_load(entry):
-                    pool.host.release(entry)  # not taken (already cached, no room): its buffer is reused
+            found = [entry for entry in (_disk_entry(disk, key) for key in part) if entry is not None]
+            kept = pool.prefetch(found)
+            for entry in set(found) - set(kept):  # already cached, or no room: its read buffer is reused
+                pool.host.release(entry)
+            taken += len(kept)
             state = self.sync(state)
         return state, taken
 

@@ -132,18 +132,17 @@ inline __m256 load8(const void* base, int64_t i) {
 // s[i][t] = scale * q_i . k_t for t in [t0, t1) (8-aligned), K (dk, ps): up to 4 heads and 3 blocks
 // of 8 keys per pass, so 12 independent FMA chains hide the FMA latency.
 // Pages are scattered over the pool, so the hardware prefetcher starts over at each: the next page's
-// bytes (`next`, `next_bytes` of them; nullptr: none) are requested while this one is computed.
-inline void prefetch_part(const char* next, int64_t next_bytes, int64_t step, int64_t steps) {
+// bytes (`next`, `next_bytes` of them; nullptr: none) are requested before this one is computed.
+inline void prefetch(const char* next, int64_t next_bytes) {
   if (next == nullptr) return;
-  const int64_t per = (next_bytes / 64 + steps - 1) / steps;  // cache lines per step
-  for (int64_t x = step * per, e = std::min(next_bytes / 64, x + per); x < e; ++x) _mm_prefetch(next + 64 * x, _MM_HINT_T0);
+  for (int64_t x = 0; x < next_bytes; x += 64) _mm_prefetch(next + x, _MM_HINT_T0);
 }
 
 template <PageKind kKind>
 void page_scores(const float* q, const void* K, int64_t G, int64_t dk, int64_t ps, int64_t t0, int64_t t1,
                  float scale, float* s, const char* next = nullptr, int64_t next_bytes = 0) {
   const __m256 sc = _mm256_set1_ps(scale);
-  for (int64_t d = 0; d < 8; ++d) prefetch_part(next, next_bytes, d, 8);
+  prefetch(next, next_bytes);
   for (int64_t i0 = 0; i0 < G; i0 += 4) {
     const int64_t ni = std::min<int64_t>(4, G - i0);
     int64_t t = t0;
@@ -181,7 +180,7 @@ void page_scores(const float* q, const void* K, int64_t G, int64_t dk, int64_t p
 template <PageKind kKind>
 void page_values(const float* p, const void* V, int64_t G, int64_t dv, int64_t ps, int64_t j0, int64_t j1,
                  float* acc, const char* next = nullptr, int64_t next_bytes = 0) {
-  for (int64_t d = 0; d < 8; ++d) prefetch_part(next, next_bytes, d, 8);
+  prefetch(next, next_bytes);
   for (int64_t i0 = 0; i0 < G; i0 += 2) {
     const int64_t ni = std::min<int64_t>(2, G - i0);
     for (int64_t e0 = 0; e0 < dv; e0 += 32) {
@@ -410,7 +409,8 @@ ffi::Error paged_decode_impl(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_pages, ff
   const int64_t items = j.rows * j.kv_heads, threads = kernel_pool().threads();
   int64_t parts = std::max<int64_t>(1, (4 * threads + items - 1) / items);
   parts = std::min<int64_t>(parts, std::max<int64_t>(1, j.width / 2));
-  std::vector<float> state(items * parts * (j.heads / j.kv_heads) * (2 + j.dv));
+  thread_local std::vector<float> state;  // reused: this runs once per layer and step
+  state.resize(std::max<size_t>(state.size(), items * parts * (j.heads / j.kv_heads) * (2 + j.dv)));
   Split sp{&j, parts, state.data()};
   kernel_pool().parallel_for(items * parts, 1, decode_items, &sp);
   for (int64_t rg = 0; rg < items; ++rg) finish(sp, rg);

@@ -321,8 +321,8 @@ class HBMPageManager(PoolSizes):
         and their KV is written before the next step (`take_loads`). Only truly free pages are
         used (nothing is evicted), and they stay evictable, so the pool's room is unchanged.
         Entries are registered under the keys their parent and tokens give (a tail: the tokens
-        it holds). -> pages taken."""
-        taken = 0
+        it holds). -> the entries taken (the others' read buffers are free to reuse)."""
+        taken = []
         for entry in found:
             tail = len(entry.tokens) < self._page_size
             key = page_key(entry.parent, entry.tokens)
@@ -334,13 +334,9 @@ class HBMPageManager(PoolSizes):
             self._evictable[page] = None
             self._loads[page] = entry
             self._prefetched.add(page)
-            taken += 1
-        self.pages_prefetched += taken
+            taken.append(entry)
+        self.pages_prefetched += len(taken)
         return taken
-
-    def has_load(self, entry: TierEntry) -> bool:
-        """`entry` waits to be written into a device page (its buffer is still needed)."""
-        return any(found is entry for found in self._loads.values())
 
     def _device_hit(self, page: int) -> str:
         """The tier a hit on a registered page counts for: disk for a prefetched page's first hit."""
