@@ -99,6 +99,34 @@ def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     assert calls >= blocks.config.num_layers * 6 + 1, calls
 
 
+
+def test_a_lone_decode_row_runs_alone_where_the_kernel_multiplies(tiny_gguf):
+    """Block weights get a one-row decode program (a padding row would cost the kernel a row's
+    work); float weights keep two rows as the smallest (a one-row float dot runs as two anyway).
+    The lone row's tokens are the padded program's: the kernel's rows do not see each other."""
+    import asyncio
+
+    from vsurge import EngineConfig, SamplingParams, vSurge
+
+    _, blocks, floats, processor = tiny_gguf
+    common = dict(max_slots=2, max_length=64, prefill_tokens=16, chunk_lengths=(16,), window_buckets=(4,),
+                  page_size=16, num_pages=8, decode_steps=2)
+    alone = vSurge.create_odriver(blocks, processor, config=EngineConfig(**common))
+    assert alone.driver.engines[0].config.decode_rows == [1, 2]
+    float_engine = vSurge.create_odriver(floats, processor, config=EngineConfig(**common)).driver.engines[0]
+    assert float_engine.config.decode_rows == [2]
+    padded = vSurge.create_odriver(blocks, processor, config=EngineConfig(**common, row_buckets=(2,)))
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    tokens = {}
+    for name, surge in {"alone": alone, "padded": padded}.items():
+        surge.compile()
+        surge.start()
+        try:
+            tokens[name] = [r.token_ids for r in asyncio.run(surge.generate(["Ducks swim in"], params))]
+        finally:
+            surge.stop(5)
+    assert len(tokens["alone"][0]) == 12 and tokens["alone"] == tokens["padded"]
+
 PARIS = ("The capital of France is Paris. It is known for the Eiffel Tower, which was built in 1889 for the "
          "World's Fair. Paris is also home to the Louvre, the most visited museum in the world, where the Mona Lisa "
          "hangs. The river Seine flows through the city, and its banks are lined with bookstalls. Every year, "

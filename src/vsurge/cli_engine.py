@@ -16,7 +16,7 @@ from typing import Callable
 
 from .sampling_params import SamplingParams
 
-# One user: 2 decode rows (the smallest decode program; a lone row runs as two anyway) and prompts
+# One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
 # prefilled 64 tokens a step, with no decode rows beside them. One prompt-row length only: the
 # scheduler fills the longest row a prompt fits, so with 512-token rows too a 26-token question would
 # pay for 512 (0.8 s instead of 0.15 s on 2 loaded cores); 64 covers a first chat turn in one step,

@@ -67,6 +67,9 @@ class EngineConfig:
     seed: int = 894
     # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
     row_buckets: tuple[int, ...] = ()  # decode rows of decode programs
+    # a one-row decode program (EngineCore sets it when the model multiplies in GGUF blocks: the block
+    # kernel's cost grows with its rows, while a float one-row dot runs as two rows anyway)
+    one_row_decode: bool = False
     window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
     # "fcfs": first come, first served; "priority": requests' `priority` orders the queue and may preempt
@@ -144,11 +147,13 @@ class EngineConfig:
     @functools.cached_property
     def decode_rows(self) -> list[int]:
         """Row counts of decode programs: 2, 4, 8, ... and max_slots (one row runs as two: a one-row
-        bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free)."""
+        bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free), from 1 with
+        `one_row_decode` (weights in blocks: a padding row would cost the kernel a row's work)."""
         if self.row_buckets:
             return sorted(self.row_buckets)
+        least = 1 if self.one_row_decode else 2
         most = max(self.max_slots, self.speculative_rows if self.speculative_tokens else 0)
-        return sorted({*_powers(2, most), max(2, most)})
+        return sorted({*_powers(least, most), max(least, most)})
 
     @functools.cached_property
     def mixed_decode_rows(self) -> list[int]:

@@ -38,6 +38,15 @@ from .transfer import PrefixTransferAPI
 log = logging.getLogger(__name__)
 
 
+def multiplies_in_blocks(model) -> bool:
+    """The model's matrices go through the CPU block kernel (ops/quantized.py), whose work grows
+    with every row it is given, padding rows too."""
+    from .. import kernels
+    from ..devices import platform
+
+    return bool(model.block_formats()) and platform() == "cpu" and kernels.available()
+
+
 def _abstract(tree):
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype
                                                        if isinstance(x, np.ndarray) else x.dtype), tree)
@@ -51,6 +60,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def __init__(self, model, processor, config: EngineConfig, pool):
         self.model = model.for_context(config.max_length)  # a config may depend on the context (LongRoPE)
         self._processor = processor
+        if not config.row_buckets and not config.one_row_decode and multiplies_in_blocks(self.model):
+            config = config.replace(one_row_decode=True)
         self.config = config
         self.pool = pool
         self.graphdef, self.graphstate, self.graphother = nnx.split(self.model, nnx.Param, ...)
