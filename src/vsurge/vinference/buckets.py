@@ -17,7 +17,7 @@ import time
 from typing import Callable
 
 from ..engine.config import EngineConfig
-from ..engine.core import EngineCore
+from ..engine.core import EngineCore, multiplies_in_blocks
 from ..kv.slot_pages import SlotPages
 
 PAGE_SIZE = 128
@@ -73,9 +73,14 @@ class BucketEngines:
         return EngineConfig(max_slots=batch, max_length=total, max_prompt_length=prefill_length,
                             prefill_tokens=batch * prefill_length, chunk_lengths=(prefill_length,),
                             max_prefill_rows=batch, decode_steps=self.streaming_chunks, page_size=PAGE_SIZE,
-                            seed=self.seed, row_buckets=(max(2, batch),),
+                            seed=self.seed, row_buckets=(self._rows(batch),),
                             window_buckets=(math.ceil(total / PAGE_SIZE),), prefill_first=True,
                             enable_prefix_caching=False, kv_cache_dtype=self.kv_cache_dtype)
+
+    def _rows(self, batch: int) -> int:
+        """Decode rows for `batch` prompts: one prompt runs as two rows (a one-row float dot is slow
+        on XLA:CPU), except where the block kernel multiplies, whose padding rows cost a row's work."""
+        return batch if multiplies_in_blocks(self.model) else max(2, batch)
 
     def get(self, batch: int, prefill_length: int) -> Bucket:
         key = (batch, prefill_length)
