@@ -60,7 +60,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def __init__(self, model, processor, config: EngineConfig, pool):
         self.model = model.for_context(config.max_length)  # a config may depend on the context (LongRoPE)
         self._processor = processor
-        if not config.row_buckets and not config.one_row_decode and multiplies_in_blocks(self.model):
+        if not config.row_buckets and multiplies_in_blocks(self.model):
             config = config.replace(one_row_decode=True)
         self.config = config
         self.pool = pool
