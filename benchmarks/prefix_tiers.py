@@ -11,12 +11,13 @@
    same against llama-server at its best: one slot with `--slot-save-path`, the prompt sent cold,
    again (its slot's cache), the slot saved, the server restarted, the slot restored, the prompt
    again. TTFT is a streamed request's first text, each from a fresh HTTP client, both servers alike.
-3. Multi-turn: `--users` conversations of `--turns` turns each, `--concurrency` at a time, every
-   turn resending a shared `--system-tokens` system prompt and the conversation so far (raw
-   completions, greedy `--answer-tokens` answers), on a device pool of `--pages` pages, a third of
-   what the conversations' pages take: with a host tier (`--kv-host-cache-gb`) and without (0, the
-   CPU default): evicted history is copied back or recomputed. Prints TTFT p50 of the later turns
-   and tok/s of both, and their ratios.
+3. Multi-turn: `--users` conversations of `--turns` turns each, all at once with `--concurrency`
+   requests in the server at a time (users interleave), every turn resending a shared
+   `--system-tokens` system prompt and the conversation so far (raw completions, greedy
+   `--answer-tokens` answers), on a device pool of `--pages` pages, about a third of the working set
+   (printed: the system prompt once plus every user's own history): with a host tier
+   (`--kv-host-cache-gb`) and without (0, the CPU default): evicted history is copied back or
+   recomputed. Prints TTFT p50 of the later turns and tok/s of both, and their ratios.
 
     python benchmarks/prefix_tiers.py [--skip-shared] [--skip-restart] [--skip-multiturn] [--skip-llama]
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -135,55 +137,61 @@ def llama_restart(tokens: int, max_length: int, restarts: int) -> dict:
     return {"cold": cold, "warm": warm, "restored": statistics.median(restored), "restored_all": restored}
 
 
-async def conversation(client: httpx.AsyncClient, base: str, model: str, system: str, user: int, turns: int,
-                       answer_tokens: int, ttfts: list, tokens: list) -> None:
-    """One user's turns in order: each resends the system prompt and the conversation so far."""
-    rng = random.Random(1000 + user)
-    history = system
-    for turn in range(turns):
-        history += f"\nUser: {random_prompt(rng, 40)}\nAssistant:"
-        body = {"model": model, "prompt": history, "max_tokens": answer_tokens, "temperature": 0.0, "stream": True}
-        start, first, text = time.perf_counter(), None, ""
-        async with client.stream("POST", base + "/v1/completions", json=body) as response:
-            async for line in response.aiter_lines():
-                if line.startswith("data: ") and line != "data: [DONE]":
-                    import json
-
-                    piece = json.loads(line[6:])["choices"][0]["text"]
-                    if piece and first is None:
-                        first = time.perf_counter() - start
-                    text += piece
-        if turn:  # a later turn: its history was computed before (device pool, host tier, or again)
-            ttfts.append(first)
-        tokens.append(answer_tokens)
-        history += text
+async def turn(client: httpx.AsyncClient, base: str, model: str, history: str, answer_tokens: int) -> tuple:
+    """One streamed turn: (TTFT s, the answer's text)."""
+    body = {"model": model, "prompt": history, "max_tokens": answer_tokens, "temperature": 0.0, "stream": True}
+    start, first, text = time.perf_counter(), None, ""
+    async with client.stream("POST", base + "/v1/completions", json=body) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                piece = json.loads(line[6:])["choices"][0]["text"]
+                if piece and first is None:
+                    first = time.perf_counter() - start
+                text += piece
+    return first, text
 
 
 def multiturn(args, host_gb: float) -> dict:
+    """Every user's conversation runs at once, `--concurrency` requests in the server at a time (a
+    request waits for a place; users interleave): between two turns of one user the others' turns
+    pass through the pool, so its history has been evicted from the device pool by then."""
     server = serve(f"--max-length {args.multiturn_max_length} --num-pages {args.pages} --kv-host-cache-gb {host_gb} "
                    f"--max-concurrent-decodes {args.concurrency}")
     try:
         system = random_prompt(random.Random(3), args.system_tokens)
         model = server.model()
-        ttfts, tokens = [], []
+        ttfts, tokens, histories = [], [], {}
 
         async def all_users():
             limit = asyncio.Semaphore(args.concurrency)
             async with httpx.AsyncClient(timeout=3600) as client:
-                async def one(user):
-                    async with limit:
-                        await conversation(client, server.base, model, system, user, args.turns, args.answer_tokens,
-                                           ttfts, tokens)
-                await asyncio.gather(*(one(u) for u in range(args.users)))
+                async def conversation(user):
+                    rng, history = random.Random(1000 + user), system
+                    for t in range(args.turns):
+                        history += f"\nUser: {random_prompt(rng, args.user_tokens)}\nAssistant:"
+                        async with limit:
+                            first, text = await turn(client, server.base, model, history, args.answer_tokens)
+                        if t:  # a later turn: its history was computed before (device pool, host tier, or again)
+                            ttfts.append(first)
+                        tokens.append(args.answer_tokens)
+                        history += text
+                    histories[user] = history
+                await asyncio.gather(*(conversation(u) for u in range(args.users)))
 
         start = time.perf_counter()
         asyncio.run(all_users())
         wall = time.perf_counter() - start
         stats = httpx.get(server.base + "/v1/stats", timeout=30).json()["models"][0]
+        # the working set: the shared system prompt once, every user's own history after it
+        count = lambda text: httpx.post(server.base + "/tokenize", json={"prompt": text}, timeout=60).json()["count"]
+        shared = count(system)
+        working = shared + sum(count(h) - shared for h in histories.values())
     finally:
         server.stop()
     out = {"ttft_p50": statistics.median(ttfts), "tok_s": sum(tokens) / wall, "wall": wall,
-           "hits": stats.get("prefix_cache_hits"), "queries": stats.get("prefix_cache_queries")}
+           "working_set_pages": working / args.page_size, "hits": stats.get("prefix_cache_hits"),
+           "queries": stats.get("prefix_cache_queries"), "preemptions": stats.get("preemptions"),
+           "tier_hits": stats.get("kv_tier_hits"), "swaps": stats.get("kv_swaps")}
     print(f"multi-turn, host tier {host_gb} GB: {out}", flush=True)
     return out
 
@@ -197,13 +205,16 @@ def main(argv=None) -> int:
     p.add_argument("--long-tokens", type=int, default=4000, help="tokens (about) of the restart prompt")
     p.add_argument("--max-length", type=int, default=8192)
     p.add_argument("--restarts", type=int, default=3, help="restarts (and warm resends) whose TTFT medians count")
-    p.add_argument("--users", type=int, default=16)
-    p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--system-tokens", type=int, default=1000)
+    p.add_argument("--users", type=int, default=32)
+    p.add_argument("--turns", type=int, default=6)
+    p.add_argument("--concurrency", type=int, default=4, help="multi-turn requests in the server at a time")
+    p.add_argument("--system-tokens", type=int, default=2000)
+    p.add_argument("--user-tokens", type=int, default=40, help="tokens (about) of each user message")
     p.add_argument("--answer-tokens", type=int, default=24)
-    p.add_argument("--pages", type=int, default=20, help="the device pool (128-token pages) of the multi-turn load")
-    p.add_argument("--multiturn-max-length", type=int, default=2048)
+    p.add_argument("--pages", type=int, default=44,
+                   help="the device pool of the multi-turn load: about a third of the pages its working set takes")
+    p.add_argument("--page-size", type=int, default=128, help="vsurge's page size (to count the working set)")
+    p.add_argument("--multiturn-max-length", type=int, default=3072)
     p.add_argument("--host-gb", type=float, default=2.0, help="the host tier of the multi-turn load")
     args = p.parse_args(argv)
     lines = [f"`python benchmarks/prefix_tiers.py`, default model, CPU ISA {isa()}, "
@@ -235,8 +246,9 @@ def main(argv=None) -> int:
                       f"{t['disk']:.3f} | {ll['restored']:.3f} | {t['disk'] / ll['restored']:.2f}x |", ""]
     if not args.skip_multiturn:
         tier, none = multiturn(args, args.host_gb), multiturn(args, 0)
-        lines += [f"| {args.users} users x {args.turns} turns, {args.concurrency} at once, {args.system_tokens}-token "
-                  f"shared system prompt, {args.pages}-page pool | TTFT p50 of later turns s | tok/s |",
+        lines += [f"| {args.users} users x {args.turns} turns, {args.concurrency} requests at once, "
+                  f"{args.system_tokens}-token shared system prompt, {args.pages}-page pool, working set "
+                  f"{tier['working_set_pages']:.0f} pages | TTFT p50 of later turns s | tok/s |",
                   "|---|---|---|",
                   f"| host tier ({args.host_gb} GB) | {tier['ttft_p50']:.2f} | {tier['tok_s']:.1f} |",
                   f"| no host tier (the CPU default) | {none['ttft_p50']:.2f} | {none['tok_s']:.1f} |",
