@@ -7,13 +7,12 @@ as in the seed's vSurgeApiServer.
 
 from __future__ import annotations
 
-import hmac
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import APIError, error_response, validation_message
+from .guard import Guard
 from .adapters.chat import ChatCompletionRequest
 from .adapters.completions import CompletionRequest
 from .adapters.embeddings import EmbeddingRequest
@@ -24,32 +23,13 @@ from .protocol import CountTokensRequest, DetokenizeRequest, TokenizeRequest
 from .cache_slots import install_cache_routes
 from .web import install_web_routes
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
-
-
-def _authorized(request: Request, api_key: str) -> bool:
-    """`Authorization: Bearer KEY` (OpenAI) or `x-api-key: KEY` (Anthropic). Constant-time
-    comparisons: the time taken never tells how much of a guess was right."""
-    bearer = request.headers.get("authorization", "").encode("utf-8", "surrogateescape")
-    key = request.headers.get("x-api-key", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(bearer, f"Bearer {api_key}".encode()) | hmac.compare_digest(key, api_key.encode())
-
 
 def build_app(server) -> FastAPI:
     """`server` is the vSurgeApiServer: it owns the models, readiness, settings and handlers."""
     app = FastAPI(title="vsurge", version="0.1.0",
                   description="OpenAI-compatible serving of Llama-family models with JAX")
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        path = request.url.path
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return error_response(413, f"the request body is larger than {MAX_BODY_BYTES} bytes", path=path)
-        if path.startswith("/v1/") and server.api_key is not None and not _authorized(request, server.api_key):
-            return error_response(401, "invalid or missing API key (send 'Authorization: Bearer <key>' or "
-                                       "'x-api-key: <key>')", path=path)
-        return await call_next(request)
+    app.add_middleware(Guard, server=server)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
