@@ -191,7 +191,8 @@ def multiturn(args, host_gb: float) -> dict:
     out = {"ttft_p50": statistics.median(ttfts), "tok_s": sum(tokens) / wall, "wall": wall,
            "working_set_pages": working / args.page_size, "hits": stats.get("prefix_cache_hits"),
            "queries": stats.get("prefix_cache_queries"), "preemptions": stats.get("preemptions"),
-           "tier_hits": stats.get("kv_tier_hits"), "swaps": stats.get("kv_swaps")}
+           "tier_hits": stats.get("kv_tier_hits"), "swaps": stats.get("kv_swaps"),
+           "server_ttft_p50": stats["ttft"]["p50"], "queue_p50": stats["queue_time"]["p50"], "steps": stats["steps"]}
     print(f"multi-turn, host tier {host_gb} GB: {out}", flush=True)
     return out
 

@@ -198,6 +198,9 @@ def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
     assert first_shape(100) == (4, 32)
     assert first_shape(100, 100, 100) == (16, 32)
     assert first_shape(300) == (1, 512)
+    # 130 tokens: the 128-token shape now and 2 tokens next (256 tokens' work), not a quarter-full 512
+    assert first_shape(130) == (4, 32)
+    assert first_shape(20) == (4, 32)  # nothing is half full: the most tokens, in the smallest shape
 
 
 def test_only_the_smallest_chunk_shape_has_a_program_without_decode_rows():

@@ -329,8 +329,9 @@ class Scheduler:
         return prefilling + list(self.waiting)[: len(self._free_slots)]
 
     def _choose_shape(self, candidates: list[Sequence]) -> tuple[int, int] | None:
-        """The chunk shape that schedules the most prompt tokens; among equals the smallest (a step
-        costs the tokens its shape holds), then the one of longer rows (fewer gathers). A waiting
+        """The chunk shape that schedules the most prompt tokens among those it fills at least half
+        (else among all); among equals the smallest (a step costs the tokens its shape holds), then
+        the one of longer rows (fewer gathers). A waiting
         prompt needs what the prefix cache does not hold (a shared preamble: a few rows, not a whole
         512-token row each), and one that will wait for a prefix in flight needs nothing yet."""
         needs = []
@@ -349,7 +350,9 @@ class Scheduler:
                     break
                 used = min(left, -(-need // length))
                 tokens, left = tokens + min(need, used * length), left - used
-            key = (tokens, -rows * length, length)
+            # a shape at least half full beats any emptier one: one 130-token prompt takes the
+            # 128-token shape and then 2 tokens (256 tokens' work) rather than a 512-token step
+            key = (2 * tokens >= rows * length, tokens, -rows * length, length)
             if tokens and (best_key is None or key > best_key):
                 best, best_key = (rows, length), key
         return best
