@@ -211,8 +211,8 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", type=int, default=4, help="multi-turn requests in the server at a time")
     p.add_argument("--system-tokens", type=int, default=2000)
     p.add_argument("--user-tokens", type=int, default=40, help="tokens (about) of each user message")
-    p.add_argument("--answer-tokens", type=int, default=24)
-    p.add_argument("--pages", type=int, default=44,
+    p.add_argument("--answer-tokens", type=int, default=48)
+    p.add_argument("--pages", type=int, default=54,
                    help="the device pool of the multi-turn load: about a third of the pages its working set takes")
     p.add_argument("--page-size", type=int, default=128, help="vsurge's page size (to count the working set)")
     p.add_argument("--multiturn-max-length", type=int, default=3072)
