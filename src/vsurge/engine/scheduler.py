@@ -331,9 +331,9 @@ class Scheduler:
     def _choose_shape(self, candidates: list[Sequence]) -> tuple[int, int] | None:
         """The chunk shape that schedules the most prompt tokens among those it fills at least half
         (else among all); among equals the smallest (a step costs the tokens its shape holds), then
-        the one of longer rows (fewer gathers). A waiting
-        prompt needs what the prefix cache does not hold (a shared preamble: a few rows, not a whole
-        512-token row each), and one that will wait for a prefix in flight needs nothing yet."""
+        the one of longer rows (fewer gathers). A waiting prompt needs what the prefix cache does not
+        hold (a shared preamble: a few rows, not a whole 512-token row each), and one that will wait
+        for a prefix in flight needs nothing yet."""
         needs = []
         for seq in candidates:
             if seq.status is Status.RUNNING:

@@ -1,7 +1,7 @@
 """The request guard: body size and API key, checked before a request reaches its route.
 
-A plain ASGI middleware: FastAPI's `@app.middleware("http")` (BaseHTTPMiddleware) passes every
-request and every streamed chunk through extra tasks and memory streams, a cost each SSE token paid.
+A plain ASGI middleware rather than FastAPI's `@app.middleware("http")` (BaseHTTPMiddleware), which
+wraps every request and every streamed chunk in extra tasks and memory streams.
 """
 
 from __future__ import annotations
