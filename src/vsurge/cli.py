@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .cli_parallel import add_parallel_args
 from .config import QUANTIZATIONS
-from .engine.config import KV_CACHE_DTYPES
+from .kv import KV_CACHE_DTYPES
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"

@@ -141,8 +141,6 @@ def place_model(model, mesh: Mesh):
     load them sharded instead: vsurge.load(..., mesh=...)."""
     from flax import nnx
 
-    from .models.fused import replicate_kv_groups
-
     config = tensor_parallel_config(model.config, tensor_parallel_size(mesh))
     factor = config.num_kv_heads // model.config.num_kv_heads
     axes = model.weight_axes()
@@ -151,7 +149,7 @@ def place_model(model, mesh: Mesh):
     copy.config = config
     for name, value in model.named_weights().items():
         if factor > 1 and name in grouped:
-            value = replicate_kv_groups(np.asarray(value), model.config, factor)
+            value = model.replicate_kv_groups(np.asarray(value), factor)
         _holder_param(copy, name).set_value(jax.device_put(value, named_sharding(mesh, axes[name], value.shape)))
     return copy
 

@@ -15,7 +15,7 @@ from ..ops.sampling import SamplingArrays
 from .config import EOS_WIDTH
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
 from .programs import DecodeBatch, MixedBatch
-from .scheduler import StepPlan
+from .plan import StepPlan
 from .sequence import Sequence
 
 

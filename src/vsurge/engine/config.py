@@ -15,9 +15,10 @@ import math
 import os
 from dataclasses import dataclass
 
+from ..kv import KV_CACHE_DTYPES
+
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")  # kv/quant.py's storage dtypes (that module imports JAX)
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
 
 

@@ -31,7 +31,8 @@ from .encode import KINDS as ENCODE_KINDS
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
-from .scheduler import Scheduler, StepPlan
+from .plan import StepPlan
+from .scheduler import Scheduler
 from .interface import AbstractInferenceEngine
 from .transfer import PrefixTransferAPI
 

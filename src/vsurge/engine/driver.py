@@ -31,7 +31,7 @@ from .disaggregated import TRANSFER_BACKLOG, Handover, check_disaggregated
 from .encode import EncodeRequest
 from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
-from .scheduler import StepPlan
+from .plan import StepPlan
 from .sequence import Sequence, Status
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import abc
 from typing import Any, Protocol, runtime_checkable
 
-from .scheduler import HostStepOutput, Scheduler, StepPlan
+from .plan import HostStepOutput, StepPlan
+from .scheduler import Scheduler
 
 
 @runtime_checkable

@@ -40,7 +40,8 @@ from .batch import BatchBuilder
 from .config import EngineConfig
 from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
 from .programs import HostStepOutput
-from .scheduler import Scheduler, StepPlan
+from .plan import StepPlan
+from .scheduler import Scheduler
 from .transfer import KVPrefix, PrefixPages
 
 log = logging.getLogger(__name__)

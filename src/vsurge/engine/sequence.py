@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import time
 
-from ..kv.page_manager import PageTable
+from ..kv.page_table import PageTable
 from .outputs import SequenceOutput
 from .request import ActiveRequest
 

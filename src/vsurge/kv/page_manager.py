@@ -43,56 +43,14 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
+from .page_check import check_pages
+from .page_table import PageTable, PoolSizes, _Entry
 from .tiers import HostTier, TierEntry, page_key, tail_key
 
 TIERS = ("device", "host", "disk")
 
 __all__ = ["HBMPageManager", "PageTable"]
-
-
-@dataclass(eq=False)
-class PageTable:
-    """The pages of one sequence, in order (token t lives in page pages[t // page_size])."""
-
-    pages: list[int] = field(default_factory=list)
-    num_committed: int = 0  # leading pages already hashed (registered or left private)
-    last_key: int | None = None  # chained key of page num_committed - 1
-    registered: bool = False  # held by a manager (between add_sequence and free_sequence)
-    pending: list[int] = field(default_factory=list)  # keys of full pages it computes next (in flight)
-    pending_end: int = 0  # index of the page after the last pending one
-    computed: int = 0  # tokens whose KV is written (as of the last commit)
-    tokens: Sequence[int] = ()  # the sequence's tokens (as of the last commit; for its tail)
-
-    def __len__(self) -> int:
-        return len(self.pages)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    key: int
-    parent: int | None
-    tokens: tuple[int, ...]
-
-
-class PoolSizes:
-    """The sizes both page pools (this one, kv/slot_pages.py's) report."""
-
-    _num_pages: int
-    _page_size: int
-
-    @property
-    def num_pages(self) -> int:
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        return self._page_size
-
-    @property
-    def max_tokens(self) -> int:
-        return self._num_pages * self._page_size
 
 
 class HBMPageManager(PoolSizes):
@@ -492,47 +450,8 @@ class HBMPageManager(PoolSizes):
 
     # --- invariants ----------------------------------------------------------------------
     def check(self) -> None:
-        """Raise AssertionError if the bookkeeping is inconsistent."""
-        free, evictable = list(self._free), list(self._evictable)
-        assert len(set(free)) == len(free), f"duplicate pages on the free list: {free}"
-        counts = [0] * self._num_pages
-        for seq in self._tables.values():
-            assert len(set(seq.pages)) == len(seq.pages), f"a table holds a page twice: {seq.pages}"
-            assert seq.num_committed <= len(seq.pages), "a table committed past its pages"
-            for page in seq.pages:
-                counts[page] += 1
-        for page in range(self._num_pages):
-            assert self._refcount[page] == counts[page], (
-                f"page {page}: refcount {self._refcount[page]} but in {counts[page]} tables"
-            )
-        referenced = {p for p in range(self._num_pages) if counts[p] > 0}
-        states = [set(free), set(evictable), referenced]
-        assert sum(map(len, states)) == self._num_pages and set().union(*states) == set(
-            range(self._num_pages)
-        ), f"pages not partitioned: free={free} evictable={evictable} referenced={sorted(referenced)}"
-        assert len(self._key_to_page) == len(self._entries), "key map and registered pages differ in size"
-        for page, entry in self._entries.items():
-            assert self._key_to_page.get(entry.key) == page, f"key of page {page} maps elsewhere"
-        for page in free:
-            assert page not in self._entries, f"free page {page} is still registered"
-        for page in evictable:
-            assert page in self._entries, f"evictable page {page} is not registered"
-        pending: dict[int, int] = {}
-        for seq in self._tables.values():
-            for key in seq.pending:
-                pending[key] = pending.get(key, 0) + 1
-        assert pending == self._inflight, f"in-flight keys {self._inflight} but tables announce {pending}"
-        for page in self._loads:
-            assert page in self._entries or counts[page], f"page {page} waits for a load but is neither registered nor held"
-        assert self._prefetched <= set(self._entries), "a prefetched page is no longer registered"
-        for dst, src in self._copies.items():
-            assert counts[dst] and dst not in self._entries, f"tail copy {src} -> {dst} into a page not privately held"
-        children = {}
-        for page, entry in self._entries.items():
-            children.setdefault((entry.parent, entry.tokens[0]), set()).add(page)
-        assert children == self._children, "the children index differs from the registered pages"
-        if self.host is not None:
-            self.host.check()
+        """Raise AssertionError if the bookkeeping is inconsistent (page_check.py)."""
+        check_pages(self)
 
 
 def _shared_prefix(a: tuple, b: tuple) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..engine.config import KV_CACHE_DTYPES
+from . import KV_CACHE_DTYPES
 
 STORAGE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int8": jnp.int8,
            "fp8": jnp.float8_e4m3fn}

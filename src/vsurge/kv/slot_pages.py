@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .page_manager import PageTable, PoolSizes
+from .page_table import PageTable, PoolSizes
 
 __all__ = ["SlotPages"]
 

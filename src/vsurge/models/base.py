@@ -45,6 +45,7 @@ from ..ops.norm import rms_norm
 from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
+from .fused import replicate_kv_groups
 from .spec import Weight, tensor
 
 log = logging.getLogger(__name__)
@@ -309,6 +310,11 @@ class CausalLM(nnx.Module):
         """Names of the held weights whose last axis is fused qkv groups (and their scales)."""
         names = {name for name, spec in self.weight_specs(self.config).items() if spec.kv_groups}
         return names | {name + "_scale" for name in names}
+
+    def replicate_kv_groups(self, columns, factor: int):
+        """One of `kv_group_weights`' arrays with each KV head copied to `factor` groups (fused.py):
+        sharding.place_model calls it, so sharding need not import the models' layouts."""
+        return replicate_kv_groups(columns, self.config, factor)
 
     @property
     def weight_bytes(self) -> int:

@@ -16,22 +16,9 @@ from copy import copy
 from typing import Sequence
 
 from .bitmask import allocate_bitmask
+from .compiled import CompiledGrammar
+from .matcher import GrammarMatcher
 from .spec import StructuredOutput, _first_line, _NAMES
-
-
-class CompiledGrammar:
-    """A compiled constraint: a pristine llguidance matcher that new sequences copy."""
-
-    def __init__(self, key: tuple[str, str], template, eos_token_ids: list[int], vocab_size: int):
-        self.key = key
-        self.eos_token_ids = eos_token_ids  # the ids llguidance allows when the output may end
-        self.vocab_size = vocab_size
-        self._template = template
-        self._lock = threading.Lock()  # llguidance objects are not shared across threads unguarded
-
-    def new_llmatcher(self):
-        with self._lock:
-            return self._template.deep_copy()
 
 
 class GrammarCompiler:
@@ -94,8 +81,6 @@ class GrammarCompiler:
     def matcher(self, constraint: StructuredOutput | dict, end_token_ids: Sequence[int] | None = None):
         """A new GrammarMatcher for one sequence. end_token_ids: the request's end tokens
         (`SamplingParams.eos_ids(model_eos)`); None = the model's."""
-        from .matcher import GrammarMatcher
-
         return GrammarMatcher(self.compile(constraint), end_token_ids)
 
     def allocate_bitmask(self, batch: int):

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from .bitmask import set_tokens
-from .compiler import CompiledGrammar
+from .compiled import CompiledGrammar
 
 
 class GrammarMatcher:

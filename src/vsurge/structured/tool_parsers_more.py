@@ -19,7 +19,7 @@ import ast
 import json
 
 from .tool_calls import CallBuilder
-from .tool_parsers import _WS, ToolParser, _partial_suffix
+from .tool_parser_base import _WS, ToolParser, _partial_suffix
 
 
 class _ArgumentsCall(CallBuilder):
