@@ -1,4 +1,4 @@
-"""The seed API's compatibility surface (engine/seed_engine.py, seed/, server/handlers.py): every
+"""The seed API's compatibility surface (seed/, server/handlers.py): every
 shim, called the way code written against EasyDeL calls it, plus the bugs found in the old surface."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 import vsurge
 from vsurge import SamplingParams, oEngine, vEngine, vInference, vInferenceConfig, vSurge, vSurgeRequest
-from vsurge.engine.seed_engine import ModelOutputBatch, Prefix, ResultTokens
+from vsurge.seed.engines import ModelOutputBatch, Prefix, ResultTokens
 from vsurge.generation import greedy_generate
 from vsurge.server.protocol import ChatCompletionRequest, CountTokenRequest
 from vsurge.vsurge import vSurgeMetadata
@@ -41,9 +41,10 @@ def test_vengine_prefill_insert_decode_loop_matches_greedy(v_engine, tiny):
     state = v_engine.init_decode_state("ignored", extra=1)  # the seed's *args/**kwargs are accepted
     prefix, first = v_engine.prefill(None, None, tokens, tokens > 0, 5, temperature=0.0, top_p=1.0, top_k=0,
                                      rngs=v_engine.prng_key, max_new_tokens=10)
-    assert isinstance(prefix, Prefix) and int(first[0]) == prefix.sequence.tokens[-1]
+    assert isinstance(prefix, Prefix) and isinstance(prefix, vsurge.GenerationState)
+    assert isinstance(first, ResultTokens) and int(first.tokens[0]) == prefix.sequence.tokens[-1]
     state = v_engine.insert(prefix, state, 2)
-    got = [int(first[0])]
+    got = [int(first.tokens[0])]
     for _ in range(5):
         state, result = v_engine.decode(None, None, state, v_engine.prng_key)
         assert isinstance(result, ResultTokens) and result.valid.tolist() == [False, False, True, False]
@@ -63,10 +64,17 @@ def test_vengine_properties_and_shardings(v_engine):
     assert v_engine.max_concurrent_prefill >= 1 and v_engine.samples_per_slot == 1
     assert v_engine.batch_size == 3 and v_engine.colocated_cpus is None
     assert not np.array_equal(jax.random.key_data(v_engine.prng_key), jax.random.key_data(v_engine.prng_key))
-    shardings = v_engine.get_state_shardings(is_decode=True)
+    shardings = v_engine.get_state_shardings(is_decode=True)  # the seed's tuple, one per array
     state = v_engine.init_decode_state()
-    assert jax.tree.structure(shardings) == jax.tree.structure(state)
-    assert all(leaf.sharding == s for leaf, s in zip(jax.tree.leaves(state), jax.tree.leaves(shardings)))
+    assert isinstance(shardings, tuple) and len(shardings) == len(jax.tree.leaves(state))
+    assert all(leaf.sharding == s for leaf, s in zip(jax.tree.leaves(state), shardings))
+    prefix, _ = v_engine.prefill(None, None, np.asarray([[5, 6, 7]]), None, 3, 0.0, 1.0)
+    row = prefix.rows[0]
+    prefill_shardings = v_engine.get_state_shardings()  # is_decode=False: a prefill's state
+    assert isinstance(prefill_shardings, tuple) and prefill_shardings != shardings
+    arrays = jax.tree.leaves((row.k, row.v, row.first))
+    assert len(prefill_shardings) == len(arrays)
+    assert all(a.sharding.is_equivalent_to(s, a.ndim) for a, s in zip(arrays, prefill_shardings))
     assert isinstance(v_engine.get_prefix_destination_sharding(), jax.sharding.Sharding)
 
 
@@ -165,8 +173,7 @@ def test_vsurge_seed_helpers_and_metadata(dense_surge, default_model):
 def test_api_server_handlers_are_methods(dense_surge):
     from vsurge import vSurgeApiServer
 
-    with pytest.warns(UserWarning, match="no effect"):
-        server = vSurgeApiServer({"smol": dense_surge}, max_workers=3)
+    server = vSurgeApiServer({"smol": dense_surge}, max_workers=3)
 
     async def run():
         models = await server.available_inference()
@@ -221,19 +228,26 @@ def test_vengine_prefill_takes_a_batch_its_valids_and_its_key_in_the_seeds_order
     key = jax.random.PRNGKey(3)
     # seed order: (graphstate, graphothers, tokens, valids, true_length, temperature, top_p, rngs)
     prefixes, first = v_engine.prefill(None, None, tokens, valids, lengths, np.zeros(3), np.ones(3), key)
-    assert isinstance(prefixes, list) and len(prefixes) == 3 and first.shape == (3,)
-    assert first.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS]  # every row, not row 0 only
+    assert isinstance(prefixes, vsurge.GenerationState) and len(prefixes) == 3 and prefixes.tokens.shape == (3, 1)
+    assert isinstance(first, ResultTokens) and first.tokens.shape == (3,) and first.valid.all()
+    assert first.tokens.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS]  # every row, not row 0 only
+    # the seed's (batch, max_length) valids: a mask over the whole context, the prompt in its first columns
+    wide = np.zeros((3, v_engine.max_length), bool)
+    wide[:, :16] = valids
+    assert v_engine.prefill(None, None, tokens, wide, lengths, 0.0, 1.0, key)[1].tokens.tolist() == first.tokens.tolist()
+    with pytest.raises(ValueError, match="valids must be"):
+        v_engine.prefill(None, None, tokens, valids[:, :8], lengths, 0.0, 1.0, key)
     with pytest.raises(ValueError, match="valids marks 5 tokens but true_length is 4"):
         v_engine.prefill(None, None, tokens[:1], valids[:1], 4, 0.0, 1.0, key)
     # sampled rows: the key decides the samples
     hot = np.ones(3)
-    again = [v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, key)[1].tolist() for _ in range(2)]
-    other = v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, jax.random.PRNGKey(4))[1].tolist()
+    again = [v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, key)[1].tokens.tolist() for _ in range(2)]
+    other = v_engine.prefill(None, None, tokens, valids, lengths, hot, hot, jax.random.PRNGKey(4))[1].tokens.tolist()
     assert again[0] == again[1] and other != again[0]
 
     # no hidden 16-token cap: a slot decodes on until its context is full
     state = v_engine.bulk_insert(prefixes, v_engine.init_decode_state(), [0, 1, 2])
-    got = [[int(t)] for t in first]
+    got = [[int(t)] for t in np.asarray(first)]
     for _ in range(24):
         state, result = v_engine.decode(None, None, state)
         for b in range(3):
@@ -268,9 +282,9 @@ def test_oengine_prefill_takes_top_k_before_the_key(tiny):
     tokens, valids = _batch(PROMPTS[:2])
     # seed order: (..., temperature, top_p, top_k, rngs)
     prefixes, first = engine.prefill(None, None, tokens, valids, [5, 3], 0.0, 1.0, 0, jax.random.PRNGKey(0))
-    assert first.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS[:2]]
+    assert first.tokens.tolist() == [greedy_generate(model, p, 1)[0] for p in PROMPTS[:2]]
     top1 = engine.prefill(None, None, tokens, valids, [5, 3], 1.0, 1.0, 1, jax.random.PRNGKey(5))[1]
-    assert top1.tolist() == first.tolist()  # top_k=1 at temperature 1 is greedy: top_k is honoured
+    assert top1.tokens.tolist() == first.tokens.tolist()  # top_k=1 at temperature 1 is greedy: top_k is honoured
 
 
 def test_vinference_count_tokens_takes_the_seeds_keywords(default_model):
@@ -304,3 +318,61 @@ def test_vinference_generate_returns_the_final_sample_state(default_model):
             break
     assert isinstance(final, vsurge.SampleState) and final is states[-1]
     assert final.is_sequence_finished.all() and final.row_tokens(0) == greedy_generate(model, [5, 6, 7], 8)
+
+
+# ---------------------------------------------------------------- the seed's last differences (issue 35)
+def test_vsurge_request_from_sampling_params_takes_the_seeds_keyword():
+    params = SamplingParams(max_tokens=7, temperature=0.3, top_k=4, stop=["\n"])
+    for request in (vSurgeRequest.from_sampling_params(prompt="Hi", sampling_params=params),
+                    vSurgeRequest.from_sampling_params("Hi", params),
+                    vSurgeRequest.from_sampling_params("Hi", params=params)):  # the older keyword
+        assert (request.prompt, request.max_tokens, request.temperature, request.top_k) == ("Hi", 7, 0.3, 4)
+        assert request.to_sampling_params() == params
+    with pytest.raises(TypeError, match="not both"):
+        vSurgeRequest.from_sampling_params("Hi", sampling_params=params, params=params)
+
+
+def test_client_side_tokenization_takes_a_text_prompt(dense_surge, default_model):
+    """The seed's is_client_side_tokenization is about the output (token ids, no text): its prompt is a str."""
+    processor = default_model[1]
+
+    async def run(prompt, client_side):
+        request = vSurgeRequest(prompt=prompt, max_tokens=6, temperature=0.0, is_client_side_tokenization=client_side)
+        return [s async for samples in dense_surge.complete(request) for s in samples]
+
+    ids = asyncio.run(run("The capital of France is", True))
+    text = asyncio.run(run("The capital of France is", False))
+    assert all(s.text == "" for s in ids) and ids[-1].finish_reason
+    assert [t for s in ids for t in s.token_ids] == [t for s in text for t in s.token_ids]
+    tokenized = asyncio.run(run(processor.encode("The capital of France is"), True))
+    assert [t for s in tokenized for t in s.token_ids] == [t for s in ids for t in s.token_ids]
+
+
+def test_api_server_max_workers_sizes_its_thread_pool(dense_surge):
+    from fastapi.testclient import TestClient
+
+    from vsurge import vSurgeApiServer
+
+    server = vSurgeApiServer({"smol": dense_surge}, max_workers=3)
+    assert server.executor._max_workers == 3
+    with TestClient(server.app) as client:  # the loop it serves on runs blocking work on those threads
+        async def where():
+            return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+        assert client.portal.call(where).startswith("vsurge-server")
+    with pytest.raises(ValueError, match="max_workers"):
+        vSurgeApiServer({"smol": dense_surge}, max_workers=0)
+    with pytest.warns(UserWarning, match="oai_like_processor=False has no effect"):
+        vSurgeApiServer({"smol": dense_surge}, oai_like_processor=False)
+
+
+def test_seed_layering_engine_and_vinference_import_nothing_from_seed():
+    import pathlib
+    import re
+
+    root = pathlib.Path(vsurge.__file__).parent
+    for package in ("engine", "vinference"):
+        for path in (root / package).glob("*.py"):
+            text = path.read_text()
+            imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", text, re.M)
+            assert not [m for m in imports if m.startswith("..seed") or m.startswith("vsurge.seed")], path

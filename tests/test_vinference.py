@@ -12,7 +12,7 @@ import torch
 from conftest import CHAT_PROMPT
 from vsurge import PromptOutput, SamplingParams, vInference, vInferenceConfig, vInferencePreCompileConfig
 from vsurge.generation import greedy_generate
-from vsurge.vinference.persistence import stop_using_compilation_cache
+from conftest import use_session_compilation_cache
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
 
@@ -55,7 +55,7 @@ def test_generate_yields_sample_states_per_chunk(vinf, default_model):
     assert len(states) == 1 + 9 // 4 + 1  # prefill, then chunks of 4 steps
     final = states[-1]
     assert final.is_sequence_finished[:2].all() and final.generated_tokens == 10
-    assert final.sequences.shape[1] == 64 and final.padded_length == 64
+    assert final.sequences.shape[1] == 64 + 64 and final.padded_length == 64  # prompt bucket + max_new_tokens
     np.testing.assert_array_equal(final.current_length[:2], final.prompt_lengths[:2] + 10)
     alone = greedy_generate(default_model[0], processor.encode("What is the capital of France?"), 10)
     assert final.row_tokens(1) == alone
@@ -212,4 +212,85 @@ def test_save_and_load_serve_without_compiling(vinf, default_model, tmp_path, co
         assert loaded.uuid4 == vinf.uuid4 and loaded.compiled_buckets == [(1, 64), (8, 64)]
         assert loaded.process_prompt(CHAT_PROMPT, GREEDY).text == "The capital of France is Paris."
     finally:
-        stop_using_compilation_cache()  # later tests compile without writing to tmp_path
+        use_session_compilation_cache()  # later tests use the run's cache, not tmp_path
+
+
+# ---------------------------------------------------------------- the seed's step API (issue 35)
+def test_sample_state_holds_prompt_then_generated_tokens(vinf):
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+    final = list(vinf.generate(prompts, sampling_params=SamplingParams(max_tokens=6, temperature=0.0,
+                                                                       ignore_eos=True)))[-1]
+    pad = vinf.generation_config.pad_token_id or 0
+    assert final.padded_length == 64 and final.sequences.shape == (2, 64 + 64)
+    for b, prompt in enumerate(prompts):
+        row = final.sequences[b]
+        assert row[64 - len(prompt): 64].tolist() == prompt and (row[: 64 - len(prompt)] == pad).all()
+        generated = final.sequences[b, final.padded_length:]  # EasyDeL's usual read of the new tokens
+        assert generated[:6].tolist() == final.row_tokens(b) and len(final.row_tokens(b)) == 6
+        assert (generated[6:] == pad).all()
+
+
+def _steps(inference, prompt, params, prefill=None, decode=None):
+    """Drive one prompt through execute_prefill / execute_decode; kwargs per call -> (tokens, last state)."""
+    state = inference.start_state(inference.make_rows(prompt, params))
+    state = inference.execute_prefill(state, **(prefill or {}))
+    while not state.is_sequence_finished.all():
+        state = inference.execute_decode(state, **(decode or {}))
+    return state.row_tokens(0), state
+
+
+def test_execute_steps_run_with_the_weights_they_are_given(vinf):
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    base, _ = _steps(vinf, [1, 2, 3], params)
+    scaled = jax.tree.map(lambda w: w * 0.5, vinf.graphstate)
+    swapped, _ = _steps(vinf, [1, 2, 3], params, decode={"graphstate": scaled, "graphother": vinf.graphother})
+    assert swapped[0] == base[0] and swapped != base  # prefilled with the model's weights, decoded with others
+    all_scaled, _ = _steps(vinf, [1, 2, 3], params, prefill={"graphstate": scaled}, decode={"graphstate": scaled})
+    assert all_scaled == list(vinf.generate([[1, 2, 3]], graphstate=scaled, sampling_params=params))[-1].row_tokens(0)
+
+
+def test_execute_steps_take_a_bucket_and_sampling_per_call(vinf):
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    wide = vInferencePreCompileConfig(batch_size=8, prefill_length=64)
+    tokens, state = _steps(vinf, [1, 2, 3], greedy, prefill={"compile_config": wide},
+                           decode={"compile_config": wide})
+    assert state.run.bucket_key == (8, 64) and tokens == _steps(vinf, [1, 2, 3], greedy)[0]
+    state = vinf.start_state(vinf.make_rows([1, 2, 3], greedy))
+    state = vinf.execute_prefill(state)
+    assert state.run.bucket_key == (1, 64)
+    with pytest.raises(ValueError, match=r"bucket \(batch, prefill_length\) = \(1, 64\)"):
+        vinf.execute_decode(state, compile_config=wide)
+    state.run.gen.close()
+    with pytest.raises(ValueError, match="holds a 3-token prompt"):
+        vinf.execute_prefill(vinf.start_state(vinf.make_rows([1, 2, 3], greedy)),
+                             compile_config=vInferencePreCompileConfig(batch_size=1, prefill_length=2))
+    # sampling_params: from this call on (here: fewer tokens, then a hotter sampler)
+    short, _ = _steps(vinf, [1, 2, 3], greedy, prefill={"sampling_params": SamplingParams(max_tokens=3,
+                                                                                           temperature=0.0)})
+    assert short == tokens[:3]
+    hot = SamplingParams(max_tokens=12, temperature=5.0, seed=1, ignore_eos=True)
+    sampled, _ = _steps(vinf, [1, 2, 3], greedy, decode={"sampling_params": hot})
+    assert sampled[0] == tokens[0] and sampled != tokens and len(sampled) == 12
+    with pytest.raises(ValueError, match="exceeds this vInference's max_new_tokens"):
+        _steps(vinf, [1, 2, 3], greedy, decode={"sampling_params": SamplingParams(max_tokens=10**4)})
+
+
+def test_load_inference_restores_the_input_partition_spec(default_model, tmp_path):
+    import json
+
+    from jax.sharding import PartitionSpec
+
+    model, processor = default_model
+    spec = PartitionSpec(("data", "fsdp"), None)
+    inference = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8),
+                           input_partition_spec=spec)
+    try:
+        inference.save_inference(tmp_path)  # nothing precompiled: metadata only
+        meta = json.loads((tmp_path / "vinference_metadata.json").read_text())
+        assert meta["input_partition_spec"] == [["data", "fsdp"], None]
+        assert vInference.load_inference(tmp_path, model, processor).input_partition_spec == spec
+        meta["input_partition_spec"] = "P('data',)"  # files written before: jax's repr of the spec
+        (tmp_path / "vinference_metadata.json").write_text(json.dumps(meta))
+        assert vInference.load_inference(tmp_path, model, processor).input_partition_spec == PartitionSpec("data")
+    finally:
+        use_session_compilation_cache()

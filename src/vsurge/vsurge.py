@@ -12,10 +12,10 @@ import dataclasses
 from typing import AsyncGenerator, Sequence
 
 from .engine.config import EngineConfig
-from .engine.seed_drivers import oDriver, vDriver
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
 from . import sampling_params
+from . import sampling_params as sampling_params_module
 from .sampling_params import SamplingParams
 from .seed.vsurge_api import vSurgeSeedAPI
 from .streams import merged_updates
@@ -61,8 +61,16 @@ def _request_fields() -> list[tuple]:
     return [spec(name) for name in (*_SEED_FIELDS, *rest)]
 
 
-def _from_sampling_params(cls, prompt, params: SamplingParams) -> "vSurgeRequest":
-    return cls(prompt=prompt, **{name: getattr(params, name) for name in sampling_params.FIELD_NAMES})
+def _from_sampling_params(cls, prompt, sampling_params: SamplingParams | None = None, *,
+                          params: SamplingParams | None = None) -> "vSurgeRequest":
+    """The seed's `from_sampling_params(prompt, sampling_params)`; `params=` is the older name."""
+    if sampling_params is not None and params is not None:
+        raise TypeError("give sampling_params or params, not both")
+    chosen = sampling_params if sampling_params is not None else params
+    if chosen is None:
+        raise TypeError("from_sampling_params needs sampling_params")
+    chosen = SamplingParams.coerce(chosen)
+    return cls(prompt=prompt, **{name: getattr(chosen, name) for name in sampling_params_module.FIELD_NAMES})
 
 
 def _to_sampling_params(self) -> SamplingParams:
@@ -93,101 +101,56 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             attach(self)
 
     @classmethod
-    def create_vdriver(cls, model, processor, max_concurrent_decodes: int | None = None,
-                       prefill_lengths: list[int] | None = None, max_prefill_length: int | None = None,
-                       max_length: int | None = None, seed: int = 894, vsurge_name: str | None = None,
-                       max_queue: int | None = None, interleaved_mode: bool = False,
-                       detokenizing_blocks: int = 8, max_concurrent_prefill: int | None = None,
-                       config: EngineConfig | None = None, tensor_parallel_size: int | None = None,
-                       data_parallel_size: int | None = None, mesh=None, prefill_devices=None,
-                       decode_devices=None, prefill_tensor_parallel_size: int | None = None,
-                       transfer_backlog: int = 4, **engine_settings) -> "vSurge":
-        """A dense vEngine (a fixed run of KV pages per slot) driven by a vDriver.
+    def from_config(cls, model, processor, config: EngineConfig, *, paged: bool = True,
+                    vsurge_name: str | None = None, max_queue: int | None = None, interleaved_mode: bool = False,
+                    tensor_parallel_size: int | None = None, data_parallel_size: int | None = None, mesh=None,
+                    prefill_devices=None, decode_devices=None, prefill_tensor_parallel_size: int | None = None,
+                    transfer_backlog: int = 4, make_engine=None, make_driver=None) -> "vSurge":
+        """A vSurge over engines built from `config`: paged (pages on demand, prefix caching,
+        preemption; the pool is `num_pages`, else `hbm_utilization` of the memory free after the
+        weights) or dense (a fixed run of KV pages per slot).
 
-        The seed's keyword arguments map onto an EngineConfig (`config` overrides them;
-        `engine_settings` are further EngineConfig fields, e.g. decode_steps).
         tensor_parallel_size / data_parallel_size (or a (data, model) `mesh`): one engine per
         data-parallel replica, each tensor-parallel over its own device group (engine/replicas.py);
-        by default the engine runs where the model's weights are.
+        by default the engine runs where the model's weights are. prefill_devices / decode_devices
+        (device indices: "0-2", [3, 4, 5]): disaggregated serving, prefill engines on the first group
+        and decode engines on the second (engine/disaggregated.py); each group is one engine
+        tensor-parallel over all its devices, or engines of prefill_tensor_parallel_size (prefill) /
+        tensor_parallel_size (decode) devices each; interleaved_mode=True makes them all replicas.
 
-        prefill_devices / decode_devices (device indices: "0-2", [3, 4, 5]): disaggregated serving,
-        prefill engines on the first group and decode engines on the second (engine/disaggregated.py);
-        each group is one engine tensor-parallel over all its devices, or engines of
-        prefill_tensor_parallel_size (prefill) / tensor_parallel_size (decode) devices each."""
-        from .engine.vengine import vEngine
+        make_engine(model, config) / make_driver(engines, decode_engines or None): what builds the
+        engines and the driver (by default an EngineCore on its pool and a Driver; the seed's
+        create_vdriver / create_odriver pass its classes)."""
+        if make_engine is None:
+            from .engine.core import EngineCore
+            from .engine.pools import make_pool
 
-        config = config or EngineConfig.from_seed_kwargs(
-            max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
-            prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
-            seed=seed, context=model.config.max_position_embeddings, **engine_settings)
+            def make_engine(m, c):
+                return EngineCore(m, processor, c, make_pool(m, c, paged))
+        if make_driver is None:
+            from .engine.driver import Driver
+
+            def make_driver(engines, decode):
+                return Driver(engines, max_queue, decode_engines=decode, transfer_backlog=transfer_backlog)
         name = vsurge_name or (model.config.name or model.config.architecture)
         if _across_processes(prefill_devices):
-            return cls._across_processes(model, processor, lambda m, c: vEngine(m, processor, config=c), config,
-                                         vDriver, name, prefill_devices, decode_devices, prefill_tensor_parallel_size,
-                                         tensor_parallel_size, max_queue, transfer_backlog)
-        prefill_models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
-                                                       prefill_devices, decode_devices, prefill_tensor_parallel_size)
-        prefill = [vEngine(m, processor, config=config) for m in prefill_models]
-        decode = [vEngine(m, processor, config=config) for m in decode_models] if decode_models else prefill
-        driver = vDriver(prefill_engines=prefill, decode_engines=decode, interleaved_mode=interleaved_mode,
-                         detokenizing_blocks=detokenizing_blocks, max_queue=max_queue,
-                         transfer_backlog=transfer_backlog)
-        return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
-
-    @classmethod
-    def create_odriver(cls, model, processor, storage=None, manager=None, page_size: int = 128,
-                       hbm_utilization: float = 0.6, max_concurrent_prefill: int | None = None,
-                       max_concurrent_decodes: int | None = None, prefill_lengths: list[int] | None = None,
-                       max_prefill_length: int | None = None, max_length: int | None = None, seed: int = 894,
-                       vsurge_name: str | None = None, num_pages: int | None = None,
-                       enable_prefix_caching: bool = True, max_queue: int | None = None,
-                       detokenizing_blocks: int = 8, config: EngineConfig | None = None,
-                       tensor_parallel_size: int | None = None, data_parallel_size: int | None = None,
-                       mesh=None, prefill_devices=None, decode_devices=None,
-                       prefill_tensor_parallel_size: int | None = None, interleaved_mode: bool = False,
-                       transfer_backlog: int = 4, **engine_settings) -> "vSurge":
-        """A paged oEngine (pages on demand, prefix caching, preemption) driven by an oDriver.
-
-        The page pool is `num_pages`, else `hbm_utilization` of the memory free after the weights.
-        tensor_parallel_size / data_parallel_size / mesh: as for create_vdriver (each replica has
-        its own pool; `storage` and `manager` serve one replica only). prefill_devices /
-        decode_devices: disaggregated serving, as for create_vdriver (the prefix cache lives on the
-        prefill engines; decode engines allocate pages for each prefix as it arrives)."""
-        from .engine.oengine import oEngine
-        from .engine.replicas import agreed_num_pages
-
-        config = config or EngineConfig.from_seed_kwargs(
-            max_concurrent_decodes=max_concurrent_decodes, max_concurrent_prefill=max_concurrent_prefill,
-            prefill_lengths=prefill_lengths, max_prefill_length=max_prefill_length, max_length=max_length,
-            seed=seed, context=model.config.max_position_embeddings,
-            page_size=manager.page_size if manager else page_size, hbm_utilization=hbm_utilization,
-            num_pages=manager.num_pages if manager else num_pages, enable_prefix_caching=enable_prefix_caching,
-            **engine_settings)
-        if _across_processes(prefill_devices):
-            return cls._across_processes(model, processor, lambda m, c: oEngine(m, processor, config=c), config,
-                                         oDriver, vsurge_name or (model.config.name or model.config.architecture),
-                                         prefill_devices, decode_devices, prefill_tensor_parallel_size,
-                                         tensor_parallel_size, max_queue, transfer_backlog)
+            return cls._across_processes(model, processor, make_engine, config, make_driver, name, prefill_devices,
+                                         decode_devices, prefill_tensor_parallel_size, tensor_parallel_size)
         models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
                                                prefill_devices, decode_devices, prefill_tensor_parallel_size)
-        if len(models) + len(decode_models) > 1 and (storage is not None or manager is not None):
-            raise ValueError("storage and manager serve one engine; with data_parallel_size > 1 or separate "
-                             "prefill and decode engines each engine builds its own page pool")
-        config = agreed_num_pages(models[0], config)
-        engines = [oEngine(m, processor, storage=storage, manager=manager, config=config) for m in models]
-        if decode_models:
-            decode = [oEngine(m, processor, config=agreed_num_pages(m, config)) for m in decode_models]
-            driver = oDriver(prefill_engines=engines, decode_engines=decode, interleaved_mode=interleaved_mode,
-                             detokenizing_blocks=detokenizing_blocks, max_queue=max_queue,
-                             transfer_backlog=transfer_backlog)
-        else:
-            driver = oDriver(engines, detokenizing_blocks=detokenizing_blocks, max_queue=max_queue)
-        return cls(driver, vsurge_name=vsurge_name or (model.config.name or model.config.architecture))
+        if paged:
+            from .engine.replicas import agreed_num_pages
+
+            config = agreed_num_pages(models[0], config)
+        engines = [make_engine(m, config) for m in models]
+        decode = [make_engine(m, agreed_num_pages(m, config) if paged else config) for m in decode_models]
+        if interleaved_mode and decode:
+            engines, decode = engines + decode, []
+        return cls(make_driver(engines, decode or None), vsurge_name=name)
 
     @classmethod
-    def _across_processes(cls, model, processor, make_engine, config, driver_class, name, prefill_devices,
-                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size, max_queue,
-                          transfer_backlog) -> "vSurge":
+    def _across_processes(cls, model, processor, make_engine, config, make_driver, name, prefill_devices,
+                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size) -> "vSurge":
         """Disaggregated serving in a multi-process job: process 0 gets the prefill engines and a view
         of every decode engine; the others the decode engines on their devices (engine/remote.py)."""
         from .engine.remote import disaggregated_engines, store_name
@@ -196,10 +159,9 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                                                 decode_devices, prefill_tensor_parallel_size, tensor_parallel_size,
                                                 store_name(name))
         if prefill:
-            driver = driver_class(prefill_engines=prefill, decode_engines=decode, max_queue=max_queue,
-                                  transfer_backlog=transfer_backlog)
+            driver = make_driver(prefill, decode)
         else:  # a process that only runs decode engines: this driver never starts (remote.follow runs them)
-            driver = driver_class(prefill_engines=decode, decode_engines=decode)
+            driver = make_driver(decode, None)
         driver.multihost_disaggregated = True
         return cls(driver, vsurge_name=name)
 
@@ -255,10 +217,12 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ requests
     async def _prompt_ids(self, request: vSurgeRequest) -> list[int]:
+        # The seed's is_client_side_tokenization is about the OUTPUT: samples carry token ids only and
+        # the client detokenizes them. The prompt is a str (tokenized here) or already token ids.
         prompt = request.prompt
-        if request.is_client_side_tokenization or isinstance(prompt, (list, tuple)):
-            if not isinstance(prompt, (list, tuple)) or not all(isinstance(t, int) for t in prompt):
-                raise TypeError("with client-side tokenization the prompt must be a list of token ids")
+        if isinstance(prompt, (list, tuple)):
+            if not all(isinstance(t, int) for t in prompt):
+                raise TypeError("a tokenized prompt must be a list of token ids")
             return list(prompt)
         if not isinstance(prompt, str):
             raise TypeError(f"prompt must be a str or a list of token ids, got {type(prompt).__name__}")

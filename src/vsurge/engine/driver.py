@@ -10,7 +10,7 @@ of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
 (no spinning). A thread that raises fails every live request with its error
 and marks the driver not ready; callers never hang. `stop()` drains, then
-fails what is left. vDriver (dense engines) and oDriver (a paged engine), in seed_drivers.py,
+fails what is left. vDriver (dense engines) and oDriver (a paged engine), in seed/drivers.py,
 are this driver with the seed's constructor signatures.
 
 With separate prefill and decode engines (`vDriver(prefill_engines=[...],

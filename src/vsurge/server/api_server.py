@@ -7,10 +7,12 @@ readiness flips to 503, in-flight requests finish, then the process exits 0.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
@@ -39,9 +41,10 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     """Serves one or more vSurge instances; its handler methods (chat_completions, completions,
     count_tokens, available_inference, liveness, readiness) are the routes' bodies.
 
-    max_workers and oai_like_processor are the seed's arguments: tokenization of large inputs
-    runs in asyncio's default thread pool and chat templates are always OpenAI-style, so they have
-    no effect (a warning says so when they differ from the defaults). tool_call_parser: how
+    max_workers: the size of the thread pool that runs the server's blocking work (tokenizing and
+    templating large inputs, compiling structured-output grammars, cache-slot files): the default
+    executor of the event loop `fire()` serves on. oai_like_processor: the seed's; messages always
+    reach the chat template OpenAI-style (docs/seed_api.md), so False only warns. tool_call_parser: how
     `tool_choice="auto"` outputs are parsed (structured/tool_parsers.py, or auto from the chat template);
     reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3, gpt_oss; None: not at all);
     response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL)."""
@@ -58,8 +61,11 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.surges: dict[str, vSurge] = dict(vsurge_map)
         for name, surge in self.surges.items():
             surge.metrics.rename(name)  # series carry the served name, as /v1/models shows it
-        if max_workers != 10 or oai_like_processor is not True:
-            warnings.warn("max_workers and oai_like_processor have no effect in vsurge", stacklevel=2)
+        if not isinstance(max_workers, int) or max_workers < 1:
+            raise ValueError(f"max_workers must be a positive integer, got {max_workers!r}")
+        if oai_like_processor is not True:
+            warnings.warn("oai_like_processor=False has no effect: chat messages always reach the template "
+                          "OpenAI-style (docs/seed_api.md)", stacklevel=2)
         get_tool_parser(tool_call_parser)  # an unknown name fails here, not at the first request
         if reasoning_parser is not None:
             get_reasoning_parser(reasoning_parser)
@@ -75,8 +81,14 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self._starting = False
         self.registry = CollectorRegistry()
         self.registry.register(_EngineRegistries(self))
+        self.executor = ThreadPoolExecutor(max_workers, thread_name_prefix="vsurge-server")
         self.app = build_app(self)
+        self.app.router.on_startup.append(self._use_executor)
         self._uvicorn = None
+
+    async def _use_executor(self) -> None:
+        """Serve with `max_workers` threads for blocking work (asyncio.to_thread runs on them)."""
+        asyncio.get_running_loop().set_default_executor(self.executor)
 
     # ------------------------------------------------------------ models
     def get(self, model: str | None) -> vSurge | None:

@@ -12,10 +12,12 @@ import numpy as np
 class SampleState:
     """What `vInference.generate` yields every `streaming_chunks` tokens (host copies).
 
-    sequences[b, :generated_tokens_per_row[b]] are row b's generated tokens.
+    The seed's layout: `sequences[b]` is row b's prompt, left-padded (pad_token_id) to end at
+    `padded_length`, then its generated tokens, then padding; so `sequences[:, padded_length:]`
+    are the generated tokens and `row_tokens(b)` row b's without the padding.
     """
 
-    sequences: np.ndarray  # (B, max_new) i32
+    sequences: np.ndarray  # (B, padded_length + max_new_tokens) i32
     current_length: np.ndarray  # (B,) prompt length + generated tokens
     running_token: np.ndarray  # (B, 1) i32
     is_sequence_finished: np.ndarray  # (B,) bool
@@ -26,7 +28,8 @@ class SampleState:
     prompt_lengths: np.ndarray  # (B,) i32
     prng_key: Any = None  # (B, 2) uint32 per-row key data
     cache: Any = None  # unused: a bucket engine keeps its KV pages (kept for the seed's field list)
-    run: Any = dataclasses.field(default=None, repr=False)  # the batch run execute_* advance
+    run: Any = dataclasses.field(default=None, repr=False)  # the steps.BatchRun execute_* advance
 
     def row_tokens(self, row: int) -> list[int]:
-        return self.sequences[row, : self.generated_tokens_per_row[row]].tolist()
+        start = self.padded_length
+        return self.sequences[row, start: start + self.generated_tokens_per_row[row]].tolist()

@@ -6,7 +6,7 @@
 
 Prompt-level APIs (`process_prompt`, `process_prompts_concurrently`) live in
 `prompts.PromptMixin`; persistence in `persistence.py`; the seed's step-level
-methods (`execute_prefill`, `execute_decode`, `adjust_kwargs`) in seed/vinference_api.py.
+methods (`execute_prefill`, `execute_decode`, `adjust_kwargs`) in steps.py.
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from ..engine.validation import prepare_requests
 from ..kv.slot_pages import SlotPages
 from ..metrics import EngineMetrics
 from ..sampling_params import SamplingParams
-from ..seed.vinference_api import vInferenceSeedAPI
 from ..sharding import check_input_partition_spec, mesh_of
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
 from .buckets import BucketEngines
 from .config import vInferenceConfig, vInferencePreCompileConfig
 from .prompts import PromptMixin
+from .steps import StepMixin
 from .state import SampleState
 
 log = logging.getLogger(__name__)
 
 
-class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name)
+class vInference(StepMixin, PromptMixin):  # noqa: N801 (the seed's name)
     def __init__(self, model, processor_class, generation_config: vInferenceConfig | None = None,
                  seed: int | None = None, input_partition_spec=None, max_new_tokens: int = 512,
                  inference_name: str | None = None):
@@ -202,19 +202,26 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
             yield state
         return state
 
-    def run_rows(self, rows: Sequence[ActiveRequest], graphstate=None, graphother=None, slots: int | None = None):
+    def run_rows(self, rows: Sequence[ActiveRequest], graphstate=None, graphother=None, slots: int | None = None,
+                 *, run=None, bucket_key: tuple[int, int] | None = None):
         """Generator over one batch: yields (SampleState, [(row, ReturnSample), ...]) after each step.
         `slots` caps the device rows (more rows wait for a free slot). Closing it early ends the
-        rows that are still running."""
+        rows that are still running. run: the steps.BatchRun that drives it (its weights are read
+        at every step); bucket_key: the (batch, prefill_length) bucket to run in (default: the
+        smallest that fits)."""
         longest = max(len(r.prompt_ids) for r in rows)
         batch = min(len(rows), slots or len(rows))
-        bucket = self._buckets.get(*self._buckets.choose(batch, longest, self.model_prefill_length))
+        bucket = self._buckets.get(*(bucket_key or self._buckets.choose(batch, longest, self.model_prefill_length)))
+        if run is not None:
+            run.bucket_key = (bucket.batch, bucket.prefill_length)
         engine = bucket.engine
         config = engine.config
         # Each run owns its slots and state, so two suspended runs never share a slot.
         scheduler = engine.new_scheduler(SlotPages(config.max_slots, config.max_length, config.page_size))
         seqs = [EngineSequence.of(r, self.processor, engine.vocab_size) for r in rows]
         index = {seq: i for i, seq in enumerate(seqs)}
+        if run is not None:
+            run.seqs = seqs
         for seq in seqs:
             scheduler.add(seq)
         want_logprobs = any(r.params.logprobs is not None for r in rows)
@@ -228,8 +235,9 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
                 tick = time.perf_counter()
                 with self._device_lock:
                     donated, state = state, None  # a failed step leaves no usable state to give back
-                    state, out = engine.step(donated, plan, scheduler.masks(plan), graphstate=graphstate,
-                                             graphother=graphother)
+                    weights = (run.graphstate, run.graphother) if run is not None else (graphstate, graphother)
+                    state, out = engine.step(donated, plan, scheduler.masks(plan), graphstate=weights[0],
+                                             graphother=weights[1])
                     updates = scheduler.postprocess(plan, out.to_host(want_logprobs))
                 self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
                 yield (self._snapshot(seqs, bucket.prefill_length, start),
@@ -242,22 +250,9 @@ class vInference(vInferenceSeedAPI, PromptMixin):  # noqa: N801 (the seed's name
                 bucket.give_back(state)
 
     def _snapshot(self, seqs: list[EngineSequence], padded_length: int, start: float) -> SampleState:
-        cap = self.generation_config.max_new_tokens
-        b = len(seqs)
-        sequences = np.zeros((b, cap), np.int32)
-        generated = np.asarray([len(s.generated) for s in seqs], np.int32)
-        for i, seq in enumerate(seqs):
-            sequences[i, : generated[i]] = seq.generated[:cap]
-        prompt_lengths = np.asarray([s.num_prompt for s in seqs], np.int32)
-        elapsed = max(time.perf_counter() - start, 1e-9)
-        return SampleState(
-            sequences=sequences, current_length=prompt_lengths + generated,
-            running_token=np.asarray([[s.tokens[-1]] for s in seqs], np.int32),
-            is_sequence_finished=np.asarray([s.output.finished for s in seqs]),
-            generated_tokens=int(generated.max()), tokens_per_second=float(generated.sum()) / elapsed,
-            padded_length=padded_length, generated_tokens_per_row=generated, prompt_lengths=prompt_lengths,
-            prng_key=np.asarray([[s.request.seed >> 32 & 0xFFFFFFFF, s.request.seed & 0xFFFFFFFF] for s in seqs],
-                                np.uint32))
+        return self.layout_state([s.tokens[: s.num_prompt] for s in seqs], [s.generated for s in seqs],
+                                 padded_length, [s.output.finished for s in seqs], time.perf_counter() - start,
+                                 [s.request.seed for s in seqs])
 
     # ------------------------------------------------------------ persistence
     def save_inference(self, path) -> None:

@@ -1,4 +1,5 @@
-"""The seed's engine methods (EasyDeL's vEngine / oEngine API), mixed into both engines.
+"""vEngine and oEngine, the seed's engines (EasyDeL's API): EngineCore behind the seed's
+constructors (seed/engine_kwargs.py maps their keywords) and the seed's methods.
 
 Called by: code written against the seed API (`prefill` -> `insert` -> `decode`
 loops, `forward` with a plan, the sharding and property getters). vsurge's own
@@ -9,6 +10,7 @@ apart (a Prefix) and `insert` writes them into a slot's pages.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from functools import partial
 
@@ -22,15 +24,28 @@ from ..kv.access import KEY_AXIS, VALUE_AXIS, write_tokens
 from ..sharding import named_sharding, replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
 from ..sampling_params import SamplingParams
-from .programs import StepOutput
-from .request import ActiveRequest, ReturnChannel
-from .scheduler import StepPlan
-from .sequence import Sequence
+from ..engine.core import EngineCore
+from ..engine.pools import make_page_pool, make_slot_pages
+from ..engine.programs import EngineState, StepOutput
+from ..engine.request import ActiveRequest, ReturnChannel
+from ..engine.scheduler import StepPlan
+from ..engine.sequence import Sequence
+from ..kv.page_manager import HBMPageManager
+from ..kv.paged import PagedAttentionCache
+from .engine_kwargs import engine_config
+
+
+class GenerationState(abc.ABC):
+    """The seed's state type: what `prefill` returns (a Prefix) and what `init_decode_state`,
+    `insert` and `decode` hand on (the engine's EngineState: KV pages and per-slot sampling state)."""
+
+
+GenerationState.register(EngineState)
 
 
 @dataclasses.dataclass
-class Prefix:
-    """A prefilled prompt before it gets a slot."""
+class PrefixRow:
+    """One prefilled prompt before it gets a slot."""
 
     k: list  # per layer (1, KVH, hd, T)
     v: list  # per layer (1, KVH, T, hd)
@@ -38,12 +53,43 @@ class Prefix:
     sequence: Sequence  # its tokens (the first token appended), sampling parameters and seed
 
 
+@GenerationState.register
+@dataclasses.dataclass
+class Prefix:
+    """The GenerationState `prefill` returns: its batch's prefilled prompts, one PrefixRow per row,
+    until `insert` / `bulk_insert` give them slots."""
+
+    rows: list[PrefixRow]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """(B, 1) each row's first generated token."""
+        return np.asarray([[int(r.first[0])] for r in self.rows], np.int32)
+
+    @property
+    def sequence(self) -> Sequence:
+        """The one row's sequence (its tokens, sampling parameters and seed)."""
+        return self.only().sequence
+
+    def only(self) -> PrefixRow:
+        if len(self.rows) != 1:
+            raise ValueError(f"this prefix holds {len(self.rows)} rows: give bulk_insert a slot for each")
+        return self.rows[0]
+
+
 @dataclasses.dataclass
 class ResultTokens:
-    """One decode step's tokens per slot (the seed's decode result)."""
+    """A step's tokens: per slot for `decode`, per prompt row for `prefill` (the seed's result).
+    np.asarray(result) is `tokens`."""
 
-    tokens: np.ndarray  # (S,) i32 the token each slot produced
+    tokens: np.ndarray  # (S,) i32 the token each slot (row) produced
     valid: np.ndarray  # (S,) bool: the slot was decoding (its token is real)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.tokens if dtype is None else self.tokens.astype(dtype)
 
 
 @dataclasses.dataclass
@@ -137,14 +183,24 @@ class SeedEngineAPI:
         self._key, out = jax.random.split(key)
         return out
 
-    def get_state_shardings(self, is_decode: bool = False):
-        """The sharding of every leaf of the engine state: on the model's mesh the KV pages are split
-        over their KV heads and the per-slot sampling state is replicated; else the one device."""
-        state = jax.eval_shape(self._empty_state)
-        if self.mesh is not None:
-            return state_shardings(state, self.mesh)
-        device = jax.devices()[0]
-        return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(device), state)
+    def get_state_shardings(self, is_decode: bool = False) -> tuple:
+        """A tuple of shardings, one per array of a state, in `jax.tree.leaves` order.
+
+        is_decode=True: the decode state (`init_decode_state`, `insert`, `decode`): on the model's
+        mesh the KV pages are split over their KV heads and the per-slot sampling state is
+        replicated. is_decode=False: a prefill's state (a Prefix row's arrays: per layer keys, per
+        layer values, then its first token): keys and values as `get_prefix_destination_sharding`,
+        the token replicated. Off a mesh every array is on the engine's one device."""
+        if is_decode:
+            state = jax.eval_shape(self._empty_state)
+            if self.mesh is not None:
+                return tuple(jax.tree.leaves(state_shardings(state, self.mesh)))
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            return tuple(device for _ in jax.tree.leaves(state))
+        kv = self.get_prefix_destination_sharding()
+        token = replicated(self.mesh) if self.mesh is not None else kv
+        layers = len(self.model.config.kv_layout)
+        return (kv,) * (2 * layers) + (token,)
 
     def get_prefix_destination_sharding(self):
         """Where prefixes are placed before `insert`: their per-layer keys (1, KVH, hd, T) and values
@@ -166,10 +222,11 @@ class SeedEngineAPI:
 
     def _prefill_rows(self, graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k, rngs,
                       max_new_tokens: int | None):
-        """A batch of prompts (B, T) -> (Prefix, or a list of B Prefixes when B > 1; first tokens (B,)).
+        """A batch of prompts (B, T) -> (its Prefix, a GenerationState; ResultTokens of the B first tokens).
 
         Row b's prompt is its `valids[b]` tokens (any padding, left or right), else its first
-        `true_length[b]`; temperature / top_p / top_k are per row (arrays) or shared (scalars).
+        `true_length[b]`. valids may be (B, T) or (B, max_length) (the seed's mask over the whole
+        context: its first T columns cover the prompt; the rest is ignored). temperature / top_p / top_k are per row (arrays) or shared (scalars).
         `rngs` (a PRNG key) gives row b the sampling seed of fold_in(rngs, b), so a key fixes the
         samples; without one, seeds come from the engine's generator. A sequence may generate
         until the context is full unless `max_new_tokens` caps it (the seed has no cap)."""
@@ -179,7 +236,14 @@ class SeedEngineAPI:
             raise ValueError(f"tokens must be (batch, length), got shape {tokens.shape}")
         rows = tokens.shape[0]
         lengths = np.broadcast_to(np.asarray(true_length, np.int64).reshape(-1), (rows,))
-        mask = None if valids is None else np.broadcast_to(np.asarray(valids).astype(bool), tokens.shape)
+        mask = None
+        if valids is not None:
+            mask = np.asarray(valids).astype(bool)
+            mask = mask[None] if mask.ndim == 1 else mask
+            if mask.ndim != 2 or mask.shape[1] < tokens.shape[1]:
+                raise ValueError(f"valids must be (batch, {tokens.shape[1]}) or (batch, max_length), "
+                                 f"got shape {np.asarray(valids).shape}")
+            mask = np.broadcast_to(mask[:, : tokens.shape[1]], tokens.shape)
         prefixes, firsts = [], []
         for b in range(rows):
             ids = tokens[b][mask[b]] if mask is not None else tokens[b][: int(lengths[b])]
@@ -190,10 +254,10 @@ class SeedEngineAPI:
                                        self.new_seed() if rngs is None else _seed_of(rngs, b), max_new_tokens)
             prefixes.append(prefix)
             firsts.append(int(prefix.first[0]))
-        return (prefixes[0] if rows == 1 else prefixes), np.asarray(firsts, np.int32)
+        return Prefix(prefixes), ResultTokens(np.asarray(firsts, np.int32), np.ones(rows, bool))
 
     def _prefill_one(self, ids: list[int], temperature: float, top_p: float, top_k: int, graphstate, graphothers,
-                     seed: int, max_new_tokens: int | None) -> "Prefix":
+                     seed: int, max_new_tokens: int | None) -> PrefixRow:
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= self.config.max_length:
@@ -213,7 +277,7 @@ class SeedEngineAPI:
         sequence = Sequence.of(request, self.processor)
         sequence.num_computed = len(ids)
         sequence.tokens.append(int(first[0]))
-        return Prefix(k, v, first, sequence)
+        return PrefixRow(k, v, first, sequence)
 
     def _prefix_program(self):
         if self.mesh is None:
@@ -222,7 +286,8 @@ class SeedEngineAPI:
         return jax.jit(partial(_prefix_forward, self.graphdef), out_shardings=(prefix, prefix, replicated(self.mesh)))
 
     def insert(self, prefix: Prefix, decode_state, slot: int):
-        """Put a prefix into `slot`: its K/V into the slot's pages, its sampling state into the slot."""
+        """Put a one-row prefix into `slot`: its K/V into the slot's pages, its sampling state into the slot."""
+        prefix = prefix.only() if isinstance(prefix, Prefix) else prefix
         if not 0 <= slot < self.config.max_slots:
             raise ValueError(f"slot {slot} is out of range [0, {self.config.max_slots})")
         self.free_resource(slot)
@@ -244,8 +309,12 @@ class SeedEngineAPI:
         return self.setup_slots(state, StepPlan(decode=[seq]))
 
     def bulk_insert(self, prefix, decode_state, slots: list[int]):
-        """Insert prefixes into several slots: a list of Prefix (one per slot), or one Prefix copied."""
-        prefixes = prefix if isinstance(prefix, (list, tuple)) else [prefix] * len(slots)
+        """Insert a prefix's rows into several slots: row i into slots[i] (a one-row prefix is copied into
+        every slot); a list of one-row prefixes, one per slot, is taken too."""
+        if isinstance(prefix, (list, tuple)):
+            prefixes = [p.only() if isinstance(p, Prefix) else p for p in prefix]
+        else:
+            prefixes = prefix.rows if len(prefix) > 1 else prefix.rows * len(slots)
         if len(prefixes) != len(slots):
             raise ValueError(f"got {len(prefixes)} prefixes for {len(slots)} slots")
         for p, slot in zip(prefixes, slots):
@@ -296,3 +365,76 @@ class SeedEngineAPI:
             if key not in self._compiled:
                 self._compiled[key] = make()
             return self._compiled[key]
+
+
+class vEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
+    """The dense engine: each of `max_concurrent_decodes` slots owns a fixed run of pages for
+    `max_length` tokens (engine/pools.py), so admission never waits for memory and nothing is
+    preempted; prompts are prefilled in chunks inside the shared steps."""
+
+    def __init__(self, model, processor, max_concurrent_decodes: int | None = None,
+                 max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
+                 max_prefill_length: int | None = None, max_length: int | None = None,
+                 batch_size: int | None = None, seed: int = 894, config=None):
+        config = engine_config(model, config, batch_size=batch_size, max_concurrent_decodes=max_concurrent_decodes,
+                               max_concurrent_prefill=max_concurrent_prefill, prefill_lengths=prefill_lengths,
+                               max_prefill_length=max_prefill_length, max_length=max_length, seed=seed)
+        super().__init__(model, processor, config, make_slot_pages(config))
+        self._batch_size = batch_size
+
+    def prefill(self, graphstate, graphothers, tokens, valids, true_length, temperature=0.0, top_p=1.0, rngs=None,
+                *, top_k=0, max_new_tokens: int | None = None):
+        """The seed's vEngine.prefill (its argument order: no top_k before rngs): a batch of prompts
+        (B, T) -> (its GenerationState, ResultTokens of the B first tokens). See `_prefill_rows`."""
+        return self._prefill_rows(graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k,
+                                  rngs, max_new_tokens)
+
+
+class oEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
+    """The paged engine: pages are handed out on demand by an HBMPageManager (prefix caching,
+    recompute preemption when they run out); the pool is sized from the memory left after the
+    weights unless `num_pages` says otherwise (engine/pools.py)."""
+
+    def __init__(self, model, processor, storage: PagedAttentionCache | None = None,
+                 manager: HBMPageManager | None = None, max_concurrent_decodes: int | None = None,
+                 max_concurrent_prefill: int | None = None, prefill_lengths: list[int] | int | None = None,
+                 max_prefill_length: int | None = None, max_length: int | None = None,
+                 batch_size: int | None = None, seed: int = 894, page_size: int = 128,
+                 hbm_utilization: float = 0.6, num_pages: int | None = None, enable_prefix_caching: bool = True,
+                 config=None):
+        config = engine_config(model, config, batch_size=batch_size, manager=manager,
+                               max_concurrent_decodes=max_concurrent_decodes,
+                               max_concurrent_prefill=max_concurrent_prefill, prefill_lengths=prefill_lengths,
+                               max_prefill_length=max_prefill_length, max_length=max_length, seed=seed,
+                               page_size=page_size, hbm_utilization=hbm_utilization, num_pages=num_pages,
+                               enable_prefix_caching=enable_prefix_caching)
+        super().__init__(model, processor, config, manager or make_page_pool(model, config))
+        if storage is not None and storage.num_pages != self.pool.num_pages:
+            raise ValueError(f"storage has {storage.num_pages} pages but the manager has {self.pool.num_pages}")
+        self._storage = storage  # used as the first state's pages, then owned by the state
+        self._batch_size = batch_size
+
+    def prefill(self, graphstate, graphothers, tokens, valids, true_length, temperature=0.0, top_p=1.0, top_k=0,
+                rngs=None, *, max_new_tokens: int | None = None):
+        """The seed's oEngine.prefill (top_k, then rngs): a batch of prompts (B, T) -> (its
+        GenerationState, ResultTokens of the B first tokens). See `_prefill_rows`."""
+        return self._prefill_rows(graphstate, graphothers, tokens, valids, true_length, temperature, top_p, top_k,
+                                  rngs, max_new_tokens)
+
+    @property
+    def manager(self) -> HBMPageManager:
+        return self.pool
+
+    @property
+    def page_size(self) -> int:
+        return self.pool.page_size
+
+    def init_state(self):
+        state = super().init_state()
+        if self._storage is not None:
+            state = type(state)(self._storage, state.slots)
+            self._storage = None
+        return state
+
+
+__all__ = ["GenerationState", "ModelOutputBatch", "Prefix", "PrefixRow", "ResultTokens", "oEngine", "vEngine"]

@@ -1,5 +1,5 @@
 """The seed's two drivers, vDriver (dense engines) and oDriver (a paged engine): the Driver of
-driver.py behind the seed's constructor signatures, which sort the engines given into replicas
+engine/driver.py behind the seed's constructor signatures, which sort the engines given into replicas
 (interleaved serving) or prefill and decode sets (disaggregated serving)."""
 
 from __future__ import annotations
@@ -7,13 +7,21 @@ from __future__ import annotations
 import warnings
 
 from ..metrics import EngineMetrics
-from .disaggregated import TRANSFER_BACKLOG
-from .driver import Driver
+from ..engine.disaggregated import TRANSFER_BACKLOG
+from ..engine.driver import Driver
 
 
-def _warn_unused(name: str, value, default, why: str) -> None:
-    if value != default:
-        warnings.warn(f"{name}={value!r} has no effect: {why}", stacklevel=3)
+def _check_blocks(detokenizing_blocks) -> None:
+    """The seed's detokenizing_blocks is the most decode results that may wait for its detokenize
+    thread (EasyDeL: "max size for the detokenize backlog"). Here each engine's thread detokenizes a
+    step's result itself, while the device runs the next step, so at most one result ever waits: the
+    backlog the seed bounds does not exist, and no value changes anything (docs/seed_api.md)."""
+    if not isinstance(detokenizing_blocks, int) or detokenizing_blocks < 1:
+        raise ValueError(f"detokenizing_blocks must be a positive integer, got {detokenizing_blocks!r}")
+    if detokenizing_blocks != 8:
+        warnings.warn(f"detokenizing_blocks={detokenizing_blocks} has no effect: it bounds the seed's backlog of "
+                      f"results waiting for detokenization, and vsurge's engine threads detokenize each step's "
+                      f"result themselves, so at most one waits (docs/seed_api.md)", stacklevel=3)
 
 
 class vDriver(Driver):  # noqa: N801 (the seed's name)
@@ -32,9 +40,9 @@ class vDriver(Driver):  # noqa: N801 (the seed's name)
                  detokenizing_blocks: int = 8, max_queue: int | None = None, metrics: EngineMetrics | None = None,
                  transfer_backlog: int = TRANSFER_BACKLOG):
         engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "vDriver")
-        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
-                     "detokenization runs on each engine's thread right after its step")
+        _check_blocks(detokenizing_blocks)
         super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
+        self.detokenizing_blocks = detokenizing_blocks
 
 
 class oDriver(Driver):  # noqa: N801 (the seed's name)
@@ -44,8 +52,7 @@ class oDriver(Driver):  # noqa: N801 (the seed's name)
     def __init__(self, engine=None, detokenizing_blocks: int = 8, max_queue: int | None = None,
                  metrics: EngineMetrics | None = None, prefill_engines=None, decode_engines=None,
                  interleaved_mode: bool = False, transfer_backlog: int = TRANSFER_BACKLOG):
-        _warn_unused("detokenizing_blocks", detokenizing_blocks, 8,
-                     "detokenization runs on the engine's thread right after its step")
+        _check_blocks(detokenizing_blocks)
         if engine is not None and (prefill_engines is not None or decode_engines is not None):
             raise ValueError("give oDriver either `engine` or `prefill_engines` / `decode_engines`, not both")
         if engine is not None:
@@ -53,6 +60,7 @@ class oDriver(Driver):  # noqa: N801 (the seed's name)
         else:
             engines, decode = _engine_sets(prefill_engines, decode_engines, interleaved_mode, "oDriver")
         super().__init__(engines, max_queue, metrics, decode_engines=decode, transfer_backlog=transfer_backlog)
+        self.detokenizing_blocks = detokenizing_blocks
 
     @property
     def engine(self):

@@ -1,0 +1,53 @@
+"""The KV page pools an EngineCore runs on: a paged pool (an HBMPageManager: pages handed out on
+demand, prefix caching, recompute preemption when they run out; sized from the memory left after
+the weights unless `num_pages` says otherwise) or a dense one (SlotPages: each slot owns a fixed run
+of pages for max_length tokens, so admission never waits for memory and nothing is preempted)."""
+
+from __future__ import annotations
+
+import logging
+
+from ..kv.memory import available_kv_bytes
+from ..kv.page_manager import HBMPageManager
+from ..kv.paged import pool_dtype, pool_page_bytes
+from ..kv.slot_pages import SlotPages
+from .config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+
+def pages_that_fit(model, config: EngineConfig) -> int:
+    """Pages the free memory holds (`hbm_utilization` of it), at most every slot at full length
+    (more would only feed the prefix cache). On a mesh each device holds its KV heads' share of
+    a page (sharding.kv_page_shards)."""
+    from ..sharding import kv_page_shards
+
+    per_device = pool_page_bytes(model, config) // kv_page_shards(model)
+    budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
+    return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
+
+
+def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
+    per_page = pool_page_bytes(model, config)
+    num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
+    log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
+             config.page_size, per_page / 2**20, pool_dtype(model, config),
+             num_pages * config.page_size)
+    from .tiers import make_host_tier
+
+    pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,
+                          host=make_host_tier(model, config))
+    if pool.max_tokens < config.max_length:
+        raise ValueError(f"too little KV memory: {pool.num_pages} pages of {config.page_size} tokens hold "
+                         f"{pool.max_tokens} tokens, less than max_length={config.max_length}; lower max_length "
+                         f"or raise hbm_utilization / num_pages")
+    return pool
+
+
+def make_slot_pages(config: EngineConfig) -> SlotPages:
+    """The dense pool: `max_slots` fixed runs of pages, `max_length` tokens each."""
+    return SlotPages(config.max_slots, config.max_length, config.page_size)
+
+
+def make_pool(model, config: EngineConfig, paged: bool):
+    return make_page_pool(model, config) if paged else make_slot_pages(config)
