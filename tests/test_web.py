@@ -134,9 +134,10 @@ def test_pages_are_open_and_stats_need_the_key(server):
                        ("/static/style.css", "text/css")):
         r = server.get(path)
         assert r.status_code == 200 and kind in r.headers["content-type"], path
-    assert server.get("/static/missing.js").json()["error"]["code"] == 404
+    missing = server.get("/static/missing.js")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "invalid_request_error"
     r = server.get("/v1/stats")
-    assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert server.get("/v1/stats", headers=AUTH).status_code == 200
     assert "/v1/stats" in server.get("/openapi.json").json()["paths"]
 

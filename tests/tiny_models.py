@@ -117,3 +117,15 @@ def family_name(name: str) -> str:
 
     cls_name, _ = TINY_CONFIGS[name]
     return getattr(transformers, cls_name).model_type
+
+
+def add_special_tokens(folder: Path, tokens: list[str]) -> list[int]:
+    """Add special tokens (e.g. fill-in-the-middle ones) to the tokenizer.json in `folder`; their new ids
+    (from the end of the vocabulary: write the model with a vocab_size that covers them)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens])
+    tokenizer.save(str(path))
+    return [tokenizer.token_to_id(t) for t in tokens]

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .errors import APIError, error_response, validation_message
+from .errors import APIError, error_response, validation_error
 from .guard import Guard
 from .adapters.chat import ChatCompletionRequest
 from .adapters.completions import CompletionRequest
@@ -33,8 +33,8 @@ def build_app(server) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
-        message, param = validation_message(exc.errors())
-        return error_response(400, message, param, path=request.url.path)
+        message, param, code = validation_error(exc.errors())
+        return error_response(400, message, param, path=request.url.path, code=code)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException):
@@ -42,7 +42,8 @@ def build_app(server) -> FastAPI:
 
     @app.exception_handler(APIError)
     async def on_api_error(request: Request, exc: APIError):
-        return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path)
+        return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path,
+                              code=exc.code)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):

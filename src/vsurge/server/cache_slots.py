@@ -21,14 +21,15 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, StrictStr
+from pydantic import ConfigDict, StrictStr
 
 from .errors import APIError
+from .protocol import RequestBody
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-class CacheSlotRequest(BaseModel):
+class CacheSlotRequest(RequestBody):  # its prompt reaches the tokenizer: valid Unicode only
     model_config = ConfigDict(extra="forbid")
 
     model: Optional[StrictStr] = None

@@ -36,7 +36,7 @@ class OpenAIHandlers:
     def surge_for(self, model: str | None):
         surge = self.get(model)
         if surge is None:
-            raise APIError(404, f"The model `{model}` does not exist.", "model")
+            raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
         if self.draining or not surge.ready:
             raise APIError(503, "the model is not ready (starting, compiling or shutting down)", None,
                            {"Retry-After": "1"})
@@ -132,7 +132,7 @@ class OpenAIHandlers:
             if request.messages is not None:
                 tokens = chat_prompt_ids(surge.processor, messages_as_dicts(request.messages))
             elif request.prompt is not None:
-                tokens = surge.processor.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+                tokens = surge.processor.encode(request.prompt, add_special_tokens=request.add_special_tokens is not False)
             else:
                 raise APIError(400, "give 'prompt' or 'messages'")
         except (ValueError, ChatTemplateError) as exc:

@@ -7,9 +7,94 @@ from sampling_params.py. Unknown fields are ignored, as OpenAI and vLLM do.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional, Union
+import math
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+CONTENT_KINDS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
+                 "audio": "audio", "file": "file", "input_file": "file", "document": "file"}
+
+
+def _path(parts) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def check_json_values(value) -> None:
+    """Every string of a parsed body is valid Unicode and every number finite, else a 400 naming where.
+    JSON text may hold lone UTF-16 surrogates (`"\\udcff"`) and Python's parser reads 1e309 as inf and
+    NaN/Infinity as numbers: none of them can reach a tokenizer, a sampler or a response body."""
+    stack = [(value, ())]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise PydanticCustomError(
+                        "invalid_text", "{param} contains a lone UTF-16 surrogate at index {index} (not valid "
+                        "Unicode text)", {"param": _path(where), "index": exc.start}) from None
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise PydanticCustomError("invalid_number", "{param} must be a finite number, got {value}",
+                                          {"param": _path(where), "value": str(item)})
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if isinstance(key, str) and not key.isascii():
+                    stack.append((key, where))
+                stack.append((child, (*where, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (*where, i)) for i, child in enumerate(item))
+
+
+class RequestBody(BaseModel):
+    """A request body: unknown fields are ignored, as OpenAI, Anthropic and vLLM do; its strings must be
+    valid Unicode and its numbers finite (check_json_values), checked once, before its fields."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_json_values(cls, data):
+        check_json_values(data)
+        return data
+
+
+def _whole(value):
+    """JSON has one number type: 2.0 is the integer 2 (OpenAI's SDKs may send it so); 1.5 is not."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, float):
+        raise PydanticCustomError("int_from_float", "must be an integer, got {value}", {"value": value})
+    return value
+
+
+WholeInt = Annotated[StrictInt, BeforeValidator(_whole)]
+
+
+def _token_id(value):
+    value = _whole(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise PydanticCustomError("token_id", "token ids must be >= 0, got {value}", {"value": value})
+    return value
+
+
+TokenId = Annotated[StrictInt, BeforeValidator(_token_id)]
+
+
+def refuse_media_parts(content):
+    """image/audio/file content parts: a clear 400 (vsurge serves text models)."""
+    if isinstance(content, list):
+        for part in content:
+            kind = CONTENT_KINDS.get(part.get("type")) if isinstance(part, dict) else None
+            if kind is not None:
+                raise PydanticCustomError("unsupported_content", f"{kind} inputs are not supported by this model")
+    return content
 
 
 class TextPart(BaseModel):
@@ -24,14 +109,16 @@ class ChatMessage(BaseModel):
     content: Optional[Union[StrictStr, list[TextPart]]] = None
     name: Optional[StrictStr] = None
 
+    _media = field_validator("content", mode="before")(refuse_media_parts)
+
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-class CountTokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
+    include_usage: Optional[bool] = None  # None: false
+
+
+class CountTokensRequest(RequestBody):
     model: Optional[StrictStr] = None
     messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
     prompt: Optional[StrictStr] = None
@@ -41,20 +128,16 @@ class CountTokensRequest(BaseModel):
 CountTokenRequest = CountTokensRequest  # the seed's name
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class TokenizeRequest(RequestBody):
     model: Optional[StrictStr] = None
     prompt: Optional[StrictStr] = None
     messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
-    add_special_tokens: bool = True
+    add_special_tokens: Optional[bool] = None  # None: true
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
+class DetokenizeRequest(RequestBody):
     model: Optional[StrictStr] = None
-    tokens: list[Annotated[int, Field(ge=0)]]
+    tokens: list[TokenId]
 
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Optional
 
-from pydantic import Field, StrictInt, StrictStr
+from pydantic import Field, StrictStr
 
 from ...structured.errors import ParamError
 from ...structured.openai_fields import STRUCTURED_FIELDS, structured_request
 from ..errors import APIError
 from ..formatting import Formatter
 from ..generation import ChoiceStreams
-from ..protocol import ChatMessage, StreamOptions, messages_as_dicts
+from ..protocol import ChatMessage, StreamOptions, WholeInt, messages_as_dicts
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
-# Fields clients may send that vsurge does not implement: a clear 501 beats silently ignoring them.
+# Fields clients may send that vsurge does not implement: a clear 400 naming the field beats silently
+# ignoring them (common.unsupported; values that mean the default, e.g. best_of 1, pass).
 UNSUPPORTED_FIELDS = ("functions", "function_call", "suffix", "prediction", "audio", "modalities", "best_of")
 
 
@@ -41,11 +42,11 @@ class StructuredFields(SamplingFields):
 class ChatCompletionRequest(StructuredFields):
     model: Optional[StrictStr] = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Optional[StrictInt] = None
-    logprobs: bool = False
-    top_logprobs: Optional[StrictInt] = None
-    add_generation_prompt: bool = True
-    stream: bool = False
+    max_completion_tokens: Optional[WholeInt] = None
+    logprobs: Optional[bool] = None  # None: false
+    top_logprobs: Optional[WholeInt] = None
+    add_generation_prompt: Optional[bool] = None  # None: true (not read: templates always get true)
+    stream: Optional[bool] = None  # None: false
     stream_options: Optional[StreamOptions] = None
     user: Optional[StrictStr] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None  # vLLM's: more template variables (enable_thinking)

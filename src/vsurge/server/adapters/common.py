@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from pydantic import BaseModel, ConfigDict, create_model
+from pydantic import BaseModel, StrictInt, create_model
 
 from ...generation_defaults import OPENAI_DEFAULTS
 from ...sampling_params import SamplingParams, wire_fields
@@ -25,6 +25,7 @@ from ...structured.reasoning import get_reasoning_parser
 from ...tokenizer.chat_template import ChatTemplateError
 from ...tokenizer.compat import render_chat_prompt
 from ..errors import APIError
+from ..protocol import RequestBody, WholeInt
 
 LARGE_INPUT_CHARS = 4000  # longer inputs are tokenized off the event loop
 # template variables a request may not set: the renderer's own
@@ -32,16 +33,18 @@ RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt", "bo
                                "pad_token", "unk_token")
 
 
-class WireModel(BaseModel):
-    """A request body: unknown fields are ignored, as OpenAI, Anthropic and vLLM do."""
-
-    model_config = ConfigDict(extra="allow")
+class WireModel(RequestBody):
+    """A request body: unknown fields are ignored, as OpenAI, Anthropic and vLLM do; every field a
+    client may leave out is Optional (an explicit null is the field left unset, as OpenAI's spec
+    marks them nullable); strings and numbers are checked body-wide (protocol.check_json_values)."""
 
 
 # Every SamplingParams field that HTTP bodies carry under its own name (None: unset), for every
 # wire format; their values are checked once, by SamplingParams (vLLM's messages, 400 naming the field).
+# Integer fields take JSON's whole floats (`n: 1.0`) too.
 SamplingFields = create_model("SamplingFields", __base__=WireModel,
-                              **{name: (Optional[kind], None) for name, kind in wire_fields().items()})
+                              **{name: (Optional[WholeInt if kind is StrictInt else kind], None)
+                                 for name, kind in wire_fields().items()})
 
 
 def sampling_params(body: BaseModel, defaults, renames: dict[str, str] | None = None, prompt_logprobs: bool = False,
@@ -132,13 +135,58 @@ def as_api_error(exc: ValueError) -> APIError:
     return APIError(400, str(exc), getattr(exc, "param", None))
 
 
+# values of unsupported fields that ask for nothing beyond the default: accepted
+DEFAULT_MEANING = {"best_of": (1,), "modalities": (["text"],), "function_call": ("none", "auto")}
+UNSUPPORTED_HINTS = {"functions": " (send tools)", "function_call": " (send tools and tool_choice)",
+                     "audio": " (this model answers in text)", "modalities": " (this model answers in text)",
+                     "best_of": " (send n)"}
+
+
 def unsupported(body: BaseModel, names: tuple[str, ...]) -> None:
-    """501 for fields a client may send that vsurge does not implement (clearer than ignoring them)."""
+    """400 (invalid_request_error, code unsupported_parameter, param naming the field) for fields a
+    client may send that vsurge does not implement: clearer than ignoring them, and not a 5xx (that
+    OpenAI's SDKs would retry). Values that mean the default (`best_of: 1`, `modalities: ["text"]`)
+    are accepted."""
     extra = body.model_extra or {}
     for name in names:
         value = extra.get(name, getattr(body, name, None) if name in type(body).model_fields else None)
-        if value not in (None, [], {}, False):
-            raise APIError(501, f"'{name}' is not implemented by vsurge", name)
+        if value in (None, [], {}, False) or any(value == d and type(value) is not bool
+                                                 for d in DEFAULT_MEANING.get(name, ())):
+            continue
+        raise APIError(400, f"'{name}' is not supported by vsurge{UNSUPPORTED_HINTS.get(name, '')}", name,
+                       code="unsupported_parameter")
+
+
+def prompt_items(value, param: str) -> list:
+    """OpenAI's prompt/input forms -> a list of strings or a list of token-id lists; ParamError with
+    the message that says what is wrong (empty, a negative id, mixed forms)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ParamError(f"{param} must be a string, a list of strings, a list of token ids or a list of "
+                         f"token-id lists", param)
+    if not value:
+        raise ParamError(f"{param} must not be empty", param)
+    if all(isinstance(v, str) for v in value):
+        return list(value)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return [_token_ids(value, param)]
+    if all(isinstance(v, list) for v in value):
+        for i, ids in enumerate(value):
+            if not ids:
+                raise ParamError(f"{param}[{i}] must not be empty", param)
+        return [_token_ids(ids, param) for ids in value]
+    raise ParamError(f"{param} must be a string, a list of strings, a list of token ids or a list of token-id "
+                     f"lists (not a mix)", param)
+
+
+def _token_ids(values: list, param: str) -> list[int]:
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+            raise ParamError(f"token ids must be integers, got {v!r}", param)
+        if v < 0:
+            raise ParamError(f"token ids must be >= 0, got {v}", param)
+    return [int(v) for v in values]
 
 
 

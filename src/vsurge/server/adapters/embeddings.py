@@ -15,27 +15,28 @@ import asyncio
 import base64
 import json
 from pathlib import Path
-from typing import Annotated, Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 from fastapi.responses import JSONResponse
-from pydantic import Field, StrictBool, StrictInt, StrictStr
+from pydantic import StrictBool, StrictStr
 
+from ...structured.errors import ParamError
 from ..errors import APIError
-from .common import LARGE_INPUT_CHARS, WireModel
+from ..protocol import WholeInt
+from .common import LARGE_INPUT_CHARS, WireModel, as_api_error, prompt_items
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
 POOLINGS = ("mean", "last")
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class EmbeddingRequest(WireModel):
     model: Optional[StrictStr] = None
-    input: Union[StrictStr, Annotated[list[StrictStr], Field(min_length=1)], TokenIds,
-                 Annotated[list[TokenIds], Field(min_length=1)]]
-    encoding_format: Optional[StrictStr] = "float"
-    dimensions: Optional[StrictInt] = None
-    normalize: StrictBool = True  # vLLM's: False returns the pooled states as they are
+    # a string, strings, token ids or token-id lists (common.prompt_items checks it)
+    input: Optional[Any] = None
+    encoding_format: Optional[StrictStr] = None  # None: "float"
+    dimensions: Optional[WholeInt] = None
+    normalize: Optional[StrictBool] = None  # vLLM's: False returns the pooled states as they are (None: true)
     user: Optional[StrictStr] = None
 
 
@@ -70,12 +71,14 @@ def _encoded(vector: np.ndarray, encoding: str):
 
 
 async def _token_lists(surge, value) -> list[list[int]]:
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value[0], int):
-        return [list(value)]
+    if value is None:
+        raise APIError(400, "'input' is a required field", "input", code="missing_required_parameter")
+    try:
+        value = prompt_items(value, "input")
+    except ParamError as exc:
+        raise as_api_error(exc) from None
     if isinstance(value[0], list):
-        return [list(v) for v in value]
+        return value
     for i, text in enumerate(value):
         if text == "":
             raise APIError(400, f"input[{i}] is empty", "input")
@@ -106,7 +109,7 @@ async def respond(server, body: EmbeddingRequest):
         raise APIError(503, f"embedding failed: {exc}") from None
     pooling = server.pooling_for(surge)
     data = [{"object": "embedding", "index": i,
-             "embedding": _encoded(_pooled(r, pooling, body.dimensions, body.normalize), encoding)}
+             "embedding": _encoded(_pooled(r, pooling, body.dimensions, body.normalize is not False), encoding)}
             for i, r in enumerate(results)]
     tokens = sum(len(p) for p in prompts)
     return JSONResponse({"object": "list", "data": data, "model": server.name_of(surge),

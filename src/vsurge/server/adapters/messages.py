@@ -18,7 +18,7 @@ import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import StrictInt, StrictStr
+from pydantic import StrictStr
 
 from ...structured.errors import ParamError
 from ...structured.openai_fields import chat_constraints, combine, schema_constraint
@@ -26,6 +26,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
+from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
 
@@ -34,7 +35,7 @@ ROLES = ("user", "assistant")
 
 class MessagesRequest(SamplingFields):
     model: Optional[StrictStr] = None
-    max_tokens: StrictInt  # required, as in Anthropic's API
+    max_tokens: WholeInt  # required, as in Anthropic's API
     messages: list[dict[str, Any]]
     system: Optional[Union[StrictStr, list[dict[str, Any]]]] = None
     stop_sequences: Optional[list[StrictStr]] = None
@@ -43,7 +44,7 @@ class MessagesRequest(SamplingFields):
     thinking: Optional[dict[str, Any]] = None  # {"type": "enabled" | "disabled"}: the template's enable_thinking
     output_config: Optional[dict[str, Any]] = None  # {"format": {"type": "json_schema", "schema"}}: structured output
     structured_outputs: Optional[Any] = None  # vLLM's: {"regex" | "grammar" | "choice" | "json": ...}
-    stream: bool = False
+    stream: Optional[bool] = None  # None: false
     metadata: Optional[dict[str, Any]] = None
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
@@ -67,7 +68,10 @@ def _text(blocks, param: str) -> str:
         raise ParamError(f"{param} must be a string or a list of text blocks", param)
     texts = []
     for j, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind in CONTENT_KINDS:
+            raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{param}[{j}].type")
+        if kind != "text" or not isinstance(block.get("text"), str):
             raise ParamError(f"{param}[{j}] must be a text block {{'type': 'text', 'text': ...}}", f"{param}[{j}]")
         texts.append(block["text"])
     return "".join(texts)
@@ -109,6 +113,8 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # earlier thinking is not shown to the model again
+            elif kind in CONTENT_KINDS:
+                raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{at}.type")
             else:
                 raise ParamError(f"{at}.type {kind!r} is not supported in a {role} message (text, tool_use, "
                                  f"tool_result, thinking)", f"{at}.type")

@@ -20,7 +20,7 @@ import uuid
 from typing import Any, AsyncIterator, Optional, Union
 
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import StrictInt, StrictStr
+from pydantic import StrictStr
 
 from ...structured.errors import ParamError
 from ...structured.openai_fields import chat_constraints, combine, schema_constraint
@@ -28,6 +28,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
 from ..generation import ChoiceStreams
+from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
@@ -37,17 +38,17 @@ TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal", "summary_text
 
 class ResponsesRequest(SamplingFields):
     model: Optional[StrictStr] = None
-    input: Union[StrictStr, list[dict[str, Any]]]
+    input: Optional[Union[StrictStr, list[dict[str, Any]]]] = None  # null: a 400, as when it is missing
     instructions: Optional[StrictStr] = None
-    max_output_tokens: Optional[StrictInt] = None
+    max_output_tokens: Optional[WholeInt] = None
     tools: Optional[Any] = None
     tool_choice: Optional[Any] = None
     parallel_tool_calls: Optional[bool] = None
     text: Optional[Any] = None  # {"format": {"type": "text" | "json_object" | "json_schema", ...}}
     reasoning: Optional[Any] = None  # {"effort": ...}: the template's reasoning_effort
-    stream: bool = False
+    stream: Optional[bool] = None  # None: false
     previous_response_id: Optional[StrictStr] = None
-    store: bool = True
+    store: Optional[bool] = None  # None: true
     metadata: Optional[dict[str, StrictStr]] = None
     truncation: Optional[StrictStr] = None
     user: Optional[StrictStr] = None
@@ -70,6 +71,8 @@ def _text_of(content, param: str) -> str:
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind in CONTENT_KINDS:
+            raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{where}.type")
         if kind not in TEXT_PART_TYPES:
             raise ParamError(f"{where}.type {kind!r} is not supported (vsurge serves text models: "
                              f"{', '.join(TEXT_PART_TYPES[:3])})", f"{where}.type")
@@ -172,6 +175,8 @@ def text_constraints(text) -> list:
 async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationRequest, list[dict]]:
     """-> (the request, the conversation before its output: what a stored response continues)."""
     history: list[dict] = []
+    if body.input is None:
+        raise APIError(400, "'input' is a required field", "input", code="missing_required_parameter")
     if body.previous_response_id is not None:
         stored = server.response_store.get(body.previous_response_id)
         if stored is None:
@@ -326,7 +331,7 @@ def _base(body: ResponsesRequest, model: str, params) -> dict:
         "previous_response_id": body.previous_response_id,
         "reasoning": {"effort": (body.reasoning or {}).get("effort") if isinstance(body.reasoning, dict) else None,
                       "summary": None},
-        "store": body.store, "temperature": params.temperature, "top_p": params.top_p,
+        "store": body.store is not False, "temperature": params.temperature, "top_p": params.top_p,
         "text": body.text if isinstance(body.text, dict) and body.text.get("format") else {"format": {"type": "text"}},
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
         "tools": body.tools or [], "truncation": body.truncation or "disabled", "usage": None, "user": body.user,
@@ -375,7 +380,7 @@ async def respond(server, body: ResponsesRequest):
     streams.start_or_refuse()
 
     def store() -> None:
-        if body.store:
+        if body.store is not False:
             server.response_store.put(builder.response, conversation + [builder.assistant_message()])
 
     if body.stream:
