@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .cli_parallel import add_parallel_args
 from .config import QUANTIZATIONS
-from .kv import KV_CACHE_DTYPES
+from .engine.config import EngineConfig
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
@@ -35,8 +35,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
                         "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
-    p.add_argument("--max-length", type=int, default=2048,
-                   help="context length: the conversation plus the reply (default 2048, at most the model's)")
+    EngineConfig.add_flags(p, ["max_length"])
     p.add_argument("--compilation-cache", default=_default_cache(),
                    help=f"directory of compiled programs reused across runs ('none' to disable; default "
                         f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE}, shared with `vsurge serve`)")
@@ -111,51 +110,11 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
-    p.add_argument("--max-concurrent-decodes", type=int, default=None,
-                   help="sequences generating at once (default: chosen for the machine, 32 on a small CPU)")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 503")
-    p.add_argument("--max-length", type=int, default=2048, help="context length per sequence (prompt + output)")
-    p.add_argument("--max-prefill-length", type=int, default=None, help="longest prompt (default: max-length - 1)")
-    p.add_argument("--prefill-tokens", type=int, default=512,
-                   help="prompt tokens one step computes (prompts longer than this take several steps)")
-    p.add_argument("--prefill-lengths", default=None,
-                   help="comma-separated prompt-row lengths a step may use (default: prefill-tokens and 1/16 of it)")
-    p.add_argument("--decode-steps", type=int, default=4,
-                   help="decode steps per device call while no prompt waits")
-    p.add_argument("--no-async-scheduling", action="store_true",
-                   help="read each step's tokens before planning the next (default: the next step is planned "
-                        "and dispatched while the device runs this one, fed its tokens on the device)")
     p.add_argument("--engine", default="paged", choices=["dense", "paged"],
                    help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "
                         "max-length run of pages per slot")
-    p.add_argument("--page-size", type=int, default=128, help="tokens per KV page (paged engine)")
-    p.add_argument("--num-pages", type=int, default=None,
-                   help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
-    p.add_argument("--hbm-utilization", type=float, default=0.6,
-                   help="fraction of the memory left after the weights that KV pages may take (paged engine)")
-    p.add_argument("--no-prefix-caching", action="store_true", help="paged engine: never reuse cached prefixes")
-    p.add_argument("--kv-host-cache-gb", type=float, default=None,
-                   help="host-memory tier of the prefix cache: pages evicted from the KV pool (and those of "
-                        "preempted sequences) are kept there and copied back on a hit (default: 0 on CPU, where "
-                        "the pool is already host memory; a quarter of the free RAM, at most 64, on accelerators)")
-    p.add_argument("--kv-cache-dir", default=None,
-                   help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
-    p.add_argument("--kv-cache-dir-gb", type=float, default=4.0, help="size cap of --kv-cache-dir (LRU)")
-    p.add_argument("--kv-prefetch-gb", type=float, default=0.5,
-                   help="at start-up, read this much of --kv-cache-dir's most recent pages into the KV pool (0: none)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=list(KV_CACHE_DTYPES),
-                   help="how the paged KV pool stores keys and values: auto (the model's activation dtype; on a "
-                        "CPU with vsurge's C++ kernels float16, as llama.cpp's default cache); float32; bfloat16 or "
-                        "float16 (a float32 model's cache in half the memory); int8 or "
-                        "fp8 (float8_e4m3fn), each token's vector per KV head with a float16 scale: about twice "
-                        "the pages of a bfloat16 pool in the same memory (the start-up line prints them)")
-    p.add_argument("--prefix-wait-steps", type=int, default=64,
-                   help="steps a prompt may wait for a prefix another request is computing (0: never wait)")
-    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                   help="priority: requests' `priority` (lower first) orders the queue, and a waiting request "
-                        "preempts a running one of lower priority (default fcfs: first come, first served)")
-    p.add_argument("--speculative-tokens", type=int, default=0,
-                   help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
+    EngineConfig.add_flags(p.add_argument_group("engine (EngineConfig's settings: engine/config.py)"))
     from .structured.reasoning import REASONING_PARSERS
     from .structured.tool_parsers import PARSER_NAMES
 
@@ -222,8 +181,15 @@ def _check_model_args(args) -> None:
     from .cli_parallel import validate
 
     validate(args)
-    if args.max_length < 2:
-        raise _fail("--max-length must be at least 2")
+    _engine_flags(args)
+
+
+def _engine_flags(args) -> dict:
+    """The EngineConfig settings given on the command line (engine/config.py), each checked."""
+    try:
+        return EngineConfig.flag_values(args)
+    except ValueError as e:
+        raise _fail(str(e)) from None
 
 
 def _read_prompt_file(path: str, flag: str = "--file") -> str:
@@ -354,14 +320,9 @@ def cmd_serve(args) -> int:
     from .server import vSurgeApiServer
     from .vsurge import vSurge
 
-    if (args.max_concurrent_decodes is not None and args.max_concurrent_decodes < 1) or args.max_queue < 0 \
-            or args.max_length < 2:
-        raise SystemExit("vsurge: error: --max-concurrent-decodes, --max-queue and --max-length must be positive")
-    if not 0 <= args.speculative_tokens <= 16:
-        raise _fail("--speculative-tokens must be in [0, 16]")
-    if ((args.kv_host_cache_gb or 0) < 0 or args.kv_cache_dir_gb <= 0 or args.prefix_wait_steps < 0
-            or args.kv_prefetch_gb < 0):
-        raise _fail("--kv-host-cache-gb, --kv-prefetch-gb and --prefix-wait-steps must be >= 0, --kv-cache-dir-gb > 0")
+    settings = _engine_flags(args)
+    if args.max_queue < 0:
+        raise _fail(f"--max-queue must be at least 0, got {args.max_queue}")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -372,35 +333,24 @@ def cmd_serve(args) -> int:
     use_cache_dir(args.compilation_cache)
     model, processor = _load(args)
     status(describe_model(model))
-    buckets = [int(x) for x in args.prefill_lengths.split(",")] if args.prefill_lengths else None
     name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
                                       if args.model != "default" else "SmolLM2-135M-Instruct")
     parallel = (cli_parallel.disaggregated_kwargs(args) if cli_parallel.disaggregated(args)
                 else cli_parallel.load_kwargs(args))
-    common = dict(max_concurrent_decodes=args.max_concurrent_decodes, prefill_lengths=buckets,
-                  max_prefill_length=args.max_prefill_length, max_length=args.max_length, vsurge_name=name,
-                  max_queue=args.max_queue, prefill_tokens=args.prefill_tokens, decode_steps=args.decode_steps,
-                  async_scheduling=not args.no_async_scheduling, speculative_tokens=args.speculative_tokens,
-                  scheduling_policy=args.scheduling_policy, kv_cache_dtype=args.kv_cache_dtype, **parallel)
-    try:
-        if args.engine == "paged":
-            from .kv.memory import default_host_cache_bytes
+    paged = args.engine == "paged"
+    if paged and "kv_host_cache_bytes" not in settings:
+        from .kv.memory import default_host_cache_bytes
 
-            host = (default_host_cache_bytes() if args.kv_host_cache_gb is None
-                    else int(args.kv_host_cache_gb * 2**30))
-            surge = vSurge.create_odriver(model, processor, page_size=args.page_size, num_pages=args.num_pages,
-                                          hbm_utilization=args.hbm_utilization,
-                                          enable_prefix_caching=not args.no_prefix_caching,
-                                          kv_host_cache_bytes=host, kv_cache_dir=args.kv_cache_dir,
-                                          kv_disk_cache_bytes=int(args.kv_cache_dir_gb * 2**30),
-                                          kv_disk_prefetch_bytes=int(args.kv_prefetch_gb * 2**30),
-                                          prefix_wait_steps=args.prefix_wait_steps, **common)
-            for engine in surge.driver.engines:
-                status(describe_kv_pool(model, engine))
-        else:
-            surge = vSurge.create_vdriver(model, processor, **common)
+        settings["kv_host_cache_bytes"] = default_host_cache_bytes()
+    try:
+        config = EngineConfig.fitted(model.config.max_position_embeddings, **settings)
+        surge = vSurge.from_config(model, processor, config, paged=paged, vsurge_name=name, max_queue=args.max_queue,
+                                   **parallel)
     except ValueError as e:
-        raise SystemExit(f"vsurge: error: {e}") from None
+        raise _fail(str(e)) from None
+    if paged:
+        for engine in surge.driver.engines:
+            status(describe_kv_pool(model, engine))
     if multihost and cli_parallel.is_follower():
         return cli_parallel.follow(surge)
     from .server.adapters.response_store import ResponseStore

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from .engine.config import DEFAULT_MAX_LENGTH
 from .sampling_params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
@@ -23,7 +24,7 @@ from .sampling_params import SamplingParams
 # and longer prompts take more steps (600 tokens: ~1.9 s, against ~1.5 s with 128-token rows).
 # The prefix cache keeps whole pages of the conversation, so a later turn prefills little more than
 # what is new. Smaller pages would cache more, but a decode program unrolls its attention per page
-# of its window: 32-token pages made the 2048-token window take minutes to load from the cache.
+# of its window: 32-token pages made the default context's window take minutes to load from the cache.
 CLI_SLOTS = 2
 CLI_PROMPT_ROWS = (64,)
 CLI_PAGE_SIZE = 128
@@ -94,7 +95,7 @@ class LocalEngine:
         self._runner = asyncio.Runner()
 
     @classmethod
-    def start(cls, model: str, *, dtype=None, quantization=None, max_length: int = 2048,
+    def start(cls, model: str, *, dtype=None, quantization=None, max_length: int = DEFAULT_MAX_LENGTH,
               compilation_cache: str | None = None, tensor_parallel_size: int | None = None) -> "LocalEngine":
         from .errors import ModelLoadError
         from .loading import DEFAULT_MODEL_NAME, load, resolve_model_path

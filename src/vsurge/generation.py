@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from .engine.config import DEFAULT_MAX_LENGTH
 from .kv.dense import DenseKVCache
 from .kv.quant import storage_dtype
 from .sharding import create_state, mesh_of
@@ -62,7 +63,7 @@ class Generator:
     """Single-stream generation for one model; reuses its compiled steps across calls."""
 
     model: nnx.Module
-    max_length: int = 2048
+    max_length: int = DEFAULT_MAX_LENGTH
     kv_cache_dtype: str | None = None  # None / "auto": the model dtype; bfloat16 / float16 cast; int8 / fp8 quantized (kv/quant.py)
 
     def __post_init__(self):

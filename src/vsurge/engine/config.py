@@ -14,6 +14,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from ..kv import KV_CACHE_DTYPES
 
@@ -40,30 +41,118 @@ def default_slots() -> int:
     return max(32, min(128, 16 * (os.cpu_count() or 2)))
 
 
+DEFAULT_MAX_LENGTH = 2048  # the default context length (prompt + reply): EngineConfig's, every CLI's
+GiB = 1 << 30
+
+
+# ------------------------------------------------------------ the declaration of a field
+@dataclass(frozen=True)
+class Check:
+    """A field's own check: `ok(value)`, else "<name> must be <what>, got <value>"."""
+
+    what: str
+    ok: Callable[[Any], bool]
+    choices: tuple = ()  # the values a flag may take (one_of)
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def at_least(low: int) -> Check:
+    return Check(f"at least {low}", lambda v: _integer(v) and v >= low)
+
+
+def int_in(low: int, high: int) -> Check:
+    return Check(f"in [{low}, {high}]", lambda v: _integer(v) and low <= v <= high)
+
+
+def one_of(choices) -> Check:
+    named = tuple(c for c in choices if c is not None)
+    return Check(f"one of {', '.join(named)}", lambda v: v in choices, named)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What EngineConfig declares about one field (its dataclass metadata): its check, and the
+    `vsurge serve` flag that sets it (cli.py adds the flags with `add_flags`, reads them with
+    `from_flags`; `vsurge generate` / `chat` take the ones in `CHAT_FLAGS`)."""
+
+    check: Check | None = None
+    flag: str | None = None  # None: not on the command line
+    help: str = ""
+    unit: int = 1  # field = flag value * unit (the GB flags of byte fields)
+    flag_default: Any = ...  # the flag's default, where not the field's (...: the field's)
+    off: bool = False  # a True-by-default field that the flag (--no-...) turns off
+    parse: Callable[[str], Any] | None = None  # the flag's text -> the field's value
+
+
+def setting(default, **spec) -> Any:
+    return dataclasses.field(default=default, metadata={"setting": Setting(**spec)})
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    max_slots: int = 32  # sequences generating at once (the seed's max_concurrent_decodes)
-    max_length: int = 2048  # prompt + generated tokens of one sequence
-    max_prompt_length: int | None = None  # longest prompt accepted; None = max_length - 1
-    prefill_tokens: int = 512  # prompt tokens one step computes (vLLM's max_num_batched_tokens)
-    chunk_lengths: tuple[int, ...] = ()  # prompt-row lengths a step may use; () = derived
+    max_slots: int = setting(
+        32, check=at_least(1), flag="--max-concurrent-decodes", flag_default=None,
+        help="sequences generating at once (default: chosen for the machine, 32 on a small CPU)")
+    max_length: int = setting(
+        DEFAULT_MAX_LENGTH, check=at_least(2), flag="--max-length",
+        help="context length per sequence: the prompt (the conversation) plus the reply, at most the model's "
+             "(default %(default)s)")
+    max_prompt_length: int | None = setting(  # None = max_length - 1
+        None, flag="--max-prefill-length", help="longest prompt (default: max-length - 1)")
+    prefill_tokens: int = setting(  # vLLM's max_num_batched_tokens
+        512, check=at_least(1), flag="--prefill-tokens",
+        help="prompt tokens one step computes (prompts longer than this take several steps)")
+    chunk_lengths: tuple[int, ...] = setting(  # () = derived (chunk_shapes)
+        (), flag="--prefill-lengths", flag_default=None, parse=_lengths,
+        help="comma-separated prompt-row lengths a step may use (default: prefill-tokens and 1/16 of it)")
     max_prefill_rows: int | None = None  # most prompt rows per step (the seed's max_concurrent_prefill)
-    decode_steps: int = 4  # decode steps per device call while no prompt waits
-    page_size: int = 128  # tokens per KV page
-    num_pages: int | None = None  # paged engine's pool; None = sized from free memory
-    hbm_utilization: float = 0.6  # fraction of the free memory the pool may take
-    enable_prefix_caching: bool = True
-    # steps a prompt may wait for a prefix that a running sequence is computing (0 = never wait)
-    prefix_wait_steps: int = 64
-    kv_host_cache_bytes: int = 0  # host-memory tier of the prefix cache (kv/tiers.py); 0 = none
-    kv_cache_dir: str | None = None  # disk tier across restarts (kv/disk_tier.py); None = none
-    kv_disk_cache_bytes: int = 4 << 30  # the disk tier's size cap
-    # the disk tier's most recent pages read into free device pages at start-up (engine/tiers.py)
-    kv_disk_prefetch_bytes: int = 512 << 20
+    decode_steps: int = setting(
+        4, check=at_least(1), flag="--decode-steps", help="decode steps per device call while no prompt waits")
+    page_size: int = setting(128, check=at_least(1), flag="--page-size", help="tokens per KV page (paged engine)")
+    num_pages: int | None = setting(  # None = sized from free memory
+        None, flag="--num-pages", help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
+    hbm_utilization: float = setting(
+        0.6, check=Check("in (0, 1]", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
+        flag="--hbm-utilization",
+        help="fraction of the memory left after the weights that KV pages may take (paged engine)")
+    enable_prefix_caching: bool = setting(
+        True, flag="--no-prefix-caching", off=True, help="paged engine: never reuse cached prefixes")
+    prefix_wait_steps: int = setting(
+        64, check=at_least(0), flag="--prefix-wait-steps",
+        help="steps a prompt may wait for a prefix another request is computing (0: never wait)")
+    kv_host_cache_bytes: int = setting(  # kv/tiers.py
+        0, check=at_least(0), flag="--kv-host-cache-gb", unit=GiB, flag_default=None,
+        help="host-memory tier of the prefix cache: pages evicted from the KV pool (and those of preempted "
+             "sequences) are kept there and copied back on a hit (default: 0 on CPU, where the pool is already "
+             "host memory; a quarter of the free RAM, at most 64, on accelerators)")
+    kv_cache_dir: str | None = setting(  # kv/disk_tier.py
+        None, flag="--kv-cache-dir",
+        help="disk tier of the prefix cache: prefix pages persist in this directory across restarts")
+    kv_disk_cache_bytes: int = setting(
+        4 * GiB, check=Check("positive", lambda v: _integer(v) and v > 0), flag="--kv-cache-dir-gb", unit=GiB,
+        help="size cap of --kv-cache-dir (LRU)")
+    kv_disk_prefetch_bytes: int = setting(  # engine/tiers.py
+        GiB // 2, check=at_least(0), flag="--kv-prefetch-gb", unit=GiB,
+        help="at start-up, read this much of --kv-cache-dir's most recent pages into the KV pool (0: none)")
     # KV pages' storage: None / "auto" = the model dtype; "int8" / "fp8" (float8_e4m3fn) = quantized
     # per token and KV head with a float16 scale each (kv/quant.py): about half a bfloat16 page
-    kv_cache_dtype: str | None = None
-    speculative_tokens: int = 0  # prompt-lookup drafts per greedy sequence and step (0 = off)
+    kv_cache_dtype: str | None = setting(
+        None, check=one_of((None, *KV_CACHE_DTYPES)), flag="--kv-cache-dtype", flag_default="auto",
+        help="how the paged KV pool stores keys and values: auto (the model's activation dtype; on a CPU with "
+             "vsurge's C++ kernels float16, as llama.cpp's default cache); float32; bfloat16 or float16 (a float32 "
+             "model's cache in half the memory); int8 or fp8 (float8_e4m3fn), each token's vector per KV head with "
+             "a float16 scale: about twice the pages of a bfloat16 pool in the same memory (the start-up line "
+             "prints them)")
+    speculative_tokens: int = setting(
+        0, check=int_in(0, 16), flag="--speculative-tokens",
+        help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
     speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
     # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
@@ -74,66 +163,107 @@ class EngineConfig:
     window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
     # "fcfs": first come, first served; "priority": requests' `priority` orders the queue and may preempt
-    scheduling_policy: str = "fcfs"
+    scheduling_policy: str = setting(
+        "fcfs", check=one_of(SCHEDULING_POLICIES), flag="--scheduling-policy",
+        help="priority: requests' `priority` (lower first) orders the queue, and a waiting request preempts a "
+             "running one of lower priority (default fcfs: first come, first served)")
     # What the engine's steps compute (disaggregated serving, engine/disaggregated.py): "both"
     # (prompt chunks and decode rows in one step: interleaved), "prefill" (prompt chunks only; a
     # finished prefix is handed to a decode engine) or "decode" (decode rows only).
-    role: str = "both"
+    role: str = setting("both", check=one_of(ROLES))
     # Plan and dispatch step N+1 before reading step N's tokens (fed back on the device), so host work
     # overlaps the device's (driver.py); False: each step's tokens are read before the next is planned.
-    async_scheduling: bool = True
+    async_scheduling: bool = setting(
+        True, flag="--no-async-scheduling", off=True,
+        help="read each step's tokens before planning the next (default: the next step is planned and "
+             "dispatched while the device runs this one, fed its tokens on the device)")
 
     def __post_init__(self):
-        for name in ("max_slots", "max_length", "prefill_tokens", "decode_steps", "page_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if self.max_length < 2:
-            raise ValueError(f"max_length must be at least 2, got {self.max_length}")
+        for f in SETTINGS:
+            spec, value = f.metadata["setting"], getattr(self, f.name)
+            if spec.check is not None and not spec.check.ok(value):
+                raise ValueError(f"{f.name} must be {spec.check.what}, got {value!r}")
         if self.max_prompt_length is not None and not 1 <= self.max_prompt_length < self.max_length:
             raise ValueError(f"max_prompt_length must be in [1, max_length - 1 = {self.max_length - 1}], "
                              f"got {self.max_prompt_length}")
-        if not 0 < self.hbm_utilization <= 1:
-            raise ValueError(f"hbm_utilization must be in (0, 1], got {self.hbm_utilization}")
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
-                             f"got {self.scheduling_policy!r}")
-        for name in ("prefix_wait_steps", "kv_host_cache_bytes", "kv_disk_prefetch_bytes"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
-        if self.kv_disk_cache_bytes <= 0:
-            raise ValueError(f"kv_disk_cache_bytes must be positive, got {self.kv_disk_cache_bytes!r}")
-        if self.kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
-            raise ValueError(f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                             f"got {self.kv_cache_dtype!r}")
-        if self.role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if any(n < 1 or n > self.prefill_tokens for n in self.chunk_lengths):
             raise ValueError(f"chunk_lengths must be in [1, prefill_tokens={self.prefill_tokens}], "
                              f"got {self.chunk_lengths}")
+
+    @classmethod
+    def fitted(cls, context: int | None = None, **values) -> "EngineConfig":
+        """EngineConfig(**values) for one model: max_length capped at its `context`, the longest prompt
+        below it, prefill_tokens at least the longest chunk length, max_slots for this machine if unset."""
+        length = int(values.pop("max_length", None) or DEFAULT_MAX_LENGTH)
+        if context:
+            length = min(length, int(context))
+        if values.get("max_prompt_length"):
+            values["max_prompt_length"] = min(int(values["max_prompt_length"]), length - 1)
+        if values.get("chunk_lengths"):
+            values["chunk_lengths"] = tuple(sorted({int(n) for n in values["chunk_lengths"]}))
+            values["prefill_tokens"] = max(values.get("prefill_tokens", 512), *values["chunk_lengths"])
+        if values.get("max_slots") is None:
+            values["max_slots"] = default_slots()
+        return cls(max_length=length, **values)
 
     @classmethod
     def from_seed_kwargs(cls, *, max_concurrent_decodes=None, max_concurrent_prefill=None, prefill_lengths=None,
                          max_prefill_length=None, max_length=None, seed=894, context: int | None = None,
                          **rest) -> "EngineConfig":
         """The seed's engine keyword arguments -> EngineConfig. `context` caps max_length (the model's)."""
-        length = int(max_length or 2048)
-        if context:
-            length = min(length, int(context))
         if isinstance(prefill_lengths, int):
             prefill_lengths = [prefill_lengths]
-        values = dict(max_slots=int(max_concurrent_decodes or default_slots()), max_length=length, seed=seed)
-        if max_prefill_length:
-            values["max_prompt_length"] = min(int(max_prefill_length), length - 1)
-        if max_concurrent_prefill:
-            values["max_prefill_rows"] = int(max_concurrent_prefill)
-        values.update({k: v for k, v in rest.items() if v is not None})
-        if prefill_lengths:
-            values["prefill_tokens"] = max(values.get("prefill_tokens", 512), max(int(n) for n in prefill_lengths))
-            values["chunk_lengths"] = tuple(sorted({int(n) for n in prefill_lengths}))
-        return cls(**values)
+        values = dict(max_slots=int(max_concurrent_decodes or 0) or None, max_length=max_length,
+                      seed=seed, max_prompt_length=max_prefill_length or None, chunk_lengths=prefill_lengths or None,
+                      max_prefill_rows=int(max_concurrent_prefill or 0) or None)
+        values.update(rest)
+        return cls.fitted(context, **{k: v for k, v in values.items() if v is not None})
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------ the command line (cli.py)
+    @staticmethod
+    def add_flags(parser, names: Sequence[str] | None = None) -> None:
+        """One flag per declared setting (`names`: only these fields; default all with a flag)."""
+        for f in SETTINGS:
+            spec = f.metadata["setting"]
+            if spec.flag is None or (names is not None and f.name not in names):
+                continue
+            if spec.off:
+                parser.add_argument(spec.flag, action="store_true", help=spec.help)
+                continue
+            default = f.default / spec.unit if spec.unit != 1 else f.default
+            default = default if spec.flag_default is ... else spec.flag_default
+            choices = list(spec.check.choices) if spec.check is not None and spec.check.choices else None
+            kind = str if spec.parse else (float if spec.unit != 1 else _flag_type(f))
+            parser.add_argument(spec.flag, type=kind, default=default, choices=choices, help=spec.help)
+
+    @staticmethod
+    def flag_values(args) -> dict:
+        """The declared flags present in `args` -> field values (unset flags left out), each checked:
+        a bad one raises ValueError naming the flag."""
+        values = {}
+        for f in SETTINGS:
+            spec = f.metadata["setting"]
+            dest = spec.flag and spec.flag.removeprefix("--").replace("-", "_")
+            if dest is None or not hasattr(args, dest):
+                continue
+            given = getattr(args, dest)
+            if spec.off:
+                values[f.name] = not given
+                continue
+            if given is None:
+                continue
+            try:
+                value = spec.parse(given) if spec.parse else given
+            except ValueError:
+                raise ValueError(f"{spec.flag}: cannot read {given!r}") from None
+            value = int(value * spec.unit) if spec.unit != 1 else value
+            if spec.check is not None and not spec.check.ok(value):
+                raise ValueError(f"{spec.flag} must be {spec.check.what}, got {given}")
+            values[f.name] = value
+        return values
 
     # ------------------------------------------------------------ derived sizes and buckets
     # (the bucket lists are cached: the engine reads them every step; a frozen config never changes)
@@ -212,3 +342,11 @@ class EngineConfig:
         """Decode programs of this window loop over page columns instead of unrolling them (more than
         4 columns: the loop costs nothing extra there, and unrolling makes programs slow to compile)."""
         return window == self.pages_per_sequence and window > 4
+
+
+SETTINGS = [f for f in dataclasses.fields(EngineConfig) if "setting" in f.metadata]
+
+
+def _flag_type(f) -> type:
+    """The flag's type: the field's annotation (a string here: `from __future__ import annotations`)."""
+    return next((kind for kind in (str, float, int) if kind.__name__ in str(f.type)), str)
