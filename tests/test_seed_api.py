@@ -376,3 +376,22 @@ def test_seed_layering_engine_and_vinference_import_nothing_from_seed():
             text = path.read_text()
             imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", text, re.M)
             assert not [m for m in imports if m.startswith("..seed") or m.startswith("vsurge.seed")], path
+
+
+def test_from_config_builds_vsurges_own_engines_and_the_seed_constructors_its_classes(tiny):
+    from vsurge import EngineConfig, oDriver, vDriver
+    from vsurge.engine.core import EngineCore
+    from vsurge.engine.driver import Driver
+
+    model, processor = tiny
+    config = EngineConfig(max_slots=2, max_length=64, page_size=16, num_pages=8)
+    own = vSurge.from_config(model, processor, config, paged=True, vsurge_name="own")
+    engine = own.driver.engines[0]
+    assert type(own.driver) is Driver and type(engine) is EngineCore and engine.config.num_pages == 8
+    assert type(vSurge.from_config(model, processor, config, paged=False).driver.engines[0].pool).__name__ == "SlotPages"
+    paged = vSurge.create_odriver(model, processor, max_concurrent_decodes=2, max_length=64, page_size=16, num_pages=8,
+                                  decode_steps=2, max_queue=5)
+    assert isinstance(paged.driver, oDriver) and isinstance(paged.driver.engines[0], oEngine)
+    assert paged.driver.engines[0].config.decode_steps == 2 and paged.driver.max_queue == 5  # field / deployment
+    dense = vSurge.create_vdriver(model, processor, config=config)
+    assert isinstance(dense.driver, vDriver) and isinstance(dense.driver.engines[0], vEngine)

@@ -218,8 +218,9 @@ def test_save_and_load_serve_without_compiling(vinf, default_model, tmp_path, co
 # ---------------------------------------------------------------- the seed's step API (issue 35)
 def test_sample_state_holds_prompt_then_generated_tokens(vinf):
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
-    final = list(vinf.generate(prompts, sampling_params=SamplingParams(max_tokens=6, temperature=0.0,
-                                                                       ignore_eos=True)))[-1]
+    ids, mask = np.asarray([[0, 0, 5, 6, 7], prompts[1]]), np.asarray([[0, 0, 1, 1, 1], [1] * 5])  # left-padded
+    final = list(vinf.generate(ids, mask, sampling_params=SamplingParams(max_tokens=6, temperature=0.0,
+                                                                         ignore_eos=True)))[-1]
     pad = vinf.generation_config.pad_token_id or 0
     assert final.padded_length == 64 and final.sequences.shape == (2, 64 + 64)
     for b, prompt in enumerate(prompts):
