@@ -234,7 +234,8 @@ def test_vengine_prefill_takes_a_batch_its_valids_and_its_key_in_the_seeds_order
     # the seed's (batch, max_length) valids: a mask over the whole context, the prompt in its first columns
     wide = np.zeros((3, v_engine.max_length), bool)
     wide[:, :16] = valids
-    assert v_engine.prefill(None, None, tokens, wide, lengths, 0.0, 1.0, key)[1].tokens.tolist() == first.tokens.tolist()
+    widened = v_engine.prefill(None, None, tokens, wide, lengths, 0.0, 1.0, key)[1]
+    assert widened.tokens.tolist() == first.tokens.tolist()
     with pytest.raises(ValueError, match="valids must be"):
         v_engine.prefill(None, None, tokens, valids[:, :8], lengths, 0.0, 1.0, key)
     with pytest.raises(ValueError, match="valids marks 5 tokens but true_length is 4"):
@@ -388,7 +389,8 @@ def test_from_config_builds_vsurges_own_engines_and_the_seed_constructors_its_cl
     own = vSurge.from_config(model, processor, config, paged=True, vsurge_name="own")
     engine = own.driver.engines[0]
     assert type(own.driver) is Driver and type(engine) is EngineCore and engine.config.num_pages == 8
-    assert type(vSurge.from_config(model, processor, config, paged=False).driver.engines[0].pool).__name__ == "SlotPages"
+    dense_pool = vSurge.from_config(model, processor, config, paged=False).driver.engines[0].pool
+    assert type(dense_pool).__name__ == "SlotPages"
     paged = vSurge.create_odriver(model, processor, max_concurrent_decodes=2, max_length=64, page_size=16, num_pages=8,
                                   decode_steps=2, max_queue=5)
     assert isinstance(paged.driver, oDriver) and isinstance(paged.driver.engines[0], oEngine)

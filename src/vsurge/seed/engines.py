@@ -226,7 +226,8 @@ class SeedEngineAPI:
 
         Row b's prompt is its `valids[b]` tokens (any padding, left or right), else its first
         `true_length[b]`. valids may be (B, T) or (B, max_length) (the seed's mask over the whole
-        context: its first T columns cover the prompt; the rest is ignored). temperature / top_p / top_k are per row (arrays) or shared (scalars).
+        context: its first T columns cover the prompt; the rest is ignored). temperature / top_p /
+        top_k are per row (arrays) or shared (scalars).
         `rngs` (a PRNG key) gives row b the sampling seed of fold_in(rngs, b), so a key fixes the
         samples; without one, seeds come from the engine's generator. A sequence may generate
         until the context is full unless `max_new_tokens` caps it (the seed has no cap)."""
