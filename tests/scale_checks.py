@@ -114,7 +114,7 @@ def check_engines(path):
     tp4, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=4)
     dense = _generate(_surge(tp2, processor, "dense"), prompts, 10)
     paged = _surge(tp4, processor, "paged")
-    state_specs = {str(s.spec) for s in jax.tree.leaves(paged.engine.get_state_shardings())}
+    state_specs = {str(s.spec) for s in jax.tree.leaves(paged.engine.get_state_shardings(is_decode=True))}
     paged_out = _generate(paged, prompts, 10)
     generator = [greedy_generate(tp4, ids, 10) for ids in prompts]
     print("RESULT " + json.dumps({"reference": reference, "dense_tp2": dense, "paged_tp4": paged_out,
