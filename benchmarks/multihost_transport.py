@@ -5,7 +5,7 @@ of a 32-row decode step of the default model (bucket key, tokens, page tables, s
 sampling arrays, the 32 x 1536-word bitmask) from process 0 to process 1, two ways:
 
   kv-store   jax.distributed's coordination service: the leader sets one key per step
-             (engine/multihost.py's encoding: arrays of one repeated value travel as
+             (scale/multihost.py's encoding: arrays of one repeated value travel as
              that value), the follower waits on it; the leader never waits
   broadcast  jax.experimental.multihost_utils.broadcast_one_to_all: a fixed header
              (which program, so the follower knows the shapes) then the arrays, each a
@@ -30,9 +30,9 @@ def worker(rank: int, port: int) -> None:
     import numpy as np
     from jax.experimental import multihost_utils
 
-    from vsurge import distributed
+    from vsurge.scale import distributed
     from vsurge.engine.batch import BatchBuilder
-    from vsurge.engine.multihost import StepChannel, encode
+    from vsurge.scale.multihost import StepChannel, encode
 
     distributed.initialize(f"127.0.0.1:{port}", 2, rank)
     batches = BatchBuilder(49152, 1024, 128, 32, 16)

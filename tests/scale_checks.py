@@ -171,7 +171,7 @@ def check_default_blocks_tp3():
     model, processor = vsurge.load("default", progress=False)
     ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     ref, one = forward(model, [ids]), greedy_generate(model, ids, 8)
-    from vsurge.engine.replicas import replica_models
+    from vsurge.scale.replicas import replica_models
 
     replicas = replica_models(model, tensor_parallel_size=1, data_parallel_size=3)  # each on its own device
     dp3 = {"devices": [sorted({d.id for w in r.named_weights().values() for leaf in jax.tree.leaves(w)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vsurge.config import ModelConfig
-from vsurge.engine.multihost import decode, encode
+from vsurge.scale.multihost import decode, encode
 from vsurge.metrics import EngineMetrics
 from vsurge.models.fused import fuse_qkv_rows, replicate_kv_groups, split_gate_up, unfuse_qkv
 from vsurge.server.stats import model_stats

@@ -28,13 +28,11 @@ LAYERS = [
     ["kv"],  # the KV caches and page pools
     ["models"],  # the model families
     ["loading"],  # checkpoints -> models
-    # the core step loop: scheduler, programs, engine, driver; distributed.py (jax.distributed) is
-    # here while the scale-out modules still live in engine/ (issue 35 part 3 moves them to scale/)
-    ["engine", "distributed"],
+    ["engine"],  # the core step loop: scheduler, programs, engine core, driver
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
     ["generation", "generation_defaults", "vsurge", "vinference", "seed"],  # the Python faces
     ["server"],  # HTTP
-    ["cli", "cli_engine", "cli_chat", "cli_parallel", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
+    ["cli", "cli_engine", "cli_chat", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
 ]
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from .cli_parallel import add_parallel_args
+from .scale.flags import add_parallel_args
 from .config import QUANTIZATIONS
 from .engine.config import EngineConfig
 
@@ -178,7 +178,7 @@ def _sampling_params(args, defaults, seed: int):
 
 
 def _check_model_args(args) -> None:
-    from .cli_parallel import validate
+    from .scale.flags import validate
 
     validate(args)
     _engine_flags(args)
@@ -300,7 +300,7 @@ def cmd_chat(args) -> int:
 
 
 def _load(args):
-    from .cli_parallel import load_kwargs, validate
+    from .scale.flags import load_kwargs, validate
     from .errors import ModelLoadError
     from .loading import load
 
@@ -326,17 +326,17 @@ def cmd_serve(args) -> int:
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    from . import cli_parallel
+    from .scale import flags as scale_flags
 
-    multihost = cli_parallel.init_distributed(args)  # before anything else touches JAX
+    multihost = scale_flags.init_distributed(args)  # before anything else touches JAX
     defaults = _generation_defaults(args)
     use_cache_dir(args.compilation_cache)
     model, processor = _load(args)
     status(describe_model(model))
     name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
                                       if args.model != "default" else "SmolLM2-135M-Instruct")
-    parallel = (cli_parallel.disaggregated_kwargs(args) if cli_parallel.disaggregated(args)
-                else cli_parallel.load_kwargs(args))
+    parallel = (scale_flags.disaggregated_kwargs(args) if scale_flags.disaggregated(args)
+                else scale_flags.load_kwargs(args))
     paged = args.engine == "paged"
     if paged and "kv_host_cache_bytes" not in settings:
         from .kv.memory import default_host_cache_bytes
@@ -351,8 +351,8 @@ def cmd_serve(args) -> int:
     if paged:
         for engine in surge.driver.engines:
             status(describe_kv_pool(model, engine))
-    if multihost and cli_parallel.is_follower():
-        return cli_parallel.follow(surge)
+    if multihost and scale_flags.is_follower():
+        return scale_flags.follow(surge)
     from .server.adapters.response_store import ResponseStore
 
     server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
@@ -373,7 +373,7 @@ def cmd_serve(args) -> int:
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
-    cli_parallel.exit_after_serving(surge)
+    scale_flags.exit_after_serving(surge)
     return 0
 
 

@@ -93,11 +93,11 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
-        if _several_processes():  # process 0 leads, the others follow (engine/multihost.py, engine/remote.py)
+        if _several_processes():  # process 0 leads, the others follow (scale/multihost.py, scale/remote.py)
             if getattr(driver, "multihost_disaggregated", False):
-                from .engine.remote import attach
+                from .scale.remote import attach
             else:
-                from .engine.multihost import attach
+                from .scale.multihost import attach
             attach(self)
 
     @classmethod
@@ -111,7 +111,7 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         weights) or dense (a fixed run of KV pages per slot).
 
         tensor_parallel_size / data_parallel_size (or a (data, model) `mesh`): one engine per
-        data-parallel replica, each tensor-parallel over its own device group (engine/replicas.py);
+        data-parallel replica, each tensor-parallel over its own device group (scale/replicas.py);
         by default the engine runs where the model's weights are. prefill_devices / decode_devices
         (device indices: "0-2", [3, 4, 5]): disaggregated serving, prefill engines on the first group
         and decode engines on the second (engine/disaggregated.py); each group is one engine
@@ -139,7 +139,7 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         models, decode_models = _engine_models(model, tensor_parallel_size, data_parallel_size, mesh,
                                                prefill_devices, decode_devices, prefill_tensor_parallel_size)
         if paged:
-            from .engine.replicas import agreed_num_pages
+            from .scale.replicas import agreed_num_pages
 
             config = agreed_num_pages(models[0], config)
         engines = [make_engine(m, config) for m in models]
@@ -152,8 +152,8 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def _across_processes(cls, model, processor, make_engine, config, make_driver, name, prefill_devices,
                           decode_devices, prefill_tensor_parallel_size, tensor_parallel_size) -> "vSurge":
         """Disaggregated serving in a multi-process job: process 0 gets the prefill engines and a view
-        of every decode engine; the others the decode engines on their devices (engine/remote.py)."""
-        from .engine.remote import disaggregated_engines, store_name
+        of every decode engine; the others the decode engines on their devices (scale/remote.py)."""
+        from .scale.remote import disaggregated_engines, store_name
 
         prefill, decode = disaggregated_engines(model, processor, make_engine, config, prefill_devices,
                                                 decode_devices, prefill_tensor_parallel_size, tensor_parallel_size,
@@ -338,7 +338,7 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
 def _engine_models(model, tensor_parallel_size, data_parallel_size, mesh, prefill_devices, decode_devices,
                    prefill_tensor_parallel_size) -> tuple[list, list]:
     """(models of the prefill engines, or of every replica; models of the decode engines, or [])."""
-    from .engine.replicas import disaggregated_models, replica_models
+    from .scale.replicas import disaggregated_models, replica_models
 
     if prefill_devices is None and decode_devices is None:
         if prefill_tensor_parallel_size is not None:

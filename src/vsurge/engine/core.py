@@ -75,7 +75,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self._compile_lock = threading.Lock()
         self.compile_seconds = 0.0
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
-        # publishes the call to the followers first (engine/multihost.py)
+        # publishes the call to the followers first (scale/multihost.py)
         self.on_call = None
         # copies between the pool and its host/disk tiers (engine/tiers.py); None without tiers
         self.tiers = None

@@ -84,7 +84,7 @@ class Driver(AbstractDriver):
         self._running = self._accepting = False
         self._error: BaseException | None = None
         # notified after compile() (listener.compiled(driver)) and when the driver stops or fails
-        # (listener.stopped(driver, error)): the multi-host leader (engine/multihost.py)
+        # (listener.stopped(driver, error)): the multi-host leader (scale/multihost.py)
         self.listeners: list = []
 
     # ------------------------------------------------------------ public

@@ -6,11 +6,11 @@ spans them all. vsurge sets three things first:
 
   * jax_enable_recoverability: the coordination service must not kill the
     leader when a follower dies; the leader fails its requests and answers 503
-    instead (engine/multihost.py);
+    instead (scale/multihost.py);
   * jax_enable_preemption_service off: it takes SIGTERM, which the server uses
     to drain;
   * on CPU, cross-process collectives over gloo (jax_cpu_collectives_implementation);
-  * for disaggregated serving across processes (engine/remote.py), JAX's transfer
+  * for disaggregated serving across processes (scale/remote.py), JAX's transfer
     server at `transfer_address` (jax_cross_host_transfer_socket_address): it
     carries jax.device_put of a prefix from one process's devices to another's.
 
@@ -69,7 +69,7 @@ def client():
     from jax._src.distributed import global_state
 
     if global_state.client is None:
-        raise RuntimeError("jax.distributed is not initialized (vsurge.distributed.initialize)")
+        raise RuntimeError("jax.distributed is not initialized (vsurge.scale.distributed.initialize)")
     return global_state.client
 
 

@@ -8,7 +8,7 @@
     vsurge serve --prefill-devices 0-2 --decode-devices 3-5     disaggregated: prompts on devices 0-2,
                                                                 decoding on 3-5 (engine/disaggregated.py)
 
-Process 0 serves HTTP; the others follow its steps (engine/multihost.py).
+Process 0 serves HTTP; the others follow its steps (scale/multihost.py).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def validate(args) -> None:
         if getattr(args, "data_parallel_size", None) is not None:
             raise SystemExit("vsurge: error: with --prefill-devices the engines per group come from the group sizes: "
                              "--data-parallel-size cannot be given")
-        from .engine.replicas import parse_devices
+        from .replicas import parse_devices
 
         try:
             parse_devices(prefill), parse_devices(decode)
@@ -105,11 +105,11 @@ def load_kwargs(args) -> dict:
     """vsurge.load's parallelism arguments (all of jax.devices() by default in a multi-host run)."""
     import jax
 
-    if disaggregated(args):  # loaded onto the prefill group (engine/replicas.py), then copied to the decode group
-        from .engine.replicas import group_mesh
+    if disaggregated(args):  # loaded onto the prefill group (scale/replicas.py), then copied to the decode group
+        from .replicas import group_mesh
 
-        if jax.process_count() > 1:  # each process loads onto its own engines' devices (engine/remote.py)
-            from .engine.remote import local_mesh
+        if jax.process_count() > 1:  # each process loads onto its own engines' devices (scale/remote.py)
+            from .remote import local_mesh
 
             return {"mesh": local_mesh(args.prefill_devices, args.decode_devices, args.prefill_tensor_parallel_size,
                                        args.tensor_parallel_size)}
@@ -131,9 +131,9 @@ def follow(surge) -> int:
     import jax
 
     if getattr(surge.driver, "multihost_disaggregated", False):
-        from .engine.remote import follow as run
+        from .remote import follow as run
     else:
-        from .engine.multihost import follow as run
+        from .multihost import follow as run
 
     print(f"vsurge: process {jax.process_index()} follows process 0", file=sys.stderr, flush=True)
     try:

@@ -38,8 +38,8 @@ import time
 import jax
 import numpy as np
 
-from .. import distributed
-from .request import DriverNotReadyError
+from ..engine.request import DriverNotReadyError
+from . import distributed
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def _try_get(store, key: str) -> str | None:
 
 # ------------------------------------------------------------------ followers
 def _refuse(key, program, *args):
-    raise RuntimeError("this process follows the multi-host leader: call vsurge.engine.multihost.follow(surge) "
+    raise RuntimeError("this process follows the multi-host leader: call vsurge.scale.multihost.follow(surge) "
                        "instead of running the engine itself")
 
 

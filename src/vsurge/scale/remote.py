@@ -9,7 +9,7 @@ and its prefill engines. A decode engine whose devices belong to another
 process is a `RemoteDecodeEngine` here: the scheduler plans its steps as for a
 local engine, and each program call (init, set_slot, decode, import) goes to
 the owning process through the coordination service's key-value store (the
-transport of engine/multihost.py), which runs it on its devices and sends back
+transport of scale/multihost.py), which runs it on its devices and sends back
 the step's tokens. A prefix moves with `jax.device_put` from the prefill mesh
 onto the decode engine's mesh: a cross-host transfer (JAX's transfer server,
 `jax_cross_host_transfer_socket_address`), in which both processes take part,
@@ -19,7 +19,7 @@ so the owner is told first ("receive") and then writes the arrived pages
 The owning process describes each of its decode engines in the store (its config,
 pool and KV layout) before process 0 builds the RemoteDecodeEngine from it, and
 reports ready once it has compiled; a lost process fails every request as in
-engine/multihost.py.
+scale/multihost.py.
 """
 
 from __future__ import annotations
@@ -33,16 +33,16 @@ import threading
 import jax
 import numpy as np
 
-from .. import distributed
+from ..engine.batch import BatchBuilder
+from ..engine.config import EngineConfig
+from ..engine.plan import StepPlan
+from ..engine.programs import HostStepOutput
+from ..engine.scheduler import Scheduler
+from ..engine.transfer import KVPrefix, PrefixPages
 from ..kv.page_manager import HBMPageManager
 from ..kv.slot_pages import SlotPages
-from .batch import BatchBuilder
-from .config import EngineConfig
+from . import distributed
 from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
-from .programs import HostStepOutput
-from .plan import StepPlan
-from .scheduler import Scheduler
-from .transfer import KVPrefix, PrefixPages
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def owner_of(mesh) -> int:
 
 
 def store_name(vsurge_name: str) -> str:
-    """The prefix of a served model's keys in the store (engine/multihost.py's too)."""
+    """The prefix of a served model's keys in the store (scale/multihost.py's too)."""
     return f"vsurge/{vsurge_name}"
 
 

@@ -55,8 +55,8 @@ def agreed_num_pages(model, config):
     the smallest that every process's free memory allows."""
     if config.num_pages is not None or jax.process_count() == 1:
         return config
-    from ..distributed import agree_min
-    from .oengine import pages_that_fit
+    from ..engine.pools import pages_that_fit
+    from .distributed import agree_min
 
     return config.replace(num_pages=agree_min(pages_that_fit(model, config)))
 
