@@ -39,6 +39,7 @@ class Formatter:
 
     # ------------------------------------------------------------ logprobs
     def chat_logprobs(self, entries) -> dict | None:
+        """OpenAI's choice.logprobs: `content` (per token) and `refusal` (always null: no refusals here)."""
         if entries is None:
             return None
         content = []
@@ -48,7 +49,7 @@ class Formatter:
                             "top_logprobs": [{"token": self._token_text(t), "logprob": v,
                                               "bytes": list(self._token_text(t).encode("utf-8"))}
                                              for t, v in e["top_logprobs"]]})
-        return {"content": content}
+        return {"content": content, "refusal": None}
 
     def completion_logprobs(self, entries, offset: int = 0) -> dict | None:
         if entries is None:
@@ -96,7 +97,7 @@ class Formatter:
                tool_calls: list[dict] | None = None, reasoning: str | None = None,
                prompt_logprobs: list | None = None) -> dict:
         if self.kind == "chat":
-            message = {"role": "assistant", "content": text}
+            message = {"role": "assistant", "content": text, "refusal": None}  # OpenAI always sends refusal
             if reasoning is not None:
                 message["reasoning_content"] = reasoning
             if tool_calls:

@@ -92,11 +92,18 @@ async def collect(streams: ChoiceStreams, fmt: Formatter) -> dict:
 
 
 async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bool) -> AsyncIterator[str]:
-    """SSE body: chunks with `index` per choice, one finish_reason per choice, usage, [DONE]."""
+    """SSE body: chunks with `index` per choice, one finish_reason per choice, usage, [DONE]. With
+    include_usage every chat chunk before the usage chunk carries `"usage": null`, as OpenAI's do."""
     started: set[int] = set()
     offsets: dict[int, int] = {}
     parsers: dict[int, object] = {}
     completion = 0
+
+    def chunk(*args, **kw) -> str:
+        body = fmt.chunk(*args, **kw)
+        if include_usage and fmt.kind == "chat":  # (the spec's completion chunk has no null usage)
+            body["usage"] = None
+        return sse(body)
 
     def pieces(index: int, text: str, final: bool):
         """(content, tool_calls, reasoning) deltas of this text: through the choice's parser when it has one."""
@@ -121,21 +128,21 @@ async def event_stream(streams: ChoiceStreams, fmt: Formatter, include_usage: bo
                 if streams.echo_texts is not None:
                     text = streams.echo_texts[index // streams.params.n] + text
                 if fmt.kind == "chat":  # the role arrives alone in the first chunk, as OpenAI does
-                    yield sse(fmt.chunk(index, "", role=True))
+                    yield chunk(index, "", role=True)
             final = s.finish_reason is not None
             deltas = pieces(index, text, final)
             if (s.logprobs or first_logprobs or prompt_logprobs) and not deltas:
                 deltas = [("", None, None)]
             for i, (content, calls, reasoning) in enumerate(deltas):
                 lp = (first_logprobs + (s.logprobs or [])) or s.logprobs if i == 0 else None
-                yield sse(fmt.chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls,
-                                    reasoning=reasoning, prompt_logprobs=prompt_logprobs if i == 0 else None))
+                yield chunk(index, content, logprobs=lp, text_offset=offsets.get(index, 0), tool_calls=calls,
+                            reasoning=reasoning, prompt_logprobs=prompt_logprobs if i == 0 else None)
                 offsets[index] = offsets.get(index, 0) + len(content or "")
             if final:
                 completion += s.num_generated_tokens
                 parser = parsers.get(index)
                 reason = finish_reason_with_calls(s.finish_reason, parser.tool_calls if parser else [])
-                yield sse(fmt.chunk(index, None if fmt.kind == "chat" else "", finish_reason=reason))
+                yield chunk(index, None if fmt.kind == "chat" else "", finish_reason=reason)
         if include_usage:
             yield sse(fmt.usage_chunk(streams.prompt_tokens, completion))
     except Exception as exc:  # noqa: BLE001: the status line is gone; report in-band

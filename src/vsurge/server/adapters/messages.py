@@ -9,6 +9,12 @@ sequence: message_start, then per block content_block_start, content_block_delta
 message_delta (stop_reason, stop_sequence, output usage) and message_stop. stop_reason
 is end_turn, max_tokens, stop_sequence or tool_use. Errors are Anthropic's JSON
 (`{"type": "error", "error": {"type", "message"}}`, errors.py).
+
+The newest SDKs send `thinking` (enabled / adaptive / between_tools / disabled: the template's
+enable_thinking; thinking blocks come from the server's --reasoning-parser) and `output_config`
+(`format`: structured output; `effort`: the template's reasoning_effort where it reads one);
+what the model cannot honour is named in the response's x-vsurge-ignored header.
+temperature, top_p and top_k stay accepted in the body (older SDKs' arguments, newer ones' extra_body).
 """
 
 from __future__ import annotations
@@ -165,22 +171,62 @@ def output_constraints(config) -> list:
     return [("output_config.format", schema_constraint(fmt.get("schema"), "output_config.format.schema"))]
 
 
-def _variables(body) -> dict:
+THINKING_TYPES = ("enabled", "disabled", "adaptive", "between_tools")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")  # output_config.effort; templates know low, medium, high
+
+
+def _template(surge) -> str:
+    template = getattr(surge.processor, "chat_template", None)
+    return template if isinstance(template, str) else ""
+
+
+def _variables(body, template: str = "") -> dict:
+    """Template variables: chat_template_kwargs, `thinking` as enable_thinking (on unless disabled),
+    output_config.effort as reasoning_effort where the template reads one (GPT-OSS's)."""
     variables = template_variables(body.chat_template_kwargs)
     thinking = body.thinking
     if thinking is not None:
         kind = thinking.get("type")
-        if kind not in ("enabled", "disabled", "adaptive"):
-            raise ParamError(f"thinking.type must be enabled or disabled, got {kind!r}", "thinking.type")
+        if kind not in THINKING_TYPES:
+            raise ParamError(f"thinking.type must be one of {', '.join(THINKING_TYPES)}, got {kind!r}", "thinking.type")
         variables.setdefault("enable_thinking", kind != "disabled")
+    effort = _effort(body)
+    if effort is not None and "reasoning_effort" in template:
+        variables.setdefault("reasoning_effort", {"xhigh": "high", "max": "high"}.get(effort, effort))
     return variables
+
+
+def _effort(body) -> str | None:
+    config = getattr(body, "output_config", None)
+    effort = config.get("effort") if isinstance(config, dict) else None
+    if effort is not None and effort not in EFFORTS:
+        raise ParamError(f"output_config.effort must be one of {', '.join(EFFORTS)}, got {effort!r}",
+                         "output_config.effort")
+    return effort
+
+
+def ignored_fields(body, template: str) -> list[str]:
+    """The fields of the body this model cannot honour (sent back in the x-vsurge-ignored header):
+    an effort or a thinking switch its chat template does not read, a thinking budget (not enforced:
+    max_tokens bounds thinking and answer together), thinking display "omitted" (thinking is shown)."""
+    ignored = []
+    if _effort(body) is not None and "reasoning_effort" not in template:
+        ignored.append("output_config.effort")
+    thinking = body.thinking or {}
+    if thinking and "enable_thinking" not in template:
+        ignored.append("thinking")
+    if thinking.get("budget_tokens") is not None:
+        ignored.append("thinking.budget_tokens")
+    if thinking.get("display") == "omitted":
+        ignored.append("thinking.display")
+    return ignored
 
 
 async def prompt(server, body, surge, structured=None) -> tuple[str, list[int], object]:
     try:
         messages = chat_messages(body.system, body.messages)
         tools = tool_config(body.tools, body.tool_choice)
-        variables = _variables(body)
+        variables = _variables(body, _template(surge))
     except ParamError as exc:
         raise as_api_error(exc) from None
     structured = structured or combine([], tools)
@@ -310,6 +356,8 @@ async def respond(server, body: MessagesRequest):
                               "stop_sequence": None,
                               "usage": {"input_tokens": request.prompt_tokens, "output_tokens": 0,
                                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}})
+    ignored = ignored_fields(body, _template(surge))
+    headers = {"x-vsurge-ignored": ", ".join(ignored)} if ignored else {}
     streams.start_or_refuse()
     if body.stream:
         async def events():
@@ -319,13 +367,14 @@ async def respond(server, body: MessagesRequest):
             except Exception as exc:  # noqa: BLE001: the status line is gone; report in-band
                 yield _sse(anthropic_error_body(500, f"generation failed: {exc}"))
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", **headers})
     try:
         async for _ in _run(streams, builder, new_parser):
             pass
     except RuntimeError as exc:
         raise APIError(503, f"generation failed: {exc}") from None
-    return JSONResponse(builder.message)
+    return JSONResponse(builder.message, headers=headers)
 
 
 async def count_tokens(server, body: CountTokensRequest):

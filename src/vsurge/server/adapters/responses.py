@@ -8,7 +8,9 @@ response.output_item.added, response.content_part.added, response.output_text.de
 response.reasoning_text.delta / response.function_call_arguments.delta, their .done
 events and response.output_item.done, and last response.completed (or
 response.incomplete when max_output_tokens cut it). Whole answers are the final
-response of the same builder, so both agree.
+response of the same builder, so both agree. top_logprobs (or include
+message.output_text.logprobs) puts each output_text token's logprob, with that many
+alternatives, in the part's `logprobs` and in the delta and done events.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
-UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "top_logprobs", "max_tool_calls")
+UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "max_tool_calls")
+LOGPROBS_INCLUDE = "message.output_text.logprobs"  # include: output_text parts carry their tokens' logprobs
 TEXT_PART_TYPES = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
 
 
@@ -52,8 +55,16 @@ class ResponsesRequest(SamplingFields):
     metadata: Optional[dict[str, StrictStr]] = None
     truncation: Optional[StrictStr] = None
     user: Optional[StrictStr] = None
+    top_logprobs: Optional[WholeInt] = None  # 0-20 alternatives per output_text token (logprobs, as chat's)
+    include: Optional[list[StrictStr]] = None  # message.output_text.logprobs: logprobs without alternatives too
     chat_template_kwargs: Optional[dict[str, Any]] = None
     structured_outputs: Optional[Any] = None  # vLLM's: {"regex" | "grammar" | "choice" | "json": ...}
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """top_logprobs (any value) or include's message.output_text.logprobs asks for the output's logprobs
+    (include's other values name outputs of tools vsurge does not run: nothing to add)."""
+    return body.top_logprobs is not None or LOGPROBS_INCLUDE in (body.include or ())
 
 
 def _id(prefix: str) -> str:
@@ -191,9 +202,11 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
         structured = combine(text_constraints(body.text) + chat_constraints(
             {"structured_outputs": body.structured_outputs}), tools)
         defaults = server.defaults_for(surge)
-        params = sampling_params(body, defaults, renames={"max_tokens": "max_output_tokens"},
+        params = sampling_params(body, defaults,
+                                 renames={"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"},
                                  max_tokens=first_set(body.max_output_tokens, body.max_tokens,
                                                       defaults and defaults.max_tokens),
+                                 logprobs=(body.top_logprobs or 0) if wants_logprobs(body) else None,
                                  structured=structured.constraint)
         variables = template_variables(body.chat_template_kwargs)
         if isinstance(body.reasoning, dict) and body.reasoning.get("effort") is not None:
@@ -212,11 +225,34 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
 class ResponseBuilder:
     """Output items and stream events of one response, from its pieces (structured/output_parser.py)."""
 
-    def __init__(self, base: dict):
+    def __init__(self, base: dict, decode=None):
         self.response = base  # the Response object; status, output and usage filled as it goes
         self.sequence = 0
         self.open: dict | None = None  # the item being written
         self.reasoning_text = ""
+        self.decode = decode  # token ids -> text, when the output's logprobs were asked for
+        self.pending: list[dict] = []  # logprobs of tokens not yet in a piece
+
+    def logprobs(self, entries) -> None:
+        """A sample's token logprobs (engine entries), for the content pieces that follow: output_text's
+        LogProb objects ({token, logprob, bytes, top_logprobs})."""
+        for e in entries if self.decode is not None else ():
+            token = self.decode([e["token_id"]])
+            top = [(self.decode([t]), v) for t, v in e["top_logprobs"] or ()]
+            self.pending.append({"token": token, "logprob": e["logprob"], "bytes": list(token.encode("utf-8")),
+                                 "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))}
+                                                  for t, v in top]})
+
+    @staticmethod
+    def _event_logprobs(logprobs: list[dict]) -> list[dict]:
+        """Stream events' logprobs (the spec's ResponseLogProb: no bytes)."""
+        return [{"token": lp["token"], "logprob": lp["logprob"],
+                 "top_logprobs": [{"token": t["token"], "logprob": t["logprob"]} for t in lp["top_logprobs"]]}
+                for lp in logprobs]
+
+    def _take(self) -> list[dict]:
+        taken, self.pending = self.pending, []
+        return taken
 
     def event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -252,7 +288,8 @@ class ResponseBuilder:
         at, events = dict(item_id=item["id"], output_index=self._index()), []  # the open item is the last
         if item["type"] == "message":
             part = item["content"][0]
-            events += [self.event("response.output_text.done", content_index=0, text=part["text"], logprobs=[], **at),
+            events += [self.event("response.output_text.done", content_index=0, text=part["text"],
+                                  logprobs=self._event_logprobs(part["logprobs"]), **at),
                        self.event("response.content_part.done", content_index=0, part=part, **at)]
         elif item["type"] == "reasoning":
             part = item["content"][0]
@@ -272,6 +309,7 @@ class ResponseBuilder:
                                       "status": "in_progress"}, {"type": "reasoning_text", "text": ""})
             self.open["content"][0]["text"] += piece.text
             self.reasoning_text += piece.text
+            self._take()  # reasoning tokens: not output_text's
             events.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
                                      output_index=self._index(), content_index=0, delta=piece.text))
         elif piece.kind == "content":
@@ -280,14 +318,18 @@ class ResponseBuilder:
                                       "content": []}, {"type": "output_text", "text": "", "annotations": [],
                                                        "logprobs": []})
             self.open["content"][0]["text"] += piece.text
+            logprobs = self._take()
+            self.open["content"][0]["logprobs"] += logprobs
             events.append(self.event("response.output_text.delta", item_id=self.open["id"], output_index=self._index(),
-                                     content_index=0, delta=piece.text, logprobs=[]))
+                                     content_index=0, delta=piece.text, logprobs=self._event_logprobs(logprobs)))
         elif piece.starts_call:
+            self._take()
             function = piece.call["function"]
             events += self._open({"type": "function_call", "id": _id("fc"), "call_id": piece.call["id"],
                                   "name": function["name"], "arguments": function.get("arguments", ""),
                                   "status": "in_progress"}, None)
         else:
+            self._take()
             fragment = piece.call["function"].get("arguments", "")
             if self.open is not None and self.open["type"] == "function_call" and fragment:
                 self.open["arguments"] += fragment
@@ -297,7 +339,10 @@ class ResponseBuilder:
 
     def finish(self, finish_reason: str | None, usage: dict) -> list[dict]:
         incomplete = finish_reason == "length"
-        events = self._close("incomplete" if incomplete else "completed")
+        events = []
+        if self.pending and self.open is not None and self.open["type"] == "message":  # tokens with no text (EOS)
+            events += self.add(Piece("content", ""))
+        events += self._close("incomplete" if incomplete else "completed")
         if not self.response["output"]:  # an empty answer is still one (empty) message
             events += self._open({"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress",
                                   "content": []}, {"type": "output_text", "text": "", "annotations": [],
@@ -334,8 +379,10 @@ def _base(body: ResponsesRequest, model: str, params) -> dict:
         "store": body.store is not False, "temperature": params.temperature, "top_p": params.top_p,
         "text": body.text if isinstance(body.text, dict) and body.text.get("format") else {"format": {"type": "text"}},
         "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-        "tools": body.tools or [], "truncation": body.truncation or "disabled", "usage": None, "user": body.user,
+        "tools": body.tools or [], "truncation": body.truncation or "disabled", "top_logprobs": body.top_logprobs,
         "metadata": body.metadata or {},
+        # usage arrives with the last event; user only when sent (the spec's Response has neither as null)
+        **({"user": body.user} if body.user is not None else {}),
     }
 
 
@@ -355,6 +402,7 @@ async def _run(streams: ChoiceStreams, builder: ResponseBuilder, request: Genera
     async for _, sample in streams.updates():
         done = sample.finish_reason is not None
         pieces = parser.feed(sample.text, done) if parser else ([Piece("content", sample.text)] if sample.text else [])
+        builder.logprobs(sample.logprobs or ())
         for piece in pieces:
             for event in builder.add(piece):
                 yield event
@@ -376,7 +424,8 @@ async def respond(server, body: ResponsesRequest):
     request, conversation = await to_request(server, body, surge)
     new_parser = output_parsers(server, request, surge)
     streams = ChoiceStreams(surge, request.prompts, request.params)
-    builder = ResponseBuilder(_base(body, server.name_of(surge), request.params))
+    builder = ResponseBuilder(_base(body, server.name_of(surge), request.params),
+                              surge.processor.decode if request.params.logprobs is not None else None)
     streams.start_or_refuse()
 
     def store() -> None:
