@@ -19,6 +19,7 @@ import anthropic
 import httpx
 import pytest
 
+from anthropic_checks import check_message, stream_events
 from server_process import ServerProcess, client_for
 from tiny_models import write_tiny_model
 
@@ -102,6 +103,32 @@ def test_messages_emit_a_thinking_block_then_text(server, raw):
     with client.messages.stream(**body) as stream:
         final = stream.get_final_message()
     assert (final.content[0].thinking, final.content[1].text) == raw
+
+
+def test_newest_anthropic_sdk_thinking_blocks_and_deltas(server, raw):
+    """The newest SDK's `thinking` (enabled with a budget, adaptive) and `output_config.effort`: thinking
+    blocks and thinking_delta events, checked by the SDK's own types with no field they lack; the
+    header names what this template cannot honour (it reads enable_thinking, not reasoning_effort)."""
+    client = anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0)
+    body = dict(model=NAME, max_tokens=40, messages=QUESTION, extra_body={"temperature": 0, **GRAMMAR},
+                output_config={"effort": "low"})
+    for thinking, ignored in (({"type": "enabled", "budget_tokens": 1024}, "output_config.effort, "
+                                                                           "thinking.budget_tokens"),
+                              ({"type": "adaptive"}, "output_config.effort")):
+        reply = client.messages.with_raw_response.create(**body, thinking=thinking)
+        assert reply.headers["x-vsurge-ignored"] == ignored
+        message = check_message(reply.http_response.json())
+        assert [b.type for b in message.content] == ["thinking", "text"]
+        assert (message.content[0].thinking, message.content[1].text) == raw
+    wire = {"model": NAME, "max_tokens": 40, "messages": QUESTION, "temperature": 0, **GRAMMAR,
+            "thinking": {"type": "adaptive"}}
+    events, headers = stream_events(server.base, wire)
+    assert "x-vsurge-ignored" not in headers
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert "".join(d["thinking"] for d in deltas if d["type"] == "thinking_delta") == raw[0]
+    assert "".join(d["text"] for d in deltas if d["type"] == "text_delta") == raw[1]
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text"]
 
 
 def test_enable_thinking_reaches_the_template(server, thinking_dir):
