@@ -135,3 +135,18 @@ def test_the_server_gives_unset_fields_its_generation_defaults():
         assert (openai.temperature, openai.top_k, openai.repetition_penalty, openai.max_tokens) == (1.0, 0, 1.0, 16)
     finally:
         surge.stop(timeout=1)
+
+
+def test_auto_gives_the_default_model_the_settings_vsurge_ships(default_gguf_path, tmp_path):
+    """The embedded model's GGUF sets no sampling keys; vsurge ships settings for it (benchmarks/
+    first_answers.py: greedy with a 1.2 repetition penalty, its authors' top_p), the rest stay vsurge's."""
+    auto = resolve_generation_defaults("auto", default_gguf_path)
+    assert (auto.temperature, auto.top_p, auto.repetition_penalty) == (0.0, 0.9, 1.2)
+    assert (auto.top_k, auto.min_p) == (40, 0.05)
+    params = auto.sampling_params()
+    assert params.greedy and params.repetition_penalty == 1.2  # the penalty stays: greedy alone loops
+    assert "default model" in auto.source
+    assert resolve_generation_defaults("vsurge", default_gguf_path) == VSURGE_DEFAULTS
+    copy = tmp_path / default_gguf_path.name  # the same file elsewhere is any GGUF: its own keys only
+    copy.write_bytes(default_gguf_path.read_bytes())
+    assert resolve_generation_defaults("auto", copy) == VSURGE_DEFAULTS

@@ -117,6 +117,8 @@ def test_quick_start_commands_run():
                 out = run_cli(*argv[1:], stdin=stdin)
                 assert out.returncode == 0, f"`{shown}` failed:\n{out.stderr[-3000:]}"
                 assert out.stdout.strip(), f"`{shown}` printed no reply"
+                if argv[1] == "generate" and "capital of France" in shown:  # the first answer a user sees
+                    assert "Paris" in out.stdout, out.stdout
                 assert re.search(r"tok/s(, \w+)?\]", out.stderr) and "Traceback" not in out.stderr, out.stderr[-3000:]
             elif argv[0] == "curl":
                 assert server is not None, f"`{shown}` needs the `vsurge serve` of an earlier line"

@@ -12,6 +12,8 @@ from ..errors import ModelLoadError
 from .hf import read_json
 
 GENERATION_CONFIG_FILE = "generation_config.json"
+# What vsurge ships for the embedded default model, whose GGUF sets no sampling keys
+DEFAULT_MODEL_GENERATION_CONFIG = Path(__file__).with_name("default_model_generation_config.json")
 
 # HF GenerationConfig key -> SamplingParams field (the keys vLLM's `--generation-config auto` reads).
 HF_SAMPLING_KEYS = {
@@ -62,6 +64,9 @@ def read_gguf_sampling(path: Path) -> dict:
 def model_sampling_config(model_path: Path) -> tuple[dict, str | None]:
     """(sampling fields, where they came from) of a resolved model path; ({}, None) if it has none."""
     model_path = Path(model_path)
+    if _is_default_model(model_path):
+        found = read_generation_config_file(DEFAULT_MODEL_GENERATION_CONFIG)
+        return found, f"vsurge's settings for the default model ({DEFAULT_MODEL_GENERATION_CONFIG.name})"
     if model_path.is_dir():
         file = model_path / GENERATION_CONFIG_FILE
         if file.exists():
@@ -70,3 +75,12 @@ def model_sampling_config(model_path: Path) -> tuple[dict, str | None]:
         return {}, None
     found = read_gguf_sampling(model_path)
     return (found, f"{model_path.name} (general.sampling.*)") if found else ({}, None)
+
+
+def _is_default_model(model_path: Path) -> bool:
+    from .default_model import default_model_path
+
+    try:
+        return model_path.resolve() == default_model_path().resolve()
+    except ModelLoadError:  # the default model is not installed: this path is not it
+        return False
