@@ -9,9 +9,41 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import atexit  # noqa: E402
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
 import jax  # noqa: E402
 
 import pytest  # noqa: E402
+
+
+def _session_cache_dir() -> str:
+    """One persistent compilation cache for the whole run, fresh each run (so a result never rests on an
+    earlier run's programs): in-process engines, `vsurge` subprocesses (tests/cli_helpers.py) and served
+    processes (the cache_dir fixture) share it, so a program the suite compiled once loads from disk
+    after. VSURGE_TEST_COMPILATION_CACHE names a lasting directory instead."""
+    lasting = os.environ.get("VSURGE_TEST_COMPILATION_CACHE")
+    if lasting:
+        return lasting
+    made = tempfile.mkdtemp(prefix="vsurge-test-xla-")
+    atexit.register(shutil.rmtree, made, ignore_errors=True)
+    os.environ["VSURGE_TEST_COMPILATION_CACHE"] = made  # read by cli_helpers in this and child processes
+    return made
+
+
+SESSION_CACHE_DIR = _session_cache_dir()
+
+
+def use_session_compilation_cache() -> None:
+    """Point JAX at the run's cache (again: a test that tried another directory calls this after)."""
+    from vsurge.vinference.persistence import use_compilation_cache
+
+    use_compilation_cache(Path(SESSION_CACHE_DIR))
+
+
+use_session_compilation_cache()
 
 
 CHAT_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -100,9 +132,9 @@ def dense_surge(default_model):
 
 
 @pytest.fixture(scope="session")
-def cache_dir(tmp_path_factory):
-    """One persistent compilation cache for every server process of the session."""
-    return str(tmp_path_factory.mktemp("xla_cache"))
+def cache_dir():
+    """The run's persistent compilation cache, for the server processes tests start."""
+    return SESSION_CACHE_DIR
 
 
 @pytest.fixture(scope="session")

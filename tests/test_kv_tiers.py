@@ -21,17 +21,6 @@ PAGES = 60  # the shared-preamble load needs ~52; the distinct load ~190 (3x)
 PREAMBLE = "The assistant answers questions about the weather, tides and stars with care. " * 40
 
 
-@pytest.fixture(scope="module", autouse=True)
-def xla_cache(tmp_path_factory):
-    """Engines of one pool size share their programs (the tiered one adds only its page copies), and
-    nothing is compiled twice."""
-    from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
-
-    use_compilation_cache(tmp_path_factory.mktemp("tiers_xla_cache"))
-    yield
-    stop_using_compilation_cache()
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, default_processor_dir):
     from tiny_models import write_tiny_model
