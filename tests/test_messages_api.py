@@ -111,7 +111,7 @@ BAD_BODIES = [
     ({"max_tokens": 8, "messages": []}, 400, "invalid_request_error", "at least one message"),
     ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, 400, "invalid_request_error", "role"),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
-     "invalid_request_error", "'image' is not supported"),
+     "invalid_request_error", "image inputs are not supported by this model"),
     ({"max_tokens": 8, "messages": FRANCE, "tools": [{"name": "f", "input_schema": {"type": "nonsense"}}]}, 400,
      "invalid_request_error", "input_schema"),
     ({"max_tokens": 8, "messages": FRANCE, "tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}},
