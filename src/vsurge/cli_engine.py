@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .engine.config import DEFAULT_MAX_LENGTH
+from .engine.config import DEFAULT_MAX_LENGTH, EngineConfig
 from .sampling_params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
@@ -111,15 +111,15 @@ class LocalEngine:
             raise SystemExit(f"vsurge: error: {e}") from None
         status(describe_model(loaded))
         try:
-            surge = vSurge.create_odriver(
-                loaded, processor, max_concurrent_decodes=CLI_SLOTS, max_concurrent_prefill=1,
-                prefill_lengths=list(CLI_PROMPT_ROWS), max_length=max_length, page_size=CLI_PAGE_SIZE,
-                decode_steps=CLI_DECODE_STEPS,
-                prefill_first=True, vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
+            config = EngineConfig.fitted(loaded.config.max_position_embeddings, max_slots=CLI_SLOTS,
+                                         max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, max_length=max_length,
+                                         page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True)
+            surge = vSurge.from_config(loaded, processor, config, paged=True,
+                                       vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
         except ValueError as e:
             raise SystemExit(f"vsurge: error: {e}") from None
         begin = time.perf_counter()
-        surge.compile()  # the progress bar "Compiling oEngine: n/N programs", then a warm-up sequence
+        surge.compile()  # the progress bar "Compiling EngineCore: n/N programs", then a warm-up sequence
         surge.start()
         engine = cls(surge, processor)
         cached = compilation_cache if compilation_cache and compilation_cache.lower() != "none" else None
