@@ -101,3 +101,43 @@ def test_replica_metrics_carry_their_label_and_add_up_in_stats():
     assert [r.id for r in stats.replicas] == [0, 1]
     assert [r.finished_total for r in stats.replicas] == [1, 2] and stats.finished_total == 3
     assert stats.generation_tokens == 18 and stats.finished == {"length": 1, "stop": 2}
+
+
+def test_one_follower_loop_replays_every_program_kind_and_hands_the_rest_to_handlers():
+    """scale/multihost.follow_engine (the one follower loop, remote.py's too): each call rebuilds its host
+    inputs from the program table (engine/program_kinds.py) and runs the engine's own program."""
+    from vsurge.engine.program_kinds import PROGRAMS
+    from vsurge.scale.multihost import STOP, follow_engine
+
+    calls = []
+
+    class Batches:
+        def slot_arrays_spec(self):
+            return (np.zeros(2), np.zeros(3))
+
+        def decode_spec(self, rows, window, dynamic):
+            return {"tokens": np.zeros(rows), "pages": np.zeros(window)}
+
+    class Config:
+        def dynamic_window(self, window):
+            return False
+
+    class Engine:
+        graphstate, graphother, batches, config = "gs", "go", Batches(), Config()
+        _compiled = {("init",): lambda: calls.append("init") or "s0",
+                     ("set_slot",): lambda state, a, b: calls.append(("set_slot", state, a.shape, b.shape)) or "s1",
+                     ("decode", 2, 4): lambda gs, go, state, batch: (calls.append(
+                         ("decode", gs, go, state, sorted(batch))) or "s2", "out")}
+
+    messages = iter([(("init",), []), (("set_slot",), [np.ones(2), np.ones(3)]),
+                     (("decode", 2, 4), [np.ones(4), np.ones(2)]), (("note",), [7]), (STOP, [])])
+
+    class Channel:
+        def receive(self):
+            return next(messages)
+
+    follow_engine(Engine(), Channel(), {"note": lambda state, key, leaves: calls.append(("note", state)) or state})
+    assert calls == ["init", ("set_slot", "s0", (2,), (3,)), ("decode", "gs", "go", "s1", ["pages", "tokens"]),
+                     ("note", "s2")]
+    assert {"init", "set_slot", "decode", "mixed", "export", "import", "copy", "embed", "score"} <= set(PROGRAMS)
+    assert [k for k, kind in PROGRAMS.items() if kind.replayed] == ["init", "set_slot", "decode", "mixed"]

@@ -27,11 +27,11 @@ from flax import nnx
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import encode, programs
-from .encode import KINDS as ENCODE_KINDS
 from .batch import BatchBuilder
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .plan import StepPlan
+from .program_kinds import PROGRAMS, _abstract
 from .scheduler import Scheduler
 from .interface import AbstractInferenceEngine
 from .transfer import PrefixTransferAPI
@@ -46,11 +46,6 @@ def multiplies_in_blocks(model) -> bool:
     from ..devices import platform
 
     return bool(model.block_formats()) and platform() == "cpu" and kernels.available()
-
-
-def _abstract(tree):
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype
-                                                       if isinstance(x, np.ndarray) else x.dtype), tree)
 
 
 class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
@@ -135,13 +130,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     # ------------------------------------------------------------ compilation
     def buckets(self) -> list[tuple]:
         """Every program the engine runs."""
-        c = self.config
-        jobs: list[tuple] = [("init",), ("set_slot",)]
-        if c.role != "prefill":
-            jobs += [("decode", rows, window) for window in c.page_windows for rows in c.decode_rows]
-        if c.role != "decode":
-            jobs += [("mixed", rows, shape) for shape in c.chunk_shapes for rows in c.mixed_rows(shape)]
-        return jobs + self._transfer_jobs()
+        return [key for kind in PROGRAMS.values() for key in kind.keys(self)]
 
     def compile(self, progress: bool = True) -> None:
         """Compile every program the engine will run, on one thread per core (XLA compiles without
@@ -183,18 +172,20 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots)
 
-    def _shardings(self, kind: str, state, batch=None) -> dict:
-        """jax.jit's in/out shardings of a program on the model's mesh ({} on one device)."""
+    def _shardings(self, signature: str, state, batch=None) -> dict:
+        """jax.jit's in/out shardings of a program on the model's mesh ({} on one device). signature:
+        "init" (-> state), "set_slot" (state, host arrays -> state), "encode" (weights, batch -> host
+        outputs) or "step" (weights, state, batch -> state, outputs)."""
         if self.mesh is None:
             return {}
         kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
-        if kind == "init":
+        if signature == "init":
             return dict(out_shardings=kv)
-        if kind == "set_slot":
+        if signature == "set_slot":
             return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
         weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
                    jax.tree.map(lambda x: x.sharding, self.graphother))
-        if kind in ENCODE_KINDS:  # no engine state: weights and host inputs in, host outputs out
+        if signature == "encode":  # no engine state: weights and host inputs in, host outputs out
             return dict(in_shardings=(*weights, jax.tree.map(lambda _: rep, batch)), out_shardings=rep)
         inputs = row_shardings(batch, self.mesh, self.input_partition_spec)
         return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
@@ -206,32 +197,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             return self._lower_and_compile(key)
 
     def _lower_and_compile(self, key: tuple):
-        kind = key[0]
         state = jax.eval_shape(self._empty_state)
-        gs, go = _abstract(self.graphstate), _abstract(self.graphother)
-        if kind == "init":
-            return jax.jit(self._empty_state, **self._shardings(kind, state)).lower().compile()
-        if kind in ("export", "import", "copy"):
-            return self._compile_transfer(key, state)
-        if kind == "set_slot":
-            arrays = self.batches.slot_arrays_spec()
-            fn = jax.jit(programs.set_slot, donate_argnums=(0,), **self._shardings(kind, state))
-            return fn.lower(state, *arrays).compile()
-        if kind in ENCODE_KINDS:
-            _, rows, length = key
-            batch = _abstract(encode.batch_of((rows, length), [], []))
-            fn = jax.jit(partial(getattr(programs, kind), self.graphdef), **self._shardings(kind, state, batch))
-            return fn.lower(gs, go, batch).compile()
-        if kind == "decode":
-            _, rows, window = key
-            batch = _abstract(self.batches.decode_spec(rows, window, self.config.dynamic_window(window)))
-            fn = jax.jit(partial(programs.decode, self.graphdef, max_steps=self.config.decode_steps),
-                         donate_argnums=(2,), **self._shardings(kind, state, batch))
-            return fn.lower(gs, go, state, batch).compile()
-        _, rows, shape = key
-        batch = _abstract(self.batches.mixed_spec(rows, shape))
-        fn = jax.jit(partial(programs.mixed, self.graphdef), donate_argnums=(2,), **self._shardings(kind, state, batch))
-        return fn.lower(gs, go, state, batch).compile()
+        return PROGRAMS[key[0]].build(self, key, state, _abstract(self.graphstate), _abstract(self.graphother))
 
     # ------------------------------------------------------------ running
     def init_state(self) -> EngineState:

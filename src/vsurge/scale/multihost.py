@@ -38,13 +38,12 @@ import time
 import jax
 import numpy as np
 
+from ..engine.program_kinds import PROGRAMS, replay
 from ..engine.request import DriverNotReadyError
 from . import distributed
 
 log = logging.getLogger(__name__)
 
-# program kind -> how many leading arguments are device-resident (weights, state): the rest are host inputs
-DEVICE_ARGS = {"init": 0, "set_slot": 1, "decode": 3, "mixed": 3}
 KEEP_MESSAGES = 256  # published calls kept in the store (followers lag by a step or two at most)
 STOP = ("stop",)
 
@@ -150,7 +149,10 @@ class Leader:
         def call(key, program, *args):
             if self.lost:
                 raise FollowerLostError(self._lost_message())
-            n = DEVICE_ARGS[key[0]]
+            kind = PROGRAMS[key[0]]
+            if not kind.replayed:
+                raise RuntimeError(f"{key[0]} programs run on one process: multi-host engines do not run them")
+            n = kind.device_args
             if n == 3 and (args[0] is not engine.graphstate or args[1] is not engine.graphother):
                 raise ValueError("multi-host engines run their own weights: graphstate/graphother cannot be replaced")
             channel.send(key, jax.tree.leaves(args[n:]))
@@ -258,33 +260,23 @@ def _store_name(surge) -> str:
     return f"vsurge/{surge.vsurge_name}"
 
 
-def _host_tree(engine, key: tuple):
-    """The pytree structure of a program's host inputs (what batch.py builds for that bucket)."""
-    kind = key[0]
-    if kind == "set_slot":
-        return engine.batches.slot_arrays_spec()
-    if kind == "decode":  # (a long window's program loops over its page columns: one more input)
-        return (engine.batches.decode_spec(key[1], key[2], engine.config.dynamic_window(key[2])),)
-    if kind == "mixed":
-        return (engine.batches.mixed_spec(key[1], key[2]),)
-    return ()
-
-
-def follow_engine(engine, channel: StepChannel) -> None:
-    """Run the leader's program calls for one engine until it says stop."""
+def follow_engine(engine, channel: StepChannel, handlers: dict | None = None) -> None:
+    """Run the leader's calls for one engine until it says stop: each program call replayed on this
+    process's share (engine/program_kinds.py). handlers: call kind -> handler(state, key, leaves) ->
+    state, for the calls that do more than run a program (remote.py: replies, prefix moves)."""
+    handlers = handlers or {}
     state = None
     while True:
         key, leaves = channel.receive()
         if key == STOP:
             return
-        program = engine._compiled[key]  # compiled at start-up, like the leader's
-        host = jax.tree.unflatten(jax.tree.structure(_host_tree(engine, key)), leaves)
-        if key[0] == "init":
-            state = program()
-        elif key[0] == "set_slot":
-            state = program(state, *host)
+        handler = handlers.get(key[0])
+        if handler is not None:
+            state = handler(state, key, leaves)
+        elif key[0] in PROGRAMS:
+            state, _ = replay(engine, key, state, leaves)
         else:
-            state, _ = program(engine.graphstate, engine.graphother, state, *host)
+            raise RuntimeError(f"unknown call {key!r} from the leader")
 
 
 def follow(surge) -> None:

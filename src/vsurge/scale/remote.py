@@ -42,7 +42,9 @@ from ..engine.transfer import KVPrefix, PrefixPages
 from ..kv.page_manager import HBMPageManager
 from ..kv.slot_pages import SlotPages
 from . import distributed
-from .multihost import STOP, FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
+from ..engine.program_kinds import replay
+from .multihost import FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
+from .multihost import follow_engine as follow_engine_calls  # the one follower loop
 
 log = logging.getLogger(__name__)
 
@@ -272,45 +274,30 @@ def local_mesh(prefill_devices, decode_devices, prefill_tensor_parallel_size=Non
 
 
 # ------------------------------------------------------------------ the other processes
-def _host_tree(engine, key: tuple):
-    kind = key[0]
-    if kind == "set_slot":
-        return engine.batches.slot_arrays_spec()
-    if kind == "decode":
-        return (engine.batches.decode_spec(key[1], key[2], engine.config.dynamic_window(key[2])),)
-    return None
-
-
 def follow_engine(engine, name: str) -> None:
-    """Run process 0's calls for one local decode engine until it says stop."""
+    """Run process 0's calls for one local decode engine until it says stop (multihost.follow_engine,
+    with the calls that answer or move prefixes)."""
     prefix = _prefix(name, engine.remote_index)
-    channel, store = StepChannel(prefix), distributed.client()
-    state, received, replies = None, {}, 0
-    while True:
-        key, leaves = channel.receive()
-        kind = key[0]
-        if key == STOP:
-            return
-        if kind == "init":
-            state = engine._compiled[("init",)]()
-        elif kind == "set_slot":
-            host = jax.tree.unflatten(jax.tree.structure(_host_tree(engine, key)), leaves)
-            state = engine._compiled[key](state, *host)
-        elif kind == "decode":
-            host = jax.tree.unflatten(jax.tree.structure(_host_tree(engine, key)), leaves)
-            state, out = engine._compiled[key[:3]](engine.graphstate, engine.graphother, state, *host)
-            h = out.to_host(bool(key[3]))
-            arrays = [h.tokens, h.valid, *(h.logprobs or ())]
-            store.key_value_set_bytes(f"{prefix}/out/{replies}", encode(("out",), arrays))
-            replies += 1
-        elif kind == "receive":  # take part in process 0's jax.device_put of a prefix onto our devices
-            _, tid, bucket, shape = key
-            received[tid] = _receive(engine, bucket, shape, leaves[0])
-        elif kind == "import":
-            _, bucket, tid = key
-            state = engine._compiled[("import", bucket)](state, received.pop(tid), leaves[0])
-        else:
-            raise RuntimeError(f"unknown call {key!r} from process 0")
+    store, received, replies = distributed.client(), {}, itertools.count()
+
+    def decode_and_reply(state, key, leaves):  # key: ("decode", rows, window, logprobs)
+        state, out = replay(engine, key[:3], state, leaves)
+        h = out.to_host(bool(key[3]))
+        store.key_value_set_bytes(f"{prefix}/out/{next(replies)}", encode(("out",), [h.tokens, h.valid,
+                                                                                     *(h.logprobs or ())]))
+        return state
+
+    def receive(state, key, leaves):  # take part in process 0's jax.device_put of a prefix onto our devices
+        _, tid, bucket, shape = key
+        received[tid] = _receive(engine, bucket, shape, leaves[0])
+        return state
+
+    def import_prefix(state, key, leaves):
+        _, bucket, tid = key
+        return engine._compiled[("import", bucket)](state, received.pop(tid), leaves[0])
+
+    follow_engine_calls(engine, StepChannel(prefix),
+                        {"decode": decode_and_reply, "receive": receive, "import": import_prefix})
 
 
 def _receive(engine, bucket: int, shape, device_ids) -> PrefixPages:
