@@ -436,3 +436,16 @@ def test_fim_prompt_order_for_starcoder_tokens(default_processor_dir, tmp_path):
     (prompt,) = asyncio.run(prompt_token_lists(surge, "x = ", " + 1"))
     assert prompt == [ids[0], *processor.encode("x = ", add_special_tokens=False), ids[1],
                       *processor.encode(" + 1", add_special_tokens=False), ids[2]]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": [{"type": {}, "text": ""}]}]}),
+    ("/tokenize", {"messages": [{"role": "user", "content": [{"type": [], "text": ""}]}]}),
+    ("/v1/count_tokens", {"messages": [{"role": "user", "content": [{"type": {}, "text": ""}]}]}),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}),
+    ("/v1/messages", {"max_tokens": 2, "messages": [{"role": "user", "content": [{"type": {}, "text": "x"}]}]}),
+    ("/v1/messages", {"max_tokens": 2, "system": [{"type": ["x"], "text": "x"}], "messages": FRANCE}),
+])
+def test_a_part_type_of_any_json_is_a_400(server, path, body):
+    """A content part's `type` that is an object or a list (schemathesis found these 500s)."""
+    assert server.post(path, json=body).status_code == 400

@@ -91,7 +91,8 @@ def refuse_media_parts(content):
     """image/audio/file content parts: a clear 400 (vsurge serves text models)."""
     if isinstance(content, list):
         for part in content:
-            kind = CONTENT_KINDS.get(part.get("type")) if isinstance(part, dict) else None
+            kind = part.get("type") if isinstance(part, dict) else None
+            kind = CONTENT_KINDS.get(kind) if isinstance(kind, str) else None  # a type may be any JSON
             if kind is not None:
                 raise PydanticCustomError("unsupported_content", f"{kind} inputs are not supported by this model")
     return content

@@ -75,7 +75,7 @@ def _text(blocks, param: str) -> str:
     texts = []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind in CONTENT_KINDS:
+        if isinstance(kind, str) and kind in CONTENT_KINDS:
             raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{param}[{j}].type")
         if kind != "text" or not isinstance(block.get("text"), str):
             raise ParamError(f"{param}[{j}] must be a text block {{'type': 'text', 'text': ...}}", f"{param}[{j}]")
@@ -119,7 +119,7 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
                 out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
             elif kind in ("thinking", "redacted_thinking") and role == "assistant":
                 continue  # earlier thinking is not shown to the model again
-            elif kind in CONTENT_KINDS:
+            elif isinstance(kind, str) and kind in CONTENT_KINDS:
                 raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{at}.type")
             else:
                 raise ParamError(f"{at}.type {kind!r} is not supported in a {role} message (text, tool_use, "

@@ -82,7 +82,7 @@ def _text_of(content, param: str) -> str:
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind in CONTENT_KINDS:
+        if isinstance(kind, str) and kind in CONTENT_KINDS:
             raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{where}.type")
         if kind not in TEXT_PART_TYPES:
             raise ParamError(f"{where}.type {kind!r} is not supported (vsurge serves text models: "
