@@ -309,6 +309,9 @@ def test_response_logprobs_whole_and_streamed(default_server):
     assert alone["output"][0]["content"][0]["logprobs"]
     plain = ok(default_server, "/v1/responses", {**request, "top_logprobs": None, "include": None})
     assert plain["output"][0]["content"][0]["logprobs"] == []
+    r = post(default_server, "/v1/responses", {**request, "top_logprobs": 21})  # OpenAI's range: 0-20
+    check_error(r, 400)
+    assert r.json()["error"]["param"] == "top_logprobs"
 
 
 def test_stored_response_retrieved_continued_and_deleted(default_server):

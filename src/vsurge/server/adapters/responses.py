@@ -206,7 +206,7 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
                                  renames={"max_tokens": "max_output_tokens", "logprobs": "top_logprobs"},
                                  max_tokens=first_set(body.max_output_tokens, body.max_tokens,
                                                       defaults and defaults.max_tokens),
-                                 logprobs=(body.top_logprobs or 0) if wants_logprobs(body) else None,
+                                 **({"logprobs": body.top_logprobs or 0} if wants_logprobs(body) else {}),
                                  structured=structured.constraint)
         variables = template_variables(body.chat_template_kwargs)
         if isinstance(body.reasoning, dict) and body.reasoning.get("effort") is not None:
