@@ -3,7 +3,7 @@ default server): every OpenAI body and every streamed event's data validated wit
 against OpenAI's OpenAPI spec (tests/openapi/openai_subset.json, cut by tests/tools/cut_openapi.py
 from github.com/openai/openai-openapi), and every Anthropic body and stream event parsed by the
 anthropic SDK's pydantic types with no field they do not define. Requests cover the options vsurge
-serves. The only deviations let through are docs/api_conformance.md's list (DEVIATIONS below),
+serves. The only deviations let through are docs/api_conformance.md's list (openai_schemas.DEVIATIONS),
 each at the one path and request it names."""
 
 from __future__ import annotations
@@ -14,49 +14,18 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import anthropic
 import httpx
 import pytest
-from jsonschema import Draft202012Validator
 from pydantic import TypeAdapter
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT202012
 
 from anthropic_checks import check_event, check_message, strict
+from openai_schemas import (BASE64, CHUNK_FINISH, COMPLETION_CHUNK_FINISH, DEVIATIONS, ECHO_FIRST_TOKEN, ROOT,
+                            check)
 from server_process import DEFAULT_NAME
 
-ROOT = Path(__file__).resolve().parent.parent
-SPEC = json.loads((ROOT / "tests" / "openapi" / "openai_subset.json").read_text())
-REGISTRY = Registry().with_resource("urn:openai", Resource.from_contents(SPEC, default_specification=DRAFT202012))
 OLD_ANTHROPIC = ROOT / ".venv" / "anthropic-old"  # anthropic==0.49.0, installed there by `make test`'s stamp
-
-# docs/api_conformance.md, "Responses and deliberate deviations": (schema, path) -> (why, the values
-# let through). A path's list indices are `*`; check() lets a value through only where the request
-# that produces it says so (skip=), and only the values named.
-DEVIATIONS = {
-    ("CreateEmbeddingResponse", "data/*/embedding"): (
-        "encoding_format base64: a base64 string of little-endian float32, as OpenAI's server sends it (the spec "
-        "types it as an array of numbers only)", lambda v: isinstance(v, str)),
-    ("CreateChatCompletionStreamResponse", "choices/*/finish_reason"): (
-        "null on every chunk before the choice's last, as OpenAI's server sends it (the spec's enum lacks null)",
-        lambda v: v is None),
-    ("CreateCompletionResponse", "choices/*/finish_reason"): (
-        "streamed: null on every chunk before the choice's last, as OpenAI's server sends it (the spec's "
-        "CreateCompletionResponse, which its stream reuses, types it as a string)", lambda v: v is None),
-    ("CreateCompletionResponse", "choices/*/logprobs/token_logprobs/*"): (
-        "echo with logprobs: the prompt's first token has no logprob (nothing precedes it): null, as OpenAI's "
-        "server sends it", lambda v: v is None),
-    ("CreateCompletionResponse", "choices/*/logprobs/top_logprobs/*"): (
-        "echo with logprobs: the prompt's first token has no alternatives: null, as OpenAI's server sends it",
-        lambda v: v is None),
-}
-BASE64 = ("CreateEmbeddingResponse", "data/*/embedding")
-CHUNK_FINISH = ("CreateChatCompletionStreamResponse", "choices/*/finish_reason")
-COMPLETION_CHUNK_FINISH = ("CreateCompletionResponse", "choices/*/finish_reason")
-ECHO_FIRST_TOKEN = (("CreateCompletionResponse", "choices/*/logprobs/token_logprobs/*"),
-                    ("CreateCompletionResponse", "choices/*/logprobs/top_logprobs/*"))
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 WEATHER = {"type": "function", "function": {
@@ -65,47 +34,6 @@ WEATHER = {"type": "function", "function": {
                    "additionalProperties": False}}}
 CITY_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
                "required": ["city", "country"], "additionalProperties": False}
-
-
-def validator(name: str) -> Draft202012Validator:
-    return Draft202012Validator({"$ref": f"urn:openai#/components/schemas/{name}"}, registry=REGISTRY)
-
-
-VALIDATORS: dict[str, Draft202012Validator] = {}
-
-
-def _path(error) -> str:
-    return "/".join("*" if isinstance(p, int) else str(p) for p in error.absolute_path)
-
-
-def _describe(error) -> str:
-    """The error, and for a union (anyOf/oneOf) its members' own errors, the deepest first."""
-    lines = [f"{_path(error) or '<root>'}: {error.message[:300]}"]
-    for sub in sorted(error.context or (), key=lambda e: -len(e.absolute_path))[:6]:
-        lines.append(f"    {'/'.join(map(str, sub.absolute_path))}: {sub.message[:200]}")
-    return "\n".join(lines)
-
-
-def _accepted(name: str, error, skip: tuple) -> bool:
-    """A listed deviation (in skip) at the error's path with a value it lets through; a union
-    (anyOf/oneOf) is accepted when one of its members fails only on such deviations."""
-    if error.validator in ("anyOf", "oneOf") and error.context:
-        branches: dict = {}
-        for sub in error.context:
-            branches.setdefault(sub.relative_schema_path[0], []).append(sub)
-        return any(all(_accepted(name, sub, skip) for sub in subs) for subs in branches.values())
-    key = (name, _path(error))
-    return key in skip and DEVIATIONS[key][1](error.instance)
-
-
-def check(name: str, body, skip: tuple = ()) -> None:
-    """body must validate against the spec's schema `name`, but for the deviations `skip` names."""
-    for key in skip:
-        assert key in DEVIATIONS and key[0] == name, key
-    found = VALIDATORS.setdefault(name, validator(name)).iter_errors(body)
-    errors = [e for e in found if not _accepted(name, e, skip)]
-    assert not errors, f"{name} deviations:\n" + "\n".join(_describe(e) for e in errors) + \
-        f"\nbody: {json.dumps(body)[:1500]}"
 
 
 def post(server, path: str, body: dict) -> httpx.Response:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from anthropic_checks import check_message, stream_events
+from openai_schemas import CHUNK_FINISH, check
 from server_process import ServerProcess, client_for
 from tiny_models import write_tiny_model
 
@@ -103,6 +104,25 @@ def test_messages_emit_a_thinking_block_then_text(server, raw):
     with client.messages.stream(**body) as stream:
         final = stream.get_final_message()
     assert (final.content[0].thinking, final.content[1].text) == raw
+
+
+def test_reasoning_output_fits_openais_schemas(server, raw):
+    """Chat's reasoning_content (an extension the spec's objects allow) and Responses' reasoning item and
+    reasoning_text events, whole and streamed, against OpenAI's spec (tests/openai_schemas.py)."""
+    chat = {"model": NAME, "messages": QUESTION, "max_tokens": 40, "temperature": 0, **GRAMMAR}
+    check("CreateChatCompletionResponse", server.post("/v1/chat/completions", json=chat).json())
+    responses = {"model": NAME, "input": QUESTION, "max_output_tokens": 40, "temperature": 0, **GRAMMAR}
+    whole = server.post("/v1/responses", json=responses).json()
+    check("Response", whole)
+    assert [item["type"] for item in whole["output"]] == ["reasoning", "message"]
+    for path, body, schema, skip in (("/v1/chat/completions", chat, "CreateChatCompletionStreamResponse",
+                                      (CHUNK_FINISH,)), ("/v1/responses", responses, "ResponseStreamEvent", ())):
+        with httpx.stream("POST", server.base + path, json={**body, "stream": True}, timeout=120) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: ") and line != "data: [DONE]"]
+        assert events
+        for event in events:
+            check(schema, event, skip=skip)
 
 
 def test_newest_anthropic_sdk_thinking_blocks_and_deltas(server, raw):
