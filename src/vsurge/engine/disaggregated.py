@@ -16,7 +16,7 @@ JetStream's orchestrator, on vsurge's scheduler. Every engine gets one role
                    decode engine with the most free slots that also has the
                    pages (a full decode side makes it wait, never drop), moves the
                    K/V onto that engine's mesh (`engine.receive_prefix`:
-                   jax.device_put onto get_prefix_destination_sharding()), and
+                   jax.device_put onto its prefix_destination()), and
                    queues it on that engine's arrivals.
   decode thread    attaches arrivals (slot and pages on arrival, K/V written
                    by `engine.insert_prefix`, sampling state loaded by the next

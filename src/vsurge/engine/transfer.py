@@ -9,7 +9,7 @@ A prefix holds the pages covering the sequence's computed tokens, padded to a
 bucket of `EngineConfig.transfer_pages` (1, 2, 4, ... pages: one compiled
 program each, nothing compiles while serving). Its arrays are laid out as the
 page pool (per layer keys (n, KVH, dk, page_size), values (n, KVH, page_size,
-dv)) and sharded by `get_prefix_destination_sharding()`: KV heads over the mesh's
+dv)) and sharded by `prefix_destination()`: KV heads over the mesh's
 `model` axis, so on two meshes of the same size the move is a device-to-device
 copy of each shard. The sampling state needs no move: it is rebuilt from the
 sequence (its request, seed and tokens) when the decode engine's next step
@@ -26,6 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..kv.access import put_pages, take_pages
+from ..kv.dense import DenseKVCache
+from ..sharding import named_sharding
 from .programs import EngineState
 
 
@@ -97,11 +99,18 @@ class PrefixTransferAPI:
         return PrefixPages([jax.ShapeDtypeStruct((pages, *a.shape[1:]), a.dtype) for a in state.kv.k],
                            [jax.ShapeDtypeStruct((pages, *a.shape[1:]), a.dtype) for a in state.kv.v])
 
+    def prefix_destination(self):
+        """Where a prefix's arrays are placed on this engine: split over KV heads on the model's mesh
+        (as the pages they go to; the seed's get_prefix_destination_sharding), else its device."""
+        if self.mesh is not None:
+            return named_sharding(self.mesh, DenseKVCache.K_AXES)
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
     def prefix_shardings(self, pages: int):
         """Where a prefix of `pages` pages lives on this engine (None: the default device)."""
         if self.mesh is None:
             return None
-        dest = self.get_prefix_destination_sharding()
+        dest = self.prefix_destination()
         return jax.tree.map(lambda _: dest, self._prefix_spec(pages))
 
     def export_prefix(self, state: EngineState, seq) -> KVPrefix:

@@ -305,8 +305,8 @@ def _receive(engine, bucket: int, shape, device_ids) -> PrefixPages:
 
     by_id = {d.id: d for d in jax.devices()}
     source = Mesh(np.asarray([by_id[int(i)] for i in device_ids], dtype=object).reshape(shape), ("data", "model"))
-    spec = engine.get_prefix_destination_sharding().spec
-    src, dest = NamedSharding(source, spec), engine.get_prefix_destination_sharding()
+    dest = engine.prefix_destination()
+    src = NamedSharding(source, dest.spec)
     layout = engine._prefix_spec(bucket)
     placeholder = jax.tree.map(lambda s: jax.make_array_from_single_device_arrays(s.shape, src, [], dtype=s.dtype),
                                layout)
