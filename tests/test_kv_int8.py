@@ -239,7 +239,7 @@ def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
 
 
 def test_bad_kv_cache_dtypes_are_refused_by_name():
-    with pytest.raises(ValueError, match=r"kv_cache_dtype \(--kv-cache-dtype\) must be one of auto, float32, bfloat16, float16, int8, fp8"):
+    with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of auto, float32, bfloat16, float16, int8, fp8"):
         EngineConfig(kv_cache_dtype="int4")
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         quant.storage_dtype("int4", jnp.float32)
