@@ -201,7 +201,7 @@ class EngineConfig:
             values["max_prompt_length"] = min(int(values["max_prompt_length"]), length - 1)
         if values.get("chunk_lengths"):
             values["chunk_lengths"] = tuple(sorted({int(n) for n in values["chunk_lengths"]}))
-            values["prefill_tokens"] = max(values.get("prefill_tokens", 512), *values["chunk_lengths"])
+            values["prefill_tokens"] = max(values.get("prefill_tokens", cls.prefill_tokens), *values["chunk_lengths"])
         if values.get("max_slots") is None:
             values["max_slots"] = default_slots()
         return cls(max_length=length, **values)
