@@ -21,7 +21,7 @@ from flax import nnx
 
 from ..kv.dense import DenseKVCache
 from ..kv.access import KEY_AXIS, VALUE_AXIS, write_tokens
-from ..sharding import named_sharding, replicated, state_shardings
+from ..sharding import replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
 from ..sampling_params import SamplingParams
 from ..engine.core import EngineCore
@@ -205,10 +205,8 @@ class SeedEngineAPI:
     def get_prefix_destination_sharding(self):
         """Where prefixes are placed before `insert`: their per-layer keys (1, KVH, hd, T) and values
         (1, KVH, T, hd) split over KV heads on the model's mesh (as the pages they go to); else the
-        engine's device."""
-        if self.mesh is not None:
-            return named_sharding(self.mesh, DenseKVCache.K_AXES)
-        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        engine's device (EngineCore.prefix_destination, under the seed's name)."""
+        return self.prefix_destination()
 
     def init_decode_state(self, *args, **kwargs):
         """Empty state (arguments are accepted for the seed's signature and unused)."""
