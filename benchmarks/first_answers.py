@@ -10,6 +10,8 @@ prompt and the same SamplingParams as `vsurge generate --seed N [flags]`.
     python benchmarks/first_answers.py --setting "temperature=0.8,top_p=0.95,top_k=40,min_p=0.05,repetition_penalty=1.1"
     python benchmarks/first_answers.py --setting ... --setting ...   # several settings, one engine start
 
+    python benchmarks/first_answers.py --first-tokens           # transformers' first-token odds, no engine
+
 A setting lists SamplingParams fields over the defaults (`--generation-config auto`); "defaults" is
 what a user gets with no flags.
 """
@@ -45,12 +47,38 @@ def parse_setting(text: str) -> dict:
     return values
 
 
+def first_token_odds(top: int = 5) -> None:
+    """The reference model's (transformers on the same GGUF) most likely first tokens of the France answer,
+    with and without the system prompt: why sampling cannot answer it reliably under one."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vsurge.loading import default_model_path, load_processor
+    from vsurge.tokenizer.compat import chat_prompt_ids
+
+    path = default_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    processor = load_processor("default")
+    for system in (None, SYSTEM):
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": FRANCE}]
+        with torch.no_grad():
+            logits = model(torch.tensor([chat_prompt_ids(processor, messages)])).logits[0, -1]
+        odds = torch.topk(torch.softmax(logits, -1), top)
+        listed = ", ".join(f"{tokenizer.decode([int(i)])!r} {float(p):.3f}" for p, i in zip(odds.values, odds.indices))
+        print(f"system {system!r}: {listed}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--setting", action="append", help="name=value,... over the defaults ('defaults': none)")
     parser.add_argument("--seeds", type=int, default=32, help="seeds for the France question (poems: half)")
     parser.add_argument("--show", action="store_true", help="print every reply")
+    parser.add_argument("--first-tokens", action="store_true", help="only print transformers' first-token odds")
     args = parser.parse_args()
+    if args.first_tokens:
+        first_token_odds()
+        return 0
 
     from vsurge import kernels
     from vsurge.cli import DEFAULT_MAX_TOKENS
