@@ -1,0 +1,127 @@
+"""Gated DeltaNet (Qwen3-Next / Qwen3.5 linear attention): the gated delta rule and its helpers.
+
+Each value head keeps a float32 state S (dk, dv). Per token, with decay a = exp(g) and rate beta:
+    S <- a * S;   S <- S + k (beta * (v - k^T S))^T;   out = (q * dk**-0.5)^T S
+`gated_delta_step` runs that recurrence for one token per row (decode). `gated_delta_rule` computes
+the same thing for a prompt chunk in the chunkwise-parallel form: inside each block of `chunk_size`
+tokens the sequential delta updates are folded into one unit-lower-triangular solve (the WY / UT
+transform), and only the block-to-block state hand-over is a `lax.scan`. A token with `valid`
+False gets g = 0 and beta = 0, which makes its update the identity: right padding and padding rows
+leave the state as it was.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+_HI = jax.lax.Precision.HIGHEST  # the state is carried across the whole prompt: keep full f32 matmuls
+
+
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """x (..., d) -> (..., d) float32: x / sqrt(sum(x^2) + eps), like the reference's l2norm.
+
+    Float32 out, because the reference normalises q and k inside the kernel after casting to float32."""
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)
+
+
+def gated_rms_norm(x: jax.Array, weight: jax.Array, gate: jax.Array, eps: float) -> jax.Array:
+    """Qwen3-Next RMSNormGated: x, gate (..., D), weight (D,) -> (..., D) in x.dtype.
+
+    Normalise in float32, scale by weight in x's dtype (rounding like the reference), then gate
+    with silu(gate) in float32."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    scaled = weight.astype(x.dtype) * normed.astype(x.dtype)
+    return (scaled.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))).astype(x.dtype)
+
+
+def _mask_invalid(g, beta, valid):
+    """g, beta (..., Hv); valid (...) bool or None -> g, beta float32 with invalid tokens set to 0."""
+    g, beta = g.astype(jnp.float32), beta.astype(jnp.float32)
+    if valid is None:
+        return g, beta
+    keep = valid[..., None]
+    return jnp.where(keep, g, 0.0), jnp.where(keep, beta, 0.0)
+
+
+def gated_delta_step(q, k, v, g, beta, state, valid=None):
+    """One recurrent step per row (decode).
+
+    q, k (B, Hk, dk); v (B, Hv, dv); g, beta (B, Hv); state (B, Hv, dk, dv) float32;
+    valid (B,) bool or None. Returns out (B, Hv, dv) in v.dtype and the new state float32;
+    a row with valid False keeps its state exactly."""
+    groups = v.shape[1] // k.shape[1]
+    q = jnp.repeat(q.astype(jnp.float32), groups, axis=1)  # (B, Hv, dk)
+    k = jnp.repeat(k.astype(jnp.float32), groups, axis=1)  # (B, Hv, dk)
+    q = q * (q.shape[-1] ** -0.5)
+    g, beta = _mask_invalid(g, beta, valid)  # (B, Hv)
+    s = state.astype(jnp.float32) * jnp.exp(g)[..., None, None]  # (B, Hv, dk, dv)
+    predicted = jnp.einsum("bhk,bhkv->bhv", k, s, precision=_HI)  # what the state already recalls for k
+    delta = (v.astype(jnp.float32) - predicted) * beta[..., None]  # (B, Hv, dv)
+    s = s + k[..., :, None] * delta[..., None, :]
+    out = jnp.einsum("bhk,bhkv->bhv", q, s, precision=_HI)  # (B, Hv, dv)
+    if valid is not None:  # exact, whatever exp(0) and the zero update round to
+        s = jnp.where(valid[:, None, None, None], s, state.astype(jnp.float32))
+    return out.astype(v.dtype), s
+
+
+def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 64):
+    """Chunkwise-parallel gated delta rule over a prompt chunk.
+
+    q, k (B, T, Hk, dk) (already L2-normalised); v (B, T, Hv, dv); g (B, T, Hv) log decay <= 0;
+    beta (B, T, Hv); state (B, Hv, dk, dv) float32; valid (B, T) bool or None.
+    Returns out (B, T, Hv, dv) in v.dtype (garbage on invalid tokens) and the final state float32."""
+    B, T, Hk, dk = k.shape
+    Hv, dv = v.shape[2], v.shape[3]
+    out_dtype = v.dtype
+    C = chunk_size
+    N = -(-T // C)  # number of chunks
+    pad = N * C - T
+
+    g, beta = _mask_invalid(g, beta, valid)  # (B, T, Hv)
+    per_v_head = lambda x: jnp.repeat(x.astype(jnp.float32), Hv // Hk, axis=2)  # noqa: E731  (B, T, Hv, dk)
+    q, k, v = per_v_head(q) * (dk**-0.5), per_v_head(k), v.astype(jnp.float32)
+
+    def chunked(x):  # (B, T, Hv, ...) -> (B, Hv, N, C, ...); padded tokens have g = beta = 0: identity updates
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+        x = x.reshape(B, N, C, *x.shape[2:])
+        return jnp.moveaxis(x, 3, 1)
+
+    q, k, v, g, beta = map(chunked, (q, k, v, g, beta))  # q, k (B,Hv,N,C,dk); v (..,C,dv); g, beta (B,Hv,N,C)
+
+    cum = jnp.cumsum(g, axis=-1)  # (B, Hv, N, C) log decay from the chunk start through token i
+    causal = jnp.tril(jnp.ones((C, C), dtype=bool))  # i >= j
+    # decay between token j and token i of a chunk; the upper triangle would be exp(positive): mask first
+    gap = jnp.where(causal, cum[..., :, None] - cum[..., None, :], 0.0)  # (B, Hv, N, C, C)
+    decay = jnp.where(causal, jnp.exp(gap), 0.0)
+
+    k_beta = k * beta[..., None]  # (B, Hv, N, C, dk)
+    v_beta = v * beta[..., None]  # (B, Hv, N, C, dv)
+    # UT transform: (I + strict_lower(beta k k^T * decay)) folds the chunk's sequential delta updates
+    system = jnp.einsum("...ik,...jk->...ij", k_beta, k, precision=_HI) * decay  # (B, Hv, N, C, C)
+    solve = lambda rhs: jax.scipy.linalg.solve_triangular(  # noqa: E731
+        system, rhs, lower=True, unit_diagonal=True)
+    u = solve(v_beta)  # (B, Hv, N, C, dv) values to write, before subtracting what the state predicts
+    w = solve(k_beta * jnp.exp(cum)[..., None])  # (B, Hv, N, C, dk) decayed keys that read the old state
+
+    intra = jnp.einsum("...ik,...jk->...ij", q, k, precision=_HI) * decay  # (B, Hv, N, C, C)
+    q_read = q * jnp.exp(cum)[..., None]  # (B, Hv, N, C, dk) queries reading the chunk-start state
+    last = cum[..., -1:]  # (B, Hv, N, 1) log decay over the whole chunk
+    k_write = k * jnp.exp(last - cum)[..., None]  # (B, Hv, N, C, dk): decay from token i to chunk end
+    chunk_decay = jnp.exp(last)[..., None]  # (B, Hv, N, 1, 1)
+
+    def step(s, xs):  # s (B, Hv, dk, dv): the state at the chunk start
+        u_c, w_c, q_c, k_c, intra_c, decay_c = xs
+        v_new = u_c - jnp.einsum("bhck,bhkv->bhcv", w_c, s, precision=_HI)  # (B, Hv, C, dv) corrections
+        out = (jnp.einsum("bhck,bhkv->bhcv", q_c, s, precision=_HI)
+               + jnp.einsum("bhij,bhjv->bhiv", intra_c, v_new, precision=_HI))
+        s = s * decay_c + jnp.einsum("bhck,bhcv->bhkv", k_c, v_new, precision=_HI)
+        return s, out
+
+    per_chunk = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731  (B, Hv, N, ...) -> (N, B, Hv, ...)
+    xs = tuple(map(per_chunk, (u, w, q_read, k_write, intra, chunk_decay)))
+    final, out = jax.lax.scan(step, state.astype(jnp.float32), xs)  # out (N, B, Hv, C, dv)
+    out = jnp.transpose(out, (1, 0, 3, 2, 4)).reshape(B, N * C, Hv, dv)[:, :T]
+    return out.astype(out_dtype), final
