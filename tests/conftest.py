@@ -87,16 +87,19 @@ def default_processor_dir(tmp_path_factory, default_model):
 
 
 class CompileCounter:
-    """Counts XLA backend compilations and persistent-cache hits/misses while active."""
+    """Counts XLA backend compilations (and their seconds) and persistent-cache hits/misses while active."""
 
     def __init__(self):
         self.active = False
-        self.counts = {"compile": 0, "hit": 0, "miss": 0}
-        names = {"/jax/core/compile/backend_compile_duration": "compile"}
-        jax.monitoring.register_event_duration_secs_listener(
-            lambda name, *_, **__: self._bump(names.get(name)))
+        self.counts = {"compile": 0, "compile_s": 0.0, "hit": 0, "miss": 0}
+        jax.monitoring.register_event_duration_secs_listener(self._on_duration)
         events = {"/jax/compilation_cache/cache_hits": "hit", "/jax/compilation_cache/cache_misses": "miss"}
         jax.monitoring.register_event_listener(lambda name, **__: self._bump(events.get(name)))
+
+    def _on_duration(self, name, seconds, **_):
+        if self.active and name == "/jax/core/compile/backend_compile_duration":
+            self.counts["compile"] += 1
+            self.counts["compile_s"] += seconds
 
     def _bump(self, key):
         if self.active and key:
@@ -111,16 +114,47 @@ class CompileCounter:
         self.active = False
 
 
-RUN_COMPILES = CompileCounter()  # the whole pytest process's, printed at the end of the run
+RUN_COMPILES = CompileCounter()  # this process's, summed over the xdist workers at the end of the run
 RUN_COMPILES.__enter__()
+WORKER_COMPILES: list[dict] = []  # the controller's copy of each finished xdist worker's counts
+FILE_SECONDS: dict[str, float] = {}  # test file -> setup + call + teardown seconds
+
+
+def pytest_runtest_logreport(report):
+    path = report.nodeid.split("::")[0]
+    FILE_SECONDS[path] = FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
+    if output is not None:
+        output["compiles"] = dict(RUN_COMPILES.counts)
+
+
+def pytest_testnodedown(node, error):
+    """xdist controller: keep a finished worker's compile counts."""
+    compiles = getattr(node, "workeroutput", {}).get("compiles")
+    if compiles:
+        WORKER_COMPILES.append(compiles)
 
 
 def pytest_terminal_summary(terminalreporter):
-    """What compiling cost this process: a run where the persistent cache never hits (XLA:CPU rejects its
-    own entries on some Intel CPUs, jax-ml/jax#38445) shows here as hits 0 and as many misses as compiles."""
-    c = RUN_COMPILES.counts
-    terminalreporter.write_line(f"XLA in the pytest process: {c['compile']} compiles, persistent cache "
-                                f"{c['hit']} hits / {c['miss']} misses ({SESSION_CACHE_DIR})")
+    """Where the run's time went: the slowest files, and what compiling cost the pytest processes (a run
+    where the persistent cache never hits (XLA:CPU rejects its own entries on some Intel CPUs,
+    jax-ml/jax#38445) shows here as hits 0 and as many misses as compiles)."""
+    write = terminalreporter.write_line
+    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]
+    if slowest:
+        write(f"slowest files (setup + call + teardown, summed over workers): "
+              f"{sum(FILE_SECONDS.values()) / 60:.1f} min in all")
+        for path, seconds in slowest:
+            write(f"{seconds:8.1f}s  {path}")
+    c = dict(RUN_COMPILES.counts)
+    for worker in WORKER_COMPILES:
+        for key in c:
+            c[key] += worker[key]
+    write(f"XLA in the pytest process(es): {c['compile']} compiles taking {c['compile_s']:.0f} s, persistent "
+          f"cache {c['hit']} hits / {c['miss']} misses ({SESSION_CACHE_DIR})")
 
 
 @pytest.fixture(scope="session")
