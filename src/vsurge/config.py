@@ -77,6 +77,15 @@ class KVLayer:
 
 
 @dataclass(frozen=True)
+class StateLayer:
+    """Shapes of one recurrent layer's per-sequence state (kv/recurrent.py): name -> shape, e.g.
+    ("conv", (K-1, C)) for a short convolution's window of inputs and ("ssm", (H, dk, dv)) for a
+    linear-attention or Mamba-2 state. Held in float32, one row per sequence slot."""
+
+    parts: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture hyper-parameters every decoder family has. Families subclass it."""
 
@@ -137,9 +146,36 @@ class ModelConfig:
         """The rotary embedding of `layer` (None: the layer uses no positions, NoPE)."""
         return self.rope
 
+    def layer_kind(self, layer: int) -> str:
+        """"attention" (a KV cache), or a recurrent kind holding a fixed-size state per sequence
+        ("linear_attention", "mamba2", "short_conv"; hybrid families override)."""
+        return "attention"
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) == "attention")
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) != "attention")
+
+    def kv_index(self, layer: int) -> int:
+        """The layer's entry in `kv_layout` (its index among the attention layers)."""
+        return layer if not self.recurrent_layers else self.attention_layers.index(layer)
+
+    def state_index(self, layer: int) -> int:
+        """The layer's entry in `state_layout` (its index among the recurrent layers)."""
+        return self.recurrent_layers.index(layer)
+
     @property
     def kv_layout(self) -> tuple[KVLayer, ...]:
-        return tuple(KVLayer(self.num_kv_heads, self.head_dim, self.head_dim) for _ in range(self.num_layers))
+        """One entry per attention layer."""
+        return tuple(KVLayer(self.num_kv_heads, self.head_dim, self.head_dim) for _ in self.attention_layers)
+
+    @property
+    def state_layout(self) -> tuple[StateLayer, ...]:
+        """One entry per recurrent layer (hybrid families override)."""
+        return ()
 
     def for_tensor_parallel(self, tp: int) -> "ModelConfig":
         """The config to run at tensor-parallel size tp: query heads and MLP units split evenly; KV

@@ -45,7 +45,7 @@ def _prefill(graphdef, state, tokens, lengths, cache, key, temperature):
     model = nnx.merge(graphdef, state)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, cache = model(tokens, positions, cache.with_mode(True), logits_index=lengths - 1)
+    logits, cache = model(tokens, positions, cache.with_mode(True, lengths), logits_index=lengths - 1)
     return _pick(logits, key, temperature), logits, cache.with_mode(False)
 
 
@@ -90,8 +90,9 @@ class Generator:
         tokens = np.zeros((1, width), np.int32)
         tokens[0, :n] = prompt_ids
         dtype = storage_dtype(self.kv_cache_dtype, self.model.dtype)
-        cache = create_state(partial(DenseKVCache.init, self.model.config.kv_layout, 1, self.max_length, dtype),
-                             mesh_of(self.model))  # on the model's mesh: split over KV heads
+        config = self.model.config
+        cache = create_state(partial(DenseKVCache.init, config.kv_layout, 1, self.max_length, dtype,
+                                     config.state_layout), mesh_of(self.model))  # on the model's mesh: split over KV heads
         key = jax.random.PRNGKey(seed)
         temp = jnp.full((1,), temperature, jnp.float32)
         key, sub = jax.random.split(key)

@@ -115,7 +115,7 @@ class BatchBuilder:
             chunk_pos[j, : chunk.length] = np.arange(chunk.start, chunk.start + chunk.length)
             samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
-                            np.asarray(columns, np.int32))
+                            np.asarray(columns, np.int32), slots[:d], slots[d:])
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,

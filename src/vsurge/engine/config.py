@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from ..kv import KV_CACHE_DTYPES
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
+
+log = logging.getLogger(__name__)
 
 
 def _powers(start: int, stop: int, factor: int = 2) -> list[int]:
@@ -153,6 +156,8 @@ class EngineConfig:
     speculative_tokens: int = setting(
         0, check=int_in(0, 16), flag="--speculative-tokens",
         help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
+    # the model holds a recurrent state per sequence (for_model): no request speculates
+    recurrent_state: bool = False
     speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
     # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
@@ -221,6 +226,16 @@ class EngineConfig:
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)
+
+    def for_model(self, model_config) -> "EngineConfig":
+        """The config a model runs with: a model with recurrent layers (a fixed-size state per
+        sequence, kv/recurrent.py) runs without the prefix cache and n-gram speculation, which would
+        resume or roll back a sequence at a point its state does not hold (docs/state_cache.md)."""
+        if not model_config.recurrent_layers or self.recurrent_state:
+            return self
+        if self.enable_prefix_caching or self.speculative_tokens:
+            log.info("%s has recurrent layers: prefix caching and speculation are off", model_config.architecture)
+        return self.replace(enable_prefix_caching=False, speculative_tokens=0, recurrent_state=True)
 
     # ------------------------------------------------------------ the command line (cli.py)
     @staticmethod

@@ -56,6 +56,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def __init__(self, model, processor, config: EngineConfig, pool):
         self.model = model.for_context(config.max_length)  # a config may depend on the context (LongRoPE)
         self._processor = processor
+        config = config.for_model(self.model.config)
         if not config.row_buckets and multiplies_in_blocks(self.model):
             config = config.replace(one_row_decode=True)
         self.config = config
@@ -286,7 +287,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             raise RuntimeError("embeddings and prompt logprobs are not served by multi-host engines yet")
         kind = pending[0].kind
         shape, requests, places = encode.pack([r for r in pending if r.kind == kind], self.config.prefill_tokens,
-                                              self.config.max_length)
+                                              self.config.max_length, one_per_row=self.config.recurrent_state)
         batch = encode.batch_of(shape, requests, places)
         out = jax.device_get(self._program((kind, *shape))(self.graphstate, self.graphother, batch))
         if kind == "embed":

@@ -81,15 +81,16 @@ def row_lengths(longest: int) -> list[int]:
         n *= 2
 
 
-def _fill(order: list[EncodeRequest], length: int, max_rows: int):
-    """First fit of `order` (longest first) into rows of `length` -> (rows used, taken, places)."""
+def _fill(order: list[EncodeRequest], length: int, max_rows: int, one_per_row: bool = False):
+    """First fit of `order` (longest first) into rows of `length` -> (rows used, taken, places);
+    one_per_row: each request in a row of its own."""
     free: list[int] = []  # room left in each row
     taken, places = [], []
     for request in order:
         if len(taken) == MAX_SEGMENTS:
             break
         need = len(request.prompt_ids)
-        row = next((i for i, room in enumerate(free) if room >= need), None)
+        row = None if one_per_row else next((i for i, room in enumerate(free) if room >= need), None)
         if row is None:
             if len(free) == max_rows:
                 continue
@@ -101,13 +102,14 @@ def _fill(order: list[EncodeRequest], length: int, max_rows: int):
     return len(free), taken, places
 
 
-def pack(requests: list[EncodeRequest], token_budget: int, max_length: int):
+def pack(requests: list[EncodeRequest], token_budget: int, max_length: int, one_per_row: bool = False):
     """Plan ONE call over the waiting requests: -> ((rows, length), the requests it holds, their
     (row, start) places). Requests are taken longest first, each into the first row with room.
     Row lengths from the smallest that holds the longest request up to the token budget are tried
     (rows: as many as the budget allows, at least one, padded to a power of two): the one that
     serves the most prompt tokens for the fewest computed wins, the shorter on ties (attention is
-    quadratic in it). What does not fit waits for the next call."""
+    quadratic in it). What does not fit waits for the next call. one_per_row: never two prompts in one
+    row (a model with recurrent layers carries its state along a row, kv/recurrent.py)."""
     order = sorted(requests, key=lambda r: -len(r.prompt_ids))
     shortest = _pow2_at_least(len(order[0].prompt_ids), MIN_LENGTH)
     best, best_key = None, None
@@ -115,7 +117,7 @@ def pack(requests: list[EncodeRequest], token_budget: int, max_length: int):
         if length < shortest:
             continue
         max_rows = max(1, token_budget // length)
-        used, taken, places = _fill(order, length, max_rows)
+        used, taken, places = _fill(order, length, max_rows, one_per_row)
         rows = min(max_rows, _pow2_at_least(used, 1))
         served = sum(len(r.prompt_ids) for r in taken)
         key = (served, -rows * length, -length)

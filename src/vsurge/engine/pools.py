@@ -28,6 +28,7 @@ def pages_that_fit(model, config: EngineConfig) -> int:
 
 
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
+    config = config.for_model(model.config)
     per_page = pool_page_bytes(model, config)
     num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,

@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 
 from ..kv.paged import PagedAttentionCache, StepLayout
+from ..kv.recurrent import run_fresh
 from ..ops.attention import attend
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
@@ -183,7 +184,8 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
         page = batch.tables[rows, column]
         columns = None if batch.num_columns is None else jnp.maximum(batch.num_columns, jnp.max(column) + 1)
         layout = StepLayout(jnp.where(active, page * ps + positions % ps, skip), batch.tables,
-                            jnp.where(active, positions, -1)[:, None], *empty_chunks, columns)
+                            jnp.where(active, positions, -1)[:, None], *empty_chunks, columns, batch.slots,
+                            jnp.zeros((0,), jnp.int32))
         hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
         hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
         logits = model.logits(hidden[0])  # (D, V)
@@ -243,6 +245,11 @@ class SegmentAttention:
                      mask=same_prompt)
         return out, self
 
+    def recurrent(self, index, part, op, inputs, positions, shape):
+        """Each row from a zero state (a model with recurrent layers gets one prompt per row:
+        encode.pack), nothing kept."""
+        return run_fresh(op, inputs, shape, self.segments >= 0), self
+
 
 def _prompt_pass(graphdef, graphstate, graphother, batch):
     """-> (model, hidden (R, C, D) after the final norm) of every packed prompt."""
@@ -291,7 +298,8 @@ def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, samp
 def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: int) -> EngineState:
     """Zero pages and neutral slots (traced once as the `init` program)."""
     rows, vocab = num_slots + 1, model_config.vocab_size
-    kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype)
+    kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype, model_config.state_layout,
+                                  rows)
     slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),

@@ -199,6 +199,8 @@ class Scheduler:
         return not plan.drafts and all(seq.matcher is None and not self._speculates(seq) for seq in plan.sequences)
 
     def _speculates(self, seq: Sequence) -> bool:
+        if self.config.recurrent_state:  # a rejected draft would have to roll the state back
+            return False
         k = seq.request.params.speculative_tokens
         return (self.config.speculative_tokens if k is None else k) > 0 and speculation.eligible(seq)
 

@@ -15,10 +15,11 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ..config import AttentionSpec, KVLayer
+from ..config import AttentionSpec, KVLayer, StateLayer
 from ..ops.attention import attend
 from . import quant
 from .access import KEY_AXIS, VALUE_AXIS, write_tokens
+from .recurrent import init_states, replace_part, run_fresh
 
 
 def _transposed(k):
@@ -34,6 +35,10 @@ class NoCache:
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         return attend(q, _transposed(k), v.swapaxes(1, 2), positions, positions, spec, sinks), self
 
+    def recurrent(self, index, part, op, inputs, positions, shape):
+        """Every row from a zero state (kv/recurrent.py); nothing kept."""
+        return run_fresh(op, inputs, shape, positions >= 0), self
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -42,30 +47,46 @@ class DenseKVCache:
     K_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "head_dim", "sequence")
     V_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "sequence", "head_dim")
 
-    k: list  # per layer (B, KVH, dk, S): keys transposed for the query-key dot
-    v: list  # per layer (B, KVH, S, dv)
+    k: list  # per attention layer (B, KVH, dk, S): keys transposed for the query-key dot
+    v: list  # per attention layer (B, KVH, S, dv)
+    # per recurrent layer {part: (B, ...) f32} (kv/recurrent.py)
+    states: list = dataclasses.field(default_factory=list)
+    # (B,) i32 while prefilling right-padded rows: tokens at or past a row's length do not enter
+    # its recurrent states; None: every token does
+    lengths: jax.Array | None = None
     # True while prefilling rows whose cache is empty: attend over the new
     # tokens only instead of the whole max_length region.
     fresh: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @classmethod
-    def init(cls, layout: tuple[KVLayer, ...], batch_size: int, max_length: int, dtype=jnp.float32):
+    def init(cls, layout: tuple[KVLayer, ...], batch_size: int, max_length: int, dtype=jnp.float32,
+             state_layout: tuple[StateLayer, ...] = ()):
         """layout: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
-        (int8 / float8: quantized, head_dim + 2 with the scales, kv/quant.py)."""
+        (int8 / float8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its
+        recurrent layers' states (`config.state_layout`)."""
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((batch_size, l.heads, dim(l.k_dim), max_length), dtype) for l in layout],
-                   v=[jnp.zeros((batch_size, l.heads, max_length, dim(l.v_dim)), dtype) for l in layout])
+                   v=[jnp.zeros((batch_size, l.heads, max_length, dim(l.v_dim)), dtype) for l in layout],
+                   states=init_states(state_layout, batch_size))
 
     @property
     def max_length(self) -> int:
-        return self.v[0].shape[2]
+        return self.v[0].shape[2]  # (a model has at least one attention layer)
 
     @property
     def batch_size(self) -> int:
         return self.v[0].shape[0]
 
-    def with_mode(self, fresh: bool) -> "DenseKVCache":
-        return dataclasses.replace(self, fresh=fresh)
+    def with_mode(self, fresh: bool, lengths=None) -> "DenseKVCache":
+        return dataclasses.replace(self, fresh=fresh, lengths=lengths)
+
+    def recurrent(self, index, part, op, inputs, positions, shape):
+        """Each batch row carries its own state; right padding (past `lengths`) leaves it as it was."""
+        valid = (positions >= 0) & (positions < self.max_length)
+        if self.lengths is not None:
+            valid &= positions < self.lengths[:, None]
+        out, new = op(inputs, self.states[index][part], valid)
+        return out, dataclasses.replace(self, states=replace_part(self.states, index, part, new))
 
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q: (B, T, H, dk), k: (B, T, KVH, dk), v: (B, T, KVH, dv), positions: (B, T). Positions

@@ -22,11 +22,12 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from ..config import AttentionSpec, KVLayer
+from ..config import AttentionSpec, KVLayer, StateLayer
 from ..ops.attention import merge_into, merge_partials, partial_attend
 from .. import kernels as cpp_kernels
 from . import cpu_attention, kernels, quant
 from .access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
+from .recurrent import init_states, replace_part, run_packed
 
 
 def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
@@ -110,6 +111,9 @@ class StepLayout:
     chunk_tables: jax.Array  # (P, Wc) page ids of each chunk row
     chunk_pos: jax.Array  # (P, C) positions of each chunk token (-1 = padding)
     num_columns: jax.Array | None = None  # () i32: read only this many page columns (None = all)
+    # sequence slot of each row, whose recurrent states the row reads and writes (kv/recurrent.py)
+    decode_slots: jax.Array | None = None  # (D,) i32
+    chunk_slots: jax.Array | None = None  # (P,) i32
 
     @property
     def num_decode(self) -> int:
@@ -123,17 +127,22 @@ class PagedAttentionCache:
     K_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "head_dim", "page_offset")
     V_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "page_offset", "head_dim")
 
-    k: list  # per layer (num_pages, KVH, dk, page_size)
-    v: list  # per layer (num_pages, KVH, page_size, dv)
+    k: list  # per attention layer (num_pages, KVH, dk, page_size)
+    v: list  # per attention layer (num_pages, KVH, page_size, dv)
+    # per recurrent layer {part: (S+1, ...) f32}, one row per sequence slot (kv/recurrent.py)
+    states: list = dataclasses.field(default_factory=list)
     layout: StepLayout | None = None  # per step; None between steps
 
     @classmethod
-    def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32):
+    def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
+             state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0):
         """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
-        (int8: quantized, head_dim + 2 with the scales, kv/quant.py)."""
+        (int8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its recurrent
+        layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare)."""
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
-                   v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers])
+                   v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
+                   states=init_states(state_layout, state_rows))
 
     @property
     def num_pages(self) -> int:
@@ -148,6 +157,11 @@ class PagedAttentionCache:
 
     def storage_only(self) -> "PagedAttentionCache":
         return dataclasses.replace(self, layout=None)
+
+    def recurrent(self, index, part, op, inputs, positions, shape):
+        """inputs (1, N, ...): each row's state read from and written back to its slot."""
+        out, new = run_packed(op, inputs, self.states[index][part], self.layout)
+        return out, dataclasses.replace(self, states=replace_part(self.states, index, part, new))
 
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv): D decode tokens, then P chunk rows

@@ -143,7 +143,7 @@ def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str
     if query_scale is not None:
         q = (q * query_scale[:, :, None, None]).astype(q.dtype)
     with jax.named_scope("attention"):
-        attn, cache = cache.attend(i, q, k, v, ctx.positions, c.attention_spec(i), w.get("sinks"))
+        attn, cache = cache.attend(c.kv_index(i), q, k, v, ctx.positions, c.attention_spec(i), w.get("sinks"))
     out = linear(attn.reshape(b, t, -1), w["wo"], w.get("wo_scale"))
     if "bo" in w:
         out = out + w["bo"].astype(out.dtype)

@@ -19,6 +19,8 @@ Recipes:
     GateUp      gate and up interleaved along the last axis (models/fused.py)
     Stack       one weight per expert stacked on a leading axis
     HeadSlice   a per-head row range of a stored (H * rows, in) matrix, as (H, rows, in)
+    HeadRows    the same rows of every head, as one (in, H * rows) matrix (Qwen3-Next's query and
+                output gate, interleaved per head in one projection)
 """
 
 from __future__ import annotations
@@ -241,6 +243,26 @@ class HeadSlice:
         if self.transpose:
             block = block.swapaxes(1, 2)
         return block[:, spans[1][0]:spans[1][1], spans[2][0]:spans[2][1]]
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadRows:
+    """Rows [part) of every head of a stored (H * per_head, in) matrix -> (in, H * rows): what a
+    `tensor` of only those rows would give."""
+
+    name: str
+    shape: tuple[int, int]
+    heads: int
+    part: Range
+
+    def tensors(self):
+        return [(self.name, self.shape)]
+
+    def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
+        per_head, inputs = self.shape[0] // self.heads, self.shape[1]
+        block = source.read(self.name).reshape(self.heads, per_head, inputs)[:, self.part[0]:self.part[1]]
+        out = block.reshape(-1, inputs).T  # (in, H * rows)
+        return out[spans[0][0]:spans[0][1], spans[1][0]:spans[1][1]]
 
 
 @dataclasses.dataclass(frozen=True)
