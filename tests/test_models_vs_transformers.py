@@ -44,9 +44,11 @@ def prefill(forward, model, prompts):
     for row, ids in enumerate(prompts):
         tokens[row, :len(ids)] = ids
     positions = np.broadcast_to(np.arange(WIDTH, dtype=np.int32), (2, WIDTH))
-    cache = DenseKVCache.init(model.config.kv_layout, 2, 64).with_mode(True)
+    lengths = jnp.asarray([len(ids) for ids in prompts], jnp.int32)  # padding stays out of recurrent states
+    cache = DenseKVCache.init(model.config.kv_layout, 2, 64, state_layout=model.config.state_layout)
+    cache = cache.with_mode(True, lengths)
     logits, cache = forward(tokens, positions, cache)
-    return np.asarray(logits), cache.with_mode(False)
+    return np.asarray(logits), cache.with_mode(False, None)
 
 
 def check_against_reference(model, torch_model, seed=0, forward=None):

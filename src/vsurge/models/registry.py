@@ -32,6 +32,7 @@ FAMILIES = {
     "glm4": "Glm4",
     "cohere2": "Cohere2",
     "ministral3": "Ministral3",
+    "qwen3_next": "Qwen3Next",
 }
 
 

@@ -76,7 +76,7 @@ def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 6
     B, T, Hk, dk = k.shape
     Hv, dv = v.shape[2], v.shape[3]
     out_dtype = v.dtype
-    C = chunk_size
+    C = min(chunk_size, T)  # a short prompt row is one chunk of its own length, not padded to 64
     N = -(-T // C)  # number of chunks
     pad = N * C - T
 
@@ -122,6 +122,10 @@ def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 6
 
     per_chunk = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731  (B, Hv, N, ...) -> (N, B, Hv, ...)
     xs = tuple(map(per_chunk, (u, w, q_read, k_write, intra, chunk_decay)))
-    final, out = jax.lax.scan(step, state.astype(jnp.float32), xs)  # out (N, B, Hv, C, dv)
+    if N == 1:  # one chunk: no loop to compile
+        final, out = step(state.astype(jnp.float32), tuple(x[0] for x in xs))
+        out = out[None]
+    else:
+        final, out = jax.lax.scan(step, state.astype(jnp.float32), xs)  # out (N, B, Hv, C, dv)
     out = jnp.transpose(out, (1, 0, 3, 2, 4)).reshape(B, N * C, Hv, dv)[:, :T]
     return out.astype(out_dtype), final

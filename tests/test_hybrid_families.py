@@ -1,0 +1,107 @@
+"""Hybrid families (recurrent layers beside attention: a state per sequence, kv/recurrent.py) through
+the engines. Greedy outputs equal the reference Generator's (dense cache, one sequence at a time),
+itself checked against transformers in tests/test_models_vs_transformers.py: prompts prefilled in
+several chunks of one step and across steps, more prompts than slots (a slot's next sequence starts
+from a zero state), a one-token prompt (decoded straight away), preemption, whole-prompt passes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import vsurge
+from vsurge import EngineConfig, SamplingParams, vSurge
+from vsurge.generation import greedy_generate
+
+PROMPTS = ["The ducks of the river ran past the old mill where the miller counted them every morning",
+           "one two three one two three one two", "Hi", "A", "Seven bells rang over the town square at noon"]
+CONFIG = dict(max_slots=3, max_length=64, prefill_tokens=16, chunk_lengths=(8, 16), row_buckets=(4,),
+              window_buckets=(8,), page_size=8, decode_steps=4)
+PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny_checkpoints):
+    model, processor = vsurge.load(tiny_checkpoints["qwen3_next"][0], dtype=jnp.float32, progress=False)
+    ids = [processor.encode(p) for p in PROMPTS]
+    return model, processor, ids, [greedy_generate(model, p, PARAMS.max_tokens) for p in ids]
+
+
+def run(surge, prompts, params=PARAMS):
+    surge.compile()
+    surge.start()
+    try:
+        return [r.token_ids for r in asyncio.run(surge.generate(prompts, params))]
+    finally:
+        surge.stop(5)
+
+
+def test_the_state_layout_follows_the_layer_kinds(hybrid):
+    config = hybrid[0].config
+    assert [config.layer_kind(i) for i in range(config.num_layers)] == ["linear_attention"] * 3 + ["attention"]
+    assert len(config.kv_layout) == 1 and config.kv_index(3) == 0 and config.state_index(2) == 2
+    parts = dict(config.state_layout[0].parts)
+    assert parts == {"conv": (3, 2 * 2 * 16 + 4 * 8), "ssm": (4, 16, 8)}
+
+
+@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
+def test_engines_give_the_reference_tokens(hybrid, paged):
+    """Five prompts on three slots; the longest (~18 tokens) takes several 8-token chunk rows."""
+    model, processor, ids, expected = hybrid
+    make = vSurge.create_odriver if paged else vSurge.create_vdriver
+    surge = make(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+    assert max(len(p) for p in ids) > 16 and min(len(p) for p in ids) == 1
+    assert run(surge, PROMPTS) == expected
+
+
+def test_prefix_cache_and_speculation_are_off_and_repeats_stay_exact(hybrid):
+    """A prompt asked again (its pages would be prefix-cache hits on an attention-only model) and a
+    request asking for speculation give the reference tokens: the engine turns both off."""
+    model, processor, ids, expected = hybrid
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8,
+                                                                        speculative_tokens=3))
+    engine = surge.driver.engines[0]
+    assert not engine.pool.enable_prefix_caching and engine.config.speculative_tokens == 0
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, speculative_tokens=3)
+    assert run(surge, [PROMPTS[1], PROMPTS[1], PROMPTS[0]], params) == [expected[1], expected[1], expected[0]]
+
+
+def test_preemption_recomputes_the_state(hybrid):
+    model, processor, ids, expected = hybrid
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=9))
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    got = run(surge, PROMPTS[:3], params)
+    assert surge.metrics.value("vsurge:num_preemptions_total") > 0
+    assert got == [greedy_generate(model, p, 30) for p in ids[:3]]
+
+
+def test_prompt_scoring_runs_each_prompt_from_a_fresh_state(hybrid, tiny_checkpoints):
+    """The whole-prompt pass gives each prompt a row of its own (a state runs along a row): token
+    logprobs equal transformers' log-softmax on the same weights."""
+    import torch
+    from test_models_vs_transformers import reference_logits
+
+    model, processor, ids, _ = hybrid
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+    surge.start()
+    try:
+        scored = asyncio.run(surge.encode(ids[1:3], "score"))
+    finally:
+        surge.stop(5)
+    for prompt, got in zip(ids[1:3], scored):
+        logits = torch.tensor(reference_logits(tiny_checkpoints["qwen3_next"][1], np.array(prompt)))
+        logp = torch.log_softmax(logits, -1).numpy()
+        np.testing.assert_allclose(got.logprobs, [logp[t - 1, prompt[t]] for t in range(1, len(prompt))], atol=2e-4)
+
+
+def test_vinference_gives_the_reference_text(tiny_checkpoints):
+    from vsurge import vInference, vInferenceConfig
+
+    model, processor = vsurge.load(tiny_checkpoints["qwen3_5"][0], dtype=jnp.float32, progress=False)
+    vi = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=4))
+    outputs = vi.process_prompt(PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+    assert [o.text for o in outputs] == [processor.decode(greedy_generate(model, processor.encode(p), 8))
+                                         for p in PROMPTS[:2]]
