@@ -259,6 +259,10 @@ class SeedEngineAPI:
                      seed: int, max_new_tokens: int | None) -> PrefixRow:
         if not ids:
             raise ValueError("the prompt is empty")
+        if self.model.config.recurrent_layers:
+            raise NotImplementedError(f"{self.model.config.architecture} has recurrent layers: the seed's prefill/insert "
+                                      "hands over KV pages only, not their states (docs/state_cache.md); serve it "
+                                      "with vSurge's drivers")
         if len(ids) >= self.config.max_length:
             raise ValueError(f"the prompt has {len(ids)} tokens; this engine holds {self.config.max_length} in all")
         room = self.config.max_length - len(ids)
