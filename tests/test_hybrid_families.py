@@ -23,11 +23,22 @@ CONFIG = dict(max_slots=3, max_length=64, prefill_tokens=16, chunk_lengths=(8, 1
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def hybrid(tiny_checkpoints):
-    model, processor = vsurge.load(tiny_checkpoints["qwen3_next"][0], dtype=jnp.float32, progress=False)
+def load_family(tiny_checkpoints, name):
+    model, processor = vsurge.load(tiny_checkpoints[name][0], dtype=jnp.float32, progress=False)
     ids = [processor.encode(p) for p in PROMPTS]
     return model, processor, ids, [greedy_generate(model, p, PARAMS.max_tokens) for p in ids]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tiny_checkpoints):
+    """Qwen3-Next (Gated DeltaNet), for the tests that run one hybrid family."""
+    return load_family(tiny_checkpoints, "qwen3_next")
+
+
+@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid"])
+def each_hybrid(request, tiny_checkpoints, hybrid):
+    """Every hybrid family: Qwen3-Next (Gated DeltaNet) and Granite 4.0-H (Mamba-2)."""
+    return hybrid if request.param == "qwen3_next" else load_family(tiny_checkpoints, request.param)
 
 
 def run(surge, prompts, params=PARAMS):
@@ -48,9 +59,9 @@ def test_the_state_layout_follows_the_layer_kinds(hybrid):
 
 
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
-def test_engines_give_the_reference_tokens(hybrid, paged):
+def test_engines_give_the_reference_tokens(each_hybrid, paged):
     """Five prompts on three slots; the longest (~18 tokens) takes several 8-token chunk rows."""
-    model, processor, ids, expected = hybrid
+    model, processor, ids, expected = each_hybrid
     make = vSurge.create_odriver if paged else vSurge.create_vdriver
     surge = make(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
     assert max(len(p) for p in ids) > 16 and min(len(p) for p in ids) == 1

@@ -33,6 +33,7 @@ FAMILIES = {
     "cohere2": "Cohere2",
     "ministral3": "Ministral3",
     "qwen3_next": "Qwen3Next",
+    "granitemoehybrid": "GraniteMoeHybrid",
 }
 
 

@@ -1,0 +1,240 @@
+"""Granite 4.0-H (GraniteMoeHybrid): Mamba-2 layers on most layers (e.g. 9 in 10), grouped-query
+attention on the rest, every layer's MLP a shared gated MLP plus (the MoE models) routed experts;
+Granite 3's four multipliers (embeddings, residual branches, attention scores, logits).
+
+Mamba-2 layer (D hidden; H heads of P dims, I = H*P = mamba_expand*D; G groups of N state dims):
+    in_proj (I + Cv + H, D) = z (I) gate | xBC (Cv = I + 2*G*N) | dt (H)     [+ bias]
+    conv1d (Cv, 1, K) depthwise causal [+ bias (Cv,)]   dt_bias, A_log, D (H,)   norm (I,)
+    out_proj (D, I) [+ bias]
+    xBC = silu(causal_conv(xBC)) -> x (H, P), B (G, N), C (G, N); A = -exp(A_log);
+    dt = softplus(dt + dt_bias), clamped to time_step_limit on prompts (the reference's decode step
+    does not clamp); y = SSD(x, dt, A, B, C) + D*x (ops/ssd.py); grouped gated RMSNorm of (y, z)
+    in G groups; out_proj. State per sequence and layer: the conv window (K-1, Cv) and the SSM
+    state (H, P, N) (kv/recurrent.py).
+Attention layer: q/k/v/o (biases with attention_bias), scores scaled by attention_multiplier;
+rotary only with position_embedding_type "rope" (the released Granite 4.0-H checkpoints: "nope").
+MLP: shared_mlp.input_linear (2Fs, D) = gate | up, output_linear (D, Fs); experts (when
+num_local_experts > 0) block_sparse_moe.input_linear (E, 2F, D) = gate | up, output_linear
+(E, D, F), router.layer (E, D): top-k of the logits, softmax over those k.
+
+HF: GraniteMoeHybridForCausalLM ("granitemoehybrid"); GGUF: not yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from ..config import AttentionSpec, StateLayer
+from ..errors import UnsupportedModelError
+from ..kv.recurrent import by_length
+from ..ops.linear import linear
+from ..ops.moe import Routing
+from ..ops.norm import rms_norm
+from ..ops.short_conv import causal_conv, causal_conv_step
+from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
+from .base import CausalLM
+from .blocks import attention, attention_weights, mlp, norm
+from .config_io import check_activation, hf_fields
+from .moe import MoEConfig, expert_axes, router_weights, routed
+from .spec import GateUp, Weight, tensor
+
+MAMBA_KINDS = ("mamba", "linear_attention")  # HF layer_types: transformers 4 / 5 spelling
+
+
+@dataclass(frozen=True)
+class GraniteMoeHybridConfig(MoEConfig):
+    mamba_layers: tuple[bool, ...] = ()  # per layer: Mamba-2 (True) or attention
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 1
+    mamba_state: int = 0
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    use_rope: bool = False  # position_embedding_type "rope" (else attention without positions)
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float = 1.0
+    logits_scaling: float = 1.0
+
+    def layer_kind(self, layer: int) -> str:
+        return "mamba2" if self.mamba_layers[layer] else "attention"
+
+    def is_moe(self, layer: int) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def routing(self) -> Routing:
+        return Routing(self.num_experts, self.num_experts_per_tok, scoring="topk_softmax")
+
+    @property
+    def mamba_width(self) -> int:  # I
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def conv_width(self) -> int:  # Cv: x | B | C
+        return self.mamba_width + 2 * self.mamba_groups * self.mamba_state
+
+    @property
+    def state_layout(self) -> tuple[StateLayer, ...]:
+        layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
+                            ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
+        return (layer,) * len(self.recurrent_layers)
+
+    def layer_rope(self, layer: int):
+        return self.rope if self.use_rope and not self.mamba_layers[layer] else None
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        return AttentionSpec(scale=self.attention_multiplier)
+
+    def for_tensor_parallel(self, tp: int):
+        if tp != 1:
+            raise UnsupportedModelError("Granite 4.0-H runs at tensor_parallel_size 1 for now")
+        return self
+
+
+def _float(x) -> float:
+    """A config.json number; transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    return float(x["__float__"] if isinstance(x, dict) else x)
+
+
+class GraniteMoeHybrid(CausalLM):
+    name = "granitemoehybrid"
+    hf_model_types = ("granitemoehybrid",)
+    hf_architectures = ("GraniteMoeHybridForCausalLM",)
+    config_class = GraniteMoeHybridConfig
+
+    @classmethod
+    def config_from_hf(cls, cfg: dict, where: str):
+        check_activation(cfg, where, ("silu", "swish"))
+        fields = hf_fields(cfg, where, cls.name)
+        n, d = fields["num_layers"], fields["hidden_size"]
+        types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
+        heads = int(cfg.get("mamba_n_heads", 128))
+        head_dim = cfg.get("mamba_d_head", "auto")
+        head_dim = int(cfg.get("mamba_expand", 2)) * d // heads if head_dim in (None, "auto") else int(head_dim)
+        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+        experts = int(cfg.get("num_local_experts") or 0)
+        return cls.config_class(
+            **{**fields, "qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias"))},
+            num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 1),
+            moe_intermediate_size=fields["intermediate_size"],
+            shared_intermediate_size=int(cfg.get("shared_intermediate_size") or 0),
+            mamba_layers=tuple(t in MAMBA_KINDS for t in types[:n]), mamba_heads=heads, mamba_head_dim=head_dim,
+            mamba_groups=int(cfg.get("mamba_n_groups", 1)), mamba_state=int(cfg.get("mamba_d_state", 256)),
+            mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)), mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            time_step_limit=(_float(limit[0]), _float(limit[1])),
+            use_rope=cfg.get("position_embedding_type") == "rope",
+            **{k: float(cfg.get(k) or 1.0) for k in
+               ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})
+
+    # ------------------------------------------------------------ weights
+    @classmethod
+    def layer_weights(cls, c: GraniteMoeHybridConfig, i: int):
+        hf, d = f"model.layers.{i}", c.hidden_size
+        out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
+               "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None)}
+        out.update(cls._mamba_weights(c, f"{hf}.mamba") if c.mamba_layers[i]
+                   else attention_weights(c, hf=f"{hf}.self_attn", gguf=None))
+        fs, shared = c.shared_intermediate_size, f"{hf}.shared_mlp"
+        out["shared_gate_up"] = Weight((d, 2 * fs), ("embed", "mlp"),
+                                       _gate_up(f"{shared}.input_linear.weight", (2 * fs, d)), quantize=True)
+        out["shared_down"] = Weight((fs, d), ("mlp", "embed"), tensor(f"{shared}.output_linear.weight", (d, fs)),
+                                    quantize=True)
+        if c.is_moe(i):
+            e, f, moe = c.num_experts, c.moe_intermediate_size, f"{hf}.block_sparse_moe"
+            out.update(router_weights(c, f"{moe}.router.layer", None))
+            out["experts_gate_up"] = Weight((e, d, 2 * f), expert_axes(c, "gate_up"),
+                                            _gate_up(f"{moe}.input_linear.weight", (e, 2 * f, d)), indexed=True)
+            out["experts_down"] = Weight((e, f, d), expert_axes(c, "down"),
+                                         tensor(f"{moe}.output_linear.weight", (e, d, f)), indexed=True)
+        return out
+
+    @classmethod
+    def _mamba_weights(cls, c: GraniteMoeHybridConfig, hf: str) -> dict[str, Weight]:
+        d, h, width, cv, k = c.hidden_size, c.mamba_heads, c.mamba_width, c.conv_width, c.mamba_conv_kernel
+        in_shape = (width + cv + h, d)
+        spans = {"z": (0, width), "xbc": (width, width + cv), "dt": (width + cv, width + cv + h)}
+        out = {}
+        for part, (a, b) in spans.items():
+            out[f"w_{part}"] = Weight((d, b - a), ("embed", None),
+                                      tensor(f"{hf}.in_proj.weight", in_shape, rows=(a, b)), quantize=part != "dt")
+            if c.mamba_proj_bias:
+                out[f"b_{part}"] = Weight((b - a,), (None,), tensor(f"{hf}.in_proj.bias", (in_shape[0],), rows=(a, b)),
+                                          init="zeros")
+        out.update({
+            "conv": Weight((cv, 1, k), (None, None, None), tensor(f"{hf}.conv1d.weight", (cv, 1, k), matrix=False)),
+            "dt_bias": Weight((h,), (None,), tensor(f"{hf}.dt_bias", (h,)), init="ones"),
+            "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)), init="zeros"),
+            "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), init="ones"),
+            "mamba_norm": Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones"),
+            "w_out": Weight((width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, width)), quantize=True),
+        })
+        if c.mamba_conv_bias:
+            out["conv_bias"] = Weight((cv,), (None,), tensor(f"{hf}.conv1d.bias", (cv,)), init="zeros")
+        if c.mamba_proj_bias:
+            out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
+        return out
+
+    # ------------------------------------------------------------ forward
+    @property
+    def embed_scale(self) -> float:
+        return self.config.embedding_multiplier
+
+    def scale_logits(self, logits):
+        return logits / self.config.logits_scaling
+
+    def layer(self, i, x, w, cache, ctx):
+        c = self.config
+        h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+        if c.mamba_layers[i]:
+            h, cache = self._mamba(i, h, w, cache, ctx.positions)
+        else:
+            h, cache = attention(c, i, h, w, cache, ctx)
+        x = x + h * c.residual_multiplier
+        h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+        out = mlp(h, w, prefix="shared")
+        if c.is_moe(i):
+            out = routed(self, h, w) + out
+        return x + out * c.residual_multiplier, cache
+
+    def _mamba(self, i, x, w, cache, positions):
+        c = self.config
+        b, t, _ = x.shape
+        h, p, g, n, width = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, c.mamba_state, c.mamba_width
+        index, f32 = c.state_index(i), jnp.float32
+
+        def project(part):  # (B, T, width of the part)
+            y = linear(x, w[f"w_{part}"], w.get(f"w_{part}_scale"))
+            return y + w[f"b_{part}"].astype(y.dtype) if f"b_{part}" in w else y
+
+        z, xbc, dt = project("z"), project("xbc"), project("dt")  # (B, T, I), (B, T, Cv), (B, T, H)
+        kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (Cv, K), (Cv,)
+        conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
+                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
+        xbc, cache = cache.recurrent(index, "conv", conv, (xbc,), positions, (c.mamba_conv_kernel - 1, c.conv_width))
+        xbc = jax.nn.silu(xbc.astype(f32))
+        xs = xbc[..., :width].reshape(b, t, h, p)  # (B, T, H, P)
+        B = xbc[..., width:width + g * n].reshape(b, t, g, n)  # (B, T, G, N)
+        C = xbc[..., width + g * n:].reshape(b, t, g, n)  # (B, T, G, N)
+        dt = jax.nn.softplus(dt.astype(f32) + w["dt_bias"].astype(f32))  # (B, T, H)
+        A = -jnp.exp(w["A_log"].astype(f32))  # (H,)
+        lo, hi = c.time_step_limit
+        ssd = by_length(lambda xs, state, valid: ssd_scan(xs[0], jnp.clip(xs[1], lo, hi), A, *xs[2:], state, valid),
+                        lambda xs, state, valid: ssd_step(xs[0], xs[1], A, *xs[2:], state, valid))
+        y, cache = cache.recurrent(index, "ssm", ssd, (xs, dt, B, C), positions, (h, p, n))  # (B, T, H, P) f32
+        y = y + w["D"].astype(f32)[:, None] * xs
+        y = grouped_gated_rms_norm(y.reshape(b, t, width), w["mamba_norm"], z, g, c.rms_norm_eps)  # (B, T, I)
+        out = linear(y.astype(x.dtype), w["w_out"], w.get("w_out_scale"))
+        return (out + w["b_out"].astype(out.dtype) if "b_out" in w else out), cache
+
+
+def _gate_up(name: str, shape: tuple[int, ...]) -> GateUp:
+    """A stored (..., 2F, D) = gate rows | up rows -> the model's (..., D, 2F) interleaved."""
+    f = shape[-2] // 2
+    return GateUp(tensor(name, shape, rows=(0, f)), tensor(name, shape, rows=(f, 2 * f)))
