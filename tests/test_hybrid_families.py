@@ -116,3 +116,11 @@ def test_vinference_gives_the_reference_text(tiny_checkpoints):
     outputs = vi.process_prompt(PROMPTS[:2], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     assert [o.text for o in outputs] == [processor.decode(greedy_generate(model, processor.encode(p), 8))
                                          for p in PROMPTS[:2]]
+
+
+def test_disaggregated_serving_is_refused_with_the_reason(hybrid):
+    """A prefill engine hands over KV pages only: a hybrid model's states would be lost."""
+    model, processor, _, _ = hybrid
+    with pytest.raises(ValueError, match="recurrent layers"):
+        vSurge.from_config(model, processor, EngineConfig(**CONFIG, num_pages=3 * 8), prefill_devices="0",
+                           decode_devices="1")
