@@ -125,3 +125,17 @@ def routed(model, x, w: dict, routing: Routing | None = None, correction=None):
                       w.get("experts_down_bias"), activation=c.activation, expert_parallel=c.expert_parallel,
                       weight_dtype=model.param_dtype)
     return out.reshape(x.shape)
+
+
+def routed_and_shared(model, x, w: dict):
+    """Routed experts plus the shared expert (`shared_gate_up` / `shared_down`) when the layer has one,
+    scaled by sigmoid(x @ shared_gate) when it has that gate (Qwen2-MoE, Qwen3-Next)."""
+    from .blocks import mlp
+
+    out = routed(model, x, w)
+    if "shared_gate_up" in w:
+        shared = mlp(x, w, prefix="shared")
+        if "shared_gate" in w:
+            shared = jax.nn.sigmoid(linear(x, w["shared_gate"])) * shared
+        out = out + shared
+    return out

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
-
-from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, mlp_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
-from .moe import MoEConfig, expert_weights, router_weights, routed
+from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
 from .spec import Weight, tensor
 
 
@@ -95,12 +92,4 @@ class Qwen2Moe(CausalLM):
         h, cache = attention(c, i, rms_norm(x, w["attn_norm"], c.rms_norm_eps), w, cache, ctx)
         x = x + h
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-        if not c.is_moe(i):
-            return x + mlp(h, w), cache
-        out = routed(self, h, w)
-        if "shared_gate_up" in w:
-            shared = mlp(h, w, prefix="shared")
-            if "shared_gate" in w:
-                shared = jax.nn.sigmoid(linear(h, w["shared_gate"])) * shared
-            out = out + shared
-        return x + out, cache
+        return x + (routed_and_shared(self, h, w) if c.is_moe(i) else mlp(h, w)), cache

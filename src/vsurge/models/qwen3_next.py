@@ -39,7 +39,7 @@ from ..ops.short_conv import causal_conv, causal_conv_step
 from .base import CausalLM
 from .blocks import mlp, mlp_weights, norm
 from .config_io import check_activation, hf_fields
-from .moe import MoEConfig, expert_weights, router_weights, routed
+from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
 from .qwen2_moe import moe_layer_flags
 from .spec import HeadRows, Weight, tensor
 
@@ -221,12 +221,7 @@ class Qwen3Next(CausalLM):
             h, cache = self._gated_attention(i, h, w, cache, ctx)
         x = x + h
         h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
-        if not c.is_moe(i):
-            return x + mlp(h, w), cache
-        out = routed(self, h, w)
-        if "shared_gate_up" in w:
-            out = out + jax.nn.sigmoid(linear(h, w["shared_gate"])) * mlp(h, w, prefix="shared")
-        return x + out, cache
+        return x + (routed_and_shared(self, h, w) if c.is_moe(i) else mlp(h, w)), cache
 
     def _gated_attention(self, i, x, w, cache, ctx):
         c = self.config
