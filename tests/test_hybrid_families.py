@@ -35,9 +35,9 @@ def hybrid(tiny_checkpoints):
     return load_family(tiny_checkpoints, "qwen3_next")
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid", "lfm2"])
 def each_hybrid(request, tiny_checkpoints, hybrid):
-    """Every hybrid family: Qwen3-Next (Gated DeltaNet) and Granite 4.0-H (Mamba-2)."""
+    """Every hybrid family: Qwen3-Next (Gated DeltaNet), Granite 4.0-H (Mamba-2), LFM2 (short convolutions)."""
     return hybrid if request.param == "qwen3_next" else load_family(tiny_checkpoints, request.param)
 
 

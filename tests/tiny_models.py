@@ -87,6 +87,11 @@ TINY_CONFIGS = {
         mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
         num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, position_embedding_type="rope",
         embedding_multiplier=6.0, residual_multiplier=0.3, attention_multiplier=0.2, logits_scaling=4.0)),
+    # LFM2: short convolutions (3 taps, with biases) on layers 0, 1, 3, attention on layer 2; the MLP width
+    # adjusted as the reference does (int(2 * 128 / 3) = 85, rounded up to 96)
+    "lfm2": ("Lfm2Config", dict(
+        num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
+        conv_bias=True, norm_eps=1e-5, block_multiple_of=32)),
 }
 
 

@@ -34,6 +34,7 @@ FAMILIES = {
     "ministral3": "Ministral3",
     "qwen3_next": "Qwen3Next",
     "granitemoehybrid": "GraniteMoeHybrid",
+    "lfm2": "Lfm2",
 }
 
 
