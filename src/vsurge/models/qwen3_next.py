@@ -17,11 +17,15 @@ Full-attention layer: q_proj holds each head's query and output gate ([q_h, gate
 per-head q/k RMSNorm, partial rotary, output * sigmoid(gate). Every RMSNorm but the gated one
 multiplies by 1 + w.
 
-HF: Qwen3NextForCausalLM ("qwen3_next"), Qwen3_5ForCausalLM ("qwen3_5_text"); GGUF: not yet.
+HF: Qwen3NextForCausalLM ("qwen3_next"), Qwen3_5ForCausalLM ("qwen3_5_text"), and the text model
+of a whole Qwen3.5 / Qwen3.5-MoE checkpoint ("qwen3_5", "qwen3_5_moe": its `text_config`, weights
+under model.language_model; the vision tower and the multi-token-prediction head are not read).
+GGUF: not yet.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -53,6 +57,7 @@ class Qwen3NextConfig(MoEConfig):
     linear_value_dim: int = 0
     conv_kernel: int = 4
     grouped_projections: bool = True  # Qwen3-Next's per-key-head qkvz / ba layout (Qwen3.5: separate)
+    hf_prefix: str = "model"  # "model.language_model" in a whole Qwen3.5 checkpoint (vision tower beside)
 
     def layer_kind(self, layer: int) -> str:
         return "linear_attention" if self.linear_layers[layer] else "attention"
@@ -116,12 +121,23 @@ class _Sized:
 
 class Qwen3Next(CausalLM):
     name = "qwen3_next"
-    hf_model_types = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-    hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
+    hf_model_types = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe")
+    hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+                        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
     config_class = Qwen3NextConfig
 
     @classmethod
+    def ignores_tensor(cls, name: str, config) -> bool:
+        return super().ignores_tensor(name, config) or name.startswith(("model.visual.", "mtp."))
+
+    @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
+        prefix = "model"
+        if "text_config" in cfg:  # a whole vision-language checkpoint: its text model
+            text = cfg["text_config"]
+            cfg = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings")),
+                   "_name_or_path": cfg.get("_name_or_path", "")}
+            prefix = "model.language_model"
         check_activation(cfg, where, ("silu", "swish"))
         fields = hf_fields(cfg, where, cls.name)
         n = fields["num_layers"]
@@ -139,18 +155,23 @@ class Qwen3Next(CausalLM):
             linear_key_heads=int(cfg["linear_num_key_heads"]), linear_value_heads=int(cfg["linear_num_value_heads"]),
             linear_key_dim=int(cfg["linear_key_head_dim"]), linear_value_dim=int(cfg["linear_value_head_dim"]),
             conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
-            grouped_projections=cfg.get("model_type") == "qwen3_next")
+            grouped_projections=cfg.get("model_type") == "qwen3_next", hf_prefix=prefix)
 
     @classmethod
     def global_weights(cls, config):
         out = super().global_weights(config)
-        out["final_norm"] = norm(config.hidden_size, "model.norm.weight", None, hf_offset=1.0)
+        prefix = config.hf_prefix
+        out["final_norm"] = norm(config.hidden_size, f"{prefix}.norm.weight", None, hf_offset=1.0)
+        if prefix != "model":
+            v, d = config.vocab_size, config.hidden_size
+            out["embed"] = dataclasses.replace(out["embed"], hf=tensor(f"{prefix}.embed_tokens.weight", (v, d),
+                                                                       matrix=False))
         return out
 
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: Qwen3NextConfig, i: int):
-        hf, d = f"model.layers.{i}", c.hidden_size
+        hf, d = f"{c.hf_prefix}.layers.{i}", c.hidden_size
         out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None, hf_offset=1.0),
                "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None, hf_offset=1.0)}
         out.update(cls._linear_weights(c, f"{hf}.linear_attn") if c.linear_layers[i]
