@@ -35,9 +35,10 @@ def hybrid(tiny_checkpoints):
     return load_family(tiny_checkpoints, "qwen3_next")
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid", "lfm2"])
+@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid", "lfm2", "nemotron_h"])
 def each_hybrid(request, tiny_checkpoints, hybrid):
-    """Every hybrid family: Qwen3-Next (Gated DeltaNet), Granite 4.0-H (Mamba-2), LFM2 (short convolutions)."""
+    """Every hybrid family: Qwen3-Next (Gated DeltaNet), Granite 4.0-H (Mamba-2), LFM2 (short convolutions),
+    Nemotron-H (Mamba-2, attention and MLP-only layers)."""
     return hybrid if request.param == "qwen3_next" else load_family(tiny_checkpoints, request.param)
 
 
@@ -56,6 +57,21 @@ def test_the_state_layout_follows_the_layer_kinds(hybrid):
     assert len(config.kv_layout) == 1 and config.kv_index(3) == 0 and config.state_index(2) == 2
     parts = dict(config.state_layout[0].parts)
     assert parts == {"conv": (3, 2 * 2 * 16 + 4 * 8), "ssm": (4, 16, 8)}
+
+
+def test_mlp_only_layers_hold_neither_kv_nor_state():
+    """Nemotron-H's MLP-only layers have no KV entry and no state: the indices skip them."""
+    import transformers
+    from tiny_models import COMMON, TINY_CONFIGS
+    from vsurge.models.registry import config_from_hf
+
+    cls_name, extra = TINY_CONFIGS["nemotron_h"]
+    config = config_from_hf(getattr(transformers, cls_name)(**{**COMMON, **extra}).to_dict())
+    assert [config.layer_kind(i) for i in range(config.num_layers)] == ["mamba2", "attention", "mamba2", "mlp",
+                                                                        "mamba2"]
+    assert config.attention_layers == (1,) and config.recurrent_layers == (0, 2, 4)
+    assert len(config.kv_layout) == 1 and config.kv_index(1) == 0
+    assert len(config.state_layout) == 3 and config.state_index(4) == 2
 
 
 @pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])

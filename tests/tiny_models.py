@@ -92,6 +92,13 @@ TINY_CONFIGS = {
     "lfm2": ("Lfm2Config", dict(
         num_hidden_layers=4, layer_types=["conv", "conv", "full_attention", "conv"], conv_L_cache=3,
         conv_bias=True, norm_eps=1e-5, block_multiple_of=32)),
+    # Nemotron-H: Mamba-2 on layers 0, 2, 4 (8 heads of 16 in 2 groups), attention (no positions) on layer 1, an
+    # MLP alone (relu^2) on layer 3; biases on every projection that can have one
+    "nemotron_h": ("NemotronHConfig", dict(
+        num_hidden_layers=5, head_dim=16, layers_block_type=["linear_attention", "full_attention", "linear_attention",
+                                                             "mlp", "linear_attention"],
+        mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, use_bias=True,
+        mlp_bias=True, layer_norm_epsilon=1e-5)),
 }
 
 

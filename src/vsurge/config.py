@@ -147,8 +147,9 @@ class ModelConfig:
         return self.rope
 
     def layer_kind(self, layer: int) -> str:
-        """"attention" (a KV cache), or a recurrent kind holding a fixed-size state per sequence
-        ("linear_attention", "mamba2", "short_conv"; hybrid families override)."""
+        """"attention" (a KV cache), a recurrent kind holding a fixed-size state per sequence
+        ("linear_attention", "mamba2", "short_conv"), or "mlp" (neither: Nemotron-H's MLP-only
+        layers); hybrid families override."""
         return "attention"
 
     @property
@@ -157,11 +158,12 @@ class ModelConfig:
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) != "attention")
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) not in ("attention", "mlp"))
 
     def kv_index(self, layer: int) -> int:
         """The layer's entry in `kv_layout` (its index among the attention layers)."""
-        return layer if not self.recurrent_layers else self.attention_layers.index(layer)
+        attention = self.attention_layers
+        return layer if len(attention) == self.num_layers else attention.index(layer)
 
     def state_index(self, layer: int) -> int:
         """The layer's entry in `state_layout` (its index among the recurrent layers)."""

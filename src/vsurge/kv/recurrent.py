@@ -1,7 +1,7 @@
 """Recurrent layers' per-sequence state, held beside the KV cache (linear attention, Mamba-2, short
 convolutions).
 
-A recurrent layer (`config.layer_kind(i) != "attention"`) keeps a fixed-size state per sequence
+A recurrent layer (`config.layer_kind(i)` neither "attention" nor "mlp") keeps a fixed-size state per sequence
 instead of keys and values; its `StateLayer` (config.py) names the parts, e.g. a convolution's
 window of past inputs ("conv") and a delta-rule or SSM state ("ssm"). Every cache holds them per
 row: the dense cache per batch row, the paged pool per sequence slot (S+1 rows, the last the spare

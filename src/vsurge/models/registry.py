@@ -35,6 +35,7 @@ FAMILIES = {
     "qwen3_next": "Qwen3Next",
     "granitemoehybrid": "GraniteMoeHybrid",
     "lfm2": "Lfm2",
+    "nemotron_h": "NemotronH",
 }
 
 

@@ -1,0 +1,170 @@
+"""NVIDIA Nemotron-H: each layer is one mixer behind one RMSNorm and a residual, the mixer either a
+Mamba-2 layer (most layers), grouped-query attention without positions (a few), or an MLP alone
+(no KV, no state: layer kind "mlp").
+
+    x = x + mixer(norm(x))                 norm: RMSNorm (layer_norm_epsilon), as is the final norm_f
+Mamba-2 mixer: Granite 4.0-H's (models/granitemoehybrid.py), the same tensors under `mixer.`:
+    in_proj (I + Cv + H, D) = z | xBC | dt [+ bias: use_bias]   conv1d (Cv, 1, K) [+ bias: use_conv_bias]
+    dt_bias, A_log, D (H,)   norm (I,) gated RMSNorm in n_groups groups   out_proj (D, I) [+ bias]
+    dt clamped to (time_step_min, inf) on prompts; state per sequence and layer: the conv window
+    (K-1, Cv) and the SSM state (H, P, N) (kv/recurrent.py).
+Attention mixer: q/k/v/o_proj without biases, no rotary (positions come from the Mamba layers).
+MLP mixer: down_proj(relu(up_proj(x))^2) [+ biases: mlp_bias], no gate.
+Layer pattern: `layers_block_type` (transformers 5: linear_attention / full_attention / mlp) or
+`hybrid_override_pattern` (M / * / -). Mixture-of-experts layers (moe, "E": Nemotron 3) are not
+run yet. Checkpoints name the decoder `backbone.` (backbone.embeddings, backbone.layers.i.mixer.*,
+backbone.norm_f).
+
+HF: NemotronHForCausalLM ("nemotron_h"); GGUF: not yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from ..config import AttentionSpec, ModelConfig, StateLayer
+from ..errors import UnsupportedModelError
+from ..ops.linear import linear
+from ..ops.norm import rms_norm
+from .base import CausalLM
+from .blocks import attention, attention_weights, norm
+from .config_io import check_activation, hf_fields
+from .granitemoehybrid import GraniteMoeHybrid
+from .spec import Weight, tensor
+
+# HF layer type spellings (transformers 5, transformers 4 / remote code, hybrid_override_pattern) -> kind
+KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "M": "mamba2",
+         "full_attention": "attention", "attention": "attention", "*": "attention",
+         "mlp": "mlp", "-": "mlp"}
+
+
+@dataclass(frozen=True)
+class NemotronHConfig(ModelConfig):
+    kinds: tuple[str, ...] = ()  # per layer: "mamba2", "attention" or "mlp"
+    mlp_bias: bool = False
+    # the Mamba-2 mixer's fields, as GraniteMoeHybridConfig names them (its mixer runs on them)
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 1
+    mamba_state: int = 0
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+
+    def layer_kind(self, layer: int) -> str:
+        return self.kinds[layer]
+
+    @property
+    def mamba_width(self) -> int:  # I
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def conv_width(self) -> int:  # Cv: x | B | C
+        return self.mamba_width + 2 * self.mamba_groups * self.mamba_state
+
+    @property
+    def state_layout(self) -> tuple[StateLayer, ...]:
+        layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
+                            ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
+        return (layer,) * len(self.recurrent_layers)
+
+    def layer_rope(self, layer: int):
+        return None
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        return AttentionSpec(scale=self.head_dim ** -0.5)
+
+    def for_tensor_parallel(self, tp: int):
+        if tp != 1:
+            raise UnsupportedModelError("Nemotron-H runs at tensor_parallel_size 1 for now")
+        return self
+
+
+def layer_kinds(cfg: dict, where: str) -> tuple[str, ...]:
+    types = cfg.get("layers_block_type") or cfg.get("layer_types") or list(cfg.get("hybrid_override_pattern") or "")
+    if not types:
+        raise UnsupportedModelError(f"{where}: no layers_block_type / hybrid_override_pattern")
+    unknown = sorted({t for t in types if t not in KINDS})
+    if unknown:
+        raise UnsupportedModelError(f"{where}: Nemotron-H layer types {unknown} are not supported yet "
+                                    f"(supported: Mamba-2, attention and MLP layers)")
+    return tuple(KINDS[t] for t in types)
+
+
+class NemotronH(CausalLM):
+    name = "nemotron_h"
+    hf_model_types = ("nemotron_h",)
+    hf_architectures = ("NemotronHForCausalLM",)
+    config_class = NemotronHConfig
+
+    @classmethod
+    def config_from_hf(cls, cfg: dict, where: str):
+        check_activation(cfg, where, ("relu2",), key="mlp_hidden_act")
+        check_activation(cfg, where, ("silu", "swish"), key="mamba_hidden_act")
+        kinds = layer_kinds(cfg, where)
+        fields = hf_fields({**cfg, "num_hidden_layers": len(kinds), "rope_theta": cfg.get("rope_theta") or 10000.0},
+                           where, cls.name)  # no rotary: a placeholder theta
+        get = lambda new, old, default: cfg.get(new, cfg.get(old, default))  # noqa: E731 (transformers 5 / 4 names)
+        return cls.config_class(
+            **{**fields, "rms_norm_eps": float(cfg.get("layer_norm_epsilon", 1e-5))},
+            kinds=kinds, mlp_bias=bool(cfg.get("mlp_bias", False)),
+            mamba_heads=int(cfg["mamba_num_heads"]), mamba_head_dim=int(cfg["mamba_head_dim"]),
+            mamba_groups=int(get("n_groups", "mamba_n_groups", 8)), mamba_state=int(cfg.get("ssm_state_size", 128)),
+            mamba_conv_kernel=int(get("conv_kernel", "mamba_d_conv", 4)),
+            mamba_conv_bias=bool(get("use_conv_bias", "mamba_conv_bias", True)),
+            mamba_proj_bias=bool(cfg.get("use_bias", False)),
+            time_step_limit=(float(get("time_step_min", "mamba_dt_min", 0.001)), float("inf")))
+
+    @classmethod
+    def global_weights(cls, config):
+        v, d = config.vocab_size, config.hidden_size
+        out = {"embed": Weight((v, d), ("vocab", "embed"), tensor("backbone.embeddings.weight", (v, d), matrix=False),
+                               lookup=True),
+               "final_norm": norm(d, "backbone.norm_f.weight", None)}
+        if not config.tie_word_embeddings:
+            out["lm_head"] = Weight((d, v), ("embed", "vocab"), tensor("lm_head.weight", (v, d)), quantize=True)
+        return out
+
+    # ------------------------------------------------------------ weights
+    @classmethod
+    def layer_weights(cls, c: NemotronHConfig, i: int):
+        hf, d, f = f"backbone.layers.{i}", c.hidden_size, c.intermediate_size
+        out = {"norm": norm(d, f"{hf}.norm.weight", None)}
+        kind, mixer = c.kinds[i], f"{hf}.mixer"
+        if kind == "mamba2":
+            return {**out, **GraniteMoeHybrid._mamba_weights(c, mixer)}
+        if kind == "attention":
+            return {**out, **attention_weights(c, hf=mixer, gguf=None)}
+        out["w_up"] = Weight((d, f), ("embed", "mlp"), tensor(f"{mixer}.up_proj.weight", (f, d)), quantize=True)
+        out["w_down"] = Weight((f, d), ("mlp", "embed"), tensor(f"{mixer}.down_proj.weight", (d, f)), quantize=True)
+        if c.mlp_bias:
+            out["b_up"] = Weight((f,), ("mlp",), tensor(f"{mixer}.up_proj.bias", (f,)), init="zeros")
+            out["b_down"] = Weight((d,), ("embed",), tensor(f"{mixer}.down_proj.bias", (d,)), init="zeros")
+        return out
+
+    # ------------------------------------------------------------ forward
+    def layer(self, i, x, w, cache, ctx):
+        c = self.config
+        h = rms_norm(x, w["norm"], c.rms_norm_eps)
+        kind = c.kinds[i]
+        if kind == "mamba2":
+            h, cache = GraniteMoeHybrid._mamba(self, i, h, w, cache, ctx.positions)
+        elif kind == "attention":
+            h, cache = attention(c, i, h, w, cache, ctx)
+        else:
+            h = self._mlp(h, w)
+        return x + h, cache
+
+    @staticmethod
+    def _mlp(x, w):
+        """down(relu(up(x))^2): x (B, T, D) -> (B, T, D)."""
+        h = linear(x, w["w_up"], w.get("w_up_scale"))  # (B, T, F)
+        if "b_up" in w:
+            h = h + w["b_up"].astype(h.dtype)
+        h = jnp.square(jax.nn.relu(h))
+        out = linear(h, w["w_down"], w.get("w_down_scale"))
+        return out + w["b_down"].astype(out.dtype) if "b_down" in w else out
