@@ -18,7 +18,7 @@ from vsurge.generation import greedy_generate
 
 PROMPTS = ["The ducks of the river ran past the old mill where the miller counted them every morning",
            "one two three one two three one two", "Hi", "A", "Seven bells rang over the town square at noon"]
-CONFIG = dict(max_slots=3, max_length=64, prefill_tokens=16, chunk_lengths=(8, 16), row_buckets=(4,),
+CONFIG = dict(max_slots=3, max_length=64, prefill_tokens=16, chunk_lengths=(8,), row_buckets=(4,),
               window_buckets=(8,), page_size=8, decode_steps=4)
 PARAMS = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
 
@@ -35,11 +35,22 @@ def hybrid(tiny_checkpoints):
     return load_family(tiny_checkpoints, "qwen3_next")
 
 
-@pytest.fixture(scope="module", params=["qwen3_next", "granitemoehybrid", "lfm2", "nemotron_h"])
-def each_hybrid(request, tiny_checkpoints, hybrid):
-    """Every hybrid family: Qwen3-Next (Gated DeltaNet), Granite 4.0-H (Mamba-2), LFM2 (short convolutions),
-    Nemotron-H (Mamba-2, attention and MLP-only layers)."""
-    return hybrid if request.param == "qwen3_next" else load_family(tiny_checkpoints, request.param)
+# (family, engine): each family through the paged engine; the dense engine's pool differs only in
+# how pages are handed out, so one family runs there
+ENGINE_RUNS = [("qwen3_next", True), ("qwen3_next", False), ("granitemoehybrid", True), ("lfm2", True),
+               ("nemotron_h", True)]
+
+
+@pytest.fixture(scope="module")
+def hybrids(tiny_checkpoints, hybrid):
+    """name -> (model, processor, prompt ids, reference tokens), each family loaded once."""
+    loaded = {"qwen3_next": hybrid}
+
+    def get(name):
+        if name not in loaded:
+            loaded[name] = load_family(tiny_checkpoints, name)
+        return loaded[name]
+    return get
 
 
 def run(surge, prompts, params=PARAMS):
@@ -74,10 +85,10 @@ def test_mlp_only_layers_hold_neither_kv_nor_state():
     assert len(config.state_layout) == 3 and config.state_index(4) == 2
 
 
-@pytest.mark.parametrize("paged", [True, False], ids=["paged", "dense"])
-def test_engines_give_the_reference_tokens(each_hybrid, paged):
+@pytest.mark.parametrize("name, paged", ENGINE_RUNS, ids=[f"{n}-{'paged' if p else 'dense'}" for n, p in ENGINE_RUNS])
+def test_engines_give_the_reference_tokens(hybrids, name, paged):
     """Five prompts on three slots; the longest (~18 tokens) takes several 8-token chunk rows."""
-    model, processor, ids, expected = each_hybrid
+    model, processor, ids, expected = hybrids(name)
     make = vSurge.create_odriver if paged else vSurge.create_vdriver
     surge = make(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
     assert max(len(p) for p in ids) > 16 and min(len(p) for p in ids) == 1
