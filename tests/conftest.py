@@ -114,6 +114,19 @@ class CompileCounter:
         self.active = False
 
 
+# The files that take longest (setup included), run first: `make test` spreads whole files over two
+# processes (pytest-xdist --dist loadfile), and a long file started last would run alone at the end.
+SLOW_FIRST = ("test_sharding.py", "test_families_serving.py", "test_server.py", "test_conformance_requests.py",
+              "test_vinference.py", "test_disaggregated.py", "test_web.py", "test_hybrid_families.py", "test_paged.py",
+              "test_cli.py", "test_conformance_schemas.py", "test_readme_quickstart.py", "test_seed_api.py",
+              "test_vsurge.py", "test_kv_int8.py", "test_models_vs_transformers.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))  # stable: a file's order is kept
+
+
 RUN_COMPILES = CompileCounter()  # this process's, summed over the xdist workers at the end of the run
 RUN_COMPILES.__enter__()
 WORKER_COMPILES: list[dict] = []  # the controller's copy of each finished xdist worker's counts
