@@ -80,6 +80,11 @@ TINY_CONFIGS = {
         num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=8, linear_conv_kernel_dim=4,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_hidden_layers=4, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+        linear_value_head_dim=8, linear_conv_kernel_dim=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})),
     # Granite 4.0-H: Mamba-2 on layers 0, 2, 3 (8 heads of 16 in 2 groups), attention (here with rotary) on
     # layer 1, 4 experts + a shared MLP, Granite's four multipliers
     "granitemoehybrid": ("GraniteMoeHybridConfig", dict(
