@@ -24,20 +24,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax
-import jax.numpy as jnp
-
-from ..config import AttentionSpec, StateLayer
+from ..config import AttentionSpec
 from ..errors import UnsupportedModelError
-from ..kv.recurrent import by_length
-from ..ops.linear import linear
 from ..ops.moe import Routing
 from ..ops.norm import rms_norm
-from ..ops.short_conv import causal_conv, causal_conv_step
-from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
 from .config_io import check_activation, hf_fields
+from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
 from .moe import MoEConfig, expert_axes, router_weights, routed
 from .spec import GateUp, Weight, tensor
 
@@ -45,7 +39,7 @@ MAMBA_KINDS = ("mamba", "linear_attention")  # HF layer_types: transformers 4 / 
 
 
 @dataclass(frozen=True)
-class GraniteMoeHybridConfig(MoEConfig):
+class GraniteMoeHybridConfig(Mamba2Shapes, MoEConfig):
     mamba_layers: tuple[bool, ...] = ()  # per layer: Mamba-2 (True) or attention
     mamba_heads: int = 0
     mamba_head_dim: int = 0
@@ -70,20 +64,6 @@ class GraniteMoeHybridConfig(MoEConfig):
     @property
     def routing(self) -> Routing:
         return Routing(self.num_experts, self.num_experts_per_tok, scoring="topk_softmax")
-
-    @property
-    def mamba_width(self) -> int:  # I
-        return self.mamba_heads * self.mamba_head_dim
-
-    @property
-    def conv_width(self) -> int:  # Cv: x | B | C
-        return self.mamba_width + 2 * self.mamba_groups * self.mamba_state
-
-    @property
-    def state_layout(self) -> tuple[StateLayer, ...]:
-        layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
-                            ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
-        return (layer,) * len(self.recurrent_layers)
 
     def layer_rope(self, layer: int):
         return self.rope if self.use_rope and not self.mamba_layers[layer] else None
@@ -139,7 +119,7 @@ class GraniteMoeHybrid(CausalLM):
         hf, d = f"model.layers.{i}", c.hidden_size
         out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
                "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None)}
-        out.update(cls._mamba_weights(c, f"{hf}.mamba") if c.mamba_layers[i]
+        out.update(mamba2_weights(c, f"{hf}.mamba") if c.mamba_layers[i]
                    else attention_weights(c, hf=f"{hf}.self_attn", gguf=None))
         fs, shared = c.shared_intermediate_size, f"{hf}.shared_mlp"
         out["shared_gate_up"] = Weight((d, 2 * fs), ("embed", "mlp"),
@@ -155,32 +135,6 @@ class GraniteMoeHybrid(CausalLM):
                                          tensor(f"{moe}.output_linear.weight", (e, d, f)), indexed=True)
         return out
 
-    @classmethod
-    def _mamba_weights(cls, c: GraniteMoeHybridConfig, hf: str) -> dict[str, Weight]:
-        d, h, width, cv, k = c.hidden_size, c.mamba_heads, c.mamba_width, c.conv_width, c.mamba_conv_kernel
-        in_shape = (width + cv + h, d)
-        spans = {"z": (0, width), "xbc": (width, width + cv), "dt": (width + cv, width + cv + h)}
-        out = {}
-        for part, (a, b) in spans.items():
-            out[f"w_{part}"] = Weight((d, b - a), ("embed", None),
-                                      tensor(f"{hf}.in_proj.weight", in_shape, rows=(a, b)), quantize=part != "dt")
-            if c.mamba_proj_bias:
-                out[f"b_{part}"] = Weight((b - a,), (None,), tensor(f"{hf}.in_proj.bias", (in_shape[0],), rows=(a, b)),
-                                          init="zeros")
-        out.update({
-            "conv": Weight((cv, 1, k), (None, None, None), tensor(f"{hf}.conv1d.weight", (cv, 1, k), matrix=False)),
-            "dt_bias": Weight((h,), (None,), tensor(f"{hf}.dt_bias", (h,)), init="ones"),
-            "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)), init="zeros"),
-            "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), init="ones"),
-            "mamba_norm": Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones"),
-            "w_out": Weight((width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, width)), quantize=True),
-        })
-        if c.mamba_conv_bias:
-            out["conv_bias"] = Weight((cv,), (None,), tensor(f"{hf}.conv1d.bias", (cv,)), init="zeros")
-        if c.mamba_proj_bias:
-            out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
-        return out
-
     # ------------------------------------------------------------ forward
     @property
     def embed_scale(self) -> float:
@@ -193,7 +147,7 @@ class GraniteMoeHybrid(CausalLM):
         c = self.config
         h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
         if c.mamba_layers[i]:
-            h, cache = self._mamba(i, h, w, cache, ctx.positions)
+            h, cache = mamba2_mixer(c, i, h, w, cache, ctx.positions)
         else:
             h, cache = attention(c, i, h, w, cache, ctx)
         x = x + h * c.residual_multiplier
@@ -202,36 +156,6 @@ class GraniteMoeHybrid(CausalLM):
         if c.is_moe(i):
             out = routed(self, h, w) + out
         return x + out * c.residual_multiplier, cache
-
-    def _mamba(self, i, x, w, cache, positions):
-        c = self.config
-        b, t, _ = x.shape
-        h, p, g, n, width = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, c.mamba_state, c.mamba_width
-        index, f32 = c.state_index(i), jnp.float32
-
-        def project(part):  # (B, T, width of the part)
-            y = linear(x, w[f"w_{part}"], w.get(f"w_{part}_scale"))
-            return y + w[f"b_{part}"].astype(y.dtype) if f"b_{part}" in w else y
-
-        z, xbc, dt = project("z"), project("xbc"), project("dt")  # (B, T, I), (B, T, Cv), (B, T, H)
-        kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (Cv, K), (Cv,)
-        conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
-                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
-        xbc, cache = cache.recurrent(index, "conv", conv, (xbc,), positions, (c.mamba_conv_kernel - 1, c.conv_width))
-        xbc = jax.nn.silu(xbc.astype(f32))
-        xs = xbc[..., :width].reshape(b, t, h, p)  # (B, T, H, P)
-        B = xbc[..., width:width + g * n].reshape(b, t, g, n)  # (B, T, G, N)
-        C = xbc[..., width + g * n:].reshape(b, t, g, n)  # (B, T, G, N)
-        dt = jax.nn.softplus(dt.astype(f32) + w["dt_bias"].astype(f32))  # (B, T, H)
-        A = -jnp.exp(w["A_log"].astype(f32))  # (H,)
-        lo, hi = c.time_step_limit
-        ssd = by_length(lambda xs, state, valid: ssd_scan(xs[0], jnp.clip(xs[1], lo, hi), A, *xs[2:], state, valid),
-                        lambda xs, state, valid: ssd_step(xs[0], xs[1], A, *xs[2:], state, valid))
-        y, cache = cache.recurrent(index, "ssm", ssd, (xs, dt, B, C), positions, (h, p, n))  # (B, T, H, P) f32
-        y = y + w["D"].astype(f32)[:, None] * xs
-        y = grouped_gated_rms_norm(y.reshape(b, t, width), w["mamba_norm"], z, g, c.rms_norm_eps)  # (B, T, I)
-        out = linear(y.astype(x.dtype), w["w_out"], w.get("w_out_scale"))
-        return (out + w["b_out"].astype(out.dtype) if "b_out" in w else out), cache
 
 
 def _gate_up(name: str, shape: tuple[int, ...]) -> GateUp:

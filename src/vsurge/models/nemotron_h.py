@@ -3,7 +3,7 @@ Mamba-2 layer (most layers), grouped-query attention without positions (a few), 
 (no KV, no state: layer kind "mlp").
 
     x = x + mixer(norm(x))                 norm: RMSNorm (layer_norm_epsilon), as is the final norm_f
-Mamba-2 mixer: Granite 4.0-H's (models/granitemoehybrid.py), the same tensors under `mixer.`:
+Mamba-2 mixer: models/mamba2.py (Granite 4.0-H's too), the same tensors under `mixer.`:
     in_proj (I + Cv + H, D) = z | xBC | dt [+ bias: use_bias]   conv1d (Cv, 1, K) [+ bias: use_conv_bias]
     dt_bias, A_log, D (H,)   norm (I,) gated RMSNorm in n_groups groups   out_proj (D, I) [+ bias]
     dt clamped to (time_step_min, inf) on prompts; state per sequence and layer: the conv window
@@ -25,14 +25,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..config import AttentionSpec, ModelConfig, StateLayer
+from ..config import AttentionSpec, ModelConfig
 from ..errors import UnsupportedModelError
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, norm
 from .config_io import check_activation, hf_fields
-from .granitemoehybrid import GraniteMoeHybrid
+from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
 from .spec import Weight, tensor
 
 # HF layer type spellings (transformers 5, transformers 4 / remote code, hybrid_override_pattern) -> kind
@@ -42,7 +42,7 @@ KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "M": "mamba2",
 
 
 @dataclass(frozen=True)
-class NemotronHConfig(ModelConfig):
+class NemotronHConfig(Mamba2Shapes, ModelConfig):
     kinds: tuple[str, ...] = ()  # per layer: "mamba2", "attention" or "mlp"
     mlp_bias: bool = False
     # the Mamba-2 mixer's fields, as GraniteMoeHybridConfig names them (its mixer runs on them)
@@ -57,20 +57,6 @@ class NemotronHConfig(ModelConfig):
 
     def layer_kind(self, layer: int) -> str:
         return self.kinds[layer]
-
-    @property
-    def mamba_width(self) -> int:  # I
-        return self.mamba_heads * self.mamba_head_dim
-
-    @property
-    def conv_width(self) -> int:  # Cv: x | B | C
-        return self.mamba_width + 2 * self.mamba_groups * self.mamba_state
-
-    @property
-    def state_layout(self) -> tuple[StateLayer, ...]:
-        layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
-                            ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
-        return (layer,) * len(self.recurrent_layers)
 
     def layer_rope(self, layer: int):
         return None
@@ -136,7 +122,7 @@ class NemotronH(CausalLM):
         out = {"norm": norm(d, f"{hf}.norm.weight", None)}
         kind, mixer = c.kinds[i], f"{hf}.mixer"
         if kind == "mamba2":
-            return {**out, **GraniteMoeHybrid._mamba_weights(c, mixer)}
+            return {**out, **mamba2_weights(c, mixer)}
         if kind == "attention":
             return {**out, **attention_weights(c, hf=mixer, gguf=None)}
         out["w_up"] = Weight((d, f), ("embed", "mlp"), tensor(f"{mixer}.up_proj.weight", (f, d)), quantize=True)
@@ -152,7 +138,7 @@ class NemotronH(CausalLM):
         h = rms_norm(x, w["norm"], c.rms_norm_eps)
         kind = c.kinds[i]
         if kind == "mamba2":
-            h, cache = GraniteMoeHybrid._mamba(self, i, h, w, cache, ctx.positions)
+            h, cache = mamba2_mixer(c, i, h, w, cache, ctx.positions)
         elif kind == "attention":
             h, cache = attention(c, i, h, w, cache, ctx)
         else:

@@ -1,0 +1,98 @@
+"""The Mamba-2 mixer the Mamba-2 hybrids share (Granite 4.0-H, Nemotron-H): its weights, its state
+shapes and its forward pass on the recurrent-state contract (kv/recurrent.py).
+
+    in_proj (I + Cv + H, D) = z | xBC | dt [+ bias: mamba_proj_bias]   conv1d (Cv, 1, K) [+ bias]
+    dt_bias, A_log, D (H,)   norm (I,) gated RMSNorm in G groups   out_proj (D, I) [+ bias]
+Cv = I + 2*G*N (x | B | C). dt is clamped to `time_step_limit` on prompts only (the references'
+decode step does not clamp). State per sequence: the conv window (K-1, Cv) and the SSM state (H, P, N).
+A config using it has the fields mamba_heads, mamba_head_dim, mamba_groups, mamba_state,
+mamba_conv_kernel, mamba_conv_bias, mamba_proj_bias, time_step_limit and derives from Mamba2Shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ..config import StateLayer
+from ..kv.recurrent import by_length
+from ..ops.linear import linear
+from ..ops.short_conv import causal_conv, causal_conv_step
+from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
+from .spec import Weight, tensor
+
+
+class Mamba2Shapes:
+    """Widths and state layout derived from a config's mamba_* fields (a mixin of the family's config)."""
+
+    @property
+    def mamba_width(self) -> int:  # I
+        return self.mamba_heads * self.mamba_head_dim
+
+    @property
+    def conv_width(self) -> int:  # Cv: x | B | C
+        return self.mamba_width + 2 * self.mamba_groups * self.mamba_state
+
+    @property
+    def state_layout(self) -> tuple[StateLayer, ...]:
+        layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
+                            ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
+        return (layer,) * len(self.recurrent_layers)
+
+
+def mamba2_weights(c, hf: str) -> dict[str, Weight]:
+    """The mixer's weights under `hf` (e.g. "model.layers.3.mamba")."""
+    d, h, width, cv, k = c.hidden_size, c.mamba_heads, c.mamba_width, c.conv_width, c.mamba_conv_kernel
+    in_shape = (width + cv + h, d)
+    spans = {"z": (0, width), "xbc": (width, width + cv), "dt": (width + cv, width + cv + h)}
+    out = {}
+    for part, (a, b) in spans.items():
+        out[f"w_{part}"] = Weight((d, b - a), ("embed", None),
+                                  tensor(f"{hf}.in_proj.weight", in_shape, rows=(a, b)), quantize=part != "dt")
+        if c.mamba_proj_bias:
+            out[f"b_{part}"] = Weight((b - a,), (None,), tensor(f"{hf}.in_proj.bias", (in_shape[0],), rows=(a, b)),
+                                      init="zeros")
+    out.update({
+        "conv": Weight((cv, 1, k), (None, None, None), tensor(f"{hf}.conv1d.weight", (cv, 1, k), matrix=False)),
+        "dt_bias": Weight((h,), (None,), tensor(f"{hf}.dt_bias", (h,)), init="ones"),
+        "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)), init="zeros"),
+        "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), init="ones"),
+        "mamba_norm": Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones"),
+        "w_out": Weight((width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, width)), quantize=True),
+    })
+    if c.mamba_conv_bias:
+        out["conv_bias"] = Weight((cv,), (None,), tensor(f"{hf}.conv1d.bias", (cv,)), init="zeros")
+    if c.mamba_proj_bias:
+        out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
+    return out
+
+
+def mamba2_mixer(c, i, x, w, cache, positions):
+    """Layer i's Mamba-2 mixer on normed x (B, T, D) -> (out (B, T, D), cache); `c`: a Mamba2Shapes config."""
+    b, t, _ = x.shape
+    h, p, g, n, width = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, c.mamba_state, c.mamba_width
+    index, f32 = c.state_index(i), jnp.float32
+
+    def project(part):  # (B, T, width of the part)
+        y = linear(x, w[f"w_{part}"], w.get(f"w_{part}_scale"))
+        return y + w[f"b_{part}"].astype(y.dtype) if f"b_{part}" in w else y
+
+    z, xbc, dt = project("z"), project("xbc"), project("dt")  # (B, T, I), (B, T, Cv), (B, T, H)
+    kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (Cv, K), (Cv,)
+    conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
+                     lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
+    xbc, cache = cache.recurrent(index, "conv", conv, (xbc,), positions, (c.mamba_conv_kernel - 1, c.conv_width))
+    xbc = jax.nn.silu(xbc.astype(f32))
+    xs = xbc[..., :width].reshape(b, t, h, p)  # (B, T, H, P)
+    B = xbc[..., width:width + g * n].reshape(b, t, g, n)  # (B, T, G, N)
+    C = xbc[..., width + g * n:].reshape(b, t, g, n)  # (B, T, G, N)
+    dt = jax.nn.softplus(dt.astype(f32) + w["dt_bias"].astype(f32))  # (B, T, H)
+    A = -jnp.exp(w["A_log"].astype(f32))  # (H,)
+    lo, hi = c.time_step_limit
+    ssd = by_length(lambda xs, state, valid: ssd_scan(xs[0], jnp.clip(xs[1], lo, hi), A, *xs[2:], state, valid),
+                    lambda xs, state, valid: ssd_step(xs[0], xs[1], A, *xs[2:], state, valid))
+    y, cache = cache.recurrent(index, "ssm", ssd, (xs, dt, B, C), positions, (h, p, n))  # (B, T, H, P) f32
+    y = y + w["D"].astype(f32)[:, None] * xs
+    y = grouped_gated_rms_norm(y.reshape(b, t, width), w["mamba_norm"], z, g, c.rms_norm_eps)  # (B, T, I)
+    out = linear(y.astype(x.dtype), w["w_out"], w.get("w_out_scale"))
+    return (out + w["b_out"].astype(out.dtype) if "b_out" in w else out), cache
