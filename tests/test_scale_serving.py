@@ -139,7 +139,7 @@ def serve_command(model: Path, port: int, coordinator: int, process_id: int) -> 
             "--max-concurrent-decodes", "2", "--max-length", "128", "--prefill-lengths", "32",
             "--prefill-tokens", "64", "--compilation-cache", "none", "--port", str(port), "--metrics-port", "-1",
             "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2",
-            "--process-id", str(process_id), "--heartbeat-timeout", "3"]
+            "--process-id", str(process_id), "--heartbeat-timeout", "10"]
 
 
 def test_two_processes_serve_one_mesh_and_a_lost_follower_fails_loudly(tiny_llama, reference):
