@@ -35,9 +35,10 @@ def hybrid(tiny_checkpoints):
     return load_family(tiny_checkpoints, "qwen3_next")
 
 
-# (family, engine): each family through the paged engine; the dense engine's pool differs only in
-# how pages are handed out, so one family runs there
-ENGINE_RUNS = [("qwen3_next", True), ("qwen3_next", False), ("granitemoehybrid", True), ("lfm2", True),
+# (family, engine): each kind of recurrent layer through the paged engine (Granite 4.0-H's Mamba-2 mixer
+# is Nemotron-H's; Falcon-H1 holds KV and a state in the same layer); the dense engine's pool differs
+# only in how pages are handed out, so one family runs there
+ENGINE_RUNS = [("qwen3_next", True), ("qwen3_next", False), ("falcon_h1", True), ("lfm2", True),
                ("nemotron_h", True)]
 
 
@@ -83,6 +84,21 @@ def test_mlp_only_layers_hold_neither_kv_nor_state():
     assert config.attention_layers == (1,) and config.recurrent_layers == (0, 2, 4)
     assert len(config.kv_layout) == 1 and config.kv_index(1) == 0
     assert len(config.state_layout) == 3 and config.state_index(4) == 2
+
+
+def test_a_layer_can_hold_both_kv_and_a_state(tiny_checkpoints):
+    """Falcon-H1 runs attention and a Mamba-2 mixer side by side in every layer: one KV entry and one
+    state per layer, each indexed by the layer itself."""
+    import json
+
+    from vsurge.models.registry import config_from_hf
+
+    config = config_from_hf(json.loads((tiny_checkpoints["falcon_h1"][0] / "config.json").read_text()))
+    n = config.num_layers
+    assert config.attention_layers == config.recurrent_layers == tuple(range(n))
+    assert len(config.kv_layout) == len(config.state_layout) == n
+    assert [config.kv_index(i) for i in range(n)] == [config.state_index(i) for i in range(n)] == list(range(n))
+    assert dict(config.state_layout[0].parts) == {"conv": (3, 128 + 2 * 2 * 16), "ssm": (8, 16, 16)}
 
 
 @pytest.mark.parametrize("name, paged", ENGINE_RUNS, ids=[f"{n}-{'paged' if p else 'dense'}" for n, p in ENGINE_RUNS])

@@ -104,6 +104,14 @@ TINY_CONFIGS = {
                                                              "mlp", "linear_attention"],
         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, use_bias=True,
         mlp_bias=True, layer_norm_epsilon=1e-5)),
+    # Falcon-H1: Mamba-2 (8 heads of 16 over a 128-wide mixer, 2 groups) beside attention in every layer,
+    # the mixer's optional gated norm on, every muP multiplier away from 1
+    "falcon_h1": ("FalconH1Config", dict(
+        head_dim=16, mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16,
+        mamba_d_conv=4, mamba_chunk_size=8, mamba_rms_norm=True, mamba_proj_bias=True, projectors_bias=True,
+        ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.7], ssm_in_multiplier=1.3, ssm_out_multiplier=0.6,
+        attention_in_multiplier=0.9, attention_out_multiplier=1.4, key_multiplier=0.5, mlp_multipliers=[1.3, 0.7],
+        embedding_multiplier=2.0, lm_head_multiplier=0.8)),
 }
 
 

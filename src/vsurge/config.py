@@ -148,13 +148,13 @@ class ModelConfig:
 
     def layer_kind(self, layer: int) -> str:
         """"attention" (a KV cache), a recurrent kind holding a fixed-size state per sequence
-        ("linear_attention", "mamba2", "short_conv"), or "mlp" (neither: Nemotron-H's MLP-only
-        layers); hybrid families override."""
+        ("linear_attention", "mamba2", "short_conv"), "attention+mamba2" (both side by side in one
+        layer: Falcon-H1), or "mlp" (neither: Nemotron-H's MLP-only layers); hybrid families override."""
         return "attention"
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.num_layers) if self.layer_kind(i) == "attention")
+        return tuple(i for i in range(self.num_layers) if self.layer_kind(i).startswith("attention"))
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:

@@ -148,6 +148,11 @@ def hf_layer_types(cfg: dict, num_layers: int) -> tuple[str, ...] | None:
     return tuple("sliding" if t == "sliding_attention" else "full" for t in types[:num_layers])
 
 
+def json_float(x) -> float:
+    """A config.json number; transformers 5 writes infinity as {"__float__": "Infinity"}."""
+    return float(x["__float__"] if isinstance(x, dict) else x)
+
+
 def check_activation(cfg: dict, where: str, allowed: tuple[str, ...], key: str = "hidden_act") -> str:
     act = cfg.get(key, allowed[0])
     if act not in allowed:

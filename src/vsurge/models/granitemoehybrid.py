@@ -30,7 +30,7 @@ from ..ops.moe import Routing
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
-from .config_io import check_activation, hf_fields
+from .config_io import check_activation, hf_fields, json_float
 from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
 from .moe import MoEConfig, expert_axes, router_weights, routed
 from .spec import GateUp, Weight, tensor
@@ -77,11 +77,6 @@ class GraniteMoeHybridConfig(Mamba2Shapes, MoEConfig):
         return self
 
 
-def _float(x) -> float:
-    """A config.json number; transformers 5 writes infinity as {"__float__": "Infinity"}."""
-    return float(x["__float__"] if isinstance(x, dict) else x)
-
-
 class GraniteMoeHybrid(CausalLM):
     name = "granitemoehybrid"
     hf_model_types = ("granitemoehybrid",)
@@ -108,7 +103,7 @@ class GraniteMoeHybrid(CausalLM):
             mamba_groups=int(cfg.get("mamba_n_groups", 1)), mamba_state=int(cfg.get("mamba_d_state", 256)),
             mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)), mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
             mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-            time_step_limit=(_float(limit[0]), _float(limit[1])),
+            time_step_limit=(json_float(limit[0]), json_float(limit[1])),
             use_rope=cfg.get("position_embedding_type") == "rope",
             **{k: float(cfg.get(k) or 1.0) for k in
                ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})

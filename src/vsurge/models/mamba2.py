@@ -1,12 +1,13 @@
-"""The Mamba-2 mixer the Mamba-2 hybrids share (Granite 4.0-H, Nemotron-H): its weights, its state
-shapes and its forward pass on the recurrent-state contract (kv/recurrent.py).
+"""The Mamba-2 mixer the Mamba-2 hybrids share (Granite 4.0-H, Nemotron-H, Falcon-H1): its weights,
+its state shapes and its forward pass on the recurrent-state contract (kv/recurrent.py).
 
     in_proj (I + Cv + H, D) = z | xBC | dt [+ bias: mamba_proj_bias]   conv1d (Cv, 1, K) [+ bias]
     dt_bias, A_log, D (H,)   norm (I,) gated RMSNorm in G groups   out_proj (D, I) [+ bias]
 Cv = I + 2*G*N (x | B | C). dt is clamped to `time_step_limit` on prompts only (the references'
 decode step does not clamp). State per sequence: the conv window (K-1, Cv) and the SSM state (H, P, N).
 A config using it has the fields mamba_heads, mamba_head_dim, mamba_groups, mamba_state,
-mamba_conv_kernel, mamba_conv_bias, mamba_proj_bias, time_step_limit and derives from Mamba2Shapes.
+mamba_conv_kernel, mamba_conv_bias, mamba_proj_bias, time_step_limit and derives from Mamba2Shapes;
+Falcon-H1 also sets the four below (its muP multipliers and its optional, norm-first gated norm).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from .spec import Weight, tensor
 
 class Mamba2Shapes:
     """Widths and state layout derived from a config's mamba_* fields (a mixin of the family's config)."""
+
+    mamba_rms_norm = True  # False: y * silu(z), no norm weight
+    mamba_norm_before_gate = False
+    ssm_in_multiplier = 1.0  # scales the mixer's input
+    ssm_multipliers = (1.0, 1.0, 1.0, 1.0, 1.0)  # scale in_proj's z | x | B | C | dt outputs
+    mamba_out_bias = None  # out_proj's bias; None: as mamba_proj_bias
 
     @property
     def mamba_width(self) -> int:  # I
@@ -57,12 +64,13 @@ def mamba2_weights(c, hf: str) -> dict[str, Weight]:
         "dt_bias": Weight((h,), (None,), tensor(f"{hf}.dt_bias", (h,)), init="ones"),
         "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)), init="zeros"),
         "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), init="ones"),
-        "mamba_norm": Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones"),
         "w_out": Weight((width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, width)), quantize=True),
     })
+    if c.mamba_rms_norm:
+        out["mamba_norm"] = Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones")
     if c.mamba_conv_bias:
         out["conv_bias"] = Weight((cv,), (None,), tensor(f"{hf}.conv1d.bias", (cv,)), init="zeros")
-    if c.mamba_proj_bias:
+    if c.mamba_proj_bias if c.mamba_out_bias is None else c.mamba_out_bias:
         out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
     return out
 
@@ -73,11 +81,17 @@ def mamba2_mixer(c, i, x, w, cache, positions):
     h, p, g, n, width = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, c.mamba_state, c.mamba_width
     index, f32 = c.state_index(i), jnp.float32
 
-    def project(part):  # (B, T, width of the part)
-        y = linear(x, w[f"w_{part}"], w.get(f"w_{part}_scale"))
-        return y + w[f"b_{part}"].astype(y.dtype) if f"b_{part}" in w else y
+    x_in = x * c.ssm_in_multiplier if c.ssm_in_multiplier != 1.0 else x
+    mz, mx, mb, mc, mdt = c.ssm_multipliers
 
-    z, xbc, dt = project("z"), project("xbc"), project("dt")  # (B, T, I), (B, T, Cv), (B, T, H)
+    def project(part, multiplier=1.0):  # (B, T, width of the part)
+        y = linear(x_in, w[f"w_{part}"], w.get(f"w_{part}_scale"))
+        y = y + w[f"b_{part}"].astype(y.dtype) if f"b_{part}" in w else y
+        return y if isinstance(multiplier, float) and multiplier == 1.0 else (y * multiplier).astype(y.dtype)
+
+    xbc_multiplier = (1.0 if mx == mb == mc == 1.0 else  # per channel: x (I), B (G*N), C (G*N)
+                      jnp.concatenate([jnp.full((width,), mx), jnp.full((g * n,), mb), jnp.full((g * n,), mc)]))
+    z, xbc, dt = project("z", mz), project("xbc", xbc_multiplier), project("dt", mdt)  # (B,T,I), (B,T,Cv), (B,T,H)
     kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (Cv, K), (Cv,)
     conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
                      lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
@@ -93,6 +107,11 @@ def mamba2_mixer(c, i, x, w, cache, positions):
                     lambda xs, state, valid: ssd_step(xs[0], xs[1], A, *xs[2:], state, valid))
     y, cache = cache.recurrent(index, "ssm", ssd, (xs, dt, B, C), positions, (h, p, n))  # (B, T, H, P) f32
     y = y + w["D"].astype(f32)[:, None] * xs
-    y = grouped_gated_rms_norm(y.reshape(b, t, width), w["mamba_norm"], z, g, c.rms_norm_eps)  # (B, T, I)
+    y = y.reshape(b, t, width)  # (B, T, I)
+    if c.mamba_rms_norm:
+        y = grouped_gated_rms_norm(y, w["mamba_norm"], z, g, c.rms_norm_eps,
+                                   norm_before_gate=c.mamba_norm_before_gate)
+    else:
+        y = y * jax.nn.silu(z.astype(f32))
     out = linear(y.astype(x.dtype), w["w_out"], w.get("w_out_scale"))
     return (out + w["b_out"].astype(out.dtype) if "b_out" in w else out), cache

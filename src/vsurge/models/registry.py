@@ -36,6 +36,7 @@ FAMILIES = {
     "granitemoehybrid": "GraniteMoeHybrid",
     "lfm2": "Lfm2",
     "nemotron_h": "NemotronH",
+    "falcon_h1": "FalconH1",
 }
 
 

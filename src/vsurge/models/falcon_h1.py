@@ -1,0 +1,139 @@
+"""TII Falcon-H1: every layer runs a Mamba-2 mixer and grouped-query attention side by side on the
+same normed input and adds both to the residual, then a gated MLP; muP multipliers throughout.
+
+Layer (D hidden; the mixer of models/mamba2.py with I = mamba_d_ssm, or mamba_expand * D):
+    h = input_layernorm(x)
+    x = x + ssm_out_multiplier * mamba(ssm_in_multiplier * h)      in_proj outputs z | x | B | C | dt
+                                                                   times ssm_multipliers (muP)
+          + attention_out_multiplier * attn(attention_in_multiplier * h)   k times key_multiplier
+    x = x + down_multiplier * down(silu(gate_multiplier * gate(h')) * up(h'))   h' = pre_ff_layernorm(x)
+The mixer's gated RMSNorm is optional (mamba_rms_norm; without it y * silu(z)) and normalises before
+gating (mamba_norm_before_gate). Embeddings times embedding_multiplier, logits times
+lm_head_multiplier. The key multiplier scales every score, so it is folded into the attention scale
+(keys are cached unscaled). State per sequence and layer: each layer has both a KV entry and a
+Mamba-2 state (layer kind "attention+mamba2").
+
+HF: FalconH1ForCausalLM ("falcon_h1"); GGUF: not yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+
+from ..config import AttentionSpec, ModelConfig
+from ..errors import UnsupportedModelError
+from ..ops.linear import linear
+from ..ops.mlp import split_gate_up
+from ..ops.norm import rms_norm
+from .base import CausalLM
+from .blocks import attention, attention_weights, mlp_weights, norm
+from .config_io import check_activation, hf_fields, json_float
+from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
+
+
+@dataclass(frozen=True)
+class FalconH1Config(Mamba2Shapes, ModelConfig):
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    mamba_groups: int = 1
+    mamba_state: int = 0
+    mamba_conv_kernel: int = 4
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    mamba_out_bias: bool = False  # projectors_bias
+    mamba_rms_norm: bool = False
+    mamba_norm_before_gate: bool = True
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    ssm_in_multiplier: float = 1.0
+    ssm_multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    ssm_out_multiplier: float = 1.0
+    attention_in_multiplier: float = 1.0
+    attention_out_multiplier: float = 1.0
+    key_multiplier: float = 1.0
+    mlp_multipliers: tuple[float, float] = (1.0, 1.0)  # gate, down
+    embedding_multiplier: float = 1.0
+    lm_head_multiplier: float = 1.0
+
+    def layer_kind(self, layer: int) -> str:
+        return "attention+mamba2"
+
+    def attention_spec(self, layer: int) -> AttentionSpec:
+        return AttentionSpec(scale=self.head_dim**-0.5 * self.key_multiplier)
+
+    def for_tensor_parallel(self, tp: int):
+        if tp != 1:
+            raise UnsupportedModelError("Falcon-H1 runs at tensor_parallel_size 1 for now")
+        return self
+
+
+class FalconH1(CausalLM):
+    name = "falcon_h1"
+    hf_model_types = ("falcon_h1",)
+    hf_architectures = ("FalconH1ForCausalLM",)
+    config_class = FalconH1Config
+
+    @classmethod
+    def config_from_hf(cls, cfg: dict, where: str):
+        check_activation(cfg, where, ("silu", "swish"))
+        fields = hf_fields(cfg, where, cls.name)
+        d = fields["hidden_size"]
+        width = cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * d
+        heads = int(cfg.get("mamba_n_heads", 128))
+        head_dim = cfg.get("mamba_d_head", "auto")
+        head_dim = width // heads if head_dim in (None, "auto") else int(head_dim)
+        if heads * head_dim != width:
+            raise UnsupportedModelError(f"{where}: mamba_n_heads x mamba_d_head must equal the mixer width {width}")
+        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+            raise UnsupportedModelError(f"{where}: attention_bias / mlp_bias are not supported")
+        scalars = ("ssm_in_multiplier", "ssm_out_multiplier", "attention_in_multiplier", "attention_out_multiplier",
+                   "key_multiplier", "embedding_multiplier", "lm_head_multiplier")
+        return cls.config_class(
+            **fields, mamba_heads=heads, mamba_head_dim=head_dim, mamba_groups=int(cfg.get("mamba_n_groups", 1)),
+            mamba_state=int(cfg.get("mamba_d_state", 256)), mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)),
+            mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+            mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            mamba_out_bias=bool(cfg.get("projectors_bias", False)),
+            mamba_rms_norm=bool(cfg.get("mamba_rms_norm", False)),
+            mamba_norm_before_gate=bool(cfg.get("mamba_norm_before_gate", True)),
+            time_step_limit=(json_float(limit[0]), json_float(limit[1])),
+            ssm_multipliers=tuple(float(m) for m in cfg.get("ssm_multipliers") or (1.0,) * 5),
+            mlp_multipliers=tuple(float(m) for m in cfg.get("mlp_multipliers") or (1.0, 1.0)),
+            **{k: float(cfg[k]) if cfg.get(k) is not None else 1.0 for k in scalars})
+
+    @classmethod
+    def global_weights(cls, config):
+        out = super().global_weights(config)
+        out["final_norm"] = norm(config.hidden_size, "model.final_layernorm.weight", None)
+        return out
+
+    # ------------------------------------------------------------ weights
+    @classmethod
+    def layer_weights(cls, c: FalconH1Config, i: int):
+        hf, d = f"model.layers.{i}", c.hidden_size
+        return {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
+                "mlp_norm": norm(d, f"{hf}.pre_ff_layernorm.weight", None),
+                **attention_weights(c, hf=f"{hf}.self_attn", gguf=None),
+                **mamba2_weights(c, f"{hf}.mamba"),
+                **mlp_weights(d, c.intermediate_size, hf=f"{hf}.feed_forward", gguf=None)}
+
+    # ------------------------------------------------------------ forward
+    @property
+    def embed_scale(self) -> float:
+        return self.config.embedding_multiplier
+
+    def scale_logits(self, logits):
+        return logits * self.config.lm_head_multiplier
+
+    def layer(self, i, x, w, cache, ctx):
+        c = self.config
+        h = rms_norm(x, w["attn_norm"], c.rms_norm_eps)
+        ssm, cache = mamba2_mixer(c, i, h, w, cache, ctx.positions)
+        attn, cache = attention(c, i, h * c.attention_in_multiplier, w, cache, ctx)
+        x = x + (ssm * c.ssm_out_multiplier + attn * c.attention_out_multiplier)
+        h = rms_norm(x, w["mlp_norm"], c.rms_norm_eps)
+        gate, up = split_gate_up(linear(h, w["w_gate_up"], w.get("w_gate_up_scale")))  # (B, T, F) each
+        y = jax.nn.silu(gate * c.mlp_multipliers[0]) * up
+        return x + linear(y, w["w_down"], w.get("w_down_scale")) * c.mlp_multipliers[1], cache
