@@ -40,10 +40,12 @@ def test_routing_equals_transformers_on_a_batch(name, tiny_checkpoints):
                                np.take_along_axis(ref_weights.float().numpy(), ref_order, -1), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("activation,biases", [("silu", False), ("swiglu_oai", True)])
-def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, biases):
+@pytest.mark.parametrize("activation,biases,scale_inputs", [("silu", False, False), ("swiglu_oai", True, False),
+                                                           ("silu", False, True)])
+def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, biases, scale_inputs):
     """Both dispatches (the loop over routed experts, and ragged_dot: TPU's) against every token
-    through its k experts, computed one by one in numpy; uneven loads, an expert with no rows."""
+    through its k experts, computed one by one in numpy; uneven loads, an expert with no rows.
+    scale_inputs: each expert's input times its weight instead of its output (Llama 4)."""
     rng = np.random.default_rng(1)
     n, d, f, e, k = 37, 16, 12, 6, 2
     x = rng.normal(0, 1, (n, d)).astype(np.float32)
@@ -58,12 +60,12 @@ def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, 
     want = np.zeros((n, d), np.float32)
     for t in range(n):
         for j in range(k):
-            h = x[t] @ w_gu[ids[t, j]] + (b_gu[ids[t, j]] if biases else 0)
+            h = (weights[t, j] * x[t] if scale_inputs else x[t]) @ w_gu[ids[t, j]] + (b_gu[ids[t, j]] if biases else 0)
             y = np.asarray(gated(jnp.asarray(h), activation)) @ w_d[ids[t, j]] + (b_d[ids[t, j]] if biases else 0)
-            want[t] += weights[t, j] * y
+            want[t] += y if scale_inputs else weights[t, j] * y
     args = [jnp.asarray(a) if a is not None else None for a in (x, ids, weights, w_gu, w_d, b_gu, b_d)]
     for impl in ("loop", "ragged"):
-        got = jax.jit(lambda *a: experts(*a, activation=activation, impl=impl))(*args)
+        got = jax.jit(lambda *a: experts(*a, activation=activation, impl=impl, scale_inputs=scale_inputs))(*args)
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=impl)
 
 

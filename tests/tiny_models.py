@@ -112,6 +112,15 @@ TINY_CONFIGS = {
         ssm_multipliers=[0.5, 1.5, 0.8, 1.2, 0.7], ssm_in_multiplier=1.3, ssm_out_multiplier=0.6,
         attention_in_multiplier=0.9, attention_out_multiplier=1.4, key_multiplier=0.5, mlp_multipliers=[1.3, 0.7],
         embedding_multiplier=2.0, lm_head_multiplier=0.8)),
+    # Llama 4: chunks of 4 positions on the rotary layers 0, 2, 3 (so 12-token prompts span three), layer 1
+    # NoPE with its query temperature (floor_scale 4: it grows within the prompt), experts on layers 1 and 3
+    # (4, two per token, each fed its input times its score) beside a shared expert, Llama 3.1 rope scaling
+    "llama4": ("Llama4TextConfig", dict(
+        num_hidden_layers=4, head_dim=16, attention_chunk_size=4, no_rope_layers=[1, 0, 1, 1],
+        interleave_moe_layer_step=2, num_local_experts=4, num_experts_per_tok=2, intermediate_size=32,
+        intermediate_size_mlp=96, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
 }
 
 

@@ -57,11 +57,14 @@ class AttentionSpec:
 
     scale: multiplies q.k (1/sqrt(head_dim) unless the family says otherwise).
     window: keys with q_pos - k_pos >= window are hidden (sliding-window layers).
+    chunk: keys in another chunk of `chunk` positions than the query's are hidden (k_pos // chunk
+        != q_pos // chunk: Llama 4's chunked local attention).
     softcap: scores become softcap * tanh(scores / softcap) (Gemma 2).
     sinks: the layer has a learned per-head sink logit in the softmax (GPT-OSS)."""
 
     scale: float
     window: int | None = None
+    chunk: int | None = None
     softcap: float | None = None
     sinks: bool = False
 

@@ -5,8 +5,9 @@ the online-softmax merge, a loop over columns), each with a fixed cost: at one r
 a default-model token's 35 ms. The kernel reads each page the row sees once for the query heads
 that share it. It serves decode rows (one query token) over float32 or bfloat16 pages in one
 process without a device mesh, over float32, bfloat16, int8 or fp8 pages (those two dequantized
-page by page with their scales, kv/quant.py's layout); prompt rows, other backends and sharded pools
-keep the XLA path. VSURGE_CPU_ATTENTION=0 turns it off (benchmarks compare both).
+page by page with their scales, kv/quant.py's layout); prompt rows, other backends, sharded pools
+and layers with local chunks (Llama 4) keep the XLA path. VSURGE_CPU_ATTENTION=0 turns it off
+(benchmarks compare both).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ ENABLED = os.environ.get("VSURGE_CPU_ATTENTION", "1") != "0"
 PAGE_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float32, jnp.bfloat16, jnp.float16, jnp.int8, jnp.float8_e4m3fn))
 
 
-def usable(q, k_pages, v_pages) -> bool:
-    """q (R, T, H, dk), pages as paged_attention takes them: whether the kernel serves this call."""
-    if not (ENABLED and kernels.available()) or q.shape[1] != 1:  # one library registers both calls
-        return False
+def usable(q, k_pages, v_pages, spec: AttentionSpec | None = None) -> bool:
+    """q (R, T, H, dk), pages and the layer's spec as paged_attention takes them: whether the kernel
+    serves this call (not for local chunks: the kernel knows windows only)."""
+    if not (ENABLED and kernels.available()) or q.shape[1] != 1 or (spec and spec.chunk):
+        return False  # (one library registers both calls)
     if k_pages.dtype not in PAGE_DTYPES or v_pages.dtype != k_pages.dtype or v_pages.shape[2] % 8:
         return False
     mesh = jax.sharding.get_abstract_mesh()  # a sharded pool would be gathered whole before a custom call

@@ -1,10 +1,10 @@
 """JAX's own Pallas paged-attention kernels for decode rows, behind `kv/paged.paged_attention`.
 
     gpu   jax.experimental.pallas.ops.gpu.paged_attention (Triton): one query per row, GQA, soft-cap;
-          no sliding window, no sinks
+          no sliding window, no sinks, no local chunks
     tpu   jax.experimental.pallas.ops.tpu.ragged_paged_attention: GQA, sliding window, soft-cap;
-          no sinks
-    xla   kv/paged.py's page-column loop: everything else (CPU, prompt rows, sinks, dk != dv,
+          no sinks, no local chunks
+    xla   kv/paged.py's page-column loop: everything else (CPU, prompt rows, sinks, local chunks, dk != dv,
           int8 / fp8 pages: kv/quant.py)
 
 `kernel_for` picks one at trace time. They are opt-in (VSURGE_PAGED_KERNEL=pallas) until the
@@ -36,7 +36,7 @@ def kernel_for(backend: str, q_len: int, k_dim: int, v_dim: int, spec: Attention
 
 
 def supported(backend: str, q_len: int, k_dim: int, v_dim: int, spec: AttentionSpec, sinks) -> str | None:
-    if q_len != 1 or k_dim != v_dim or sinks is not None or backend not in KERNELS:
+    if q_len != 1 or k_dim != v_dim or sinks is not None or spec.chunk is not None or backend not in KERNELS:
         return None
     if backend == "gpu" and spec.window is not None:
         return None

@@ -132,14 +132,18 @@ def project_qkv(c: ModelConfig, x, w: dict, qk_norm_width: str = "head"):
     return q, k, v
 
 
-def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str = "head", query_scale=None):
+def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str = "head", query_scale=None,
+              rotated_qk_norm: bool = False):
     """Self-attention of layer i on normed input x (B, T, D) -> (out (B, T, D), cache).
-    query_scale (B, T): multiplies the rotated queries (Ministral 3's position-dependent temperature)."""
+    query_scale (B, T): multiplies the rotated queries (Ministral 3's position-dependent temperature).
+    rotated_qk_norm: a weightless RMSNorm over head_dim of the rotated q and k (Llama 4)."""
     b, t, _ = x.shape
     q, k, v = project_qkv(c, x, w, qk_norm_width)
     rope = ctx.rope(c, i)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if rotated_qk_norm:
+        q, k = rms_norm(q, None, c.rms_norm_eps), rms_norm(k, None, c.rms_norm_eps)
     if query_scale is not None:
         q = (q * query_scale[:, :, None, None]).astype(q.dtype)
     with jax.named_scope("attention"):

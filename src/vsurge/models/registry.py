@@ -37,6 +37,7 @@ FAMILIES = {
     "lfm2": "Lfm2",
     "nemotron_h": "NemotronH",
     "falcon_h1": "FalconH1",
+    "llama4": "Llama4",
 }
 
 

@@ -8,7 +8,7 @@ and values with their positions and calls these functions; `partial_attend` +
 softmax), so a paged cache never concatenates its pages.
 
 A layer's `AttentionSpec` (config.py) sets the score scale, its sliding window
-and tanh soft-capping; `sinks` (H,) are learned logits that join every row's
+or local chunks, and tanh soft-capping; `sinks` (H,) are learned logits that join every row's
 softmax without a value (GPT-OSS). Values may be narrower than keys (a latent
 cache: keys carry the rotary part too), so outputs are (..., H, dv).
 """
@@ -23,11 +23,14 @@ from ..config import AttentionSpec
 _MASKED = jnp.finfo(jnp.float32).min  # finite: a fully masked segment still has a finite max
 
 
-def _visible(q_pos, k_pos, window):
-    """q_pos (B, T), k_pos (B, S) -> (B, T, S) bool: causal, written (k_pos >= 0), in the window."""
+def _visible(q_pos, k_pos, window=None, chunk=None):
+    """q_pos (B, T), k_pos (B, S) -> (B, T, S) bool: causal, written (k_pos >= 0), in the window,
+    in the query's chunk."""
     visible = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)
     if window is not None:
         visible &= k_pos[:, None, :] > q_pos[:, :, None] - window
+    if chunk is not None:
+        visible &= k_pos[:, None, :] // chunk == q_pos[:, :, None] // chunk
     return visible
 
 
@@ -44,7 +47,7 @@ def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos, mask=None):
     s = s * spec.scale
     if spec.softcap is not None:
         s = spec.softcap * jnp.tanh(s / spec.softcap)
-    visible = _visible(q_pos, k_pos, spec.window)
+    visible = _visible(q_pos, k_pos, spec.window, spec.chunk)
     if mask is not None:
         visible &= mask
     return jnp.where(visible[:, None, None], s, _MASKED)

@@ -43,7 +43,9 @@ class Routing:
     groups / topk_groups: group-limited routing (DeepSeek): experts in `groups` equal groups,
         only the best `topk_groups` groups are eligible; a group's score is its best expert's
         ("max") or the sum of its best two ("top2").
-    scale: multiplies the final weights (DeepSeek's routed_scaling_factor)."""
+    scale: multiplies the final weights (DeepSeek's routed_scaling_factor).
+    scale_inputs: each chosen expert multiplies its weight into its input rows rather than its
+        output (Llama 4: silu(w x) differs from w silu(x)); `experts` takes it as its own flag."""
 
     num_experts: int
     top_k: int
@@ -53,6 +55,7 @@ class Routing:
     topk_groups: int = 1
     group_score: str = "max"
     scale: float = 1.0
+    scale_inputs: bool = False
 
 
 def route(logits: jax.Array, r: Routing, correction_bias: jax.Array | None = None):
@@ -89,9 +92,10 @@ def block_rows(assignments: int, num_experts: int) -> int:
 
 
 def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, activation: str = "silu",
-            impl: str | None = None, expert_parallel: bool = False, weight_dtype=None):
+            impl: str | None = None, expert_parallel: bool = False, weight_dtype=None, scale_inputs: bool = False):
     """Routed experts of N tokens. x (N, D); ids, weights (N, k); w_gate_up (E, D, 2F) gate/up
-    interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype.
+    interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype:
+    sum_k weight_k * expert_k(x), or with `scale_inputs` sum_k expert_k(weight_k * x) (Llama 4).
     Expert stacks may come as the raw uint16 bits of `weight_dtype` (models/spec.py `indexed`):
     each expert's slice is bit-cast back after it is taken."""
     impl = impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
@@ -102,7 +106,7 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     split = tp > 1 and ((e % tp == 0) if expert_parallel else (f % tp == 0))
     if not split:
         return _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
-                              impl=impl, first_expert=0, add_down_bias=True, bits=bits)
+                              impl=impl, first_expert=0, add_down_bias=True, bits=bits, scale_inputs=scale_inputs)
     if expert_parallel:  # whole experts per device: every bias travels with its expert
         w_specs = (P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS), P(MODEL_AXIS))
     else:  # every expert's hidden units split: the down bias is added once, after the sum
@@ -114,13 +118,14 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     def local(x, ids, weights, w_gate_up, b_gate_up, w_down, b_down):
         first = jax.lax.axis_index(MODEL_AXIS) * w_down.shape[0] if expert_parallel else 0
         out = _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
-                             impl=impl, first_expert=first, add_down_bias=expert_parallel, bits=bits)
+                             impl=impl, first_expert=first, add_down_bias=expert_parallel, bits=bits,
+                             scale_inputs=scale_inputs)
         return jax.lax.psum(out, MODEL_AXIS)
 
     out = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), w_specs[0], w_specs[1], w_specs[2], w_specs[3]),
                         out_specs=P(), check_vma=False)(x, ids, weights, w_gate_up, bias_gu, w_down, bias_down)
     if not expert_parallel and b_down is not None:
-        out = out + _down_bias(ids, weights, b_down).astype(out.dtype)
+        out = out + _down_bias(ids, jnp.ones_like(weights) if scale_inputs else weights, b_down).astype(out.dtype)
     return out
 
 
@@ -135,7 +140,7 @@ def _from_bits(w, dtype):
 
 
 def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, activation, impl, first_expert,
-                   add_down_bias, bits):
+                   add_down_bias, bits, scale_inputs=False):
     """The experts held here: [first_expert, first_expert + E_local). Assignments to other experts
     contribute nothing. Returns (N, D)."""
     n, k = ids.shape
@@ -146,14 +151,16 @@ def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, act
     order = jnp.argsort(flat, stable=True)  # (A,)
     token = order // k
     counts = jnp.bincount(flat, length=local_e + 1)[:local_e]  # (E_local,)
+    gate = (weights.reshape(-1)[order] * mine[order]).astype(jnp.float32)  # (A,)
     rows = x[token]  # (A, D) sorted by expert
+    if scale_inputs:  # the weight goes into the expert (Llama 4); its output is summed as it is
+        rows, gate = (rows.astype(jnp.float32) * gate[:, None]).astype(x.dtype), mine[order].astype(jnp.float32)
     if impl == "ragged":
         group_sizes = jnp.concatenate([counts, jnp.asarray([flat.shape[0] - jnp.sum(counts)])]).astype(jnp.int32)
         out = _ragged(rows, group_sizes, bits(w_gate_up), bits(w_down), b_gate_up, b_down, activation, add_down_bias)
     else:
         out = _loop(rows, counts, w_gate_up, w_down, b_gate_up, b_down, activation, add_down_bias,
                     block_rows(flat.shape[0], max(local_e, 1)), bits)
-    gate = (weights.reshape(-1)[order] * mine[order]).astype(jnp.float32)  # (A,)
     combined = jnp.zeros((n, x.shape[-1]), jnp.float32).at[token].add(out.astype(jnp.float32) * gate[:, None])
     return combined.astype(x.dtype)
 
