@@ -187,9 +187,10 @@ def check_default_blocks_tp3():
 
 
 def check_families(*named_paths):
-    """Each family (NAME=PATH) at TP 2 and 4 (and, for mixtures of experts, EP 2 and 4: whole experts
-    per device) against one device: logits of a full forward pass; and greedy tokens of the paged
-    engine at TP 2 against the reference Generator on one device."""
+    """Each family (NAME=PATH) at TP 2 (and, for mixtures of experts, EP 2: whole experts per device)
+    against one device: logits of a full forward pass; and greedy tokens of the paged engine at TP 2
+    against the reference Generator on one device. (TP 4, where KV heads are copied, is checked on
+    Llama and Qwen2 by check_logits; here it only repeated TP 2's splits at twice the compile time.)"""
     result = {}
     for named in named_paths:
         name, path = named.split("=", 1)
@@ -197,7 +198,7 @@ def check_families(*named_paths):
         ref = forward(model)
         prompts = [processor.encode(p) for p in PROMPTS[:2]]
         out = {"moe": hasattr(model.config, "expert_parallel")}
-        for tp in (2, 4):
+        for tp in (2,):
             for ep in ((False, True) if out["moe"] else (False,)):
                 sharded, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False,
                                          tensor_parallel_size=tp, expert_parallel=ep)

@@ -126,7 +126,7 @@ def families_result(tiny_checkpoints):
 @pytest.mark.parametrize("name", SHARDED_FAMILIES)
 def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_result, name):
     r = families_result[name]
-    for key in ("tp2", "tp4") + (("ep2", "ep4") if r["moe"] else ()):
+    for key in ("tp2",) + (("ep2",) if r["moe"] else ()):
         assert r[key]["rel_err"] <= LOGIT_RTOL, (key, r[key])
     assert r["paged_tp2"] == r["reference"]  # the paged engine on a 2-device mesh: the same greedy tokens
     if r["moe"]:  # tensor parallel splits each expert's units; expert parallel splits whole experts
