@@ -121,6 +121,18 @@ TINY_CONFIGS = {
         intermediate_size_mlp=96, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=4, attn_scale=0.1,
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    # Gemma 4: sliding layers 0, 1, 3, 4 (window 4, head 16, 2 KV heads), global layers 2 and 5 (head 32, one KV
+    # head, values = keys, proportional rotary on a quarter of the head); layers 4 and 5 share the K/V of 3 and 2
+    # with double-wide MLPs; per-layer inputs of 16; the final soft-cap
+    "gemma4": ("Gemma4TextConfig", dict(
+        num_hidden_layers=6, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, attention_k_eq_v=True,
+        sliding_window=4, num_kv_shared_layers=2, use_double_wide_mlp=True, hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0}})),
 }
 
 
@@ -148,7 +160,7 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
             if pname.endswith("norm.weight") or pname.endswith(".bias") or pname.endswith("_bias"):
                 param.add_(0.1 * torch.randn_like(param))
         for pname, buffer in model.named_buffers():  # DeepSeek-V3's router correction is a buffer
-            if pname.endswith("correction_bias"):
+            if pname.endswith(("correction_bias", "layer_scalar")):  # Gemma 4's layer scalars too
                 buffer.add_(0.1 * torch.randn_like(buffer))
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(folder, **kwargs)

@@ -20,6 +20,7 @@ FAMILIES = {
     "qwen3": "Qwen3",
     "gemma2": "Gemma2",
     "gemma3": "Gemma3",
+    "gemma4": "Gemma4",
     "phi3": "Phi3",
     "olmo2": "Olmo2",
     "granite": "Granite",
