@@ -111,6 +111,17 @@ def test_engines_give_the_reference_tokens(hybrids, name, paged):
     assert run(surge, PROMPTS) == expected
 
 
+def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
+    """Plain Mamba-2: no attention layer, so no KV pages at all; the pool, sized from free memory,
+    still counts each sequence's tokens in pages, and the engine gives the reference tokens."""
+    model, processor, ids, expected = hybrids("mamba2")
+    assert model.config.attention_layers == () and model.config.kv_layout == ()
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG))
+    engine = surge.driver.engines[0]
+    assert engine.pool.num_pages == CONFIG["max_slots"] * CONFIG["max_length"] // CONFIG["page_size"]
+    assert run(surge, PROMPTS) == expected
+
+
 def test_prefix_cache_and_speculation_are_off_and_repeats_stay_exact(hybrid):
     """A prompt asked again (its pages would be prefix-cache hits on an attention-only model) and a
     request asking for speculation give the reference tokens: the engine turns both off."""

@@ -104,6 +104,10 @@ TINY_CONFIGS = {
                                                              "mlp", "linear_attention"],
         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, use_bias=True,
         mlp_bias=True, layer_norm_epsilon=1e-5)),
+    # plain Mamba-2: every layer a mixer (8 heads of 16, 2 groups), no attention and so no KV cache at all
+    "mamba2": ("Mamba2Config", dict(
+        num_heads=8, head_dim=16, expand=2, n_groups=2, state_size=16, conv_kernel=4, use_bias=True,
+        layer_norm_epsilon=1e-5, chunk_size=8)),
     # Falcon-H1: Mamba-2 (8 heads of 16 over a 128-wide mixer, 2 groups) beside attention in every layer,
     # the mixer's optional gated norm on, every muP multiplier away from 1
     "falcon_h1": ("FalconH1Config", dict(

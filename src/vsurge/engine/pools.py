@@ -23,8 +23,11 @@ def pages_that_fit(model, config: EngineConfig) -> int:
     from ..sharding import kv_page_shards
 
     per_device = pool_page_bytes(model, config) // kv_page_shards(model)
+    every_slot = config.max_slots * config.pages_per_sequence
+    if per_device == 0:  # no attention layer (plain Mamba-2): pages only count tokens
+        return every_slot
     budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
-    return int(min(budget // per_device, config.max_slots * config.pages_per_sequence))
+    return int(min(budget // per_device, every_slot))
 
 
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:

@@ -57,6 +57,8 @@ class DenseKVCache:
     # True while prefilling rows whose cache is empty: attend over the new
     # tokens only instead of the whole max_length region.
     fresh: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    # positions the cache holds (static: a model without attention layers, plain Mamba-2, has no k/v)
+    length: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @classmethod
     def init(cls, layout: tuple[KVLayer, ...], batch_size: int, max_length: int, dtype=jnp.float32,
@@ -67,15 +69,15 @@ class DenseKVCache:
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((batch_size, l.heads, dim(l.k_dim), max_length), dtype) for l in layout],
                    v=[jnp.zeros((batch_size, l.heads, max_length, dim(l.v_dim)), dtype) for l in layout],
-                   states=init_states(state_layout, batch_size))
+                   states=init_states(state_layout, batch_size), length=max_length)
 
     @property
     def max_length(self) -> int:
-        return self.v[0].shape[2]  # (a model has at least one attention layer)
+        return self.length
 
     @property
     def batch_size(self) -> int:
-        return self.v[0].shape[0]
+        return self.v[0].shape[0] if self.v else next(iter(self.states[0].values())).shape[0]
 
     def with_mode(self, fresh: bool, lengths=None) -> "DenseKVCache":
         return dataclasses.replace(self, fresh=fresh, lengths=lengths)

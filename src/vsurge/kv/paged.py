@@ -132,6 +132,9 @@ class PagedAttentionCache:
     # per recurrent layer {part: (S+1, ...) f32}, one row per sequence slot (kv/recurrent.py)
     states: list = dataclasses.field(default_factory=list)
     layout: StepLayout | None = None  # per step; None between steps
+    # the pool's shape (static: a model without attention layers, plain Mamba-2, has no k/v pages)
+    pages: int = dataclasses.field(default=0, metadata=dict(static=True))
+    size: int = dataclasses.field(default=0, metadata=dict(static=True))
 
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
@@ -142,15 +145,15 @@ class PagedAttentionCache:
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
                    v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
-                   states=init_states(state_layout, state_rows))
+                   states=init_states(state_layout, state_rows), pages=num_pages, size=page_size)
 
     @property
     def num_pages(self) -> int:
-        return self.v[0].shape[0]
+        return self.pages
 
     @property
     def page_size(self) -> int:
-        return self.v[0].shape[2]
+        return self.size
 
     def for_step(self, layout: StepLayout) -> "PagedAttentionCache":
         return dataclasses.replace(self, layout=layout)

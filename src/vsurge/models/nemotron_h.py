@@ -14,8 +14,10 @@ Layer pattern: `layers_block_type` (transformers 5: linear_attention / full_atte
 `hybrid_override_pattern` (M / * / -). Mixture-of-experts layers (moe, "E": Nemotron 3) are not
 run yet. Checkpoints name the decoder `backbone.` (backbone.embeddings, backbone.layers.i.mixer.*,
 backbone.norm_f).
+A plain Mamba-2 checkpoint (Mamba2ForCausalLM, "mamba2": every layer a Mamba-2 mixer, no attention, no
+KV cache at all) has the same tensors and runs here, its config.json read in Nemotron-H's terms.
 
-HF: NemotronHForCausalLM ("nemotron_h"); GGUF: not yet.
+HF: NemotronHForCausalLM ("nemotron_h"), Mamba2ForCausalLM ("mamba2"); GGUF: not yet.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, norm
-from .config_io import check_activation, hf_fields
+from .config_io import check_activation, hf_fields, json_float
 from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
 from .spec import Weight, tensor
 
@@ -81,14 +83,27 @@ def layer_kinds(cfg: dict, where: str) -> tuple[str, ...]:
     return tuple(KINDS[t] for t in types)
 
 
+def mamba2_as_nemotron_h(cfg: dict) -> dict:
+    """A Mamba2ForCausalLM config.json in Nemotron-H's keys: every layer a Mamba-2 mixer; its
+    head_dim / num_heads are the mixer's (there is no attention)."""
+    n, limit = int(cfg["num_hidden_layers"]), cfg.get("time_step_limit") or (0.0, float("inf"))
+    return {**cfg, "layers_block_type": ["mamba"] * n, "mamba_num_heads": cfg["num_heads"],
+            "mamba_head_dim": cfg["head_dim"], "ssm_state_size": cfg.get("state_size", 128),
+            "mamba_hidden_act": cfg.get("hidden_act", "silu"), "mlp_hidden_act": "relu2",
+            "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": None, "intermediate_size": 0,
+            "time_step_limit": (json_float(limit[0]), json_float(limit[1]))}
+
+
 class NemotronH(CausalLM):
     name = "nemotron_h"
-    hf_model_types = ("nemotron_h",)
-    hf_architectures = ("NemotronHForCausalLM",)
+    hf_model_types = ("nemotron_h", "mamba2")
+    hf_architectures = ("NemotronHForCausalLM", "Mamba2ForCausalLM")
     config_class = NemotronHConfig
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
+        if cfg.get("model_type") == "mamba2":
+            cfg = mamba2_as_nemotron_h(cfg)
         check_activation(cfg, where, ("relu2",), key="mlp_hidden_act")
         check_activation(cfg, where, ("silu", "swish"), key="mamba_hidden_act")
         kinds = layer_kinds(cfg, where)
@@ -103,7 +118,8 @@ class NemotronH(CausalLM):
             mamba_conv_kernel=int(get("conv_kernel", "mamba_d_conv", 4)),
             mamba_conv_bias=bool(get("use_conv_bias", "mamba_conv_bias", True)),
             mamba_proj_bias=bool(cfg.get("use_bias", False)),
-            time_step_limit=(float(get("time_step_min", "mamba_dt_min", 0.001)), float("inf")))
+            time_step_limit=cfg.get("time_step_limit") if cfg.get("model_type") == "mamba2"
+            else (float(get("time_step_min", "mamba_dt_min", 0.001)), float("inf")))
 
     @classmethod
     def global_weights(cls, config):
