@@ -24,8 +24,8 @@ HERE = Path(__file__).parent
 # one checkpoint per family (tests/tiny_models.py)
 SERVED = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
           "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2", "ministral3",
-          "qwen3_next", "llama4")
-RECURRENT = {"qwen3_next"}  # a state per sequence: served without the prefix cache (docs/state_cache.md)
+          "qwen3_next", "llama4", "gemma4", "falcon_h1")
+RECURRENT = {"qwen3_next", "falcon_h1"}  # a state per sequence: served without the prefix cache (docs/state_cache.md)
 PROMPT = ("The river ran past the old mill, where the miller's daughter counted ducks "
           "every morning before the bells of the town began to ring")
 MAX_TOKENS = 6
