@@ -22,32 +22,19 @@ from dataclasses import dataclass
 
 import jax
 
-from ..config import AttentionSpec, ModelConfig
+from ..config import AttentionSpec
 from ..errors import UnsupportedModelError
 from ..ops.linear import linear
 from ..ops.mlp import split_gate_up
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp_weights, norm
-from .config_io import check_activation, hf_fields, json_float
-from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
+from .config_io import check_activation, hf_fields
+from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
 
 
 @dataclass(frozen=True)
-class FalconH1Config(Mamba2Shapes, ModelConfig):
-    mamba_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_groups: int = 1
-    mamba_state: int = 0
-    mamba_conv_kernel: int = 4
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    mamba_out_bias: bool = False  # projectors_bias
-    mamba_rms_norm: bool = False
-    mamba_norm_before_gate: bool = True
-    time_step_limit: tuple[float, float] = (0.0, float("inf"))
-    ssm_in_multiplier: float = 1.0
-    ssm_multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+class FalconH1Config(Mamba2Config):
     ssm_out_multiplier: float = 1.0
     attention_in_multiplier: float = 1.0
     attention_out_multiplier: float = 1.0
@@ -78,27 +65,15 @@ class FalconH1(CausalLM):
     def config_from_hf(cls, cfg: dict, where: str):
         check_activation(cfg, where, ("silu", "swish"))
         fields = hf_fields(cfg, where, cls.name)
-        d = fields["hidden_size"]
-        width = cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * d
-        heads = int(cfg.get("mamba_n_heads", 128))
-        head_dim = cfg.get("mamba_d_head", "auto")
-        head_dim = width // heads if head_dim in (None, "auto") else int(head_dim)
-        if heads * head_dim != width:
-            raise UnsupportedModelError(f"{where}: mamba_n_heads x mamba_d_head must equal the mixer width {width}")
-        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
         if cfg.get("attention_bias") or cfg.get("mlp_bias"):
             raise UnsupportedModelError(f"{where}: attention_bias / mlp_bias are not supported")
         scalars = ("ssm_in_multiplier", "ssm_out_multiplier", "attention_in_multiplier", "attention_out_multiplier",
                    "key_multiplier", "embedding_multiplier", "lm_head_multiplier")
         return cls.config_class(
-            **fields, mamba_heads=heads, mamba_head_dim=head_dim, mamba_groups=int(cfg.get("mamba_n_groups", 1)),
-            mamba_state=int(cfg.get("mamba_d_state", 256)), mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)),
-            mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
-            mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+            **fields, **mamba2_fields(cfg, where, fields["hidden_size"]),
             mamba_out_bias=bool(cfg.get("projectors_bias", False)),
             mamba_rms_norm=bool(cfg.get("mamba_rms_norm", False)),
             mamba_norm_before_gate=bool(cfg.get("mamba_norm_before_gate", True)),
-            time_step_limit=(json_float(limit[0]), json_float(limit[1])),
             ssm_multipliers=tuple(float(m) for m in cfg.get("ssm_multipliers") or (1.0,) * 5),
             mlp_multipliers=tuple(float(m) for m in cfg.get("mlp_multipliers") or (1.0, 1.0)),
             **{k: float(cfg[k]) if cfg.get(k) is not None else 1.0 for k in scalars})

@@ -30,8 +30,8 @@ from ..ops.moe import Routing
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
-from .config_io import check_activation, hf_fields, json_float
-from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
+from .config_io import check_activation, hf_fields
+from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
 from .moe import MoEConfig, expert_axes, router_weights, routed
 from .spec import GateUp, Weight, tensor
 
@@ -39,16 +39,8 @@ MAMBA_KINDS = ("mamba", "linear_attention")  # HF layer_types: transformers 4 / 
 
 
 @dataclass(frozen=True)
-class GraniteMoeHybridConfig(Mamba2Shapes, MoEConfig):
+class GraniteMoeHybridConfig(Mamba2Config, MoEConfig):
     mamba_layers: tuple[bool, ...] = ()  # per layer: Mamba-2 (True) or attention
-    mamba_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_groups: int = 1
-    mamba_state: int = 0
-    mamba_conv_kernel: int = 4
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    time_step_limit: tuple[float, float] = (0.0, float("inf"))
     use_rope: bool = False  # position_embedding_type "rope" (else attention without positions)
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
@@ -89,21 +81,13 @@ class GraniteMoeHybrid(CausalLM):
         fields = hf_fields(cfg, where, cls.name)
         n, d = fields["num_layers"], fields["hidden_size"]
         types = cfg.get("layer_types") or cfg.get("layers_block_type") or ["mamba"] * n
-        heads = int(cfg.get("mamba_n_heads", 128))
-        head_dim = cfg.get("mamba_d_head", "auto")
-        head_dim = int(cfg.get("mamba_expand", 2)) * d // heads if head_dim in (None, "auto") else int(head_dim)
-        limit = cfg.get("time_step_limit") or (0.0, float("inf"))
         experts = int(cfg.get("num_local_experts") or 0)
         return cls.config_class(
             **{**fields, "qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias"))},
             num_experts=experts, num_experts_per_tok=int(cfg.get("num_experts_per_tok") or 1),
             moe_intermediate_size=fields["intermediate_size"],
             shared_intermediate_size=int(cfg.get("shared_intermediate_size") or 0),
-            mamba_layers=tuple(t in MAMBA_KINDS for t in types[:n]), mamba_heads=heads, mamba_head_dim=head_dim,
-            mamba_groups=int(cfg.get("mamba_n_groups", 1)), mamba_state=int(cfg.get("mamba_d_state", 256)),
-            mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)), mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
-            mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
-            time_step_limit=(json_float(limit[0]), json_float(limit[1])),
+            mamba_layers=tuple(t in MAMBA_KINDS for t in types[:n]), **mamba2_fields(cfg, where, d),
             use_rope=cfg.get("position_embedding_type") == "rope",
             **{k: float(cfg.get(k) or 1.0) for k in
                ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})

@@ -5,9 +5,8 @@ its state shapes and its forward pass on the recurrent-state contract (kv/recurr
     dt_bias, A_log, D (H,)   norm (I,) gated RMSNorm in G groups   out_proj (D, I) [+ bias]
 Cv = I + 2*G*N (x | B | C). dt is clamped to `time_step_limit` on prompts only (the references'
 decode step does not clamp). State per sequence: the conv window (K-1, Cv) and the SSM state (H, P, N).
-A config using it has the fields mamba_heads, mamba_head_dim, mamba_groups, mamba_state,
-mamba_conv_kernel, mamba_conv_bias, mamba_proj_bias, time_step_limit and derives from Mamba2Shapes;
-Falcon-H1 also sets the four below (its muP multipliers and its optional, norm-first gated norm).
+A family's config derives from Mamba2Config; `mamba2_fields` reads the mixer's keys as Granite 4.0-H's
+and Falcon-H1's config.json spell them.
 """
 
 from __future__ import annotations
@@ -15,22 +14,36 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ..config import StateLayer
+from dataclasses import dataclass
+
+from ..config import ModelConfig, StateLayer
+from ..errors import UnsupportedModelError
 from ..kv.recurrent import by_length
 from ..ops.linear import linear
 from ..ops.short_conv import causal_conv, causal_conv_step
 from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
+from .config_io import json_float
 from .spec import Weight, tensor
 
 
-class Mamba2Shapes:
-    """Widths and state layout derived from a config's mamba_* fields (a mixin of the family's config)."""
+@dataclass(frozen=True)
+class Mamba2Config(ModelConfig):
+    """The mixer's fields and the widths and state layout derived from them (a base of the family's
+    config; its layer_kind says which layers run the mixer)."""
 
-    mamba_rms_norm = True  # False: y * silu(z), no norm weight
-    mamba_norm_before_gate = False
-    ssm_in_multiplier = 1.0  # scales the mixer's input
-    ssm_multipliers = (1.0, 1.0, 1.0, 1.0, 1.0)  # scale in_proj's z | x | B | C | dt outputs
-    mamba_out_bias = None  # out_proj's bias; None: as mamba_proj_bias
+    mamba_heads: int = 0  # H
+    mamba_head_dim: int = 0  # P
+    mamba_groups: int = 1  # G
+    mamba_state: int = 0  # N
+    mamba_conv_kernel: int = 4  # K
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False  # in_proj's bias
+    mamba_out_bias: bool | None = None  # out_proj's bias; None: as mamba_proj_bias
+    mamba_rms_norm: bool = True  # False: y * silu(z), no norm weight (Falcon-H1's option)
+    mamba_norm_before_gate: bool = False
+    time_step_limit: tuple[float, float] = (0.0, float("inf"))
+    ssm_in_multiplier: float = 1.0  # scales the mixer's input (Falcon-H1's muP)
+    ssm_multipliers: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0)  # scale in_proj's z | x | B | C | dt
 
     @property
     def mamba_width(self) -> int:  # I
@@ -45,6 +58,24 @@ class Mamba2Shapes:
         layer = StateLayer((("conv", (self.mamba_conv_kernel - 1, self.conv_width)),
                             ("ssm", (self.mamba_heads, self.mamba_head_dim, self.mamba_state))))
         return (layer,) * len(self.recurrent_layers)
+
+
+def mamba2_fields(cfg: dict, where: str, hidden_size: int) -> dict:
+    """Mamba2Config's fields from config.json keys mamba_n_heads, mamba_d_head ("auto": the width over
+    the heads), mamba_d_ssm or mamba_expand (the width), mamba_n_groups, mamba_d_state, mamba_d_conv,
+    mamba_conv_bias, mamba_proj_bias and time_step_limit."""
+    width = cfg.get("mamba_d_ssm") or int(cfg.get("mamba_expand", 2)) * hidden_size
+    heads = int(cfg.get("mamba_n_heads", 128))
+    head_dim = cfg.get("mamba_d_head", "auto")
+    head_dim = width // heads if head_dim in (None, "auto") else int(head_dim)
+    if heads * head_dim != width:
+        raise UnsupportedModelError(f"{where}: mamba_n_heads x mamba_d_head must equal the mixer width {width}")
+    limit = cfg.get("time_step_limit") or (0.0, float("inf"))
+    return dict(mamba_heads=heads, mamba_head_dim=head_dim, mamba_groups=int(cfg.get("mamba_n_groups", 1)),
+                mamba_state=int(cfg.get("mamba_d_state", 256)), mamba_conv_kernel=int(cfg.get("mamba_d_conv", 4)),
+                mamba_conv_bias=bool(cfg.get("mamba_conv_bias", True)),
+                mamba_proj_bias=bool(cfg.get("mamba_proj_bias", False)),
+                time_step_limit=(json_float(limit[0]), json_float(limit[1])))
 
 
 def mamba2_weights(c, hf: str) -> dict[str, Weight]:
@@ -76,7 +107,7 @@ def mamba2_weights(c, hf: str) -> dict[str, Weight]:
 
 
 def mamba2_mixer(c, i, x, w, cache, positions):
-    """Layer i's Mamba-2 mixer on normed x (B, T, D) -> (out (B, T, D), cache); `c`: a Mamba2Shapes config."""
+    """Layer i's Mamba-2 mixer on normed x (B, T, D) -> (out (B, T, D), cache); `c`: a Mamba2Config."""
     b, t, _ = x.shape
     h, p, g, n, width = c.mamba_heads, c.mamba_head_dim, c.mamba_groups, c.mamba_state, c.mamba_width
     index, f32 = c.state_index(i), jnp.float32

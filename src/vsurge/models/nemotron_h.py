@@ -27,14 +27,14 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..config import AttentionSpec, ModelConfig
+from ..config import AttentionSpec
 from ..errors import UnsupportedModelError
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, norm
 from .config_io import check_activation, hf_fields, json_float
-from .mamba2 import Mamba2Shapes, mamba2_mixer, mamba2_weights
+from .mamba2 import Mamba2Config, mamba2_mixer, mamba2_weights
 from .spec import Weight, tensor
 
 # HF layer type spellings (transformers 5, transformers 4 / remote code, hybrid_override_pattern) -> kind
@@ -44,18 +44,9 @@ KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "M": "mamba2",
 
 
 @dataclass(frozen=True)
-class NemotronHConfig(Mamba2Shapes, ModelConfig):
+class NemotronHConfig(Mamba2Config):
     kinds: tuple[str, ...] = ()  # per layer: "mamba2", "attention" or "mlp"
     mlp_bias: bool = False
-    # the Mamba-2 mixer's fields, as GraniteMoeHybridConfig names them (its mixer runs on them)
-    mamba_heads: int = 0
-    mamba_head_dim: int = 0
-    mamba_groups: int = 1
-    mamba_state: int = 0
-    mamba_conv_kernel: int = 4
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    time_step_limit: tuple[float, float] = (0.0, float("inf"))
 
     def layer_kind(self, layer: int) -> str:
         return self.kinds[layer]
