@@ -1,0 +1,93 @@
+"""A hybrid model's decode step against a dense model of the same parameter count (issue 36's row).
+
+Random bfloat16 weights (the serving default on CPU). The hybrid is Qwen3.5-shaped, scaled to
+~0.5B: hidden 1024, 24 layers, three Gated DeltaNet layers (16 key / 16 value heads of 128) to one
+gated full-attention layer (8 query / 2 KV heads of 256, a quarter rotary), MLP 3584, vocabulary
+32000. The dense model is Qwen3-shaped with the same hidden size, layers and heads on every layer,
+its MLP widened until both hold the same number of parameters. Each runs on the paged engine;
+after prefilling `rows` random prompts of `--prompt` tokens, decode steps (one per call, the
+engine's own program) are timed; medians of alternating rounds (the machine may be shared).
+
+    python benchmarks/hybrid_decode.py [--rows 1,8,32] [--prompt 64] [--reps 10]
+
+A DeltaNet layer reads and writes a (16, 128, 128) float32 state per sequence each step (1 MiB),
+where an attention layer reads its K/V of the context so far: at short contexts the hybrid moves
+more bytes per row, at long ones fewer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from vsurge.config import ModelConfig, Rope  # noqa: E402
+from vsurge.models.qwen3 import Qwen3  # noqa: E402
+from vsurge.models.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from moe_decode import decoding_engine  # noqa: E402
+
+LAYERS = 24
+SHAPE = dict(vocab_size=32000, hidden_size=1024, num_layers=LAYERS, num_heads=8, num_kv_heads=2, head_dim=256,
+             qk_norm=True, max_position_embeddings=4096, eos_token_ids=(0,))
+
+
+def models():
+    hybrid_config = Qwen3NextConfig(
+        architecture="qwen3_5_text", intermediate_size=3584, rope=Rope(theta=1e7, dim=64),
+        linear_layers=tuple((i + 1) % 4 != 0 for i in range(LAYERS)), linear_key_heads=16, linear_value_heads=16,
+        linear_key_dim=128, linear_value_dim=128, grouped_projections=False, **SHAPE)
+    make = lambda family, config: family(config, dtype=jnp.float32, param_dtype=jnp.bfloat16,  # noqa: E731
+                                         rngs=nnx.Rngs(0)).prepare_mixed_dtypes()
+    hybrid = make(Qwen3Next, hybrid_config)
+    dense_config = ModelConfig(architecture="qwen3", intermediate_size=3584, rope=Rope(theta=1e7), **SHAPE)
+    dense_params = sum(int(np.prod(w.shape)) for w in Qwen3.weight_specs(dense_config).values())
+    per_unit = 3 * SHAPE["hidden_size"] * LAYERS  # parameters one more MLP unit adds
+    width = 3584 + (hybrid.num_params - dense_params) // per_unit
+    dense = make(Qwen3, dense_config.replace(intermediate_size=int(width)))
+    return {"hybrid (3 DeltaNet : 1 attention)": hybrid, "dense (same params)": dense}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,8,32")
+    p.add_argument("--reps", type=int, default=10)
+    args = p.parse_args()
+    from vsurge.kernels import cpu_isa
+    from vsurge.loading import load_processor
+
+    processor = load_processor("default")
+    built = models()
+    hybrid, dense = built.values()
+    print(f"CPU ISA: {cpu_isa()}; bfloat16 weights, paged engine, 64-token prompts; ms per decode step, median "
+          f"of {args.reps} alternating rounds\n")
+    print(f"hybrid: {hybrid.num_params / 1e6:.0f}M params; dense: {dense.num_params / 1e6:.0f}M "
+          f"(MLP {dense.config.intermediate_size})\n")
+    print("| rows | hybrid ms | dense ms | hybrid / dense |")
+    print("|---|---|---|---|")
+    for rows in (int(r) for r in args.rows.split(",")):
+        steps = {name: decoding_engine(model, processor, rows)[0] for name, model in built.items()}
+        times = {name: [] for name in steps}
+        for step in steps.values():
+            step()
+        for _ in range(args.reps):  # alternate, so load from elsewhere slows both alike
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step()
+                times[name].append((time.perf_counter() - start) * 1000)
+        h, d = (statistics.median(t) for t in times.values())
+        print(f"| {rows} | {h:.1f} | {d:.1f} | {h / d:.2f}x |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
