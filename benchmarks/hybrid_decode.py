@@ -5,10 +5,10 @@ Random bfloat16 weights (the serving default on CPU). The hybrid is Qwen3.5-shap
 gated full-attention layer (8 query / 2 KV heads of 256, a quarter rotary), MLP 3584, vocabulary
 32000. The dense model is Qwen3-shaped with the same hidden size, layers and heads on every layer,
 its MLP widened until both hold the same number of parameters. Each runs on the paged engine;
-after prefilling `rows` random prompts of `--prompt` tokens, decode steps (one per call, the
+after prefilling `rows` random 64-token prompts, decode steps (one per call, the
 engine's own program) are timed; medians of alternating rounds (the machine may be shared).
 
-    python benchmarks/hybrid_decode.py [--rows 1,8,32] [--prompt 64] [--reps 10]
+    python benchmarks/hybrid_decode.py [--rows 1,8,32] [--reps 10]
 
 A DeltaNet layer reads and writes a (16, 128, 128) float32 state per sequence each step (1 MiB),
 where an attention layer reads its K/V of the context so far: at short contexts the hybrid moves
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -34,7 +32,7 @@ from vsurge.models.qwen3 import Qwen3  # noqa: E402
 from vsurge.models.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from moe_decode import decoding_engine  # noqa: E402
+from moe_decode import median_step_ms  # noqa: E402
 
 LAYERS = 24
 SHAPE = dict(vocab_size=32000, hidden_size=1024, num_layers=LAYERS, num_heads=8, num_kv_heads=2, head_dim=256,
@@ -75,16 +73,7 @@ def main() -> int:
     print("| rows | hybrid ms | dense ms | hybrid / dense |")
     print("|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
-        steps = {name: decoding_engine(model, processor, rows)[0] for name, model in built.items()}
-        times = {name: [] for name in steps}
-        for step in steps.values():
-            step()
-        for _ in range(args.reps):  # alternate, so load from elsewhere slows both alike
-            for name, step in steps.items():
-                start = time.perf_counter()
-                step()
-                times[name].append((time.perf_counter() - start) * 1000)
-        h, d = (statistics.median(t) for t in times.values())
+        h, d = median_step_ms(built, processor, rows, args.reps)
         print(f"| {rows} | {h:.1f} | {d:.1f} | {h / d:.2f}x |", flush=True)
     return 0
 

@@ -82,6 +82,21 @@ def decoding_engine(model, processor, rows: int):
     return (lambda: run(plan)), engine
 
 
+def median_step_ms(built: dict, processor, rows: int, reps: int) -> list[float]:
+    """Each model's median ms per decode step at `rows` rows, timed in alternating rounds (load from
+    elsewhere slows every model alike)."""
+    steps = {name: decoding_engine(model, processor, rows)[0] for name, model in built.items()}
+    times = {name: [] for name in steps}
+    for step in steps.values():
+        step()
+    for _ in range(reps):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append((time.perf_counter() - start) * 1000)
+    return [statistics.median(t) for t in times.values()]
+
+
 def active_params(model) -> int:
     c = model.config
     total = 0
@@ -111,16 +126,7 @@ def main() -> int:
     print("| rows | MoE ms | dense ms | MoE / dense | bytes bound |")
     print("|---|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
-        steps = {name: decoding_engine(model, processor, rows)[0] for name, model in built.items()}
-        times = {name: [] for name in steps}
-        for step in steps.values():
-            step()
-        for _ in range(args.reps):  # alternate, so load from elsewhere slows both alike
-            for name, step in steps.items():
-                start = time.perf_counter()
-                step()
-                times[name].append((time.perf_counter() - start) * 1000)
-        moe, dense = (statistics.median(t) for t in times.values())
+        moe, dense = median_step_ms(built, processor, rows, args.reps)
         print(f"| {rows} | {moe:.1f} | {dense:.1f} | {moe / dense:.2f}x | {bytes_bound(moe_model, dense_model, rows):.2f}x |",
               flush=True)
     return 0
