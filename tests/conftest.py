@@ -131,6 +131,15 @@ RUN_COMPILES = CompileCounter()  # this process's, summed over the xdist workers
 RUN_COMPILES.__enter__()
 WORKER_COMPILES: list[dict] = []  # the controller's copy of each finished xdist worker's counts
 FILE_SECONDS: dict[str, float] = {}  # test file -> setup + call + teardown seconds
+FILE_COMPILE_SECONDS: dict[str, float] = {}  # test file -> seconds this process spent compiling in its tests
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = RUN_COMPILES.counts["compile_s"]
+    yield
+    path = item.nodeid.split("::")[0]
+    FILE_COMPILE_SECONDS[path] = FILE_COMPILE_SECONDS.get(path, 0.0) + RUN_COMPILES.counts["compile_s"] - before
 
 
 def pytest_runtest_logreport(report):
@@ -142,13 +151,16 @@ def pytest_sessionfinish(session):
     output = getattr(session.config, "workeroutput", None)  # set on an xdist worker only
     if output is not None:
         output["compiles"] = dict(RUN_COMPILES.counts)
+        output["file_compile_seconds"] = dict(FILE_COMPILE_SECONDS)
 
 
 def pytest_testnodedown(node, error):
     """xdist controller: keep a finished worker's compile counts."""
-    compiles = getattr(node, "workeroutput", {}).get("compiles")
-    if compiles:
-        WORKER_COMPILES.append(compiles)
+    output = getattr(node, "workeroutput", {})
+    if output.get("compiles"):
+        WORKER_COMPILES.append(output["compiles"])
+    for path, seconds in output.get("file_compile_seconds", {}).items():
+        FILE_COMPILE_SECONDS[path] = FILE_COMPILE_SECONDS.get(path, 0.0) + seconds
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -156,12 +168,12 @@ def pytest_terminal_summary(terminalreporter):
     where the persistent cache never hits (XLA:CPU rejects its own entries on some Intel CPUs,
     jax-ml/jax#38445) shows here as hits 0 and as many misses as compiles)."""
     write = terminalreporter.write_line
-    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:20]
+    slowest = sorted(FILE_SECONDS.items(), key=lambda item: -item[1])[:30]
     if slowest:
-        write(f"slowest files (setup + call + teardown, summed over workers): "
+        write(f"slowest files (setup + call + teardown, summed over workers; of it, compiling in-process): "
               f"{sum(FILE_SECONDS.values()) / 60:.1f} min in all")
         for path, seconds in slowest:
-            write(f"{seconds:8.1f}s  {path}")
+            write(f"{seconds:8.1f}s  {FILE_COMPILE_SECONDS.get(path, 0.0):7.1f}s  {path}")
     c = dict(RUN_COMPILES.counts)
     for worker in WORKER_COMPILES:
         for key in c:
