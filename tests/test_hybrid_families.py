@@ -54,11 +54,13 @@ def hybrids(tiny_checkpoints, hybrid):
     return get
 
 
-def run(surge, prompts, params=PARAMS):
+def run(surge, prompts, params=PARAMS, *more):
+    """Token ids of `prompts`' answers (then of each further list of prompts in `more`, in turn) from a
+    started `surge`, stopped after."""
     surge.compile()
     surge.start()
     try:
-        return [r.token_ids for r in asyncio.run(surge.generate(prompts, params))]
+        return [[r.token_ids for r in asyncio.run(surge.generate(batch, params))] for batch in (prompts, *more)]
     finally:
         surge.stop(5)
 
@@ -108,7 +110,7 @@ def test_engines_give_the_reference_tokens(hybrids, name, paged):
     make = vSurge.create_odriver if paged else vSurge.create_vdriver
     surge = make(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
     assert max(len(p) for p in ids) > 16 and min(len(p) for p in ids) == 1
-    assert run(surge, PROMPTS) == expected
+    assert run(surge, PROMPTS) == [expected]
 
 
 def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
@@ -119,26 +121,55 @@ def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
     surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG))
     engine = surge.driver.engines[0]
     assert engine.pool.num_pages == CONFIG["max_slots"] * CONFIG["max_length"] // CONFIG["page_size"]
-    assert run(surge, PROMPTS) == expected
+    assert run(surge, PROMPTS) == [expected]
 
 
-def test_prefix_cache_and_speculation_are_off_and_repeats_stay_exact(hybrid):
-    """A prompt asked again (its pages would be prefix-cache hits on an attention-only model) and a
-    request asking for speculation give the reference tokens: the engine turns both off."""
+def test_speculation_is_off_and_repeats_resume_from_a_snapshot_exactly(hybrid):
+    """A prompt asked again resumes from the states snapshotted at its last page boundary (the prefix
+    cache: 16 of its 18 tokens), and a request asking for speculation gives the reference tokens:
+    the engine turns speculation off (a rejected draft would have to roll the state back)."""
     model, processor, ids, expected = hybrid
     surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8,
                                                                         speculative_tokens=3))
     engine = surge.driver.engines[0]
-    assert not engine.pool.enable_prefix_caching and engine.config.speculative_tokens == 0
+    assert engine.pool.enable_prefix_caching and engine.config.speculative_tokens == 0
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, speculative_tokens=3)
-    assert run(surge, [PROMPTS[1], PROMPTS[1], PROMPTS[0]], params) == [expected[1], expected[1], expected[0]]
+    pool = engine.pool
+    pool.add_sequence = counted(pool.add_sequence, hits := [])
+    assert run(surge, [PROMPTS[0]], params, [PROMPTS[0], PROMPTS[1]]) == [expected[:1], expected[:2]]
+    assert hits[-3:] == [0, (len(ids[0]) - 2) // 8 * 8, 0] and pool.snapshots.restores == 1
+
+
+def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrids):
+    """Prompts sharing a 5-page prefix with one cached before: each computes only what follows the
+    last snapshotted page boundary inside the shared part, and gives the tokens of a cold run, for
+    every kind of recurrent layer."""
+    for name in ("qwen3_next", "falcon_h1", "lfm2"):
+        model, processor, _, _ = hybrids(name)
+        shared = processor.encode(" ".join(PROMPTS[0] for _ in range(3)))[:41]  # 5 pages and a token
+        prompts = [shared + processor.encode(tail) for tail in (" and the end", " but then", " so")]
+        cold = [greedy_generate(model, p, 6) for p in prompts]
+        surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+        pool = surge.driver.engines[0].pool
+        pool.add_sequence = counted(pool.add_sequence, hits := [])
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        assert run(surge, prompts[:1], params, prompts[1:]) == [cold[:1], cold[1:]], name
+        assert hits[-3:] == [0, 40, 40], name  # the 5 shared pages each
+
+
+def counted(add_sequence, hits: list):
+    """The pool's add_sequence, appending each admitted prompt's cached tokens to `hits`."""
+    def add(table, tokens, slot=None):
+        hits.append(add_sequence(table, tokens, slot))
+        return hits[-1]
+    return add
 
 
 def test_preemption_recomputes_the_state(hybrid):
     model, processor, ids, expected = hybrid
     surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=9))
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
-    got = run(surge, PROMPTS[:3], params)
+    [got] = run(surge, PROMPTS[:3], params)
     assert surge.metrics.value("vsurge:num_preemptions_total") > 0
     assert got == [greedy_generate(model, p, 30) for p in ids[:3]]
 

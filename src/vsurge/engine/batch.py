@@ -87,6 +87,7 @@ class BatchBuilder:
         slot_mapping = np.full(n, self.skip, np.int32)
         decode_tables, decode_pos = np.zeros((d, width), np.int32), np.full((d, 1), -1, np.int32)
         chunk_tables, chunk_pos = np.zeros((rows_p, width), np.int32), np.full((rows_p, length), -1, np.int32)
+        restore, save = np.full(rows_p, -1, np.int32), np.full(rows_p, -1, np.int32)
         logits_index, slots = np.zeros(r, np.int32), np.full(r, self.spare, np.int32)
         generated, samples = np.zeros(r, np.int32), np.zeros(r, bool)
         from_device = np.zeros(d, bool)
@@ -113,9 +114,10 @@ class BatchBuilder:
             place(d + j, chunk.seq, chunk.start, chunk.length, at)
             chunk_tables[j] = self._table(chunk.seq, width)
             chunk_pos[j, : chunk.length] = np.arange(chunk.start, chunk.start + chunk.length)
+            restore[j], save[j] = chunk.restore, chunk.save
             samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
-                            np.asarray(columns, np.int32), slots[:d], slots[d:])
+                            np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save)
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,

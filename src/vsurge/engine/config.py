@@ -158,6 +158,11 @@ class EngineConfig:
         help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
     # the model holds a recurrent state per sequence (for_model): no request speculates
     recurrent_state: bool = False
+    state_snapshots: int | None = setting(  # None = sized from free memory (engine/pools.py)
+        None, check=Check(">= 0", lambda v: v is None or (_integer(v) and v >= 0)), flag="--state-snapshots",
+        help="hybrid models (recurrent layers): rows of recurrent states kept at page boundaries of prompts, so the "
+             "prefix cache can resume them (default: up to 4 per sequence slot, within a quarter of the KV "
+             "memory; 0 turns the prefix cache off for such a model)")
     speculative_rows: int = 8  # speculate only while a step's decode rows stay within this
     seed: int = 894
     # Narrower program sets (vInference compiles one batch shape at a time): empty = derived.
@@ -229,13 +234,21 @@ class EngineConfig:
 
     def for_model(self, model_config) -> "EngineConfig":
         """The config a model runs with: a model with recurrent layers (a fixed-size state per
-        sequence, kv/recurrent.py) runs without the prefix cache and n-gram speculation, which would
-        resume or roll back a sequence at a point its state does not hold (docs/state_cache.md)."""
+        sequence, kv/recurrent.py) runs without n-gram speculation, which would roll a sequence back
+        to a point its state does not hold, and with the prefix cache only if its states are
+        snapshotted at page boundaries (`state_snapshots`, docs/state_cache.md)."""
         if not model_config.recurrent_layers or self.recurrent_state:
             return self
-        if self.enable_prefix_caching or self.speculative_tokens:
-            log.info("%s has recurrent layers: prefix caching and speculation are off", model_config.architecture)
-        return self.replace(enable_prefix_caching=False, speculative_tokens=0, recurrent_state=True)
+        prefix = self.enable_prefix_caching and self.state_snapshots != 0
+        if self.speculative_tokens or prefix != self.enable_prefix_caching:
+            log.info("%s has recurrent layers: speculation is off%s", model_config.architecture,
+                     "" if prefix else ", and the prefix cache (no state snapshots)")
+        return self.replace(enable_prefix_caching=prefix, speculative_tokens=0, recurrent_state=True)
+
+    @property
+    def snapshots_states(self) -> bool:
+        """A hybrid model's prefix cache: prompt rows end on page boundaries, where states are kept."""
+        return self.recurrent_state and self.enable_prefix_caching
 
     # ------------------------------------------------------------ the command line (cli.py)
     @staticmethod
@@ -330,7 +343,10 @@ class EngineConfig:
         one stream of 128-token prompts: TTFT p50 0.41 -> 0.14 s)."""
         # rows of 1/16 of the budget pack short prompts; one full-budget row takes long ones with
         # one gather of their pages per step
-        lengths = self.chunk_lengths or tuple(n for n in (self.prefill_tokens, self.prefill_tokens // 16) if n >= 16)
+        # (a hybrid model with the prefix cache: long rows of a page, whose ends are where states are
+        # snapshotted, so a shared prefix resumes at most a page before its end)
+        longest = min(self.prefill_tokens, self.page_size) if self.snapshots_states else self.prefill_tokens
+        lengths = self.chunk_lengths or tuple(n for n in (longest, self.prefill_tokens // 16) if n >= 16)
         rows_cap = self.max_prefill_rows or self.prefill_tokens
         shapes = {(max(1, min(self.prefill_tokens // n, rows_cap)), n) for n in lengths}
         if not self.chunk_lengths and self.prefill_tokens // 16 >= 16:

@@ -26,6 +26,10 @@ class ChunkRow:
     seq: Sequence
     start: int
     length: int
+    # recurrent-state snapshot rows (kv/state_snapshots.py): the row resumes its cached prefix from
+    # `restore`, and leaves its end states (a page boundary) in `save`; -1 = none
+    restore: int = -1
+    save: int = -1
 
     @property
     def samples(self) -> bool:

@@ -6,27 +6,49 @@ of pages for max_length tokens, so admission never waits for memory and nothing 
 from __future__ import annotations
 
 import logging
+import math
 
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.slot_pages import SlotPages
+from ..kv.state_snapshots import StateSnapshots
 from .config import EngineConfig
 
 log = logging.getLogger(__name__)
 
 
+def state_row_bytes(model_config) -> int:
+    """Bytes of one sequence's recurrent states (every recurrent layer's parts, float32); 0 for a
+    model with attention layers only."""
+    return sum(4 * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
+
+
+def snapshot_rows(model, config: EngineConfig) -> int:
+    """Rows of state snapshots for a hybrid model's prefix cache (kv/state_snapshots.py): as asked,
+    else up to 4 per sequence slot within a quarter of the KV memory; 0 without recurrent layers or
+    without the prefix cache."""
+    row = state_row_bytes(model.config)
+    if not row or not config.enable_prefix_caching:
+        return 0
+    if config.state_snapshots is not None:
+        return config.state_snapshots
+    budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization) // 4
+    return int(min(4 * config.max_slots, budget // row))
+
+
 def pages_that_fit(model, config: EngineConfig) -> int:
-    """Pages the free memory holds (`hbm_utilization` of it), at most every slot at full length
-    (more would only feed the prefix cache). On a mesh each device holds its KV heads' share of
-    a page (sharding.kv_page_shards)."""
+    """Pages the free memory holds (`hbm_utilization` of it, less the recurrent states and their
+    snapshots of a hybrid model), at most every slot at full length (more would only feed the prefix
+    cache). On a mesh each device holds its KV heads' share of a page (sharding.kv_page_shards)."""
     from ..sharding import kv_page_shards
 
     per_device = pool_page_bytes(model, config) // kv_page_shards(model)
     every_slot = config.max_slots * config.pages_per_sequence
     if per_device == 0:  # no attention layer (plain Mamba-2): pages only count tokens
         return every_slot
-    budget = available_kv_bytes(model.weight_bytes, config.hbm_utilization)
+    states = (config.max_slots + 1 + snapshot_rows(model, config)) * state_row_bytes(model.config)
+    budget = max(0, available_kv_bytes(model.weight_bytes, config.hbm_utilization) - states)
     return int(min(budget // per_device, every_slot))
 
 
@@ -37,10 +59,14 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
              config.page_size, per_page / 2**20, pool_dtype(model, config),
              num_pages * config.page_size)
+    rows = snapshot_rows(model, config)
+    if state_row_bytes(model.config):
+        log.info("recurrent states: %.1f MiB per sequence, %d slots + %d prefix-cache snapshots",
+                 state_row_bytes(model.config) / 2**20, config.max_slots, rows)
     from .tiers import make_host_tier
 
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,
-                          host=make_host_tier(model, config))
+                          host=make_host_tier(model, config), snapshots=StateSnapshots(rows) if rows else None)
     if pool.max_tokens < config.max_length:
         raise ValueError(f"too little KV memory: {pool.num_pages} pages of {config.page_size} tokens hold "
                          f"{pool.max_tokens} tokens, less than max_length={config.max_length}; lower max_length "

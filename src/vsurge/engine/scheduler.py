@@ -43,6 +43,7 @@ from . import speculation
 from .config import EngineConfig
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
+from ..kv.state_snapshots import chain_to
 from .sequence import Sequence, Status
 
 
@@ -330,6 +331,29 @@ class Scheduler:
                 break  # out of pages
         if plan.chunks:
             plan.chunk_shape = shape
+            self._mark_snapshots(plan)
+
+    def _mark_snapshots(self, plan: StepPlan) -> None:
+        """Hybrid models' prefix cache (kv/state_snapshots.py): a sequence's first row after admission
+        resumes from the snapshot its cached prefix ends at; a row ending on a page boundary leaves its
+        states in a snapshot keyed by that page. Restored rows are released only after every save of
+        the plan has its row, so no save in this step overwrites a snapshot the step reads."""
+        snaps = getattr(self.pool, "snapshots", None)
+        if snaps is None:
+            return
+        ps, restored = self.pool.page_size, []
+        for chunk in plan.chunks:
+            table = chunk.seq.pages
+            if table.restore is not None:  # its first row (rows of a sequence are consecutive)
+                chunk.restore, table.restore = table.restore, None
+                restored.append(chunk.restore)
+            end = chunk.start + chunk.length
+            if end % ps or end > len(chunk.seq.tokens):
+                continue
+            table.chain = chain_to(chunk.seq.tokens, end // ps, ps, table.chain)
+            chunk.save = snaps.row_to_save(table.chain[1])
+        for row in restored:
+            snaps.release(row)
 
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         """A running sequence is computing pages of this prompt's prefix: wait for them to be

@@ -28,6 +28,10 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   skips those tokens: the same prompt sent again, or the next chat turn, computes only what
   is new, as llama.cpp's slots do, instead of up to a page. The disk tier keeps one tail per
   parent key, so a restarted server finds it too.
+* Recurrent states (hybrid models, optional `snapshots`: kv/state_snapshots.py). A prefix resumes
+  only at a page boundary whose states were snapshotted, the latest one its cached pages reach;
+  pages past it are not taken, tails are off (no state below a page), and two tokens stay to
+  compute so the first runs as a prompt row that restores the states.
 * Lower tiers (kv/tiers.py, optional `host`). An evicted registered page, and every
   registered page of a preempted sequence (`free_sequence(swap=True)`), is queued to
   be copied to the host tier (`take_saves`); a lookup that misses the device pool but
@@ -46,6 +50,7 @@ from collections.abc import Sequence
 
 from .page_check import check_pages
 from .page_table import PageTable, PoolSizes, _Entry
+from .state_snapshots import StateSnapshots, chained_keys
 from .tiers import HostTier, TierEntry, page_key, tail_key
 
 TIERS = ("device", "host", "disk")
@@ -55,7 +60,7 @@ __all__ = ["HBMPageManager", "PageTable"]
 
 class HBMPageManager(PoolSizes):
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True,
-                 host: HostTier | None = None):
+                 host: HostTier | None = None, snapshots: StateSnapshots | None = None):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got num_pages={num_pages}")
         if page_size < 1:
@@ -69,7 +74,11 @@ class HBMPageManager(PoolSizes):
         self._key_to_page: dict[int, int] = {}
         self._entries: dict[int, _Entry] = {}  # registered page -> its key, parent and tokens
         self._children: dict[tuple, set[int]] = {}  # (parent key, first token) -> registered pages
-        self.tail_hits = True  # copy-on-write hits below a page (an engine that cannot copy pages turns it off)
+        # recurrent-state snapshots of a hybrid model (None: attention only, or no prefix cache for it)
+        self.snapshots = snapshots if enable_prefix_caching else None
+        # copy-on-write hits below a page (an engine that cannot copy pages turns it off; no state is
+        # snapshotted below a page)
+        self.tail_hits = self.snapshots is None
         self.min_tail = max(1, page_size // 8)  # fewer shared tokens are computed again, not copied
         self._copies: dict[int, int] = {}  # destination page -> source page (tails, copy-on-write)
         self._tables: dict[int, PageTable] = {}  # id -> every registered table (for check())
@@ -118,6 +127,8 @@ class HBMPageManager(PoolSizes):
         ps = self._page_size
         # At least one token must be left to compute, or the step would have no logits.
         full = max(len(tokens) - 1, 0) // ps
+        if self.snapshots is not None:
+            full = self._resumable_pages(tokens)
         for i in range(full):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
             key = page_key(seq.last_key, chunk)
@@ -148,6 +159,8 @@ class HBMPageManager(PoolSizes):
             found.from_disk = False  # a later hit on it is a host hit
             seq.pages.append(page)
             seq.last_key = key
+        if self.snapshots is not None:
+            self._resume_at_snapshot(seq, tokens)
         seq.num_committed = len(seq.pages)
         self._announce(seq, tokens)
         cached = len(seq.pages) * ps + self._take_tail(seq, tokens)
@@ -156,6 +169,35 @@ class HBMPageManager(PoolSizes):
         for tier, n in self.last_hits.items():
             self.tier_hits[tier] += n
         return cached
+
+    def _resumable_pages(self, tokens: Sequence[int]) -> int:
+        """Pages of `tokens`' cached prefix (device pool or lower tiers) up to the latest boundary with
+        a state snapshot; two tokens stay to compute (the first restores the states in a prompt row)."""
+        count, best = 0, 0
+        for count, key in chained_keys(tokens, max(len(tokens) - 2, 0) // self._page_size, self._page_size):
+            page = self._key_to_page.get(key)
+            if page is None and not (self.host is not None and self.host.holds(key)):
+                break
+            if page is not None and self._entries[page].tokens != tuple(
+                    tokens[(count - 1) * self._page_size:count * self._page_size]):
+                break
+            if self.snapshots.has(key):
+                best = count
+        return best
+
+    def _resume_at_snapshot(self, seq: PageTable, tokens: Sequence[int]) -> None:
+        """Keep `seq`'s found pages up to the latest snapshotted boundary (fewer than planned when a
+        lower tier's page found no free page) and pin that snapshot for its first prompt row."""
+        keys = [key for _, key in chained_keys(tokens, len(seq.pages), self._page_size)]
+        keep = next((n for n in range(len(keys), 0, -1) if self.snapshots.has(keys[n - 1])), 0)
+        while len(seq.pages) > keep:
+            page = seq.pages.pop()
+            self.last_hits["host" if page in self._loads else self._device_hit(page)] -= self._page_size
+            self._refcount[page] -= 1
+            if self._refcount[page] == 0:
+                self._evictable[page] = None  # registered: its KV (or its queued load) stays cached
+        seq.last_key = keys[keep - 1] if keep else None
+        seq.restore = self.snapshots.restore(seq.last_key) if keep else None
 
     def _announce(self, seq: PageTable, tokens: Sequence[int]) -> None:
         """Mark the keys of the full pages `seq` will compute as in flight until it commits them."""
@@ -179,6 +221,8 @@ class HBMPageManager(PoolSizes):
         the host or disk tier (by key: nothing is read, nothing changes), then a tail."""
         if not self.enable_prefix_caching:
             return 0
+        if self.snapshots is not None:
+            return self._resumable_pages(tokens) * self._page_size
         ps, parent, count = self._page_size, None, 0
         for i in range(max(len(tokens) - 1, 0) // ps):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
@@ -408,6 +452,9 @@ class HBMPageManager(PoolSizes):
         if self._tables.pop(id(seq), None) is None:
             return
         self._settle(seq, 0)
+        if seq.restore is not None:  # freed before its first prompt row was planned
+            self.snapshots.release(seq.restore)
+            seq.restore = None
         if self.tail_hits:
             self._keep_tail(seq)
         # Reverse order: a prefix's tail pages become evictable before its head, so
@@ -433,6 +480,8 @@ class HBMPageManager(PoolSizes):
             self._unregister(page)
             self._free.append(page)
         self._evictable.clear()
+        if self.snapshots is not None:
+            self.snapshots.clear()
 
     def _register(self, page: int, key: int, parent: int | None, tokens: tuple) -> None:
         self._key_to_page[key] = page

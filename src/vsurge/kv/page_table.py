@@ -19,6 +19,8 @@ class PageTable:
     pending_end: int = 0  # index of the page after the last pending one
     computed: int = 0  # tokens whose KV is written (as of the last commit)
     tokens: Sequence[int] = ()  # the sequence's tokens (as of the last commit; for its tail)
+    restore: int | None = None  # snapshot row its first prompt row resumes from (kv/state_snapshots.py)
+    chain: tuple[int, int | None] = (0, None)  # pages chained so far for its snapshots, the last key
 
     def __len__(self) -> int:
         return len(self.pages)

@@ -114,6 +114,9 @@ class StepLayout:
     # sequence slot of each row, whose recurrent states the row reads and writes (kv/recurrent.py)
     decode_slots: jax.Array | None = None  # (D,) i32
     chunk_slots: jax.Array | None = None  # (P,) i32
+    # snapshot row each chunk row resumes from / leaves its end states in (-1: none; kv/state_snapshots.py)
+    chunk_restore: jax.Array | None = None  # (P,) i32
+    chunk_save: jax.Array | None = None  # (P,) i32
 
     @property
     def num_decode(self) -> int:
@@ -131,6 +134,9 @@ class PagedAttentionCache:
     v: list  # per attention layer (num_pages, KVH, page_size, dv)
     # per recurrent layer {part: (S+1, ...) f32}, one row per sequence slot (kv/recurrent.py)
     states: list = dataclasses.field(default_factory=list)
+    # per recurrent layer {part: (R+1, ...) f32}: states at page boundaries of prompts, for the prefix
+    # cache (kv/state_snapshots.py; the last row the spare); empty without snapshots
+    snapshots: list = dataclasses.field(default_factory=list)
     layout: StepLayout | None = None  # per step; None between steps
     # the pool's shape (static: a model without attention layers, plain Mamba-2, has no k/v pages)
     pages: int = dataclasses.field(default=0, metadata=dict(static=True))
@@ -138,14 +144,17 @@ class PagedAttentionCache:
 
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
-             state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0):
+             state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0, snapshot_rows: int = 0):
         """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
         (int8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its recurrent
-        layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare)."""
+        layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare), and
+        `snapshot_rows` (+ a spare) of each for the prefix cache."""
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
                    v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
-                   states=init_states(state_layout, state_rows), pages=num_pages, size=page_size)
+                   states=init_states(state_layout, state_rows),
+                   snapshots=init_states(state_layout, snapshot_rows + 1) if snapshot_rows else [],
+                   pages=num_pages, size=page_size)
 
     @property
     def num_pages(self) -> int:
@@ -163,8 +172,12 @@ class PagedAttentionCache:
 
     def recurrent(self, index, part, op, inputs, positions, shape):
         """inputs (1, N, ...): each row's state read from and written back to its slot."""
-        out, new = run_packed(op, inputs, self.states[index][part], self.layout)
-        return out, dataclasses.replace(self, states=replace_part(self.states, index, part, new))
+        snaps = self.snapshots[index][part] if self.snapshots else None
+        out, new, snaps = run_packed(op, inputs, self.states[index][part], self.layout, snaps)
+        cache = dataclasses.replace(self, states=replace_part(self.states, index, part, new))
+        if snaps is not None:
+            cache = dataclasses.replace(cache, snapshots=replace_part(self.snapshots, index, part, snaps))
+        return out, cache
 
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv): D decode tokens, then P chunk rows

@@ -46,41 +46,55 @@ def replace_part(states: list[dict], index: int, part: str, value) -> list[dict]
     return out
 
 
-def _at_slots(op, inputs, states, slots, positions):
+def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
     """Rows of sequences held at `slots` (R,) of `states` (S+1, ...): positions (R, T), -1 = padding;
-    a row whose first token is position 0 starts its sequence, from a zero state."""
+    a row whose first token is position 0 starts its sequence, from a zero state; one with a
+    `restore` row (R,) >= 0 resumes a cached prefix from that row of `snaps` (kv/state_snapshots.py)."""
     start = states[slots]
     fresh = positions[:, 0] == 0
     start = jnp.where(fresh.reshape(-1, *(1,) * (start.ndim - 1)), 0.0, start)
+    if restore is not None:
+        taken = snaps[jnp.where(restore >= 0, restore, snaps.shape[0] - 1)]
+        start = jnp.where((restore >= 0).reshape(-1, *(1,) * (start.ndim - 1)), taken, start)
     out, new = op(inputs, start, positions >= 0)
-    return out, states.at[slots].set(new)
+    return out, states.at[slots].set(new), new
 
 
-def run_packed(op, inputs, states, layout):
+def run_packed(op, inputs, states, layout, snaps=None):
     """The engines' packed step (kv/paged.py): inputs (1, N, ...) = D decode tokens, then P chunk rows
-    of C tokens; states (S+1, ...) by slot -> (out (1, N, ...), states). Chunk rows run one after
-    another: a long prompt's consecutive rows in one step carry its state from row to row."""
+    of C tokens; states (S+1, ...) by slot -> (out (1, N, ...), states, snaps). Chunk rows run one
+    after another: a long prompt's consecutive rows in one step carry its state from row to row.
+    With `snaps` (R+1, ...), a chunk row may start from a snapshot (`layout.chunk_restore`) and
+    leave its end state in one (`layout.chunk_save`; -1 = neither: the spare row takes the write)."""
     d, (p, c) = layout.num_decode, layout.chunk_pos.shape
     parts = []
     if d:
         rows = tuple(a[0, :d, None] for a in inputs)  # (D, 1, ...)
-        out, states = _at_slots(op, rows, states, layout.decode_slots, layout.decode_pos)
+        out, states, _ = _at_slots(op, rows, states, layout.decode_slots, layout.decode_pos)
         parts.append(out[:, 0])
     if p:
         rows = tuple(a[0, d:].reshape(p, c, *a.shape[2:]) for a in inputs)  # (P, C, ...)
+        keep = snaps is not None
+        none = jnp.full((p,), -1, jnp.int32)
+        restore, save = (layout.chunk_restore, layout.chunk_save) if keep else (none, none)
 
-        def one_row(states, row):
-            xs, slot, positions = row
-            out, states = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], positions[None])
-            return states, out[0]
+        def one_row(carry, row):
+            states, snaps = carry
+            xs, slot, positions, back, to = row
+            out, states, new = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], positions[None],
+                                         snaps, back[None] if keep else None)
+            if keep:
+                snaps = snaps.at[jnp.where(to >= 0, to, snaps.shape[0] - 1)].set(new[0])
+            return (states, snaps), out[0]
 
+        xs = (rows, layout.chunk_slots, layout.chunk_pos, restore, save)
         if p == 1:  # one row: no loop to compile
-            states, out = one_row(states, (tuple(a[0] for a in rows), layout.chunk_slots[0], layout.chunk_pos[0]))
+            (states, snaps), out = one_row((states, snaps), jax.tree.map(lambda a: a[0], xs))
             out = out[None]
         else:
-            states, out = jax.lax.scan(one_row, states, (rows, layout.chunk_slots, layout.chunk_pos))
+            (states, snaps), out = jax.lax.scan(one_row, (states, snaps), xs)
         parts.append(out.reshape(p * c, *out.shape[2:]))
-    return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], states
+    return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], states, snaps
 
 
 def run_fresh(op, inputs, shape: tuple[int, ...], valid):
