@@ -37,17 +37,20 @@ def snapshot_rows(model, config: EngineConfig) -> int:
     return int(min(4 * config.max_slots, budget // row))
 
 
-def pages_that_fit(model, config: EngineConfig) -> int:
+def pages_that_fit(model, config: EngineConfig, snapshots: int | None = None) -> int:
     """Pages the free memory holds (`hbm_utilization` of it, less the recurrent states and their
     snapshots of a hybrid model), at most every slot at full length (more would only feed the prefix
-    cache). On a mesh each device holds its KV heads' share of a page (sharding.kv_page_shards)."""
+    cache). On a mesh each device holds its KV heads' share of a page (sharding.kv_page_shards).
+    `snapshots`: the pool's snapshot rows when the caller has sized them (else `snapshot_rows`)."""
     from ..sharding import kv_page_shards
 
     per_device = pool_page_bytes(model, config) // kv_page_shards(model)
     every_slot = config.max_slots * config.pages_per_sequence
     if per_device == 0:  # no attention layer (plain Mamba-2): pages only count tokens
         return every_slot
-    states = (config.max_slots + 1 + snapshot_rows(model, config)) * state_row_bytes(model.config)
+    if snapshots is None:
+        snapshots = snapshot_rows(model, config)
+    states = (config.max_slots + 1 + snapshots) * state_row_bytes(model.config)
     budget = max(0, available_kv_bytes(model.weight_bytes, config.hbm_utilization) - states)
     return int(min(budget // per_device, every_slot))
 
@@ -55,11 +58,11 @@ def pages_that_fit(model, config: EngineConfig) -> int:
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     config = config.for_model(model.config)
     per_page = pool_page_bytes(model, config)
-    num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config)
+    rows = snapshot_rows(model, config)  # sized once: the pages are what memory holds beside them
+    num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config, rows)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
              config.page_size, per_page / 2**20, pool_dtype(model, config),
              num_pages * config.page_size)
-    rows = snapshot_rows(model, config)
     if state_row_bytes(model.config):
         log.info("recurrent states: %.1f MiB per sequence, %d slots + %d prefix-cache snapshots",
                  state_row_bytes(model.config) / 2**20, config.max_slots, rows)
