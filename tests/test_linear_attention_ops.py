@@ -9,7 +9,8 @@ import pytest
 import torch
 from transformers.models.qwen3_next import modeling_qwen3_next as ref
 
-from vsurge.ops.gated_delta import gated_delta_rule, gated_delta_step, gated_rms_norm, l2_normalize
+from vsurge.ops.gated_delta import (gated_delta_rule, gated_delta_step, gated_rms_norm, l2_normalize,
+                                   unit_lower_inverse)
 from vsurge.ops.short_conv import causal_conv, causal_conv_step
 
 B, HK, HV, DK, DV = 2, 2, 4, 8, 6  # Hv = 2 * Hk, dk != dv
@@ -50,6 +51,22 @@ def torch_delta(fn, q, k, v, g, beta, state, **kw):
 def test_l2_normalize_matches_reference():
     x = np.random.default_rng(1).standard_normal((3, 5, 8), np.float32)
     close(l2_normalize(x), ref.l2norm(torch.from_numpy(x)).numpy(), 1e-6)
+
+
+@pytest.mark.parametrize("size", [1, 5, 16, 37, 64])
+def test_unit_lower_inverse_inverts_the_unit_lower_triangle(size):
+    a = np.random.default_rng(size).uniform(-0.5, 0.5, (2, 3, size, size)).astype(np.float32)
+    inv = np.asarray(jax.jit(unit_lower_inverse)(a))  # (2, 3, size, size); a's diagonal and upper part unused
+    want = np.linalg.inv(np.tril(a.astype(np.float64), -1) + np.eye(size))
+    close(inv, want, 1e-5)
+    assert np.all(np.triu(inv, 1) == 0) and np.all(np.diagonal(inv, axis1=-2, axis2=-1) == 1)
+
+
+def test_the_chunked_rule_calls_no_lapack_kernel():
+    """jaxlib's CPU trsm parks pool threads waiting on the pool: two at once hung a 2-core step forever."""
+    args = map(jnp.asarray, delta_inputs(37))
+    hlo = jax.jit(gated_delta_rule, static_argnames="chunk_size").lower(*args, chunk_size=16).as_text()
+    assert "custom_call" not in hlo and "lapack" not in hlo
 
 
 @pytest.mark.parametrize("T, chunk", [(37, 16), (5, 64)])

@@ -67,6 +67,34 @@ def gated_delta_step(q, k, v, g, beta, state, valid=None):
     return out.astype(v.dtype), s
 
 
+def unit_lower_inverse(a: jax.Array) -> jax.Array:
+    """a (..., C, C) -> (I + strict_lower(a))^-1 (..., C, C) float32, by recursive 2x2 block inversion.
+
+    Plain batched matmuls, not LAPACK's trsm: jaxlib's CPU trsm splits its batch over XLA's intra-op
+    pool and parks the calling pool thread until the pieces finish, so two solves running at once on a
+    2-thread pool wait on each other forever (seen: a hybrid model's step that never ended). The
+    reference (transformers' chunked gated delta rule) also inverts this matrix, by forward substitution.
+    [[X, 0], [Y, Z]]^-1 = [[X^-1, 0], [-Z^-1 Y X^-1, Z^-1]], from 1x1 blocks up to the whole matrix."""
+    C = a.shape[-1]
+    P = 1 << max(C - 1, 0).bit_length()  # padded to a power of two with identity rows: same inverse on top
+    lower = jnp.tril(a.astype(jnp.float32), -1)
+    lower = jnp.pad(lower, [(0, 0)] * (a.ndim - 2) + [(0, P - C), (0, P - C)])  # (..., P, P)
+    batch = lower.shape[:-2]
+    inv = jnp.ones((*batch, P, 1, 1), jnp.float32)  # the inverses of the 1x1 diagonal blocks
+    size = 1
+    while size < P:
+        n = P // (2 * size)  # diagonal blocks of twice the size
+        pairs = inv.reshape(*batch, n, 2, size, size)
+        top, bottom = pairs[..., 0, :, :], pairs[..., 1, :, :]  # (..., n, size, size) X^-1, Z^-1
+        blocks = jnp.diagonal(lower.reshape(*batch, n, 2 * size, n, 2 * size), axis1=-4, axis2=-2)
+        below = jnp.moveaxis(blocks, -1, -3)[..., size:, :size]  # (..., n, size, size) Y
+        corner = -jnp.einsum("...ij,...jk,...kl->...il", bottom, below, top, precision=_HI)
+        zeros = jnp.zeros_like(top)
+        inv = jnp.concatenate([jnp.concatenate([top, zeros], -1), jnp.concatenate([corner, bottom], -1)], -2)
+        size *= 2
+    return inv[..., 0, :C, :C]
+
+
 def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 64):
     """Chunkwise-parallel gated delta rule over a prompt chunk.
 
@@ -101,8 +129,8 @@ def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 6
     v_beta = v * beta[..., None]  # (B, Hv, N, C, dv)
     # UT transform: (I + strict_lower(beta k k^T * decay)) folds the chunk's sequential delta updates
     system = jnp.einsum("...ik,...jk->...ij", k_beta, k, precision=_HI) * decay  # (B, Hv, N, C, C)
-    solve = lambda rhs: jax.scipy.linalg.solve_triangular(  # noqa: E731
-        system, rhs, lower=True, unit_diagonal=True)
+    inverse = unit_lower_inverse(system)  # (B, Hv, N, C, C)
+    solve = lambda rhs: jnp.einsum("...ij,...jd->...id", inverse, rhs, precision=_HI)  # noqa: E731
     u = solve(v_beta)  # (B, Hv, N, C, dv) values to write, before subtracting what the state predicts
     w = solve(k_beta * jnp.exp(cum)[..., None])  # (B, Hv, N, C, dk) decayed keys that read the old state
 
