@@ -5,12 +5,10 @@ attention layer; `--hidden`, `--layers`), on the paged engine. Each of `--reques
 same `--prefix` random tokens plus `--tail` tokens of its own; all are submitted at once, each asks
 for `--output` greedy tokens. Run with the prefix cache (the default: recurrent states snapshotted
 at page ends of prompt rows, docs/state_cache.md) and without it (`enable_prefix_caching=False`),
-each after a warm-up round of other prompts, each in its own process. On the 2-core AVX-512 machine
-about one run in two of this model hung: a step never finished, every XLA:CPU thread idle (the same
-with the code before hybrid prefix caching; noticed, not fixed): such a run is killed after
-`--timeout` seconds and tried again, and the output says so. Prints the prompt tokens each run computed (those
-sent less those the cache held) and the TTFT p50 (time to each request's first streamed
-token, submitted together), and the ratios.
+each after a warm-up round of other prompts, each in its own process (a run that outlasts
+`--timeout` is killed and tried again, and the output says so). Prints the prompt tokens each run
+computed (those sent less those the cache held) and the TTFT p50 (time to each request's first
+streamed token, submitted together), and the ratios.
 
     python benchmarks/hybrid_prefix.py [--prefix 2000] [--requests 16] [--hidden 512] [--layers 8]
 """
@@ -80,7 +78,7 @@ def measure(model, processor, prompts, warm, args, prefix_cache: bool) -> tuple[
 
 def run_alone(args, prefix_cache: bool, tries: int = 3) -> tuple[int, float]:
     """measure() in a fresh process: (prompt tokens computed, TTFT p50 s). A process whose step never
-    finishes (the hang the module docstring names) is killed and the run tried again, said so."""
+    finishes is killed and the run tried again, said so."""
     argv = [sys.executable, __file__, "--measure", "on" if prefix_cache else "off",
             *(f"--{k}={v}" for k, v in vars(args).items() if k != "measure")]
     for attempt in range(1, tries + 1):

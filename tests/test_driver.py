@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -113,6 +114,46 @@ def test_a_crashing_thread_fails_requests_and_readiness(driver_factory, where):
     assert not driver.ready and "injected" in str(driver.error)
     with pytest.raises(DriverNotReadyError, match="injected"):
         driver.submit_request(make_request([9]))
+
+
+class StuckOutput:
+    """A step's output whose tokens never arrive until `release` is set (a deadlocked device)."""
+
+    def __init__(self, out, release):
+        self.out, self.release = out, release
+
+    def to_host(self, with_logprobs):
+        self.release.wait()
+        return self.out
+
+
+def test_a_step_that_never_finishes_fails_requests_and_readiness(driver_factory):
+    engine = MockEngine(slots=2)
+    engine.config = engine.config.replace(step_timeout=0.5)
+    release, step = threading.Event(), engine.step
+    engine.step = lambda *a: (lambda state, out: (state, StuckOutput(out, release)))(*step(*a))
+    driver = driver_factory(engine)
+    requests = [make_request([i], max_tokens=5) for i in range(3)]  # 2 in slots, 1 waiting
+    started = time.monotonic()
+    for r in requests:
+        driver.submit_request(r)
+    for r in requests:
+        last = drain(r, timeout=10)[-1]
+        assert isinstance(last, RuntimeError) and "stuck" in str(last) and "--step-timeout" in str(last)
+    assert 0.5 <= time.monotonic() - started < 8
+    assert not driver.ready and "stuck" in str(driver.error)
+    with pytest.raises(DriverNotReadyError, match="stuck"):
+        driver.submit_request(make_request([9]))
+    release.set()  # the thread, freed, sees the driver stopped and ends
+
+
+def test_slow_steps_within_the_timeout_are_not_stuck(driver_factory):
+    engine = MockEngine(slots=2, decode_delay=0.05)
+    engine.config = engine.config.replace(step_timeout=0.5)
+    driver = driver_factory(engine)
+    r = make_request([1], max_tokens=20)  # 20 steps of 0.05 s: 1 s in all, each step well within 0.5 s
+    driver.submit_request(r)
+    assert tokens_of(drain(r)) == expected_tokens([1], 20) and driver.ready
 
 
 def test_queue_limit_rejects_with_a_clear_error(driver_factory):

@@ -187,6 +187,13 @@ class EngineConfig:
         True, flag="--no-async-scheduling", off=True,
         help="read each step's tokens before planning the next (default: the next step is planned and "
              "dispatched while the device runs this one, fed its tokens on the device)")
+    # A step the device has not finished after this many seconds means a stuck engine (a deadlocked
+    # runtime, a lost device): the driver fails every live request and stops being ready (driver.py).
+    step_timeout: float = setting(
+        300.0, check=Check("at least 0 (0: never)", lambda v: isinstance(v, (int, float)) and v >= 0),
+        flag="--step-timeout",
+        help="seconds one engine step may take before the engine counts as stuck: its requests fail with "
+             "an error and readiness turns false (0: wait forever; default %(default)s)")
 
     def __post_init__(self):
         for f in SETTINGS:

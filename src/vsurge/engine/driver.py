@@ -9,7 +9,9 @@ overlapped (EngineConfig.async_scheduling): step N+1 is dispatched before step N
 of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
 (no spinning). A thread that raises fails every live request with its error
-and marks the driver not ready; callers never hang. `stop()` drains, then
+and marks the driver not ready; so does a step that outlasts `EngineConfig.step_timeout` (a watchdog
+thread sees it: the stuck thread cannot be interrupted, its callers are not left waiting on it);
+callers never hang. `stop()` drains, then
 fails what is left. vDriver (dense engines) and oDriver (a paged engine), in seed/drivers.py,
 are this driver with the seed's constructor signatures.
 
@@ -54,6 +56,7 @@ class Replica:
         self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
         self.state = None  # the engine state, when made (and warmed) before the thread starts
         self.last_step_at = 0.0  # when the thread last read a step's results
+        self.busy_since: float | None = None  # monotonic time the thread entered a step call or a read
         self.overlapped_steps = 0  # steps dispatched before the previous one's tokens were read
 
 
@@ -197,6 +200,10 @@ class Driver(AbstractDriver):
                                       name=f"vsurge-engine-{replica.index}", daemon=True)
             self._threads.append(thread)
             thread.start()
+        if any(r.engine.config.step_timeout for r in self.replicas):
+            watchdog = threading.Thread(target=self._watch_steps, name="vsurge-step-watchdog", daemon=True)
+            self._threads.append(watchdog)
+            watchdog.start()
         if self.handover is not None:
             self.handover.start()
             self._threads += self.handover.threads
@@ -283,7 +290,9 @@ class Driver(AbstractDriver):
                 replica.wake.wait(0.01)
                 replica.wake.clear()
                 continue
+            replica.busy_since = time.monotonic()
             state, out = engine.step(state, plan, scheduler.masks(plan))
+            replica.busy_since = None
             scheduler.advance(plan)
             dispatched = time.perf_counter()
             if inflight is not None:
@@ -304,7 +313,9 @@ class Driver(AbstractDriver):
 
     def _finish_step(self, replica: Replica, plan: StepPlan, out, dispatched: float) -> None:
         """Read a step's tokens (waiting for the device), account them and send the updates."""
+        replica.busy_since = time.monotonic()
         host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
+        replica.busy_since = None
         done = time.perf_counter()  # the step's time: from its dispatch, or from the end of the one before
         replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
         replica.last_step_at = done
@@ -435,6 +446,23 @@ class Driver(AbstractDriver):
         seen.update(totals, **tiers)
 
     # ------------------------------------------------------------ failure and stop
+    def _watch_steps(self) -> None:
+        """Fail the driver when a replica's thread has been inside one step call or one read of a
+        step's tokens for longer than its engine's step_timeout."""
+        limits = {r.index: r.engine.config.step_timeout for r in self.replicas}
+        period = min(1.0, max(0.05, min(t for t in limits.values() if t) / 4))
+        while self._running:
+            time.sleep(period)
+            for replica in self.replicas:
+                since, limit = replica.busy_since, limits[replica.index]
+                if since is None or not limit or time.monotonic() - since <= limit:
+                    continue
+                log.error("replica %d: a step has not finished in %.0f s; failing its requests", replica.index, limit)
+                self.fail(RuntimeError(
+                    f"engine replica {replica.index} is stuck: a step has not finished in {limit:g} s "
+                    f"(--step-timeout); every request in flight fails and the server is no longer ready"))
+                return
+
     def fail(self, error: BaseException) -> None:
         """Fail every live request with `error` and stay not ready (e.g. a multi-host follower
         was lost while an engine thread waits in a collective that will never complete)."""
