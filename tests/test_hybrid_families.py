@@ -113,6 +113,17 @@ def test_engines_give_the_reference_tokens(hybrids, name, paged):
     assert run(surge, PROMPTS) == [expected]
 
 
+def test_states_updated_row_by_row_give_the_reference_tokens(hybrid, monkeypatch):
+    """Large states (a real model's DeltaNet state is 1 MiB a row) are updated in place one decode row
+    after another (kv/recurrent.py); the tiny model's are below the size, so lower it to take that path."""
+    from vsurge.kv import recurrent
+
+    monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
+    model, processor, ids, expected = hybrid
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+    assert run(surge, PROMPTS) == [expected]
+
+
 def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
     """Plain Mamba-2: no attention layer, so no KV pages at all; the pool, sized from free memory,
     still counts each sequence's tokens in pages, and the engine gives the reference tokens."""
