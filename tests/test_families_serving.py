@@ -8,6 +8,8 @@ time its full pages come from the prefix cache).
 
 from __future__ import annotations
 
+import json
+
 import subprocess
 import sys
 import time
@@ -91,3 +93,11 @@ def test_every_family_serves_its_greedy_text(family_server, tiny_checkpoints, de
     # resumed their recurrent states from the snapshot taken at that page's end (docs/state_cache.md)
     for name in SERVED:
         assert stats[name]["prefix_cache_hits"] >= 16, name
+    # the hybrids' recurrent states (a row per slot and a spare, and the snapshots) count in the stats
+    from vsurge.engine.pools import state_row_bytes
+    from vsurge.models.registry import config_from_hf
+
+    for name in SERVED:
+        row = state_row_bytes(config_from_hf(json.loads((tiny_checkpoints[name][0] / "config.json").read_text())))
+        assert (stats[name]["state_cache_bytes"] > 0) == (name in ("qwen3_next", "falcon_h1")), name
+        assert stats[name]["state_cache_bytes"] % max(row, 1) == 0 and stats[name]["state_cache_bytes"] >= 2 * row

@@ -91,7 +91,8 @@ def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     # float16 pages by default where the C++ kernels serve them (kv/paged.pool_dtype), as llama.cpp's cache
     assert engine.kv_dtype == (jnp.float16 if half_pages_on_cpu(blocks) else blocks.dtype)
     per_page = page_bytes(blocks.config.kv_layout, 16, engine.kv_dtype)
-    assert memory == {"weight_bytes": blocks.weight_bytes, "kv_cache_bytes": 8 * per_page, "kv_cache_pages": 8}
+    assert memory == {"weight_bytes": blocks.weight_bytes, "kv_cache_bytes": 8 * per_page, "kv_cache_pages": 8,
+                      "state_cache_bytes": 0}
     key = next(job for job in engine.buckets() if job[0] == "decode")
     hlo = engine._build(key).as_text()
     calls = hlo.count('custom_call_target="vsurge_qmatmul"')

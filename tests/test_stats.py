@@ -64,8 +64,9 @@ def test_model_stats_reads_every_series():
     assert [r.id for r in stats.replicas] == [0]
     assert stats.replicas[0].role == "both"
     assert stats.replicas[0].model_dump(exclude={"id", "role"}) == stats.model_dump(
-        exclude={"name", "ready", "max_model_len", "weight_bytes", "kv_cache_bytes", "kv_cache_pages", "replicas"})
-    assert (stats.weight_bytes, stats.kv_cache_bytes, stats.kv_cache_pages) == (0, 0, 0)  # no engines here
+        exclude={"name", "ready", "max_model_len", "weight_bytes", "kv_cache_bytes", "kv_cache_pages", "state_cache_bytes",
+                                       "replicas"})
+    assert (stats.weight_bytes, stats.kv_cache_bytes, stats.kv_cache_pages, stats.state_cache_bytes) == (0, 0, 0, 0)
 
 
 def test_an_idle_engine_reports_zeros_and_nulls():

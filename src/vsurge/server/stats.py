@@ -94,6 +94,9 @@ class _ModelIdentity(BaseModel):
     weight_bytes: int = Field(description="bytes of the weights held in memory by this process (all its engines, each model once)")
     kv_cache_bytes: int = Field(description="bytes of the KV cache pools (all engines)")
     kv_cache_pages: int = Field(description="KV pages in the pools (all engines)")
+    state_cache_bytes: int = Field(
+        default=0, description="hybrid models: bytes of the recurrent states beside the KV pages (one row per "
+                               "sequence slot, plus the prefix cache's state snapshots; all engines); 0 otherwise")
 
 
 # identity first in the JSON: pydantic orders fields from the last base class to the first
@@ -262,7 +265,9 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
 
 
 def memory_fields(surge) -> dict:
-    """weight_bytes, kv_cache_bytes and kv_cache_pages of a vSurge's engines (each model and pool once)."""
+    """weight_bytes, kv_cache_bytes, kv_cache_pages and state_cache_bytes of a vSurge's engines (each
+    model and pool once)."""
+    from ..engine.pools import state_row_bytes
     from ..kv.paged import pool_page_bytes
 
     engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
@@ -272,7 +277,16 @@ def memory_fields(surge) -> dict:
     pools = {id(e.pool): (e.pool, getattr(e, "model", same), e.config) for e in engines}
     return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
                 kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
-                kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()))
+                kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
+                state_cache_bytes=sum(_state_rows(p, config) * state_row_bytes(m.config)
+                                      for p, m, config in pools.values()))
+
+
+def _state_rows(pool, config) -> int:
+    """Rows of recurrent states a paged pool's engine holds: one per slot and a spare, and the
+    snapshots with their spare (engine/programs.py empty_state)."""
+    snapshots = getattr(pool, "snapshots", None)
+    return config.max_slots + 1 + (snapshots.rows + 1 if snapshots is not None else 0)
 
 
 class _Replica:
