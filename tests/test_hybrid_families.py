@@ -113,17 +113,6 @@ def test_engines_give_the_reference_tokens(hybrids, name, paged):
     assert run(surge, PROMPTS) == [expected]
 
 
-def test_states_updated_row_by_row_give_the_reference_tokens(hybrid, monkeypatch):
-    """Large states (a real model's DeltaNet state is 1 MiB a row) are updated in place one decode row
-    after another (kv/recurrent.py); the tiny model's are below the size, so lower it to take that path."""
-    from vsurge.kv import recurrent
-
-    monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
-    model, processor, ids, expected = hybrid
-    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
-    assert run(surge, PROMPTS) == [expected]
-
-
 def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
     """Plain Mamba-2: no attention layer, so no KV pages at all; the pool, sized from free memory,
     still counts each sequence's tokens in pages, and the engine gives the reference tokens."""
@@ -151,10 +140,15 @@ def test_speculation_is_off_and_repeats_resume_from_a_snapshot_exactly(hybrid):
     assert hits[-3:] == [0, (len(ids[0]) - 2) // 8 * 8, 0] and pool.snapshots.restores == 1
 
 
-def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrids):
+def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrids, monkeypatch):
     """Prompts sharing a 5-page prefix with one cached before: each computes only what follows the
     last snapshotted page boundary inside the shared part, and gives the tokens of a cold run, for
-    every kind of recurrent layer."""
+    every kind of recurrent layer. Here decode rows update their states in place one row after
+    another, as a real model's large states do (kv/recurrent.py; the tiny states are below the size,
+    so it is lowered; test_engines_give_the_reference_tokens runs the batched path)."""
+    from vsurge.kv import recurrent
+
+    monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
     for name in ("qwen3_next", "falcon_h1", "lfm2"):
         model, processor, _, _ = hybrids(name)
         shared = processor.encode(" ".join(PROMPTS[0] for _ in range(3)))[:41]  # 5 pages and a token
