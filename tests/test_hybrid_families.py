@@ -143,9 +143,9 @@ def test_speculation_is_off_and_repeats_resume_from_a_snapshot_exactly(hybrid):
 def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrids, monkeypatch):
     """Prompts sharing a 5-page prefix with one cached before: each computes only what follows the
     last snapshotted page boundary inside the shared part, and gives the tokens of a cold run, for
-    every kind of recurrent layer. Here decode rows update their states in place one row after
-    another, as a real model's large states do (kv/recurrent.py; the tiny states are below the size,
-    so it is lowered; test_engines_give_the_reference_tokens runs the batched path)."""
+    every kind of recurrent layer. Here Qwen3-Next's decode rows update their DeltaNet states in place
+    one row after another, as a real model's large states do (kv/recurrent.py; the tiny states are
+    below the size, so it is lowered; test_engines_give_the_reference_tokens runs the batched path)."""
     from vsurge.kv import recurrent
 
     monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)

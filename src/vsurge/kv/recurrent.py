@@ -29,14 +29,17 @@ def init_states(layout: tuple[StateLayer, ...], rows: int) -> list[dict]:
     return [{name: jnp.zeros((rows, *shape), jnp.float32) for name, shape in layer.parts} for layer in layout]
 
 
-def by_length(chunked, step):
+def by_length(chunked, step, row_by_row: bool = False):
     """One op from a prompt form `chunked(inputs, state, valid)` and a one-token form
-    `step(inputs (R, ...), state, valid (R,))`: rows of one token (decode) take the step form."""
+    `step(inputs (R, ...), state, valid (R,))`: rows of one token (decode) take the step form.
+    `row_by_row`: the paged engine may update large states of decode rows one row at a time in
+    place (run_packed); only for a step form measured to gain from it."""
     def op(inputs, state, valid):
         if inputs[0].shape[1] != 1:
             return chunked(inputs, state, valid)
         out, state = step(tuple(a[:, 0] for a in inputs), state, valid[:, 0])
         return out[:, None], state
+    op.row_by_row = row_by_row
     return op
 
 
@@ -60,10 +63,12 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
     return out, states.at[slots].set(new), new
 
 
-# A state row at least this big is updated in place, one row after another: gathering every row's
-# state, then scattering the new ones back, makes a fresh copy of them each step (XLA:CPU), which
-# cost 31 ms a layer for 32 rows of a 1 MiB DeltaNet state against 4.6 ms one by one; small states
-# (short convolutions' windows) go faster batched.
+# A state row at least this big, of an op that allows it (`by_length(row_by_row=True)`), is updated in
+# place, one row after another: gathering every row's state, then scattering the new ones back, makes
+# a fresh copy of them each step (XLA:CPU), which cost 31 ms a layer for 32 rows of a 1 MiB DeltaNet
+# state against 4.6 ms one by one. Small states (short convolutions' windows) go faster batched, and
+# so does Mamba-2's step: in its row loop XLA copies the whole state array for every row (240 against
+# 29 ms a layer for 32 rows of a 1.5 MiB state), so it stays batched.
 ROW_BY_ROW_BYTES = 1 << 16
 
 
@@ -89,7 +94,8 @@ def run_packed(op, inputs, states, layout, snaps=None):
     parts = []
     if d:
         rows = tuple(a[0, :d, None] for a in inputs)  # (D, 1, ...)
-        at_slots = _one_by_one if states[0].nbytes >= ROW_BY_ROW_BYTES else _at_slots
+        in_place = getattr(op, "row_by_row", False) and states[0].nbytes >= ROW_BY_ROW_BYTES
+        at_slots = _one_by_one if in_place else _at_slots
         out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos)
         parts.append(out[:, 0])
     if p:

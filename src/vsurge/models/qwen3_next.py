@@ -276,7 +276,7 @@ class Qwen3Next(CausalLM):
         a = linear(x, w["w_a"]).astype(jnp.float32) + w["dt_bias"].astype(jnp.float32)
         g = -jnp.exp(w["A_log"].astype(jnp.float32)) * jax.nn.softplus(a)  # (B, T, Hv) log decay
         delta = by_length(lambda xs, state, valid: gated_delta_rule(*xs, state, valid),
-                          lambda xs, state, valid: gated_delta_step(*xs, state, valid))
+                          lambda xs, state, valid: gated_delta_step(*xs, state, valid), row_by_row=True)
         out, cache = cache.recurrent(index, "ssm", delta, (q, k, v, g, beta), positions, (hv, dk, dv))
         z = linear(x, w["w_z"], w.get("w_z_scale")).reshape(b, t, hv, dv)
         out = gated_rms_norm(out.astype(x.dtype), w["gdn_norm"], z, c.rms_norm_eps)  # (B, T, Hv, dv)
