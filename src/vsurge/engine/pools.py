@@ -24,6 +24,13 @@ def state_row_bytes(model_config) -> int:
     return sum(4 * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
 
 
+def state_cache_bytes(model_config, config: EngineConfig, snapshots: int) -> int:
+    """Bytes of a paged engine's recurrent states: a row per slot and the spare, and `snapshots`
+    snapshot rows and their spare (engine/programs.py empty_state); 0 for attention-only models."""
+    rows = config.max_slots + 1 + (snapshots + 1 if snapshots else 0)
+    return rows * state_row_bytes(model_config)
+
+
 def snapshot_rows(model, config: EngineConfig) -> int:
     """Rows of state snapshots for a hybrid model's prefix cache (kv/state_snapshots.py): as asked,
     else up to 4 per sequence slot within a quarter of the KV memory; 0 without recurrent layers or
@@ -50,7 +57,7 @@ def pages_that_fit(model, config: EngineConfig, snapshots: int | None = None) ->
         return every_slot
     if snapshots is None:
         snapshots = snapshot_rows(model, config)
-    states = (config.max_slots + 1 + snapshots) * state_row_bytes(model.config)
+    states = state_cache_bytes(model.config, config, snapshots)
     budget = max(0, available_kv_bytes(model.weight_bytes, config.hbm_utilization) - states)
     return int(min(budget // per_device, every_slot))
 

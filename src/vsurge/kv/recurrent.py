@@ -18,6 +18,8 @@ from zeros. The cache decides which rows those are and where their states live.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 
@@ -66,9 +68,10 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
 # A state row at least this big, of an op that allows it (`by_length(row_by_row=True)`), is updated in
 # place, one row after another: gathering every row's state, then scattering the new ones back, makes
 # a fresh copy of them each step (XLA:CPU), which cost 31 ms a layer for 32 rows of a 1 MiB DeltaNet
-# state against 4.6 ms one by one. Small states (short convolutions' windows) go faster batched, and
-# so does Mamba-2's step: in its row loop XLA copies the whole state array for every row (240 against
-# 29 ms a layer for 32 rows of a 1.5 MiB state), so it stays batched.
+# state against 4.6 ms one by one (Qwen3-Next's convolution windows go with it: the configuration
+# benchmarks/hybrid_decode.py measured). Small states go faster batched, and so does Mamba-2's step:
+# in its row loop XLA copies the whole state array for every row (240 against 29 ms a layer for 32
+# rows of a 1.5 MiB state), so Mamba-2 and LFM2 stay batched.
 ROW_BY_ROW_BYTES = 1 << 16
 
 
@@ -94,7 +97,8 @@ def run_packed(op, inputs, states, layout, snaps=None):
     parts = []
     if d:
         rows = tuple(a[0, :d, None] for a in inputs)  # (D, 1, ...)
-        in_place = getattr(op, "row_by_row", False) and states[0].nbytes >= ROW_BY_ROW_BYTES
+        row_bytes = math.prod(states.shape[1:]) * states.dtype.itemsize
+        in_place = getattr(op, "row_by_row", False) and row_bytes >= ROW_BY_ROW_BYTES
         at_slots = _one_by_one if in_place else _at_slots
         out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos)
         parts.append(out[:, 0])

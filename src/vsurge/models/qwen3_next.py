@@ -265,7 +265,8 @@ class Qwen3Next(CausalLM):
         index = c.state_index(i)
         kernel = w["conv"][:, 0, :]  # (C, K)
         conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, None, window, valid),
-                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, None, window, valid))
+                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, None, window, valid),
+                         row_by_row=True)
         mixed = linear(x, w["w_qkv"], w.get("w_qkv_scale"))  # (B, T, C)
         mixed, cache = cache.recurrent(index, "conv", conv, (mixed,), positions, (c.conv_kernel - 1, c.conv_width))
         mixed = jax.nn.silu(mixed.astype(jnp.float32))

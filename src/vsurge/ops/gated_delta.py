@@ -61,9 +61,7 @@ def gated_delta_step(q, k, v, g, beta, state, valid=None):
     k = jnp.repeat(k.astype(jnp.float32), groups, axis=1)  # (B, Hv, dk)
     q = q * (q.shape[-1] ** -0.5)
     g, beta = _mask_invalid(g, beta, valid)  # (B, Hv)
-    decay = jnp.exp(g)
-    if valid is not None:  # a = 1 and delta = 0 exactly: the state is kept bit for bit
-        decay = jnp.where(valid[:, None], decay, 1.0)
+    decay = jnp.exp(g)  # exp(0) = 1 and beta = 0 where invalid: the state is kept exactly
     state = state.astype(jnp.float32)
     read = jnp.einsum("bhnk,bhkv->bhnv", jnp.stack([k, q], axis=2), state, precision=_HI)  # (B, Hv, 2, dv)
     predicted = decay[..., None] * read[:, :, 0]  # what the decayed state already recalls for k

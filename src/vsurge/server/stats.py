@@ -267,7 +267,7 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
 def memory_fields(surge) -> dict:
     """weight_bytes, kv_cache_bytes, kv_cache_pages and state_cache_bytes of a vSurge's engines (each
     model and pool once)."""
-    from ..engine.pools import state_row_bytes
+    from ..engine.pools import state_cache_bytes
     from ..kv.paged import pool_page_bytes
 
     engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
@@ -278,15 +278,13 @@ def memory_fields(surge) -> dict:
     return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
                 kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
                 kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
-                state_cache_bytes=sum(_state_rows(p, config) * state_row_bytes(m.config)
+                state_cache_bytes=sum(state_cache_bytes(m.config, config, _snapshot_rows(p))
                                       for p, m, config in pools.values()))
 
 
-def _state_rows(pool, config) -> int:
-    """Rows of recurrent states a paged pool's engine holds: one per slot and a spare, and the
-    snapshots with their spare (engine/programs.py empty_state)."""
+def _snapshot_rows(pool) -> int:
     snapshots = getattr(pool, "snapshots", None)
-    return config.max_slots + 1 + (snapshots.rows + 1 if snapshots is not None else 0)
+    return snapshots.rows if snapshots is not None else 0
 
 
 class _Replica:
