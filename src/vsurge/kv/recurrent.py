@@ -67,11 +67,9 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
 
 # A state row at least this big, of an op that allows it (`by_length(row_by_row=True)`), is updated in
 # place, one row after another: gathering every row's state, then scattering the new ones back, makes
-# a fresh copy of them each step (XLA:CPU), which cost 31 ms a layer for 32 rows of a 1 MiB DeltaNet
-# state against 4.6 ms one by one (Qwen3-Next's convolution windows go with it: the configuration
-# benchmarks/hybrid_decode.py measured). Small states go faster batched, and so does Mamba-2's step:
-# in its row loop XLA copies the whole state array for every row (240 against 29 ms a layer for 32
-# rows of a 1.5 MiB state), so Mamba-2 and LFM2 stay batched.
+# a fresh copy of them each step (XLA:CPU), most of a 32-row decode step of a Qwen3.5-shaped model
+# (benchmarks/hybrid_decode.py). Small states go faster batched, and so does Mamba-2's step: in its
+# row loop XLA copies the whole state array for every row, so Mamba-2 and LFM2 stay batched.
 ROW_BY_ROW_BYTES = 1 << 16
 
 
