@@ -179,6 +179,43 @@ def test_preemption_recomputes_the_state(hybrid):
     assert got == [greedy_generate(model, p, 30) for p in ids[:3]]
 
 
+def test_preemption_swaps_snapshots_to_the_host_tier_and_back(hybrid):
+    """One snapshot row and a host tier: evicted snapshots go to host memory, and preempted sequences
+    (their pages swapped out) resume from them; the tokens are the reference's."""
+    model, processor, ids, expected = hybrid
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(
+        **CONFIG, num_pages=9, state_snapshots=1, kv_host_cache_bytes=16 << 20))
+    params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
+    [got] = run(surge, PROMPTS[:3], params)
+    pool = surge.driver.engines[0].pool
+    assert surge.metrics.value("vsurge:num_preemptions_total") > 0 and pool.swap_outs > 0
+    assert pool.snapshots.to_host > 0 and pool.snapshots.from_tiers > 0
+    assert got == [greedy_generate(model, p, 30) for p in ids[:3]]
+    pool.check()
+
+
+def test_a_restart_resumes_a_prefix_from_its_snapshots_on_disk(hybrid, tmp_path):
+    """With a disk tier every snapshot is written beside the pages, so a restarted engine resumes a
+    cached prefix from disk (the states and the KV), and its greedy tokens equal a cold run's."""
+    model, processor, _, _ = hybrid
+    shared = processor.encode(" ".join(PROMPTS[0] for _ in range(3)))[:41]  # 5 pages and a token
+    prompts = [shared + processor.encode(tail) for tail in (" and the end", " but then")]
+    cold = [greedy_generate(model, p, 6) for p in prompts]
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(**CONFIG, num_pages=3 * 8, kv_cache_dir=str(tmp_path))
+    first = vSurge.create_odriver(model, processor, config=config)
+    assert run(first, prompts[:1], params) == [cold[:1]]
+    snaps = first.driver.engines[0].pool.snapshots
+    snaps.host.disk.flush()
+    assert len(snaps.host.disk) >= 5  # one at each of the shared pages' ends
+    second = vSurge.create_odriver(model, processor, config=config)  # a restart: nothing on the device
+    pool = second.driver.engines[0].pool
+    pool.add_sequence = counted(pool.add_sequence, hits := [])
+    assert run(second, prompts[1:], params) == [cold[1:]]
+    # (the start-up warm-up's prompt of padding resumed from a snapshot on disk too)
+    assert hits[-1] == 40 and pool.snapshots.from_tiers == 2
+
+
 def test_prompt_scoring_runs_each_prompt_from_a_fresh_state(hybrid, tiny_checkpoints):
     """The whole-prompt pass gives each prompt a row of its own (a state runs along a row): token
     logprobs equal transformers' log-softmax on the same weights."""

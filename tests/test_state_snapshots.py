@@ -3,6 +3,7 @@ page manager resumes a prompt at the latest snapshotted page boundary (pure Pyth
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from vsurge.kv.page_manager import HBMPageManager, PageTable
@@ -118,3 +119,103 @@ def test_a_hybrid_model_with_the_prefix_cache_prefills_rows_of_a_page():
     assert not off.enable_prefix_caching and off.chunk_shapes == base.chunk_shapes
     with pytest.raises(ValueError, match="state_snapshots must be >= 0"):
         EngineConfig(state_snapshots=-1)
+
+
+class _Row:
+    """A snapshot row's states copied off the device (what engine/tiers.py StateRow gives the tiers)."""
+
+    def __init__(self, value):
+        self.leaves = [np.full((2, 3), value, np.float32), np.full((4,), value, np.float32)]
+
+    def arrays(self):
+        return self.leaves, []
+
+
+def test_evicted_snapshots_go_to_the_host_tier_and_come_back_into_a_row():
+    from vsurge.kv.tiers import HostTier
+
+    snaps = StateSnapshots(1, host=HostTier(4))
+    row = snaps.row_to_save(1)
+    assert not snaps.take_saves() and not snaps.has_moves  # a free row: nothing to copy
+    assert snaps.row_to_save(2) == row  # evicts 1: its states are copied out before the step writes 2
+    [(saved_row, entry)] = snaps.take_saves()
+    assert saved_row == row and entry.key == 1 and snaps.to_host == 1
+    entry.payload = _Row(1.0)
+    assert snaps.holds(1) and not snaps.has(1) and snaps.holds(2) and not snaps.holds(3)
+    back = snaps.restore(1)  # evicts 2 (saved too), queues 1's states into the row, pinned
+    assert back == row and snaps.has(1) and snaps.from_tiers == 1
+    [(load_row, found)] = snaps.take_loads()
+    assert load_row == row and found.payload.leaves[0][0, 0] == 1.0
+    assert [e.key for _, e in snaps.take_saves()] == [2]
+    assert snaps.row_to_save(3) == NO_ROW  # the one row is pinned until its restore is planned
+    snaps.release(back)
+    assert snaps.restore(4) is None  # in no tier
+
+
+def test_a_restore_evicted_before_its_load_ran_is_not_saved_back():
+    from vsurge.kv.tiers import HostTier
+
+    snaps = StateSnapshots(1, host=HostTier(4))
+    snaps.row_to_save(1)
+    snaps.row_to_save(2)
+    snaps.take_saves()[0][1].payload = _Row(1.0)
+    row = snaps.restore(1)  # queued load into the row (2's states go to the host)
+    snaps.release(row)
+    snaps.take_saves()
+    snaps.row_to_save(3)  # evicts 1 before its load ran: the host tier still has it, nothing to copy
+    assert not snaps.take_loads() and not snaps.take_saves()
+
+
+def test_written_snapshots_are_persisted_once_and_read_back_after_a_restart(tmp_path):
+    from vsurge.kv.disk_tier import DiskTier
+    from vsurge.kv.tiers import HostTier
+
+    spec = [((2, 3), "float32"), ((4,), "float32")]
+    snaps = StateSnapshots(2, host=HostTier(0, DiskTier(tmp_path, "states-a", 1 << 20, spec)))
+    row = snaps.row_to_save(7)
+    snaps.written(row)
+    [(persist_row, entry)] = snaps.take_persists()
+    assert persist_row == row and entry.key == 7
+    snaps.host.disk.put(entry, _Row(3.0))
+    snaps.written(row)  # on disk (or queued) already
+    assert not snaps.take_persists()
+    snaps.host.disk.flush()
+
+    again = StateSnapshots(2, host=HostTier(0, DiskTier(tmp_path, "states-a", 1 << 20, spec)))  # a restart
+    pm = HBMPageManager(16, PS, snapshots=again)
+    assert again.holds(7) and not again.has(7)
+    row = again.restore(7)
+    [(load_row, found)] = again.take_loads()
+    leaves = [*found.payload.arrays()[0], *found.payload.arrays()[1]]  # (a page file's two halves: k, v)
+    assert load_row == row and np.array_equal(leaves[0], np.full((2, 3), 3.0))
+    assert np.array_equal(leaves[1], np.full(4, 3.0))
+    assert pm.has_moves is False  # (taken)
+    other = StateSnapshots(2, host=HostTier(0, DiskTier(tmp_path, "states-b", 1 << 20, spec)))
+    assert other.restore(7) is None  # another model's snapshots are never read
+
+
+def test_a_prompt_resumes_from_a_snapshot_in_a_lower_tier():
+    """The page manager resumes at the latest boundary whose states are in any tier: one in the host
+    tier takes a device row (evicting another snapshot to the host) and queues its copy back."""
+    from vsurge.kv.tiers import HostTier
+
+    snaps = StateSnapshots(1, host=HostTier(4))
+    pm = HBMPageManager(16, PS, snapshots=snaps)
+    tokens = list(range(40))
+    table = PageTable()
+    pm.add_sequence(table, tokens)
+    pm.reserve(table, 40)
+    pm.commit(table, tokens, 40)
+    keys = keys_of(tokens, 4)
+    snaps.row_to_save(keys[1])
+    snaps.row_to_save(keys[2])  # keys[1]'s states go to the host tier
+    snaps.take_saves()[0][1].payload = _Row(0.0)
+    pm.free_sequence(table)
+    assert pm.cached_tokens(tokens[:20] + [900, 901]) == 16
+    resumed = PageTable()
+    assert pm.add_sequence(resumed, tokens[:20] + [900, 901]) == 16
+    assert resumed.restore == 0 and snaps.has(keys[1]) and not snaps.has(keys[2])
+    assert pm.has_moves and [row for row, _ in snaps.take_loads()] == [0]
+    assert [entry.key for _, entry in snaps.take_saves()] == [keys[2]]
+    pm.free_sequence(resumed)
+    pm.check()

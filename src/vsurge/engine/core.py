@@ -250,6 +250,10 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
             batch = self.batches.mixed(plan, rows, masks)
             state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
+            snaps = getattr(self.pool, "snapshots", None)
+            for chunk in plan.chunks if snaps is not None else ():
+                if chunk.save >= 0:
+                    snaps.written(chunk.save)  # (to the disk tier, copied before the next step)
             return state, dataclasses.replace(out, chunk_offset=rows)
         rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
         needed = self.batches.decode_window(plan)

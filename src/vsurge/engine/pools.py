@@ -73,10 +73,11 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     if state_row_bytes(model.config):
         log.info("recurrent states: %.1f MiB per sequence, %d slots + %d prefix-cache snapshots",
                  state_row_bytes(model.config) / 2**20, config.max_slots, rows)
-    from .tiers import make_host_tier
+    from .tiers import make_host_tier, make_state_tier
 
+    snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,
-                          host=make_host_tier(model, config), snapshots=StateSnapshots(rows) if rows else None)
+                          host=make_host_tier(model, config), snapshots=snapshots)
     if pool.max_tokens < config.max_length:
         raise ValueError(f"too little KV memory: {pool.num_pages} pages of {config.page_size} tokens hold "
                          f"{pool.max_tokens} tokens, less than max_length={config.max_length}; lower max_length "

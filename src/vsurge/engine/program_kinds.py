@@ -18,7 +18,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from . import encode, programs
+from . import encode, programs, tiers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +98,14 @@ def _transfer_keys(kind):
     return lambda engine: [key for key in engine._transfer_jobs() if key[0] == kind]
 
 
+def _build_state_copy(engine, key, state, gs, go):
+    return tiers.compile_state_copy(engine, key, state)
+
+
+def _state_copy_keys(kind):
+    return lambda engine: [key for key in tiers.state_copy_keys(engine) if key[0] == kind]
+
+
 _KINDS = [
     ProgramKind("init", 0, _build_init, keys=lambda engine: [("init",)]),
     ProgramKind("set_slot", 1, _build_set_slot, keys=lambda engine: [("set_slot",)],
@@ -108,6 +116,9 @@ _KINDS = [
     ProgramKind("export", 1, _build_transfer, keys=_transfer_keys("export"), replayed=False),
     ProgramKind("import", 1, _build_transfer, keys=_transfer_keys("import"), replayed=False),
     ProgramKind("copy", 1, _build_transfer, keys=_transfer_keys("copy"), replayed=False),
+    # a hybrid model's state snapshot rows out of / into the device, for the prefix cache's tiers (tiers.py)
+    ProgramKind("state_export", 1, _build_state_copy, keys=_state_copy_keys("state_export"), replayed=False),
+    ProgramKind("state_import", 1, _build_state_copy, keys=_state_copy_keys("state_import"), replayed=False),
     # whole-prompt passes (encode.py): compiled on first use
     *(ProgramKind(kind, 2, _build_encode, replayed=False) for kind in encode.KINDS),
 ]

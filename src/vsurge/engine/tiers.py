@@ -21,6 +21,7 @@ the pages, so a page evicted and reused in one scheduling pass is copied out wit
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 
@@ -30,6 +31,7 @@ import numpy as np
 from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.quant import stored_dim
+from ..kv.recurrent import init_states
 from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
 from .transfer import PrefixPages
 
@@ -82,18 +84,99 @@ def fingerprint(model, config) -> str:
     return h.hexdigest()
 
 
+# A hybrid model's share of the host tier and the disk tier's cap that its state snapshots take (the
+# device's is a quarter of the KV memory too: engine/pools.py snapshot_rows); KV pages take the rest.
+STATE_SHARE = 4
+
+
+def _has_tiers(config) -> bool:
+    return config.enable_prefix_caching and bool(config.kv_host_cache_bytes or config.kv_cache_dir)
+
+
 def make_host_tier(model, config) -> HostTier | None:
     """The host (and disk) tier of an engine's page pool, from its config; None when it has neither."""
-    if not config.enable_prefix_caching or not (config.kv_host_cache_bytes or config.kv_cache_dir):
+    if not _has_tiers(config):
         return None
     dtype, per_page = pool_dtype(model, config), pool_page_bytes(model, config)
+    share = 1 - 1 / STATE_SHARE if model.config.state_layout else 1  # (the snapshots' tiers take the rest)
     disk = None
     if config.kv_cache_dir:
         layout, name = model.config.kv_layout, str(np.dtype(dtype))
         spec = ([((l.heads, stored_dim(l.k_dim, dtype), config.page_size), name) for l in layout]
                 + [((l.heads, config.page_size, stored_dim(l.v_dim, dtype)), name) for l in layout])
-        disk = DiskTier(config.kv_cache_dir, fingerprint(model, config), config.kv_disk_cache_bytes, spec)
-    return HostTier(int(config.kv_host_cache_bytes // per_page), disk)
+        disk = DiskTier(config.kv_cache_dir, fingerprint(model, config), int(config.kv_disk_cache_bytes * share), spec)
+    return HostTier(int(config.kv_host_cache_bytes * share // max(1, per_page)), disk)
+
+
+def make_state_tier(model, config) -> HostTier | None:
+    """The host (and disk) tier of a hybrid model's state snapshots (kv/state_snapshots.py): a
+    1/STATE_SHARE part of each tier's budget, one entry per snapshot, files in a directory of their
+    own (their fingerprint says "states"); None without tiers or recurrent layers."""
+    from .pools import state_row_bytes
+
+    row = state_row_bytes(model.config)
+    if not row or not _has_tiers(config):
+        return None
+    disk = None
+    if config.kv_cache_dir:
+        spec = [(leaf.shape[1:], str(leaf.dtype)) for leaf in jax.tree.leaves(
+            jax.eval_shape(lambda: init_states(model.config.state_layout, 1)))]
+        name = hashlib.blake2b((fingerprint(model, config) + ":states").encode(), digest_size=16).hexdigest()
+        disk = DiskTier(config.kv_cache_dir, name, config.kv_disk_cache_bytes // STATE_SHARE, spec)
+    return HostTier(int(config.kv_host_cache_bytes // STATE_SHARE // row), disk)
+
+
+class StateRow:
+    """One snapshot row's states (every recurrent layer's parts, in jax.tree.leaves order), copied off
+    the device: a tier entry's payload; device arrays until read."""
+
+    def __init__(self, leaves: list):
+        self.leaves = list(leaves)
+        self._lock = threading.Lock()  # (the disk tier's writer thread reads it too)
+        for array in self.leaves:
+            array.copy_to_host_async()
+
+    def host(self) -> "StateRow":
+        with self._lock:
+            self.leaves = [np.asarray(a) for a in self.leaves]
+        return self
+
+    def arrays(self) -> tuple[list, list]:  # (the disk tier writes both lists' arrays, in order)
+        return self.host().leaves, []
+
+
+def gather_states(state, row):
+    """Snapshot row `row` (a traced i32) of every recurrent layer's parts: the leaves of a row."""
+    return [leaf[row] for leaf in jax.tree.leaves(state.kv.snapshots)]
+
+
+def scatter_states(state, leaves: list, row):
+    """Write `leaves` (as gather_states returns) into snapshot row `row`."""
+    snaps = state.kv.snapshots
+    new = [leaf.at[row].set(value) for leaf, value in zip(jax.tree.leaves(snaps), leaves)]
+    kv = dataclasses.replace(state.kv, snapshots=jax.tree.unflatten(jax.tree.structure(snaps), new))
+    return dataclasses.replace(state, kv=kv)
+
+
+def compile_state_copy(engine, key: tuple, state):
+    """The `state_export` (state, row -> leaves) or `state_import` (state, leaves, row -> state) program."""
+    row = jax.ShapeDtypeStruct((), np.int32)
+    export, put = {}, {}
+    if engine.mesh is not None:
+        from ..sharding import replicated, state_shardings
+
+        kv, rep = state_shardings(state, engine.mesh), replicated(engine.mesh)
+        export, put = dict(in_shardings=(kv, rep), out_shardings=rep), dict(in_shardings=(kv, rep, rep), out_shardings=kv)
+    if key[0] == "state_export":
+        return jax.jit(gather_states, **export).lower(state, row).compile()
+    leaves = jax.eval_shape(gather_states, state, row)
+    return jax.jit(scatter_states, donate_argnums=(0,), **put).lower(state, leaves, row).compile()
+
+
+def state_copy_keys(engine) -> list[tuple]:
+    """The state copy programs start-up compiles: both, for a pool whose snapshots have lower tiers."""
+    snaps = getattr(engine.pool, "snapshots", None)
+    return [("state_export",), ("state_import",)] if snaps is not None and snaps.host is not None else []
 
 
 STAGING_BYTES = 64 << 20  # host buffers that pages written back are stacked in, allocated once
@@ -135,6 +218,9 @@ class TierMover:
                     entry.payload = PageRef(batch, i)
                     if disk is not None:
                         disk.put(entry, entry.payload)
+        snaps = pool.snapshots
+        if snaps is not None:
+            self._gather_states(state, snaps)
         state = engine.copy_pages(state, copies)
         for part in _parts(pool.take_loads(), self._load_pages):
             bucket = engine._bucket(len(part))
@@ -147,7 +233,26 @@ class TierMover:
             state = jax.block_until_ready(engine._program(("import", bucket))(state, PrefixPages(k, v), ids))
             for _, entry in part:
                 pool.host.release(entry)
+        if snaps is not None:
+            for row, entry in snaps.take_loads():
+                k, v = entry.payload.arrays()
+                # (a disk read's buffer is reused once released: the copy must be done by then)
+                state = jax.block_until_ready(engine._program(("state_import",))(state, [*k, *v], np.int32(row)))
+                snaps.host.release(entry)
         return state
+
+    def _gather_states(self, state, snaps) -> None:
+        """Snapshot rows evicted (to the host tier) or just written (to the disk tier) copied off the
+        device, before any step overwrites them."""
+        disk = snaps.host.disk
+        for row, entry, persist in ([(r, e, False) for r, e in snaps.take_saves()]
+                                    + [(r, e, True) for r, e in snaps.take_persists()]):
+            payload = StateRow(self.engine._program(("state_export",))(state, np.int32(row)))
+            self._fresh.append(payload)
+            if not persist:
+                entry.payload = payload
+            if disk is not None:
+                disk.put(entry, payload)
 
     def prefetch(self, state, budget_bytes: int):
         """Read up to `budget_bytes` of the disk tier's most recently used pages (at most half the

@@ -29,7 +29,8 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   is new, as llama.cpp's slots do, instead of up to a page. The disk tier keeps one tail per
   parent key, so a restarted server finds it too.
 * Recurrent states (hybrid models, optional `snapshots`: kv/state_snapshots.py). A prefix resumes
-  only at a page boundary whose states were snapshotted, the latest one its cached pages reach;
+  only at a page boundary whose states were snapshotted (on the device or in a lower tier), the
+  latest one its cached pages reach;
   pages past it are not taken, tails are off (no state below a page), and two tokens stay to
   compute so the first runs as a prompt row that restores the states.
 * Lower tiers (kv/tiers.py, optional `host`). An evicted registered page, and every
@@ -181,7 +182,7 @@ class HBMPageManager(PoolSizes):
             if page is not None and self._entries[page].tokens != tuple(
                     tokens[(count - 1) * self._page_size:count * self._page_size]):
                 break
-            if self.snapshots.has(key):
+            if self.snapshots.holds(key):
                 best = count
         return best
 
@@ -189,7 +190,11 @@ class HBMPageManager(PoolSizes):
         """Keep `seq`'s found pages up to the latest snapshotted boundary (fewer than planned when a
         lower tier's page found no free page) and pin that snapshot for its first prompt row."""
         keys = [key for _, key in chained_keys(tokens, len(seq.pages), self._page_size)]
-        keep = next((n for n in range(len(keys), 0, -1) if self.snapshots.has(keys[n - 1])), 0)
+        keep, row = len(keys), None
+        while keep and (not self.snapshots.holds(keys[keep - 1])
+                        or (row := self.snapshots.restore(keys[keep - 1])) is None):
+            keep -= 1  # (a lower tier's snapshot may turn out unreadable)
+        seq.restore = row
         while len(seq.pages) > keep:
             page = seq.pages.pop()
             self.last_hits["host" if page in self._loads else self._device_hit(page)] -= self._page_size
@@ -197,7 +202,6 @@ class HBMPageManager(PoolSizes):
             if self._refcount[page] == 0:
                 self._evictable[page] = None  # registered: its KV (or its queued load) stays cached
         seq.last_key = keys[keep - 1] if keep else None
-        seq.restore = self.snapshots.restore(seq.last_key) if keep else None
 
     def _announce(self, seq: PageTable, tokens: Sequence[int]) -> None:
         """Mark the keys of the full pages `seq` will compute as in flight until it commits them."""
@@ -412,7 +416,8 @@ class HBMPageManager(PoolSizes):
 
     @property
     def has_moves(self) -> bool:
-        return bool(self._saves or self._persists or self._loads or self._copies)
+        return bool(self._saves or self._persists or self._loads or self._copies
+                    or (self.snapshots is not None and self.snapshots.has_moves))
 
     def tier_counts(self) -> dict[str, int]:
         """Cumulative counters of the tiers (the driver reports their deltas as metrics)."""
