@@ -52,20 +52,21 @@ from collections.abc import Sequence
 from .page_check import check_pages
 from .page_table import PageTable, PoolSizes, _Entry
 from .state_snapshots import StateSnapshots, chained_keys
-from .tiers import HostTier, TierEntry, page_key, tail_key
+from .tiers import HostTier, TierEntry, TierQueues, page_key, tail_key
 
 TIERS = ("device", "host", "disk")
 
 __all__ = ["HBMPageManager", "PageTable"]
 
 
-class HBMPageManager(PoolSizes):
+class HBMPageManager(PoolSizes, TierQueues):
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True,
                  host: HostTier | None = None, snapshots: StateSnapshots | None = None):
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got num_pages={num_pages}")
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got page_size={page_size}")
+        TierQueues.__init__(self)  # (pages: saves and persists by page id, loads into fresh pages)
         self._num_pages = num_pages
         self._page_size = page_size
         self.enable_prefix_caching = enable_prefix_caching
@@ -87,9 +88,6 @@ class HBMPageManager(PoolSizes):
         self.prefix_hits = 0
         self._inflight: dict[int, int] = {}  # key -> tables computing that page now
         self.host = host if enable_prefix_caching else None
-        self._saves: list[tuple[int, TierEntry]] = []  # (page, entry): copy the page's KV to the host
-        self._persists: list[tuple[int, TierEntry]] = []  # (page, entry): write the page's KV to disk
-        self._loads: dict[int, TierEntry] = {}  # page -> entry whose KV must be written into it
         self.tier_hits = dict.fromkeys(TIERS, 0)  # prompt tokens found in each tier
         self.last_hits = dict.fromkeys(TIERS, 0)  # of the last add_sequence
         self.pages_to_host = self.pages_from_host = self.swap_outs = self.pages_prefetched = 0
@@ -401,16 +399,8 @@ class HBMPageManager(PoolSizes):
         return True
 
     # --- copies for the engine (engine/tiers.py): run every save and persist, then every load
-    def take_saves(self) -> list[tuple[int, TierEntry]]:
-        saves, self._saves = self._saves, []
-        return saves
-
-    def take_persists(self) -> list[tuple[int, TierEntry]]:
-        persists, self._persists = self._persists, []
-        return persists
-
     def take_loads(self) -> list[tuple[int, TierEntry]]:
-        loads, self._loads = list(self._loads.items()), {}
+        loads = super().take_loads()
         self.pages_from_host += len(loads)
         return loads
 

@@ -26,13 +26,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .tiers import HostTier, TierEntry, page_key
+from .tiers import HostTier, TierEntry, TierQueues, page_key
 
 NO_ROW = -1  # a step layout's "no snapshot": reads and writes go to the spare row
 
 
-class StateSnapshots:
+class StateSnapshots(TierQueues):
     def __init__(self, rows: int, host: HostTier | None = None):
+        super().__init__()
         if rows < 1:
             raise ValueError(f"state snapshot rows must be >= 1, got {rows}")
         self.rows = rows
@@ -44,9 +45,6 @@ class StateSnapshots:
         self.saves = 0  # snapshots written
         self.restores = 0  # prompts resumed from one
         self.to_host = self.from_tiers = 0  # snapshots copied to the host tier / back from host or disk
-        self._saves: list[tuple[int, TierEntry]] = []  # (row, entry): copy the row's states to the host tier
-        self._persists: list[tuple[int, TierEntry]] = []  # (row, entry): write the row's states to disk
-        self._loads: dict[int, TierEntry] = {}  # row -> entry whose states must be written into it
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -116,19 +114,6 @@ class StateSnapshots:
         key = self._key_of.get(row)
         if disk is not None and key is not None and not disk.has(key):
             self._persists.append((row, TierEntry(key, None, ())))
-
-    # --- copies for the engine (engine/tiers.py): saves and persists first, then loads
-    def take_saves(self) -> list[tuple[int, TierEntry]]:
-        saves, self._saves = self._saves, []
-        return saves
-
-    def take_persists(self) -> list[tuple[int, TierEntry]]:
-        persists, self._persists = self._persists, []
-        return persists
-
-    def take_loads(self) -> list[tuple[int, TierEntry]]:
-        loads, self._loads = list(self._loads.items()), {}
-        return loads
 
     @property
     def has_moves(self) -> bool:

@@ -18,7 +18,7 @@ from array import array
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["HostTier", "TierEntry", "page_key", "tail_key"]
+__all__ = ["HostTier", "TierEntry", "TierQueues", "page_key", "tail_key"]
 
 
 def page_key(parent: int | None, tokens) -> int:
@@ -45,6 +45,28 @@ class TierEntry:
 
     def matches(self, parent: int | None, tokens) -> bool:
         return self.parent == parent and self.tokens == tuple(tokens)
+
+
+class TierQueues:
+    """The copies a pool queues for the engine (engine/tiers.py), by the pool's row or page index:
+    saves (to the host tier), persists (to disk), both run off the device first, then loads back."""
+
+    def __init__(self):
+        self._saves: list[tuple[int, TierEntry]] = []  # (index, entry): copy its contents to the host tier
+        self._persists: list[tuple[int, TierEntry]] = []  # (index, entry): write its contents to disk
+        self._loads: dict[int, TierEntry] = {}  # index -> entry whose contents must be written into it
+
+    def take_saves(self) -> list[tuple[int, TierEntry]]:
+        saves, self._saves = self._saves, []
+        return saves
+
+    def take_persists(self) -> list[tuple[int, TierEntry]]:
+        persists, self._persists = self._persists, []
+        return persists
+
+    def take_loads(self) -> list[tuple[int, TierEntry]]:
+        loads, self._loads = list(self._loads.items()), {}
+        return loads
 
 
 class HostTier:
