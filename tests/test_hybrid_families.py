@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -124,20 +125,78 @@ def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
     assert run(surge, PROMPTS) == [expected]
 
 
-def test_speculation_is_off_and_repeats_resume_from_a_snapshot_exactly(hybrid):
+def test_repeats_resume_from_a_snapshot_exactly(hybrid):
     """A prompt asked again resumes from the states snapshotted at its last page boundary (the prefix
-    cache: 16 of its 18 tokens), and a request asking for speculation gives the reference tokens:
-    the engine turns speculation off (a rejected draft would have to roll the state back)."""
+    cache: 16 of its 18 tokens) and gives the reference tokens."""
     model, processor, ids, expected = hybrid
-    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8,
-                                                                        speculative_tokens=3))
-    engine = surge.driver.engines[0]
-    assert engine.pool.enable_prefix_caching and engine.config.speculative_tokens == 0
-    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, speculative_tokens=3)
-    pool = engine.pool
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+    pool = surge.driver.engines[0].pool
+    assert pool.enable_prefix_caching
     pool.add_sequence = counted(pool.add_sequence, hits := [])
-    assert run(surge, [PROMPTS[0]], params, [PROMPTS[0], PROMPTS[1]]) == [expected[:1], expected[:2]]
+    assert run(surge, [PROMPTS[0]], PARAMS, [PROMPTS[0], PROMPTS[1]]) == [expected[:1], expected[:2]]
     assert hits[-3:] == [0, (len(ids[0]) - 2) // 8 * 8, 0] and pool.snapshots.restores == 1
+
+
+@pytest.mark.parametrize("name,row_by_row", [("qwen3_next", False), ("qwen3_next", True), ("nemotron_h", False)])
+def test_speculation_rolls_the_states_back_to_the_accepted_draft(hybrids, name, row_by_row, monkeypatch):
+    """Drafts on a hybrid model: each draft row runs from the state its predecessor left and keeps its
+    own in a draft-state row, and the next step starts from the last accepted one's. Greedy tokens
+    equal a plain run's with drafts all right, right then wrong, and all wrong (the proposer is
+    replaced by one that knows the plain run's tokens: a random model's text seldom repeats), decode
+    rows batched and, as Qwen3-Next's large states go, row by row."""
+    from vsurge.engine import speculation
+    from vsurge.kv import recurrent
+
+    if row_by_row:
+        monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
+    model, processor, ids, _ = hybrids(name)
+    prompts = [ids[0], ids[1], ids[4]]
+    plain = [greedy_generate(model, p, 20) for p in prompts]
+
+    def propose(tokens, k):
+        i = next((i for i, p in enumerate(prompts) if tokens[:len(p)] == p), None)
+        if i is None:  # the start-up warm-up's prompt
+            return []
+        at = len(tokens) - len(prompts[i])
+        right = plain[i][at:at + k]
+        wrong = [(t + 1) % model.config.vocab_size for t in right]
+        return [right, right[:1] + wrong[1:], wrong][at % 3]
+
+    monkeypatch.setattr(speculation, "propose", propose)
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(
+        **{**CONFIG, "row_buckets": (8,), "max_length": 48}, num_pages=3 * 6, speculative_tokens=3))
+    assert surge.driver.engines[0].config.draft_state_rows == 8
+    params = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True, logprobs=0)
+    tokens, logprobs = streamed(surge, prompts, params)
+    assert tokens == plain
+    scheduler = surge.driver.replicas[0].scheduler
+    drafted, kept = scheduler.num_draft_tokens, scheduler.num_accepted_tokens
+    assert kept >= 6 and drafted - kept >= 6, (drafted, kept)
+    # a state left after a rejected draft changes the logits even where the greedy token stays
+    for prompt, answer, got in zip(prompts, plain, logprobs):
+        reference = jax.nn.log_softmax(model(jnp.asarray([prompt + answer], jnp.int32))[0][0], -1)
+        want = [float(reference[len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def streamed(surge, prompts, params):
+    """(token ids, chosen-token logprobs) of each prompt's answer, streamed from a `surge` started
+    and stopped here."""
+    tokens, logprobs = [[] for _ in prompts], [[] for _ in prompts]
+
+    async def collect():
+        async for [sample] in await surge.generate(prompts, params, stream=True):
+            i = sample.metadata["request_index"]
+            tokens[i] += sample.token_ids
+            logprobs[i] += [lp["logprob"] for lp in sample.logprobs or ()]
+
+    surge.compile()
+    surge.start()
+    try:
+        asyncio.run(collect())
+    finally:
+        surge.stop(5)
+    return tokens, logprobs
 
 
 def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrids, monkeypatch):

@@ -14,13 +14,17 @@ from ..kv.paged import StepLayout
 from ..ops.sampling import SamplingArrays
 from .config import EOS_WIDTH
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
-from .programs import DecodeBatch, MixedBatch
+from .programs import DecodeBatch, DraftRows, MixedBatch
 from .plan import StepPlan
 from .sequence import Sequence
 
 
 class BatchBuilder:
-    def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int):
+    def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
+                 draft_state_rows: int = 0):
+        """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
+        its steps then say where each row's recurrent states come from and go (programs.DraftRows)."""
+        self.draft_state_rows = draft_state_rows
         self.vocab_size = vocab_size
         self.words = bitmask_words(vocab_size)
         self.page_size = page_size
@@ -75,7 +79,28 @@ class BatchBuilder:
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
                            self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
-                           from_device, None if columns is None else np.asarray(columns, np.int32))
+                           from_device, None if columns is None else np.asarray(columns, np.int32),
+                           self._draft_rows(plan, rows) if self.draft_state_rows else None)
+
+    def _draft_rows(self, plan: StepPlan, rows: int) -> DraftRows:
+        """Draft j of the step (plan.draft_rows order, batch row len(plan.decode) + j) writes draft-state
+        row j and starts from its predecessor's (the sequence's decode row left the first one's in the
+        slot); draft rows update no slot (verification decides which state the sequence keeps)."""
+        x, d = self.draft_state_rows, len(plan.decode)
+        state_slots, restore = self._state_rows(plan, rows)
+        out = DraftRows(state_slots, restore, np.full(x, -1, np.int32), np.full(x, self.spare, np.int32),
+                        np.full(x, -1, np.int32), np.full(x, x, np.int32))
+        for j, (seq, i, _) in enumerate(plan.draft_rows):
+            out.rows[j], out.slots[j], out.start[j], out.to[j] = d + j, seq.slot, j - 1 if i else -1, j
+        return out
+
+    def _state_rows(self, plan: StepPlan, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(slot, draft-state row to start from or -1) of each decode row: draft rows and padding the spare."""
+        slots, restore = np.full(rows, self.spare, np.int32), np.full(rows, -1, np.int32)
+        for i, seq in enumerate(plan.decode):
+            slots[i] = seq.slot
+            restore[i] = -1 if seq.state_restore is None else seq.state_restore
+        return slots, restore
 
     # ------------------------------------------------------------ mixed
     def mixed(self, plan: StepPlan, decode_rows: int, masks: dict | None = None) -> MixedBatch:
@@ -117,7 +142,8 @@ class BatchBuilder:
             restore[j], save[j] = chunk.restore, chunk.save
             samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
-                            np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save)
+                            np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save,
+                            self._state_rows(plan, d)[1] if self.draft_state_rows else None)
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,

@@ -155,8 +155,10 @@ class EngineConfig:
              "prints them)")
     speculative_tokens: int = setting(
         0, check=int_in(0, 16), flag="--speculative-tokens",
-        help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own)")
-    # the model holds a recurrent state per sequence (for_model): no request speculates
+        help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own, except on "
+             "hybrid models, whose engine keeps the draft states only when this is set)")
+    # the model holds a recurrent state per sequence (for_model): requests speculate only when the engine
+    # does (`draft_state_rows`: the states after each draft are kept, for rolling back to the accepted one)
     recurrent_state: bool = False
     state_snapshots: int | None = setting(  # None = sized from free memory (engine/pools.py)
         None, check=Check(">= 0", lambda v: v is None or (_integer(v) and v >= 0)), flag="--state-snapshots",
@@ -241,16 +243,20 @@ class EngineConfig:
 
     def for_model(self, model_config) -> "EngineConfig":
         """The config a model runs with: a model with recurrent layers (a fixed-size state per
-        sequence, kv/recurrent.py) runs without n-gram speculation, which would roll a sequence back
-        to a point its state does not hold, and with the prefix cache only if its states are
-        snapshotted at page boundaries (`state_snapshots`, docs/state_cache.md)."""
+        sequence, kv/recurrent.py) runs with the prefix cache only if its states are snapshotted at
+        page boundaries (`state_snapshots`, docs/state_cache.md)."""
         if not model_config.recurrent_layers or self.recurrent_state:
             return self
         prefix = self.enable_prefix_caching and self.state_snapshots != 0
-        if self.speculative_tokens or prefix != self.enable_prefix_caching:
-            log.info("%s has recurrent layers: speculation is off%s", model_config.architecture,
-                     "" if prefix else ", and the prefix cache (no state snapshots)")
-        return self.replace(enable_prefix_caching=prefix, speculative_tokens=0, recurrent_state=True)
+        if prefix != self.enable_prefix_caching:
+            log.info("%s has recurrent layers: the prefix cache is off (no state snapshots)", model_config.architecture)
+        return self.replace(enable_prefix_caching=prefix, recurrent_state=True)
+
+    @property
+    def draft_state_rows(self) -> int:
+        """Rows of draft states a hybrid model's speculating engine keeps (kv/recurrent.py): one per
+        draft row a step may hold; 0 when it does not speculate (its requests then do not either)."""
+        return self.speculative_rows if self.recurrent_state and self.speculative_tokens else 0
 
     @property
     def snapshots_states(self) -> bool:

@@ -65,7 +65,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.mesh = mesh_of(self.model)  # None: the default device
         self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
-                                    config.pages_per_sequence)
+                                    config.pages_per_sequence, config.draft_state_rows)
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
@@ -172,7 +172,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def _empty_state(self) -> EngineState:
         snapshots = getattr(self.pool, "snapshots", None)
         return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
-                                    self.config.max_slots, snapshots.rows if snapshots is not None else 0)
+                                    self.config.max_slots, snapshots.rows if snapshots is not None else 0,
+                                    self.config.draft_state_rows)
 
     def _shardings(self, signature: str, state, batch=None) -> dict:
         """jax.jit's in/out shardings of a program on the model's mesh ({} on one device). signature:

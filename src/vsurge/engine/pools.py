@@ -25,9 +25,11 @@ def state_row_bytes(model_config) -> int:
 
 
 def state_cache_bytes(model_config, config: EngineConfig, snapshots: int) -> int:
-    """Bytes of a paged engine's recurrent states: a row per slot and the spare, and `snapshots`
-    snapshot rows and their spare (engine/programs.py empty_state); 0 for attention-only models."""
-    rows = config.max_slots + 1 + (snapshots + 1 if snapshots else 0)
+    """Bytes of a paged engine's recurrent states: a row per slot and the spare, `snapshots` snapshot
+    rows and their spare, and a speculating engine's draft states (engine/programs.py empty_state);
+    0 for attention-only models."""
+    drafts = config.for_model(model_config).draft_state_rows
+    rows = config.max_slots + 1 + (snapshots + 1 if snapshots else 0) + (drafts + 1 if drafts else 0)
     return rows * state_row_bytes(model_config)
 
 

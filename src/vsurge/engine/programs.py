@@ -77,6 +77,22 @@ class DecodeBatch:
     num_steps: np.ndarray  # () i32 steps to run (1 when a row is constrained)
     from_device: np.ndarray  # (D,) bool: the row's token is its slot's last_token (sampled by the step in flight)
     num_columns: np.ndarray | None = None  # () i32: loop over this many page columns (None: all W, unrolled)
+    # a hybrid model's speculating engine (kv/paged.py StepLayout): the first step's recurrent rows
+    drafts: "DraftRows | None" = None
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class DraftRows:
+    """Where a speculating hybrid model's decode step reads and writes recurrent states (the first of
+    its steps; kv/recurrent.py run_packed). X = EngineConfig.draft_state_rows."""
+
+    state_slots: np.ndarray  # (D,) i32 slot whose states the row updates (the spare for draft rows)
+    restore: np.ndarray  # (D,) i32 draft-state row the row starts from (-1: its slot's)
+    rows: np.ndarray  # (X,) i32 the draft rows, in order (-1 = none)
+    slots: np.ndarray  # (X,) i32 their sequences' slots
+    start: np.ndarray  # (X,) i32 draft-state row each starts from (-1: its slot's, the decode row's end)
+    to: np.ndarray  # (X,) i32 draft-state row each leaves its end state in
 
 
 @jax.tree_util.register_dataclass
@@ -186,6 +202,11 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
         layout = StepLayout(jnp.where(active, page * ps + positions % ps, skip), batch.tables,
                             jnp.where(active, positions, -1)[:, None], *empty_chunks, columns, batch.slots,
                             jnp.zeros((0,), jnp.int32))
+        if batch.drafts is not None:  # restores and drafts happen in the first step only
+            first, dr = step == 0, batch.drafts
+            layout = dataclasses.replace(
+                layout, decode_slots=dr.state_slots, decode_restore=jnp.where(first, dr.restore, -1),
+                draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
         hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
         hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
         logits = model.logits(hidden[0])  # (D, V)
@@ -296,11 +317,11 @@ def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, samp
 
 
 def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: int,
-                snapshot_rows: int = 0) -> EngineState:
-    """Zero pages, states and snapshots, and neutral slots (traced once as the `init` program)."""
+                snapshot_rows: int = 0, draft_rows: int = 0) -> EngineState:
+    """Zero pages, states, snapshots and draft states, and neutral slots (traced once as the `init` program)."""
     rows, vocab = num_slots + 1, model_config.vocab_size
     kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype, model_config.state_layout,
-                                  rows, snapshot_rows)
+                                  rows, snapshot_rows, draft_rows)
     slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),

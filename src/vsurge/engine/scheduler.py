@@ -61,6 +61,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swap_ins = 0  # pages a resumed sequence found in the host or disk tier
         self.num_prefix_waits = 0  # steps waiting prompts spent waiting for prefixes in flight
+        self.num_draft_tokens = self.num_accepted_tokens = 0  # speculation: drafts verified, and kept
         self.role = config.role
         self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
         self._ahead = False  # planning while a step is in flight (schedule(ahead=True))
@@ -132,7 +133,7 @@ class Scheduler:
         self.running.remove(seq)
         self.pool.free_sequence(seq.pages, swap=swap)
         heapq.heappush(self._free_slots, seq.slot)
-        seq.slot = None
+        seq.slot, seq.state_restore = None, None
 
     def _preempt(self, seq: Sequence) -> None:
         if self._ahead:  # never preempt what a step in flight computes: decide once its results are in
@@ -200,7 +201,7 @@ class Scheduler:
         return not plan.drafts and all(seq.matcher is None and not self._speculates(seq) for seq in plan.sequences)
 
     def _speculates(self, seq: Sequence) -> bool:
-        if self.config.recurrent_state:  # a rejected draft would have to roll the state back
+        if self.config.recurrent_state and not self.config.draft_state_rows:  # (no draft states kept)
             return False
         k = seq.request.params.speculative_tokens
         return (self.config.speculative_tokens if k is None else k) > 0 and speculation.eligible(seq)
@@ -228,6 +229,9 @@ class Scheduler:
     def _speculate(self, plan: StepPlan) -> None:
         """Prompt-lookup drafts for greedy rows while the step stays small (speculation.py)."""
         room = min(self.config.speculative_rows, self.config.decode_rows[-1]) - len(plan.decode)
+        if self.config.recurrent_state and (not self.config.draft_state_rows or any(
+                seq.state_restore is not None and seq not in plan.decode for seq in self.running)):
+            return  # (drafts would overwrite the draft states a sequence outside the plan resumes from)
         for seq in plan.decode:
             k = seq.request.params.speculative_tokens
             k = self.config.speculative_tokens if k is None else k
@@ -415,6 +419,7 @@ class Scheduler:
             return
         plan.dispatched = True
         for seq in plan.decode:
+            seq.state_restore = None  # (the step starts from it)
             if seq not in plan.drafts:
                 seq.num_computed += plan.num_steps
                 seq.pending += plan.num_steps
@@ -449,8 +454,12 @@ class Scheduler:
                 rows = [row, *range(draft_row, draft_row + len(drafts))]
                 draft_row += len(drafts)
                 kept = speculation.accepted([int(out.tokens[0][r]) for r in rows], drafts)
+                self.num_draft_tokens += len(drafts)
+                self.num_accepted_tokens += len(kept) - 1
                 if len(kept) == 1:
                     seq.speculate_after = len(seq.tokens) + speculation.BACKOFF_TOKENS
+                elif self.config.draft_state_rows:  # its states after the last accepted draft (kv/recurrent.py)
+                    seq.state_restore = rows[len(kept) - 1] - len(plan.decode)
                 for r in rows[: len(kept)]:
                     seq.num_computed += 1
                     take(seq, 0, r)

@@ -42,6 +42,9 @@ class Sequence:
     # tokens sampled by the step in flight (the overlapped loop plans the next step before reading
     # them: they count as tokens, and their K/V as computed, but `tokens` holds only those read)
     pending: int = 0
+    # a speculating hybrid model: the draft-state row holding its states after the drafts its last step
+    # accepted, which its next step starts from (kv/recurrent.py); None: its slot holds them
+    state_restore: int | None = None
 
     @classmethod
     def of(cls, request: ActiveRequest, processor, vocab_size: int | None = None) -> "Sequence":

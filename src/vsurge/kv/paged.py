@@ -117,6 +117,15 @@ class StepLayout:
     # snapshot row each chunk row resumes from / leaves its end states in (-1: none; kv/state_snapshots.py)
     chunk_restore: jax.Array | None = None  # (P,) i32
     chunk_save: jax.Array | None = None  # (P,) i32
+    # speculation on a hybrid model (kv/recurrent.py run_packed): a decode row may start from a row of
+    # the draft states (the state after the drafts its sequence's last step accepted; -1: its slot's)
+    decode_restore: jax.Array | None = None  # (D,) i32
+    # the step's X draft rows, run after the decode rows, one after another: the row each is (-1 = none),
+    # its sequence's slot, the draft-state row it starts from (-1: the slot's) and the one it writes
+    draft_rows: jax.Array | None = None  # (X,) i32
+    draft_slots: jax.Array | None = None  # (X,) i32
+    draft_from: jax.Array | None = None  # (X,) i32
+    draft_to: jax.Array | None = None  # (X,) i32
 
     @property
     def num_decode(self) -> int:
@@ -137,6 +146,9 @@ class PagedAttentionCache:
     # per recurrent layer {part: (R+1, ...) f32}: states at page boundaries of prompts, for the prefix
     # cache (kv/state_snapshots.py; the last row the spare); empty without snapshots
     snapshots: list = dataclasses.field(default_factory=list)
+    # per recurrent layer {part: (X+1, ...) f32}: states after each draft of the last step that speculated
+    # (kv/recurrent.py; the last row the spare); empty unless a hybrid model's engine speculates
+    drafts: list = dataclasses.field(default_factory=list)
     layout: StepLayout | None = None  # per step; None between steps
     # the pool's shape (static: a model without attention layers, plain Mamba-2, has no k/v pages)
     pages: int = dataclasses.field(default=0, metadata=dict(static=True))
@@ -144,16 +156,18 @@ class PagedAttentionCache:
 
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
-             state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0, snapshot_rows: int = 0):
+             state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0, snapshot_rows: int = 0,
+             draft_rows: int = 0):
         """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
         (int8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its recurrent
         layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare), and
-        `snapshot_rows` (+ a spare) of each for the prefix cache."""
+        `snapshot_rows` (+ a spare) of each for the prefix cache, `draft_rows` (+ a spare) for speculation."""
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
                    v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
                    states=init_states(state_layout, state_rows),
                    snapshots=init_states(state_layout, snapshot_rows + 1) if snapshot_rows else [],
+                   drafts=init_states(state_layout, draft_rows + 1) if draft_rows else [],
                    pages=num_pages, size=page_size)
 
     @property
@@ -173,10 +187,13 @@ class PagedAttentionCache:
     def recurrent(self, index, part, op, inputs, positions, shape):
         """inputs (1, N, ...): each row's state read from and written back to its slot."""
         snaps = self.snapshots[index][part] if self.snapshots else None
-        out, new, snaps = run_packed(op, inputs, self.states[index][part], self.layout, snaps)
+        drafts = self.drafts[index][part] if self.drafts else None
+        out, new, snaps, drafts = run_packed(op, inputs, self.states[index][part], self.layout, snaps, drafts)
         cache = dataclasses.replace(self, states=replace_part(self.states, index, part, new))
         if snaps is not None:
             cache = dataclasses.replace(cache, snapshots=replace_part(self.snapshots, index, part, snaps))
+        if drafts is not None:
+            cache = dataclasses.replace(cache, drafts=replace_part(self.drafts, index, part, drafts))
         return out, cache
 
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):

@@ -73,24 +73,55 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
 ROW_BY_ROW_BYTES = 1 << 16
 
 
-def _one_by_one(op, inputs, states, slots, positions):
+def _one_by_one(op, inputs, states, slots, positions, snaps=None, restore=None):
     """`_at_slots` for the rows one at a time (a scan): the same results, each state read and
     written where it lives. Returns (out, states, None)."""
     def one_row(states, row):
-        xs, slot, position = row
-        out, states, _ = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], position[None])
+        xs, slot, position, back = row
+        out, states, _ = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], position[None], snaps,
+                                   None if restore is None else back[None])
         return states, out[0]
 
-    states, out = jax.lax.scan(one_row, states, (inputs, slots, positions))
+    back = jnp.zeros_like(slots) if restore is None else restore
+    states, out = jax.lax.scan(one_row, states, (inputs, slots, positions, back))
     return out, states, None
 
 
-def run_packed(op, inputs, states, layout, snaps=None):
+def _run_drafts(op, rows, out, states, drafts, layout):
+    """Speculation on a hybrid model: the step's draft rows (`layout.draft_rows`), one after another,
+    each from the state its sequence's previous row left (its slot's, for the first draft: the decode
+    rows ran first; else a row of `drafts`), its end state into its own row of `drafts`, never the slot
+    (verification may reject it; the scheduler restores the accepted one next step). rows (D, 1, ...),
+    out (D, 1, ...) -> (out with the draft rows' outputs, drafts)."""
+    d, spare = out.shape[0], drafts.shape[0] - 1
+
+    def one_draft(carry, draft):
+        out, drafts = carry
+        row, slot, start, to = draft
+        real = row >= 0
+        xs = tuple(jax.lax.dynamic_index_in_dim(a, jnp.maximum(row, 0), keepdims=True) for a in rows)
+        state = jnp.where(start >= 0, drafts[jnp.maximum(start, 0)], states[slot])[None]
+        y, state = op(xs, state, jnp.broadcast_to(real, (1, 1)))
+        out = out.at[jnp.where(real, row, d)].set(y[0], mode="drop")
+        drafts = drafts.at[jnp.where(real, to, spare)].set(state[0])
+        return (out, drafts), None
+
+    def run(carry):
+        return jax.lax.scan(one_draft, carry, (layout.draft_rows, layout.draft_slots, layout.draft_from,
+                                               layout.draft_to))[0]
+
+    # (a step without drafts copies no state)
+    return jax.lax.cond(jnp.any(layout.draft_rows >= 0), run, lambda carry: carry, (out, drafts))
+
+
+def run_packed(op, inputs, states, layout, snaps=None, drafts=None):
     """The engines' packed step (kv/paged.py): inputs (1, N, ...) = D decode tokens, then P chunk rows
-    of C tokens; states (S+1, ...) by slot -> (out (1, N, ...), states, snaps). Chunk rows run one
-    after another: a long prompt's consecutive rows in one step carry its state from row to row.
+    of C tokens; states (S+1, ...) by slot -> (out (1, N, ...), states, snaps, drafts). Chunk rows run
+    one after another: a long prompt's consecutive rows in one step carry its state from row to row.
     With `snaps` (R+1, ...), a chunk row may start from a snapshot (`layout.chunk_restore`) and
-    leave its end state in one (`layout.chunk_save`; -1 = neither: the spare row takes the write)."""
+    leave its end state in one (`layout.chunk_save`; -1 = neither: the spare row takes the write).
+    With `drafts` (X+1, ...) (a speculating engine), a decode row may start from a draft state
+    (`layout.decode_restore`), and draft rows run after the decode rows (`_run_drafts`)."""
     d, (p, c) = layout.num_decode, layout.chunk_pos.shape
     parts = []
     if d:
@@ -98,7 +129,10 @@ def run_packed(op, inputs, states, layout, snaps=None):
         row_bytes = math.prod(states.shape[1:]) * states.dtype.itemsize
         in_place = getattr(op, "row_by_row", False) and row_bytes >= ROW_BY_ROW_BYTES
         at_slots = _one_by_one if in_place else _at_slots
-        out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos)
+        restore = None if drafts is None else layout.decode_restore
+        out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos, drafts, restore)
+        if drafts is not None and layout.draft_rows is not None and layout.draft_rows.shape[0]:
+            out, drafts = _run_drafts(op, rows, out, states, drafts, layout)
         parts.append(out[:, 0])
     if p:
         rows = tuple(a[0, d:].reshape(p, c, *a.shape[2:]) for a in inputs)  # (P, C, ...)
@@ -122,7 +156,7 @@ def run_packed(op, inputs, states, layout, snaps=None):
         else:
             (states, snaps), out = jax.lax.scan(one_row, (states, snaps), xs)
         parts.append(out.reshape(p * c, *out.shape[2:]))
-    return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], states, snaps
+    return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], states, snaps, drafts
 
 
 def run_fresh(op, inputs, shape: tuple[int, ...], valid):
