@@ -115,7 +115,7 @@ def test_default_model_answers_the_same_at_tp3():
 # families whose sharding differs from Llama's: soft-caps and windows, Phi-3's fused checkpoint tensors,
 # MLA's single latent KV head (replicated) with query heads split, experts split by units or whole (Llama 4's
 # fed their inputs times their scores, from fused gate-then-up tensors)
-SHARDED_FAMILIES = ("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4")
+SHARDED_FAMILIES = ("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2")
 
 
 @pytest.fixture(scope="session")

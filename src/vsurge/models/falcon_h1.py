@@ -49,10 +49,6 @@ class FalconH1Config(Mamba2Config):
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(scale=self.head_dim**-0.5 * self.key_multiplier)
 
-    def for_tensor_parallel(self, tp: int):
-        if tp != 1:
-            raise UnsupportedModelError("Falcon-H1 runs at tensor_parallel_size 1 for now")
-        return self
 
 
 class FalconH1(CausalLM):

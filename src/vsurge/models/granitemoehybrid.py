@@ -25,7 +25,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import AttentionSpec
-from ..errors import UnsupportedModelError
 from ..ops.moe import Routing
 from ..ops.norm import rms_norm
 from .base import CausalLM
@@ -63,10 +62,6 @@ class GraniteMoeHybridConfig(Mamba2Config, MoEConfig):
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(scale=self.attention_multiplier)
 
-    def for_tensor_parallel(self, tp: int):
-        if tp != 1:
-            raise UnsupportedModelError("Granite 4.0-H runs at tensor_parallel_size 1 for now")
-        return self
 
 
 class GraniteMoeHybrid(CausalLM):

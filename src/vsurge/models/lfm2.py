@@ -18,7 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig, StateLayer
-from ..errors import UnsupportedModelError
 from ..kv.recurrent import by_length
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
@@ -46,10 +45,6 @@ class Lfm2Config(ModelConfig):
     def layer_rope(self, layer: int):
         return None if self.conv_layers[layer] else self.rope
 
-    def for_tensor_parallel(self, tp: int):
-        if tp != 1:
-            raise UnsupportedModelError("LFM2 runs at tensor_parallel_size 1 for now")
-        return self
 
 
 def ffn_width(cfg: dict) -> int:

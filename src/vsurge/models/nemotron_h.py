@@ -57,10 +57,6 @@ class NemotronHConfig(Mamba2Config):
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(scale=self.head_dim ** -0.5)
 
-    def for_tensor_parallel(self, tp: int):
-        if tp != 1:
-            raise UnsupportedModelError("Nemotron-H runs at tensor_parallel_size 1 for now")
-        return self
 
 
 def layer_kinds(cfg: dict, where: str) -> tuple[str, ...]:

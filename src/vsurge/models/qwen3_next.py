@@ -33,7 +33,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..config import AttentionSpec, StateLayer
-from ..errors import UnsupportedModelError
 from ..kv.recurrent import by_length
 from ..ops.gated_delta import gated_delta_rule, gated_delta_step, gated_rms_norm, l2_normalize
 from ..ops.linear import linear
@@ -86,10 +85,6 @@ class Qwen3NextConfig(MoEConfig):
     def attention_spec(self, layer: int) -> AttentionSpec:
         return AttentionSpec(scale=self.head_dim ** -0.5)
 
-    def for_tensor_parallel(self, tp: int):
-        if tp != 1:
-            raise UnsupportedModelError("Qwen3-Next / Qwen3.5 run at tensor_parallel_size 1 for now")
-        return self
 
 
 class _Columns:
