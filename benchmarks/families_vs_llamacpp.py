@@ -37,8 +37,11 @@ from serve import Server, llama_server_binary  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
-            "ministral3")
+            "ministral3", "qwen3_next")
 GREEDY = 8
+# shapes llama.cpp needs beyond the tiny configs: its qwen3next takes the value heads' width from the
+# key heads' (ssm.state_size), as every released Qwen3-Next has them
+OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16}}
 
 
 # runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring)
@@ -61,11 +64,16 @@ convert_hf_to_gguf.main()
 """
 
 
-def convert(llama_cpp: Path, hf_dir: Path, out: Path) -> str | None:
-    """Run llama.cpp's converter; None on success, else its last error line."""
+def convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str = "f32") -> str | None:
+    """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next checkpoints
+    without a multi-token-prediction head need --no-mtp (it asserts one is there otherwise)."""
+    import json
+
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
+    config = json.loads((Path(hf_dir) / "config.json").read_text())
+    extra = ["--no-mtp"] if config.get("model_type") == "qwen3_next" else []
     proc = subprocess.run([sys.executable, "-c", RUN_CONVERTER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
-                           "--outtype", "f32"], env=env, capture_output=True, text=True)
+                           "--outtype", outtype, *extra], env=env, capture_output=True, text=True)
     if proc.returncode:
         return (proc.stderr.strip().splitlines() or ["?"])[-1][:120]
     return None
@@ -141,7 +149,7 @@ def main() -> None:
     for name in args.families.split(","):
         hf = work / name
         hf.mkdir()
-        torch_model = write_tiny_model(name, hf, tokenizer)
+        torch_model = write_tiny_model(name, hf, tokenizer, **OVERRIDES.get(name, {}))
         theirs = work / f"{name}.gguf"
         error = convert(llama_cpp, hf, theirs)
         if error:

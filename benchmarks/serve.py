@@ -51,6 +51,7 @@ BUILD_SCRIPT = ROOT.parent / "shared" / "peers" / "build-llama-server.sh"
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 LOADS = [  # (name, prompts, max concurrency, shared preamble words)
     ("1 stream", 4, 1, 0),
+    ("8 concurrent", 8, 8, 0),
     ("16 concurrent", 16, 16, 0),
     ("32 concurrent", 32, 32, 0),
     ("16 conc. + shared 500-word preamble", 16, 16, 500),
@@ -134,8 +135,8 @@ def vsurge_cmd(extra: str) -> list[str]:
             *shlex.split(extra)]
 
 
-def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS) -> str:
-    lines = [f"`{command}`, default model, 128-word prompts, 128 output tokens, streamed; "
+def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS, model: str = "default model") -> str:
+    lines = [f"`{command}`, {model}, 128-word prompts, 128 output tokens, streamed; "
              f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
              "| load | vsurge tok/s | llama-server tok/s | ratio | vsurge TTFT p50 s | llama-server TTFT p50 s | "
              "TTFT ratio |", "|---|---|---|---|---|---|---|"]
@@ -163,7 +164,8 @@ def write_readme(text: str, marker: str = "serve-table") -> None:
     readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
 
 
-def main(argv=None) -> int:
+def main(argv=None, argv_command: str = "") -> int:
+    """argv_command: the command to print with the table (a script that calls this one)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
@@ -171,11 +173,16 @@ def main(argv=None) -> int:
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--write-readme", action="store_true")
     p.add_argument("--readme-marker", default="serve-table", help="the README section --write-readme replaces")
-    p.add_argument("--loads", default="", help="comma list of load names' beginnings (default: all)")
+    p.add_argument("--loads", default="", help="comma list of load names' beginnings (default: all but 8 concurrent)")
+    p.add_argument("--model", default="", help="a GGUF file both servers run (default: the default model)")
     args = p.parse_args(argv)
     wanted = [w.strip() for w in args.loads.split(",") if w.strip()]
     args.loads_arg = args.loads
-    args.loads = [load for load in LOADS if not wanted or any(load[0].startswith(w) for w in wanted)]
+    args.loads = [load for load in LOADS if (any(load[0].startswith(w) for w in wanted) if wanted
+                                             else not load[0].startswith("8 "))]
+    model_path = Path(args.model) if args.model else default_model_path()
+    if args.model:
+        args.vsurge_args = f"--model {shlex.quote(str(model_path))} {args.vsurge_args}".strip()
     print(isa_line())
     print(TABLE_HEADER)
     # vsurge: a first start fills the compilation cache, the second is timed warm
@@ -192,7 +199,7 @@ def main(argv=None) -> int:
     peer = None
     if not args.skip_llama:
         binary = llama_server_binary()
-        llama = Server("llama-server", [binary, "-m", str(default_model_path()), "--host", "127.0.0.1", "--port",
+        llama = Server("llama-server", [binary, "-m", str(model_path), "--host", "127.0.0.1", "--port",
                                         "{port}", "-np", "32", "-c", "32768", "-t", str(os.cpu_count() or 2)],
                        "/health")
         llama.wait_ready()
@@ -200,11 +207,11 @@ def main(argv=None) -> int:
             peer = measure(llama, args)
         finally:
             llama.stop()
-    command = "python benchmarks/serve.py" + (f" --vsurge-args {shlex.quote(args.vsurge_args)}"
-                                              if args.vsurge_args else "")
-    if args.loads != LOADS:
+    extra = args.vsurge_args.split(str(model_path), 1)[-1].strip() if args.model else args.vsurge_args
+    command = argv_command or ("python benchmarks/serve.py" + (f" --vsurge-args {shlex.quote(extra)}" if extra else ""))
+    if args.loads_arg and not argv_command:
         command += f" --loads {shlex.quote(args.loads_arg)}"
-    text = table(vs, peer, warm, command, args.loads)
+    text = table(vs, peer, warm, command, args.loads, model_path.name if args.model else "default model")
     print("\n" + text)
     if args.write_readme:
         write_readme(text, args.readme_marker)

@@ -23,7 +23,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
-             "ministral3": "mistral3"}
+             "ministral3": "mistral3", "qwen3_next": "qwen3next"}
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
@@ -114,9 +114,36 @@ def _tensors(state: dict, cfg, model_type: str):
         if name.endswith("self_attn.sinks"):
             yield f"blk.{layer}.attn_sinks.weight", w
             continue
+        if model_type == "qwen3_next":
+            yield from _qwen3_next(name, w, cfg, layer)
+            continue
         yield name, w
     for (layer, kind), by_expert in sorted(experts.items()):
         yield f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
+
+
+def _qwen3_next(name: str, w: np.ndarray, cfg, layer: int | None):
+    """The converter's Qwen3NextModel.modify_tensors: A = -exp(A_log), dt_bias as ssm_dt.bias, the
+    convolution squeezed, norms but the gated one as 1 + w, in_proj_qkvz regrouped head-major."""
+    if name.endswith(".A_log"):
+        yield name, -np.exp(w)
+    elif name.endswith(".dt_bias"):
+        yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", w
+    elif "conv1d" in name:
+        yield name, w.squeeze()
+    elif name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+        yield name, w + 1.0
+    elif name.endswith("in_proj_qkvz.weight"):
+        hk, hv = cfg.linear_num_key_heads, cfg.linear_num_value_heads
+        dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
+        per = [dk, dk, hv // hk * dv, hv // hk * dv]
+        grouped = w.T.reshape(cfg.hidden_size, hk, sum(per))  # (D, Hk, [q | k | v | z])
+        q, k, v, z = np.split(grouped, np.cumsum(per)[:-1], axis=-1)
+        flat = [part.reshape(cfg.hidden_size, -1) for part in (q, k, v, z)]
+        yield f"blk.{layer}.attn_qkv.weight", np.concatenate(flat[:3], axis=-1).T
+        yield f"blk.{layer}.attn_gate.weight", flat[3].T
+    else:
+        yield name, w
 
 
 def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
@@ -196,6 +223,15 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         w.add_logit_scale(cfg.logits_scaling)
     if model_type == "phi3":
         _phi3(w, cfg, rope, hd)
+    if model_type == "qwen3_next":  # Qwen3NextModel.set_gguf_parameters
+        w.add_uint32(f"{w.arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
+        w.add_uint32(f"{w.arch}.ssm.state_size", cfg.linear_key_head_dim)
+        w.add_uint32(f"{w.arch}.ssm.group_count", cfg.linear_num_key_heads)
+        w.add_uint32(f"{w.arch}.ssm.time_step_rank", cfg.linear_num_value_heads)
+        w.add_uint32(f"{w.arch}.ssm.inner_size", cfg.linear_value_head_dim * cfg.linear_num_value_heads)
+        w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in cfg.layer_types])
+        w.add_uint32(f"{w.arch}.full_attention_interval", getattr(cfg, "full_attention_interval", 4))
+        w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.25)))
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     if experts:
         w.add_expert_count(experts)

@@ -21,7 +21,8 @@ from test_models_vs_transformers import reference_logits
 from tiny_models import VOCAB
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
-            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2", "ministral3")
+            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2", "ministral3",
+            "qwen3_next")
 # where transformers' GGUF reader reads these tiny configs right (it misses e.g. a head_dim that is not
 # hidden / heads, experts' own intermediate size, Gemma's soft-caps and local rotary base, LongRoPE)
 TRANSFORMERS_READS = {"llama", "mistral", "qwen2"}

@@ -172,6 +172,8 @@ def test_speculation_rolls_the_states_back_to_the_accepted_draft(hybrids, name, 
     scheduler = surge.driver.replicas[0].scheduler
     drafted, kept = scheduler.num_draft_tokens, scheduler.num_accepted_tokens
     assert kept >= 6 and drafted - kept >= 6, (drafted, kept)
+    assert surge.metrics.value("vsurge:spec_decode_num_draft_tokens_total") == drafted
+    assert surge.metrics.value("vsurge:spec_decode_num_accepted_tokens_total") == kept
     # a state left after a rejected draft changes the logits even where the greedy token stays
     for prompt, answer, got in zip(prompts, plain, logprobs):
         reference = jax.nn.log_softmax(model(jnp.asarray([prompt + answer], jnp.int32))[0][0], -1)
@@ -249,6 +251,8 @@ def test_preemption_swaps_snapshots_to_the_host_tier_and_back(hybrid):
     pool = surge.driver.engines[0].pool
     assert surge.metrics.value("vsurge:num_preemptions_total") > 0 and pool.swap_outs > 0
     assert pool.snapshots.to_host > 0 and pool.snapshots.from_tiers > 0
+    for event, n in (("to_host", pool.snapshots.to_host), ("from_tiers", pool.snapshots.from_tiers)):
+        assert surge.driver.metrics.value("vsurge:state_snapshots_total", event=event) == n, event
     assert got == [greedy_generate(model, p, 30) for p in ids[:3]]
     pool.check()
 

@@ -30,6 +30,8 @@ def busy_metrics(name="m") -> EngineMetrics:
     m.set_kv_usage(0.25)
     m.preempted(2)
     m.prefix_cache(100, 40)
+    m.speculated(12, 5)
+    m.kv_tiers({"snapshots_saved": 4, "snapshots_to_host": 1}, 0)
     return m
 
 
@@ -54,6 +56,8 @@ def test_model_stats_reads_every_series():
     assert stats.finished == {"length": 1, "stop": 1} and stats.finished_total == 2 and stats.failures == 1
     assert (stats.preemptions, stats.prefix_cache_queries, stats.prefix_cache_hits) == (2, 100, 40)
     assert stats.prefix_cache_hit_rate == pytest.approx(0.4)
+    assert (stats.spec_draft_tokens, stats.spec_accepted_tokens) == (12, 5)
+    assert stats.state_snapshots == {"saved": 4, "to_host": 1}
     assert stats.streamed_tokens == 5 + 10  # first tokens + inter-token gaps: every token produced so far
     ttft = stats.ttft
     assert ttft.count == 5 and ttft.sum == pytest.approx(3.65) and ttft.mean == pytest.approx(0.73)
@@ -81,7 +85,8 @@ def test_replicas_add_up():
     two.set_kv_usage(0.75)
     two.request_finished("abort", 5, 1, 0.5)
     total = EngineSnapshot.read(one).add(EngineSnapshot.read(two)).fields()
-    assert total["running"] == 6 and total["prompt_tokens"] == 145
+    assert total["running"] == 6 and total["prompt_tokens"] == 145 and total["spec_draft_tokens"] == 24
+    assert total["state_snapshots"] == {"saved": 8, "to_host": 2}
     assert total["finished"] == {"abort": 1, "length": 2, "stop": 2}
     assert total["kv_cache_usage"] == pytest.approx(0.5)  # mean over replicas
     assert total["ttft"].count == 10 and total["ttft"].bucket_counts == [2 * c for c in

@@ -76,6 +76,12 @@ class EngineMetrics:
                                    labels + ["direction"], registry=r)
         self._swaps = Counter("vsurge:kv_swaps", "Pages of preempted sequences swapped out to the host tier, "
                               "and found there (or on disk) when they resumed", labels + ["direction"], registry=r)
+        self._snapshots = Counter("vsurge:state_snapshots", "Hybrid models' recurrent-state snapshots (prefix cache) "
+                                  "by event: saved, restored, to_host, from_tiers", labels + ["event"], registry=r)
+        self._draft_tokens = Counter("vsurge:spec_decode_num_draft_tokens", "Speculative draft tokens verified",
+                                     labels, registry=r)
+        self._accepted_tokens = Counter("vsurge:spec_decode_num_accepted_tokens", "Of those, drafts accepted",
+                                        labels, registry=r)
 
     def rename(self, model_name: str) -> None:
         """Label every later series with `model_name` (the served name), dropping series recorded
@@ -170,6 +176,12 @@ class EngineMetrics:
                 self._l(self._tier_bytes, direction=name[6:]).inc(n * page_bytes)
             elif name in ("swap_outs", "swap_ins"):
                 self._l(self._swaps, direction=name[5:-1]).inc(n)
+            elif name.startswith("snapshots_"):
+                self._l(self._snapshots, event=name[10:]).inc(n)
+
+    def speculated(self, drafted: int, accepted: int):
+        self._l(self._draft_tokens).inc(drafted)
+        self._l(self._accepted_tokens).inc(accepted)
 
     def set_transfer_queue_depth(self, n: int):
         self._l(self._transfer_depth).set(n)

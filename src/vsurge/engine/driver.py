@@ -53,7 +53,8 @@ class Replica:
         self.encodes: list[EncodeRequest] = []  # prompts waiting for an embed/score pass (the thread's view)
         self.load = 0  # requests routed here and not finished (the router's view)
         self.metrics: EngineMetrics | None = None  # this replica's series (set by the driver)
-        self.reported = {"preemptions": 0, "queries": 0, "hits": 0}  # counters already recorded
+        # counters already recorded
+        self.reported = {"preemptions": 0, "queries": 0, "hits": 0, "drafts": 0, "accepted": 0}
         self.state = None  # the engine state, when made (and warmed) before the thread starts
         self.last_step_at = 0.0  # when the thread last read a step's results
         self.busy_since: float | None = None  # monotonic time the thread entered a step call or a read
@@ -434,9 +435,12 @@ class Driver(AbstractDriver):
         """Pool and queue gauges, and the replica's counters as deltas since its last report."""
         self._update_gauges()
         s, seen = replica.scheduler, replica.reported
-        totals = {"preemptions": s.num_preemptions, "queries": s.pool.prefix_queries, "hits": s.pool.prefix_hits}
+        totals = {"preemptions": s.num_preemptions, "queries": s.pool.prefix_queries, "hits": s.pool.prefix_hits,
+                  "drafts": s.num_draft_tokens, "accepted": s.num_accepted_tokens}
         if totals["preemptions"] > seen["preemptions"]:
             replica.metrics.preempted(totals["preemptions"] - seen["preemptions"])
+        if totals["drafts"] > seen["drafts"]:
+            replica.metrics.speculated(totals["drafts"] - seen["drafts"], totals["accepted"] - seen["accepted"])
         if totals["queries"] > seen["queries"]:
             replica.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
         tiers = _tier_totals(s)

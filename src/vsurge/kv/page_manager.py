@@ -416,6 +416,10 @@ class HBMPageManager(PoolSizes, TierQueues):
                       swap_outs=self.swap_outs, prefetched=self.pages_prefetched)
         disk = self.host.disk if self.host is not None else None
         counts.update(pages_to_disk=disk.pages_written if disk else 0, pages_from_disk=disk.pages_read if disk else 0)
+        if self.snapshots is not None:
+            s = self.snapshots
+            counts.update(snapshots_saved=s.saves, snapshots_restored=s.restores, snapshots_to_host=s.to_host,
+                          snapshots_from_tiers=s.from_tiers)
         return counts
 
     def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:

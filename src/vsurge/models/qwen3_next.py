@@ -20,7 +20,9 @@ multiplies by 1 + w.
 HF: Qwen3NextForCausalLM ("qwen3_next"), Qwen3_5ForCausalLM ("qwen3_5_text"), and the text model
 of a whole Qwen3.5 / Qwen3.5-MoE checkpoint ("qwen3_5", "qwen3_5_moe": its `text_config`, weights
 under model.language_model; the vision tower and the multi-token-prediction head are not read).
-GGUF: not yet.
+GGUF: `qwen3next` as llama.cpp's converter writes Qwen3-Next (q/k/v of the DeltaNet projection
+regrouped head-major as attn_qkv, z as attn_gate, A stored as -exp(A_log), the convolution squeezed
+to (C, K), every norm but the gated one stored as 1 + w); Qwen3.5's `qwen35` not yet.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from ..ops.rope import apply_rope
 from ..ops.short_conv import causal_conv, causal_conv_step
 from .base import CausalLM
 from .blocks import mlp, mlp_weights, norm
-from .config_io import check_activation, hf_fields
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
 from .qwen2_moe import moe_layer_flags
 from .spec import HeadRows, Weight, tensor
@@ -114,12 +116,30 @@ class _Sized:
         return self.recipe.read(source, spans, kv_replicas)
 
 
+class _Mapped:
+    """A recipe whose whole tensor goes through `fn` (values or shape) before the slice is cut:
+    for the small vectors llama.cpp's converter stores transformed (A = -exp(A_log), the squeezed
+    convolution), which are replicated and read whole."""
+
+    def __init__(self, recipe, shape: tuple[int, ...], fn):
+        self.recipe, self.shape, self.fn = recipe, shape, fn
+
+    def tensors(self):
+        return self.recipe.tensors()
+
+    def read(self, source, spans, kv_replicas: int = 1):
+        stored = self.recipe.model_shape
+        whole = self.fn(self.recipe.read(source, [(0, n) for n in stored])).reshape(self.shape)
+        return whole[tuple(slice(a, b) for a, b in spans)]
+
+
 class Qwen3Next(CausalLM):
     name = "qwen3_next"
     hf_model_types = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe")
     hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
     config_class = Qwen3NextConfig
+    gguf_architectures = ("qwen3next",)
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:
@@ -153,10 +173,29 @@ class Qwen3Next(CausalLM):
             grouped_projections=cfg.get("model_type") == "qwen3_next", hf_prefix=prefix)
 
     @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        fields = gguf_fields(meta, cls.name)
+        n = fields["num_layers"]
+        recurrent = meta.key("attention.recurrent_layers")
+        interval = int(meta.key("full_attention_interval", 4))
+        linear = (tuple(bool(x) for x in recurrent[:n]) if recurrent is not None
+                  else tuple((i + 1) % interval != 0 for i in range(n)))
+        hk, hv = int(meta.key("ssm.group_count", required=True)), int(meta.key("ssm.time_step_rank", required=True))
+        experts = int(meta.key("expert_count", 0) or 0)
+        return cls.config_class(
+            **fields, qk_norm=True, num_experts=experts, num_experts_per_tok=int(meta.key("expert_used_count", 1)),
+            moe_intermediate_size=int(meta.key("expert_feed_forward_length", 0) or 0), norm_topk_prob=True,
+            shared_intermediate_size=int(meta.key("expert_shared_feed_forward_length", 0) or 0),
+            moe_layers=tuple(meta.has(f"blk.{i}.ffn_gate_inp.weight") for i in range(n)), linear_layers=linear,
+            linear_key_heads=hk, linear_value_heads=hv, linear_key_dim=int(meta.key("ssm.state_size", required=True)),
+            linear_value_dim=int(meta.key("ssm.inner_size", required=True)) // hv,
+            conv_kernel=int(meta.key("ssm.conv_kernel", 4)))
+
+    @classmethod
     def global_weights(cls, config):
         out = super().global_weights(config)
         prefix = config.hf_prefix
-        out["final_norm"] = norm(config.hidden_size, f"{prefix}.norm.weight", None, hf_offset=1.0)
+        out["final_norm"] = norm(config.hidden_size, f"{prefix}.norm.weight", "output_norm.weight", hf_offset=1.0)
         if prefix != "model":
             v, d = config.vocab_size, config.hidden_size
             out["embed"] = dataclasses.replace(out["embed"], hf=tensor(f"{prefix}.embed_tokens.weight", (v, d),
@@ -166,38 +205,47 @@ class Qwen3Next(CausalLM):
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: Qwen3NextConfig, i: int):
-        hf, d = f"{c.hf_prefix}.layers.{i}", c.hidden_size
-        out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None, hf_offset=1.0),
-               "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None, hf_offset=1.0)}
-        out.update(cls._linear_weights(c, f"{hf}.linear_attn") if c.linear_layers[i]
-                   else cls._attention_weights(c, f"{hf}.self_attn"))
+        hf, gg, d = f"{c.hf_prefix}.layers.{i}", f"blk.{i}", c.hidden_size
+        out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", f"{gg}.attn_norm.weight", hf_offset=1.0),
+               "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", f"{gg}.post_attention_norm.weight",
+                                hf_offset=1.0)}
+        out.update(cls._linear_weights(c, f"{hf}.linear_attn", gg) if c.linear_layers[i]
+                   else cls._attention_weights(c, f"{hf}.self_attn", gg))
         if not c.is_moe(i):
-            return {**out, **mlp_weights(d, c.intermediate_size, hf=f"{hf}.mlp", gguf=None)}
-        out.update(router_weights(c, f"{hf}.mlp.gate", None))
-        out.update(expert_weights(c, hf_expert=lambda e, kind: f"{hf}.mlp.experts.{e}.{kind}_proj.weight"))
+            return {**out, **mlp_weights(d, c.intermediate_size, hf=f"{hf}.mlp", gguf=gg)}
+        out.update(router_weights(c, f"{hf}.mlp.gate", f"{gg}.ffn_gate_inp"))
+        out.update(expert_weights(c, hf_expert=lambda e, kind: f"{hf}.mlp.experts.{e}.{kind}_proj.weight", gguf=gg))
         if c.shared_intermediate_size:
-            shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{hf}.mlp.shared_expert", gguf=None)
+            shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{hf}.mlp.shared_expert", gguf=gg,
+                                 gguf_suffix="_shexp")
             out.update({"shared_gate_up": shared["w_gate_up"], "shared_down": shared["w_down"],
                         "shared_gate": Weight((d, 1), ("embed", None),
-                                              tensor(f"{hf}.mlp.shared_expert_gate.weight", (1, d)))})
+                                              tensor(f"{hf}.mlp.shared_expert_gate.weight", (1, d)),
+                                              tensor(f"{gg}.ffn_gate_inp_shexp.weight", (1, d)))})
         return out
 
     @classmethod
-    def _attention_weights(cls, c: Qwen3NextConfig, hf: str) -> dict[str, Weight]:
+    def _attention_weights(cls, c: Qwen3NextConfig, hf: str, gg: str) -> dict[str, Weight]:
         d, h, hd, kv = c.hidden_size, c.num_heads, c.head_dim, c.kv_size
-        q_proj = (f"{hf}.q_proj.weight", (2 * h * hd, d))
+        q_shape = (2 * h * hd, d)  # (the converter keeps each head's [query, gate] rows)
+        q_hf, q_gg = f"{hf}.q_proj.weight", f"{gg}.attn_q.weight"
         return {
-            "wq": Weight((d, h * hd), ("embed", "heads"), HeadRows(*q_proj, h, (0, hd)), quantize=True),
-            "wgate": Weight((d, h * hd), ("embed", "heads"), HeadRows(*q_proj, h, (hd, 2 * hd)), quantize=True),
-            "wk": Weight((d, kv), ("embed", "kv_heads"), tensor(f"{hf}.k_proj.weight", (kv, d)), quantize=True),
-            "wv": Weight((d, kv), ("embed", "kv_heads"), tensor(f"{hf}.v_proj.weight", (kv, d)), quantize=True),
-            "wo": Weight((h * hd, d), ("heads", "embed"), tensor(f"{hf}.o_proj.weight", (d, h * hd)), quantize=True),
-            "q_norm": norm(hd, f"{hf}.q_norm.weight", None, hf_offset=1.0),
-            "k_norm": norm(hd, f"{hf}.k_norm.weight", None, hf_offset=1.0),
+            "wq": Weight((d, h * hd), ("embed", "heads"), HeadRows(q_hf, q_shape, h, (0, hd)),
+                         HeadRows(q_gg, q_shape, h, (0, hd)), quantize=True),
+            "wgate": Weight((d, h * hd), ("embed", "heads"), HeadRows(q_hf, q_shape, h, (hd, 2 * hd)),
+                            HeadRows(q_gg, q_shape, h, (hd, 2 * hd)), quantize=True),
+            "wk": Weight((d, kv), ("embed", "kv_heads"), tensor(f"{hf}.k_proj.weight", (kv, d)),
+                         tensor(f"{gg}.attn_k.weight", (kv, d)), quantize=True),
+            "wv": Weight((d, kv), ("embed", "kv_heads"), tensor(f"{hf}.v_proj.weight", (kv, d)),
+                         tensor(f"{gg}.attn_v.weight", (kv, d)), quantize=True),
+            "wo": Weight((h * hd, d), ("heads", "embed"), tensor(f"{hf}.o_proj.weight", (d, h * hd)),
+                         tensor(f"{gg}.attn_output.weight", (d, h * hd)), quantize=True),
+            "q_norm": norm(hd, f"{hf}.q_norm.weight", f"{gg}.attn_q_norm.weight", hf_offset=1.0),
+            "k_norm": norm(hd, f"{hf}.k_norm.weight", f"{gg}.attn_k_norm.weight", hf_offset=1.0),
         }
 
     @classmethod
-    def _linear_weights(cls, c: Qwen3NextConfig, hf: str) -> dict[str, Weight]:
+    def _linear_weights(cls, c: Qwen3NextConfig, hf: str, gg: str) -> dict[str, Weight]:
         d, hk, hv, dk, dv = c.hidden_size, c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim
         r = hv // hk
         if c.grouped_projections:  # per key head: [q (dk), k (dk), v (r*dv), z (r*dv)] and [b (r), a (r)]
@@ -213,18 +261,29 @@ class Qwen3Next(CausalLM):
             z = tensor(f"{hf}.in_proj_z.weight", (c.value_width, d))
             b, a = tensor(f"{hf}.in_proj_b.weight", (hv, d)), tensor(f"{hf}.in_proj_a.weight", (hv, d))
         k = c.conv_kernel
+        # llama.cpp's converter (Qwen3-Next): q | k | v head-major as attn_qkv, z as attn_gate, b/a as
+        # HF groups them; A = -exp(A_log); the convolution squeezed to (C, K)
+        ba_gg = (f"{gg}.ssm_ba.weight", (2 * hv, d))
         return {
-            "w_qkv": Weight((d, c.conv_width), ("embed", None), qkv, quantize=True),
-            "w_z": Weight((d, c.value_width), ("embed", None), z, quantize=True),
-            "w_b": Weight((d, hv), ("embed", None), b),
-            "w_a": Weight((d, hv), ("embed", None), a),
-            "conv": Weight((c.conv_width, 1, k), (None, None, None),
-                           tensor(f"{hf}.conv1d.weight", (c.conv_width, 1, k), matrix=False)),
-            "dt_bias": Weight((hv,), (None,), tensor(f"{hf}.dt_bias", (hv,)), init="ones"),
-            "A_log": Weight((hv,), (None,), tensor(f"{hf}.A_log", (hv,)), init="zeros"),
-            "gdn_norm": Weight((dv,), (None,), tensor(f"{hf}.norm.weight", (dv,)), init="ones"),
-            "w_out": Weight((c.value_width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, c.value_width)),
+            "w_qkv": Weight((d, c.conv_width), ("embed", None), qkv, tensor(f"{gg}.attn_qkv.weight", (c.conv_width, d)),
                             quantize=True),
+            "w_z": Weight((d, c.value_width), ("embed", None), z, tensor(f"{gg}.attn_gate.weight", (c.value_width, d)),
+                          quantize=True),
+            "w_b": Weight((d, hv), ("embed", None), b, HeadRows(*ba_gg, hk, (0, r))),
+            "w_a": Weight((d, hv), ("embed", None), a, HeadRows(*ba_gg, hk, (r, 2 * r))),
+            "conv": Weight((c.conv_width, 1, k), (None, None, None),
+                           tensor(f"{hf}.conv1d.weight", (c.conv_width, 1, k), matrix=False),
+                           _Mapped(tensor(f"{gg}.ssm_conv1d.weight", (c.conv_width, k), matrix=False),
+                                   (c.conv_width, 1, k), lambda w: w)),
+            "dt_bias": Weight((hv,), (None,), tensor(f"{hf}.dt_bias", (hv,)), tensor(f"{gg}.ssm_dt.bias", (hv,)),
+                              init="ones"),
+            "A_log": Weight((hv,), (None,), tensor(f"{hf}.A_log", (hv,)),
+                            _Mapped(tensor(f"{gg}.ssm_a", (hv,)), (hv,), lambda a: np.log(-a.astype(np.float32))),
+                            init="zeros"),
+            "gdn_norm": Weight((dv,), (None,), tensor(f"{hf}.norm.weight", (dv,)), tensor(f"{gg}.ssm_norm.weight", (dv,)),
+                               init="ones"),
+            "w_out": Weight((c.value_width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, c.value_width)),
+                            tensor(f"{gg}.ssm_out.weight", (d, c.value_width)), quantize=True),
         }
 
     # ------------------------------------------------------------ forward

@@ -79,6 +79,11 @@ class EngineStats(BaseModel):
     kv_swaps: dict[str, int] = Field(
         default_factory=dict, description="pages of preempted sequences swapped out (out) and found again on "
                                           "resuming (in)")
+    state_snapshots: dict[str, int] = Field(
+        default_factory=dict, description="hybrid models' recurrent-state snapshots by event: saved (at page ends "
+                                          "of prompts), restored (prompts resumed from one), to_host, from_tiers")
+    spec_draft_tokens: int = Field(default=0, description="speculative decoding: draft tokens verified")
+    spec_accepted_tokens: int = Field(default=0, description="of those, drafts accepted")
 
 
 class _ReplicaIdentity(BaseModel):
@@ -123,13 +128,16 @@ _HISTOGRAMS = {"ttft": "vsurge:time_to_first_token_seconds", "itl": "vsurge:inte
 _COUNTERS = {"prompt_tokens": "vsurge:prompt_tokens_total", "generation_tokens": "vsurge:generation_tokens_total",
              "failures": "vsurge:request_failure_total", "preemptions": "vsurge:num_preemptions_total",
              "prefix_cache_queries": "vsurge:prefix_cache_queries_total",
-             "prefix_cache_hits": "vsurge:prefix_cache_hits_total"}
+             "prefix_cache_hits": "vsurge:prefix_cache_hits_total",
+             "spec_draft_tokens": "vsurge:spec_decode_num_draft_tokens_total",
+             "spec_accepted_tokens": "vsurge:spec_decode_num_accepted_tokens_total"}
 
 
 # per-label counters: field -> (series, label)
 _LABELLED = {"kv_tier_hits": ("vsurge:kv_tier_hits_total", "tier"),
              "kv_tier_bytes": ("vsurge:kv_tier_bytes_total", "direction"),
-             "kv_swaps": ("vsurge:kv_swaps_total", "direction")}
+             "kv_swaps": ("vsurge:kv_swaps_total", "direction"),
+             "state_snapshots": ("vsurge:state_snapshots_total", "event")}
 _LABELLED_SERIES = {series: (key, label) for key, (series, label) in _LABELLED.items()}
 
 
@@ -214,7 +222,8 @@ class EngineSnapshot:
             finished={reason: int(n) for reason, n in sorted(self.finished.items())},
             finished_total=int(sum(self.finished.values())), failures=int(c["failures"]),
             preemptions=int(c["preemptions"]), prefix_cache_queries=int(c["prefix_cache_queries"]),
-            prefix_cache_hits=int(c["prefix_cache_hits"]),
+            prefix_cache_hits=int(c["prefix_cache_hits"]), spec_draft_tokens=int(c["spec_draft_tokens"]),
+            spec_accepted_tokens=int(c["spec_accepted_tokens"]),
             prefix_cache_hit_rate=c["prefix_cache_hits"] / c["prefix_cache_queries"] if c["prefix_cache_queries"]
             else None, steps={role: int(n) for role, n in sorted(self.steps.items())},
             kv_transfer_queue_depth=int(self.transfer_depth), **histograms,
