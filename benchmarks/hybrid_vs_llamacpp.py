@@ -3,7 +3,7 @@ not run in CI: needs llama.cpp, built by ../shared/peers/build-llama-server.sh o
 
 The model is a random-weight Qwen3-Next scaled to ~0.5B (hidden 1024, 24 layers: Gated DeltaNet on
 three in four with 16 key / 16 value heads of 128, gated attention with 8 query / 2 KV heads of 256
-on the rest; 32 experts of 512, 4 used, and a 512 shared expert), saved by transformers in bfloat16
+on the rest; 16 experts of 128, 4 used, and a 512 shared expert), saved by transformers in bfloat16
 and written as GGUF by llama.cpp's own converter (`--outtype`, default q8_0). Then
 benchmarks/serve.py runs its loads on `vsurge serve --model <file>` (no other flag) and on
 `llama-server -np 32`: 1 stream and 8 concurrent requests by default.
@@ -25,8 +25,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SHAPE = dict(vocab_size=49152, hidden_size=1024, num_hidden_layers=24, num_attention_heads=8, num_key_value_heads=2,
              head_dim=256, linear_num_key_heads=16, linear_num_value_heads=16, linear_key_head_dim=128,
-             linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=32, num_experts_per_tok=4,
-             moe_intermediate_size=512, shared_expert_intermediate_size=512, intermediate_size=3584,
+             linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=16, num_experts_per_tok=4,
+             moe_intermediate_size=128, shared_expert_intermediate_size=512, intermediate_size=3584,
              full_attention_interval=4, max_position_embeddings=32768, tie_word_embeddings=False)
 
 

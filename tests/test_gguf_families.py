@@ -74,3 +74,22 @@ def test_quantized_stacked_experts_load_by_expert(tiny_checkpoints, tmp_path, de
     q8 = logits_of(vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, progress=False)[0], ids)
     err = np.abs(q8 - exact).max()
     assert 0 < err < 0.02 * np.abs(exact).max()
+
+
+def test_qwen3_next_in_q8_0_blocks(tiny_checkpoints, tmp_path, default_gguf_path):
+    """Qwen3-Next's matrices in Q8_0 as llama.cpp's converter quantizes them (its per-head query/gate
+    rows and DeltaNet projections read as rows of the stored blocks, kept in blocks where the CPU
+    kernel is built): logits within the format's error of the float file."""
+    folder, _ = tiny_checkpoints["qwen3_next"]
+    types = {k: Q.Q8_0 for k in ("attn_q.weight", "attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight",
+                                 "ssm_out.weight", "ffn_gate_exps.weight")}
+    write_family_gguf(tmp_path / "f32.gguf", folder, default_gguf_path)
+    write_family_gguf(tmp_path / "q8.gguf", folder, default_gguf_path, types=types)
+    from vsurge import kernels
+
+    ids = prompt("qwen3_next")
+    exact = logits_of(vsurge.load(tmp_path / "f32.gguf", dtype=jnp.float32, progress=False)[0], ids)
+    blocks = "blocks" if kernels.available() else None  # (else dequantized: the same rows read)
+    q8 = logits_of(vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, quantization=blocks, progress=False)[0], ids)
+    err = np.abs(q8 - exact).max()
+    assert 0 < err < 0.02 * np.abs(exact).max()

@@ -259,9 +259,10 @@ class HeadRows:
         return [(self.name, self.shape)]
 
     def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
-        per_head, inputs = self.shape[0] // self.heads, self.shape[1]
-        block = source.read(self.name).reshape(self.heads, per_head, inputs)[:, self.part[0]:self.part[1]]
-        out = block.reshape(-1, inputs).T  # (in, H * rows)
+        per_head = self.shape[0] // self.heads
+        stored = source.read(self.name)  # (H * per_head, in); in = 1 for the block loader's row ids
+        block = stored.reshape(self.heads, per_head, -1)[:, self.part[0]:self.part[1]]
+        out = block.reshape(-1, stored.shape[-1]).T  # (in, H * rows)
         return out[spans[0][0]:spans[0][1], spans[1][0]:spans[1][1]]
 
 
