@@ -9,7 +9,7 @@ work. The untraced wall time per call is split in proportion to each category's
 traced op time (host work between calls is not in it: `benchmarks/serve.py` shows it).
 
     python benchmarks/profile_step.py [--model FILE] [--rows 1,16,32] [--engine paged] [--quantization int8]
-                                      [--kv-cache-dtype bfloat16]
+                                      [--kv-cache-dtype bfloat16] [--top 20]
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ def wall_ms(fn, reps: int) -> float:
     return float(np.median(walls))
 
 
-def split(fn, hlo_text: str, reps: int, wall: float) -> dict[str, float]:
+def split(fn, hlo_text: str, reps: int, wall: float, top: int = 0) -> dict[str, float]:
     """`wall` split by category in proportion to each category's traced op time (the trace slows
-    every op down, one event per thunk, so only the proportions are kept)."""
+    every op down, one event per thunk, so only the proportions are kept). `top`: also print the
+    `top` op names (scopes, layer numbers folded) that take the most of it."""
     folder = tempfile.mkdtemp(prefix="vsurge-trace-")
     jax.profiler.start_trace(folder)
     for _ in range(reps):
@@ -91,11 +92,14 @@ def split(fn, hlo_text: str, reps: int, wall: float) -> dict[str, float]:
     events = json.load(gzip.open(glob.glob(folder + "/**/*.json.gz", recursive=True)[0]))["traceEvents"]
     shutil.rmtree(folder, ignore_errors=True)
     table = op_table(hlo_text)
-    traced = collections.Counter()
+    traced, by_name = collections.Counter(), collections.Counter()
     for e in events:  # leaf ops only: a while loop's or a call's own event spans its body
         if e.get("ph") == "X" and e["name"] in table and table[e["name"]][0] not in ("while", "call", "conditional"):
             traced[category(table[e["name"]])] += e["dur"]
+            by_name[re.sub(r"layer_\d+", "layer_N", table[e["name"]][1])] += e["dur"]
     total = sum(traced.values()) or 1.0
+    for name, t in by_name.most_common(top):
+        print(f"  {wall * t / total:7.2f} ms  {name}", flush=True)
     out = {c: wall * t / total for c, t in traced.items()}
     out["total"] = wall
     return out
@@ -124,6 +128,7 @@ def main(argv=None) -> int:
                    "the page columns they use (512 and less: every column of the window, unrolled)")
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--top", type=int, default=0, help="print the N op names taking the most decode time")
     p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     all_rows = [int(r) for r in args.rows.split(",")]
@@ -171,7 +176,7 @@ def main(argv=None) -> int:
     shape = prompt_plan.chunk_shape
     prompt_program = engine._program(("mixed", engine.config.mixed_rows(shape)[0], shape))
     prompt = split(lambda: run(prompt_plan), prompt_program.as_text(), 1, prompt_wall)
-    decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall)
+    decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall, args.top)
     tokens = sum(c.length for c in prompt_plan.chunks)
     for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):
         cells = " | ".join(f"{cost.get(c, 0.0):.1f}" for c in CATEGORIES)

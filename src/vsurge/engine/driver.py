@@ -275,6 +275,7 @@ class Driver(AbstractDriver):
                 state = self.handover.take_arrivals(replica, state)
             if not scheduler.has_work and inflight is None:
                 if not replica.encodes:
+                    self._report(replica)  # (the last step's counters, before going idle)
                     replica.wake.wait()  # idle until a request, a prefix, room in the backlog or a stop arrives
                     replica.wake.clear()
                 continue

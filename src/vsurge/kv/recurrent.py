@@ -75,12 +75,17 @@ ROW_BY_ROW_BYTES = 1 << 16
 
 def _one_by_one(op, inputs, states, slots, positions, snaps=None, restore=None):
     """`_at_slots` for the rows one at a time (a scan): the same results, each state read and
-    written where it lives. Returns (out, states, None)."""
+    written where it lives (a dynamic slice and a dynamic update, in place; a gather, a select and
+    a scatter of one row each cost a pass over the state). Returns (out, states, None)."""
     def one_row(states, row):
         xs, slot, position, back = row
-        out, states, _ = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], position[None], snaps,
-                                   None if restore is None else back[None])
-        return states, out[0]
+        start = jax.lax.dynamic_index_in_dim(states, slot, keepdims=True)  # (1, ...)
+        if restore is not None:
+            start = jax.lax.cond(back >= 0, lambda: jax.lax.dynamic_index_in_dim(snaps, back, keepdims=True),
+                                 lambda: start)
+        start = jax.lax.cond(position[0] == 0, lambda: jnp.zeros_like(start), lambda: start)
+        out, new = op(tuple(a[None] for a in xs), start, (position >= 0)[None])
+        return jax.lax.dynamic_update_index_in_dim(states, new, slot, 0), out[0]
 
     back = jnp.zeros_like(slots) if restore is None else restore
     states, out = jax.lax.scan(one_row, states, (inputs, slots, positions, back))
