@@ -94,7 +94,7 @@ def test_every_family_serves_its_greedy_text(family_server, tiny_checkpoints, de
     for name in SERVED:
         assert stats[name]["prefix_cache_hits"] >= 16, name
     # the hybrids' recurrent states (a row per slot and a spare, and the snapshots) count in the stats
-    from vsurge.engine.pools import state_row_bytes
+    from vsurge.kv.recurrent import state_row_bytes
     from vsurge.models.registry import config_from_hf
 
     for name in SERVED:

@@ -322,7 +322,9 @@ class Driver(AbstractDriver):
         replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
         replica.last_step_at = done
         replica.metrics.engine_step()
-        for seq, sample in replica.scheduler.postprocess(plan, host):
+        updates = replica.scheduler.postprocess(plan, host)
+        self._report(replica)  # a client that has its last token sees counters that include it
+        for seq, sample in updates:
             self._emit(replica, seq, sample)
         if replica.role == "decode":
             self.handover.after_step(replica)

@@ -6,22 +6,16 @@ of pages for max_length tokens, so admission never waits for memory and nothing 
 from __future__ import annotations
 
 import logging
-import math
 
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import pool_dtype, pool_page_bytes
+from ..kv.recurrent import state_row_bytes
 from ..kv.slot_pages import SlotPages
 from ..kv.state_snapshots import StateSnapshots
 from .config import EngineConfig
 
 log = logging.getLogger(__name__)
-
-
-def state_row_bytes(model_config) -> int:
-    """Bytes of one sequence's recurrent states (every recurrent layer's parts, float32); 0 for a
-    model with attention layers only."""
-    return sum(4 * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
 
 
 def state_cache_bytes(model_config, config: EngineConfig, snapshots: int) -> int:

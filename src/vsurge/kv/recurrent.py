@@ -26,6 +26,12 @@ import jax.numpy as jnp
 from ..config import StateLayer
 
 
+def state_row_bytes(model_config) -> int:
+    """Bytes of one sequence's recurrent states (every recurrent layer's parts, float32); 0 for a
+    model with attention layers only."""
+    return sum(4 * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
+
+
 def init_states(layout: tuple[StateLayer, ...], rows: int) -> list[dict]:
     """Zero states of every recurrent layer for `rows` rows: per layer {part: (rows, *shape) f32}."""
     return [{name: jnp.zeros((rows, *shape), jnp.float32) for name, shape in layer.parts} for layer in layout]
