@@ -187,13 +187,14 @@ def check_default_blocks_tp3():
 
 
 def check_families(*named_paths):
-    """Each family (NAME=PATH) at TP 2 (and, for mixtures of experts, EP 2: whole experts per device)
-    against one device: logits of a full forward pass; and greedy tokens of the paged engine at TP 2
-    against the reference Generator on one device. (TP 4, where KV heads are copied, is checked on
+    """Each family (NAME=PATH[+paged]) at TP 2 (and, for mixtures of experts, EP 2: whole experts per
+    device) against one device: logits of a full forward pass; and, with +paged, greedy tokens of the
+    paged engine at TP 2 against the reference Generator on one device. (TP 4, where KV heads are copied, is checked on
     Llama and Qwen2 by check_logits; here it only repeated TP 2's splits at twice the compile time.)"""
     result = {}
     for named in named_paths:
         name, path = named.split("=", 1)
+        path, paged = path.removesuffix("+paged"), path.endswith("+paged")
         model, processor = vsurge.load(path, dtype="float32", progress=False)
         ref = forward(model)
         prompts = [processor.encode(p) for p in PROMPTS[:2]]
@@ -205,9 +206,10 @@ def check_families(*named_paths):
                 specs = {n: str(w.sharding.spec) for n, w in sharded.named_weights().items()
                          if n == "layers.1.experts_gate_up"}
                 out[f"{'ep' if ep else 'tp'}{tp}"] = {"rel_err": rel_err(forward(sharded), ref), "specs": specs}
-        tp2, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2)
-        out["paged_tp2"] = _generate(_surge(tp2, processor, "paged"), prompts, 8)
-        out["reference"] = [greedy_generate(model, ids, 8) for ids in prompts]
+        if paged:
+            tp2, _ = vsurge.load(path, dtype="float32", progress=False, load_processor=False, tensor_parallel_size=2)
+            out["paged_tp2"] = _generate(_surge(tp2, processor, "paged"), prompts, 8)
+            out["reference"] = [greedy_generate(model, ids, 8) for ids in prompts]
         result[name] = out
     print("RESULT " + json.dumps(result), flush=True)
 

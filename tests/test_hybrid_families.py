@@ -137,7 +137,7 @@ def test_repeats_resume_from_a_snapshot_exactly(hybrid):
     assert hits[-3:] == [0, (len(ids[0]) - 2) // 8 * 8, 0] and pool.snapshots.restores == 1
 
 
-@pytest.mark.parametrize("name,row_by_row", [("qwen3_next", False), ("qwen3_next", True), ("nemotron_h", False)])
+@pytest.mark.parametrize("name,row_by_row", [("qwen3_next", False), ("qwen3_next", True)])
 def test_speculation_rolls_the_states_back_to_the_accepted_draft(hybrids, name, row_by_row, monkeypatch):
     """Drafts on a hybrid model: each draft row runs from the state its predecessor left and keeps its
     own in a draft-state row, and the next step starts from the last accepted one's. Greedy tokens

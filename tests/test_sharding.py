@@ -116,11 +116,16 @@ def test_default_model_answers_the_same_at_tp3():
 # MLA's single latent KV head (replicated) with query heads split, experts split by units or whole (Llama 4's
 # fed their inputs times their scores, from fused gate-then-up tensors)
 SHARDED_FAMILIES = ("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2")
+# of those, the paged engine at TP 2 where its caches differ: windows, MLA's latent pages, sinks and experts,
+# a Gated DeltaNet's and a Mamba-2's state rows beside the pages (each family's engine compile costs ~10 s;
+# the others' sharded weights are the logits check's)
+PAGED_SHARDED = ("gemma2", "deepseek_v3", "gpt_oss", "qwen3_next", "nemotron_h")
 
 
 @pytest.fixture(scope="session")
 def families_result(tiny_checkpoints):
-    return run_check("families", *(f"{name}={tiny_checkpoints[name][0]}" for name in SHARDED_FAMILIES))
+    return run_check("families", *(f"{name}={tiny_checkpoints[name][0]}" + ("+paged" if name in PAGED_SHARDED else "")
+                                   for name in SHARDED_FAMILIES))
 
 
 @pytest.mark.parametrize("name", SHARDED_FAMILIES)
@@ -128,7 +133,8 @@ def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_
     r = families_result[name]
     for key in ("tp2",) + (("ep2",) if r["moe"] else ()):
         assert r[key]["rel_err"] <= LOGIT_RTOL, (key, r[key])
-    assert r["paged_tp2"] == r["reference"]  # the paged engine on a 2-device mesh: the same greedy tokens
+    if name in PAGED_SHARDED:  # the paged engine on a 2-device mesh: the same greedy tokens
+        assert r["paged_tp2"] == r["reference"]
     if r["moe"]:  # tensor parallel splits each expert's units; expert parallel splits whole experts
         assert r["tp2"]["specs"] == {"layers.1.experts_gate_up": "P(None, None, 'model')"}, r["tp2"]
         assert r["ep2"]["specs"] == {"layers.1.experts_gate_up": "P('model', None, None)"}, r["ep2"]
