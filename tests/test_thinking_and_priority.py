@@ -177,37 +177,50 @@ def test_enable_thinking_reaches_the_template(server, thinking_dir):
 
 def test_a_high_priority_request_overtakes_the_queue(server):
     """Both slots run long low-priority streams; two more low-priority requests queue; then one high-priority
-    request arrives. Its first token must come before either queued low one's (it preempts a running one)."""
+    request arrives. Its first token must come before either queued low one's (it preempts a running one).
+    The tiny model's long streams can end before the urgent request arrives (a loaded machine, a fast CPU):
+    then the queued ones start without waiting, nothing is tested, and the round runs again."""
     url = server.base + "/v1/completions"
-    first_token: dict[str, float] = {}  # time to first token of each request
-    first_at: dict[str, float] = {}  # when it came
-    started = threading.Barrier(3)
 
-    def stream(name: str, priority: int, max_tokens: int, wait: threading.Barrier | None = None):
-        body = {"model": NAME, "prompt": f"go {name}", "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                "ignore_eos": True, "priority": priority}
-        begin = time.perf_counter()
-        with httpx.stream("POST", url, json=body, timeout=120) as r:
-            assert r.status_code == 200, r.read()
-            for line in r.iter_lines():
-                if line.startswith("data: {") and name not in first_token:
-                    first_at[name] = time.perf_counter()
-                    first_token[name] = first_at[name] - begin
-                    if wait is not None:
-                        wait.wait()
-        return name
+    def round_of_requests():
+        first_token: dict[str, float] = {}  # time to first token of each request
+        first_at: dict[str, float] = {}  # when it came
+        began: dict[str, float] = {}
+        started = threading.Barrier(3)
+
+        def stream(name: str, priority: int, max_tokens: int, wait: threading.Barrier | None = None):
+            body = {"model": NAME, "prompt": f"go {name}", "max_tokens": max_tokens, "temperature": 0,
+                    "stream": True, "ignore_eos": True, "priority": priority}
+            began[name] = time.perf_counter()
+            with httpx.stream("POST", url, json=body, timeout=120) as r:
+                assert r.status_code == 200, r.read()
+                for line in r.iter_lines():
+                    if line.startswith("data: {") and name not in first_token:
+                        first_at[name] = time.perf_counter()
+                        first_token[name] = first_at[name] - began[name]
+                        if wait is not None:
+                            wait.wait()
+            return name
+
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            running = [pool.submit(stream, f"long{i}", 5, 200, started) for i in range(2)]
+            started.wait(timeout=60)  # both slots are generating
+            queued = [pool.submit(stream, f"queued{i}", 5, 4) for i in range(2)]
+            deadline = time.time() + 10  # they are waiting for a slot (a fixed pause let the long ones finish
+            while server.metric("vsurge:num_requests_waiting") < 2 and time.time() < deadline:  # on a fast CPU)
+                time.sleep(0.01)
+            urgent = pool.submit(stream, "urgent", -5, 4)
+            for future in running + queued + [urgent]:
+                future.result(timeout=120)
+        return first_token, first_at, began
 
     before = server.metric("vsurge:num_preemptions_total")
-    with concurrent.futures.ThreadPoolExecutor(5) as pool:
-        running = [pool.submit(stream, f"long{i}", 5, 200, started) for i in range(2)]
-        started.wait(timeout=60)  # both slots are generating
-        queued = [pool.submit(stream, f"queued{i}", 5, 4) for i in range(2)]
-        deadline = time.time() + 10  # they are waiting for a slot (a fixed pause let the long ones finish
-        while server.metric("vsurge:num_requests_waiting") < 2 and time.time() < deadline:  # on a fast CPU)
-            time.sleep(0.01)
-        urgent = pool.submit(stream, "urgent", -5, 4)
-        for future in running + queued + [urgent]:
-            future.result(timeout=120)
+    for _ in range(3):
+        first_token, first_at, began = round_of_requests()
+        if min(first_at["queued0"], first_at["queued1"]) > began["urgent"]:  # they were still waiting
+            break
+    else:
+        pytest.fail(f"in 3 rounds the queued requests never waited until the urgent one came: {first_at}")
     assert first_token["urgent"] < min(first_token["queued0"], first_token["queued1"]), first_token
     assert first_at["urgent"] < min(first_at["queued0"], first_at["queued1"]), first_at  # it overtook them
     assert server.metric("vsurge:num_preemptions_total") > before
