@@ -68,7 +68,6 @@ def main() -> int:
 
         recurrent.ROW_BY_ROW_BYTES = 1 << 62
     from vsurge import kernels
-    from vsurge.kernels import cpu_isa
     from vsurge.loading import load_processor
 
     processor = load_processor("default")
@@ -77,7 +76,7 @@ def main() -> int:
     # the C++ kernels (the CPU paged-attention decode among them) speed the dense model's 24 attention
     # layers more than the hybrid's 6: say whether they were built
     built_kernels = "built" if kernels.available() else f"absent ({kernels.unavailable_reason()})"
-    print(f"CPU ISA: {cpu_isa()}; C++ kernels {built_kernels}; bfloat16 weights, paged engine, 64-token prompts; "
+    print(f"CPU ISA: {kernels.cpu_isa()}; C++ kernels {built_kernels}; bfloat16 weights, paged engine, 64-token prompts; "
           f"ms per decode step, median of {args.reps} alternating rounds\n")
     print(f"hybrid: {hybrid.num_params / 1e6:.0f}M params; dense: {dense.num_params / 1e6:.0f}M "
           f"(MLP {dense.config.intermediate_size})\n")

@@ -180,7 +180,9 @@ def pytest_terminal_summary(terminalreporter):
             c[key] += worker[key]
     write(f"XLA in the pytest process(es): {c['compile']} compiles taking {c['compile_s']:.0f} s, persistent "
           f"cache {c['hit']} hits / {c['miss']} misses ({SESSION_CACHE_DIR})")
-    write(f"machine: {_cpu_model()}, {os.cpu_count()} cores, CPU ISA {_cpu_isa()}")  # suite times differ 2x by machine
+    from vsurge.kernels import cpu_isa
+
+    write(f"machine: {_cpu_model()}, {os.cpu_count()} cores, CPU ISA {cpu_isa()}")  # suite times differ 2x by machine
 
 
 def _cpu_model() -> str:
@@ -189,12 +191,6 @@ def _cpu_model() -> str:
             return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
     except OSError:
         return "unknown CPU"
-
-
-def _cpu_isa() -> str:
-    from vsurge.kernels import cpu_isa
-
-    return cpu_isa()
 
 
 @pytest.fixture(scope="session")

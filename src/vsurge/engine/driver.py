@@ -287,7 +287,6 @@ class Driver(AbstractDriver):
                 inflight = None
                 state = self._sync_tiers(engine, state)
                 continue
-            self._report(replica)
             if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
                 replica.wake.wait(0.01)
                 replica.wake.clear()
