@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from vsurge import kernels
-from vsurge.bench_serve import TABLE_HEADER, format_summary, run
+from vsurge.bench_serve import TABLE_HEADER, format_summary, format_trace, run
 from vsurge.devices import xla_cpu_isa_cap
 from vsurge.loading import default_model_path
 
@@ -124,6 +124,8 @@ def measure(server: Server, args) -> dict:
         summary = asyncio.run(run(server.base, model, prompts, args.input_len, args.output_len, float("inf"),
                                   concurrency, None, 2, shared_prefix_len=preamble))
         print(format_summary(f"{server.name} · {name}", summary), flush=True)
+        if summary.get("server_trace"):
+            print(format_trace(summary), flush=True)
         if summary["failed"]:  # a failed request's tokens are missing from the row's tok/s
             print(f"  {summary['failed']} failed: {summary['errors']}", file=sys.stderr, flush=True)
         results[name] = summary
@@ -135,11 +137,12 @@ def vsurge_cmd(extra: str) -> list[str]:
             *shlex.split(extra)]
 
 
-def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS, model: str = "default model") -> str:
-    lines = [f"`{command}`, {model}, 128-word prompts, 128 output tokens, streamed; "
-             f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
+def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS, model: str = "default model",
+          input_len: int = 128, output_len: int = 128) -> str:
+    lines = [f"`{command}`, {model}, {input_len}-word prompts, {output_len} output tokens, streamed; "
+             f"{time.strftime('%Y-%m-%d')}, this {os.cpu_count()}-core machine ({isa_line()}), one run.", "",
              "| load | vsurge tok/s | llama-server tok/s | ratio | vsurge TTFT p50 s | llama-server TTFT p50 s | "
-             "TTFT ratio |", "|---|---|---|---|---|---|---|"]
+             "TTFT ratio | chunk gap p50 ms (vsurge / llama-server) |", "|---|---|---|---|---|---|---|---|"]
     for name, *_ in loads:
         v = vs[name]
         p = peer[name] if peer else None
@@ -147,8 +150,9 @@ def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS
         ratio = f"{v['output_throughput'] / p['output_throughput']:.2f}x" if p else "-"
         ttft = f"{p['ttft']['median']:.2f}" if p else "-"
         tratio = f"{v['ttft']['median'] / p['ttft']['median']:.2f}x" if p else "-"
+        gap = f"{v['itl']['median'] * 1000:.0f}" + (f" / {p['itl']['median'] * 1000:.0f}" if p else "")
         lines.append(f"| {name} | {v['output_throughput']:.1f} | {tok} | {ratio} | {v['ttft']['median']:.2f} | "
-                     f"{ttft} | {tratio} |")
+                     f"{ttft} | {tratio} | {gap} |")
     lines += ["", f"vsurge start to ready with a warm compilation cache: {start_s:.1f} s; "
               f"first request after start-up: TTFT {vs['first request TTFT s']:.2f} s."]
     return "\n".join(lines)
@@ -211,7 +215,10 @@ def main(argv=None, argv_command: str = "") -> int:
     command = argv_command or ("python benchmarks/serve.py" + (f" --vsurge-args {shlex.quote(extra)}" if extra else ""))
     if args.loads_arg and not argv_command:
         command += f" --loads {shlex.quote(args.loads_arg)}"
-    text = table(vs, peer, warm, command, args.loads, model_path.name if args.model else "default model")
+    if args.input_len != 128 and not argv_command:
+        command += f" --input-len {args.input_len}"
+    text = table(vs, peer, warm, command, args.loads, model_path.name if args.model else "default model",
+                 args.input_len, args.output_len)
     print("\n" + text)
     if args.write_readme:
         write_readme(text, args.readme_marker)

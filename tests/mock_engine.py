@@ -53,8 +53,10 @@ class MockOutput:
     valid: np.ndarray
     logprobs: None = None
     chunk_offset: int = 0
+    compute_seconds: float = 0.0  # the "device" time, spent when the host reads the tokens (as JAX's)
 
     def to_host(self, with_logprobs: bool):
+        time.sleep(self.compute_seconds)
         return self
 
 
@@ -64,9 +66,13 @@ def first_token(prompt_ids) -> int:
 
 class MockEngine:
     def __init__(self, slots: int = 3, vocab: int = 1000, decode_delay: float = 0.0, max_length: int = 512,
-                 decode_steps: int = 1):
+                 decode_steps: int = 1, step_seconds: float = 0.0, decode_call_ms: float = 100.0):
+        """decode_delay: the step call itself blocks this long; step_seconds: "device" time per step
+        of a call, spent when its tokens are read."""
         self.config = EngineConfig(max_slots=slots, max_length=max_length, page_size=16, prefill_tokens=64,
-                                   decode_steps=decode_steps)
+                                   decode_steps=decode_steps, decode_call_ms=decode_call_ms)
+        self.step_seconds = step_seconds
+        self.steps: list[tuple[float, list[int], int]] = []  # (called at, request ids prefilled, steps) per call
         self.pool = SlotPages(slots, max_length, 16)
         self.processor = CharProcessor()
         self.vocab_size = vocab
@@ -111,6 +117,7 @@ class MockEngine:
         self.slots_used.update(s.slot for s in plan.sequences)
         d = len(plan.decode)
         k = plan.num_steps if not plan.chunks else 1
+        self.steps.append((time.perf_counter(), [c.seq.seq_id for c in plan.chunks], k))
         tokens = np.zeros((k, d + len(plan.chunks)), np.int64)
         valid = np.zeros_like(tokens, bool)
         for i, seq in enumerate(plan.decode):
@@ -128,7 +135,7 @@ class MockEngine:
                 seq = chunk.seq
                 token = seq.tokens[-1] + 1 if seq.generated else first_token(seq.tokens)
                 tokens[0, d + j], valid[0, d + j] = token, True
-        return state, MockOutput(tokens, valid, chunk_offset=d)
+        return state, MockOutput(tokens, valid, chunk_offset=d, compute_seconds=self.step_seconds * k)
 
 
     # -- disaggregated serving: a "prefix" is the tokens whose K/V were computed

@@ -247,6 +247,29 @@ def test_several_decode_steps_per_call_give_the_same_tokens(driver_factory):
         assert tokens_of(drain(r)) == expected_tokens([i, 2], 3 + 2 * i, [14] if i == 1 else ())
 
 
+def test_a_prompt_arriving_during_decode_calls_is_computed_by_the_next_step(driver_factory):
+    """Issue 38: a request arriving while a multi-step decode call runs is prefilled by the very next
+    step, and calls are cut to decode_call_ms at the measured step time (40 ms steps, 100 ms: 2 steps,
+    where the configured 8 made the newcomer wait up to 320 ms)."""
+    engine = MockEngine(slots=3, decode_steps=8, step_seconds=0.04, decode_call_ms=100)
+    driver = driver_factory(engine)
+    long = make_request([1, 2], max_tokens=60)
+    driver.submit_request(long)
+    for _ in range(8):  # its prompt, its one-step first decode call, then budgeted calls
+        long.channel.get(timeout=TIMEOUT)
+    late = make_request([3, 4], max_tokens=3)
+    arrived = time.perf_counter()
+    driver.submit_request(late)
+    assert tokens_of(drain(late)) == expected_tokens([3, 4], 3)
+    calls = list(engine.steps)
+    in_flight = max(i for i, (at, _, _) in enumerate(calls) if at <= arrived)
+    prefilled = next(i for i, (_, ids, _) in enumerate(calls) if late.request_id in ids)
+    assert prefilled == in_flight + 1
+    decode_calls = [k for _, ids, k in calls[:in_flight + 1] if not ids]
+    assert decode_calls[0] == 1 and max(decode_calls) == 2, decode_calls
+    driver.stop(timeout=1)
+
+
 def test_vsurge_generate_cancels_the_submitted_prompts_when_a_later_one_is_refused():
     """Old bug: vSurge.generate submitted prompts one by one; when the queue refused a later one, the
     earlier ones ran on to max_tokens with nobody reading them."""

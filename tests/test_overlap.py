@@ -201,20 +201,24 @@ def test_planning_ahead_counts_pending_tokens_and_never_preempts():
     assert [c.seq for c in first.chunks] == [a, b]
     scheduler.advance(first)  # dispatched: each prompt computed, its first token sampled on the device
     assert (a.pending, a.num_tokens, a.remaining) == (1, 8, 1)
-    second = scheduler.schedule(ahead=True)
-    assert second.decode == [a, b] and second.num_steps == 4 and not second.chunks
+    second = scheduler.schedule(ahead=True)  # each one's second token: a call of one step
+    assert second.decode == [a, b] and second.num_steps == 1 and not second.chunks
     scheduler.advance(second)
-    assert (a.pending, a.tokens_left, b.num_tokens) == (5, 0, 12)
-    third = scheduler.schedule(ahead=True)  # a's last token is in flight; one page left for b
-    assert third.decode == [b] and third.num_steps == 1
+    third = scheduler.schedule(ahead=True)
+    assert third.decode == [a, b] and third.num_steps == 3  # all a may still make
     scheduler.advance(third)
+    assert (a.pending, a.tokens_left, b.num_tokens) == (5, 0, 12)
+    fourth = scheduler.schedule(ahead=True)  # a's last token is in flight; b's pages hold one step
+    assert fourth.decode == [b] and fourth.num_steps == 1
+    scheduler.advance(fourth)
     # b needs a page that only preempting (or a's end, not read yet) would free: wait for the results
     assert scheduler.schedule(ahead=True) is None
     assert scheduler.num_preemptions == 0 and a in scheduler.running and b in scheduler.running
     scheduler.postprocess(first, _out([[100, 200]]))
-    scheduler.postprocess(second, _out([[101, 201], [102, 202], [103, 203], [104, 204]]))
+    scheduler.postprocess(second, _out([[101, 201]]))
+    scheduler.postprocess(third, _out([[102, 202], [103, 203], [104, 204]]))
     assert a.finished and a.tokens[7:] == [100, 101, 102, 103, 104] and a.pending == 0
-    scheduler.postprocess(third, _out([[205, 0]]))
+    scheduler.postprocess(fourth, _out([[205, 0]]))
     assert b.tokens[7:] == [200, 201, 202, 203, 204, 205] and b.pending == 0 and b.remaining == 1
     assert scheduler.schedule().decode == [b] and scheduler.num_preemptions == 0
     pool.check()
@@ -222,8 +226,8 @@ def test_planning_ahead_counts_pending_tokens_and_never_preempts():
 
 def test_a_first_token_comes_from_a_one_step_call():
     """A prompt with nothing left to prefill (one token here; a resent, cached prompt in practice)
-    decodes its first token in a call of one step, so it streams after one step, not four; the call
-    planned behind it runs all four."""
+    decodes its first token in a call of one step, so it streams after one step, not four; so does its
+    second (more prompts of a burst are likely arriving); the call planned behind those runs all four."""
     config = EngineConfig(max_slots=2, max_length=64, page_size=4, prefill_tokens=16, chunk_lengths=(8,),
                           decode_steps=4)
     scheduler = Scheduler(HBMPageManager(8, 4), config)
@@ -233,8 +237,12 @@ def test_a_first_token_comes_from_a_one_step_call():
     assert first.decode == [a] and not first.chunks and first.num_steps == 1
     scheduler.advance(first)
     second = scheduler.schedule(ahead=True)
-    assert second.decode == [a] and second.num_steps == 4
+    assert second.decode == [a] and second.num_steps == 1
     scheduler.advance(second)
+    third = scheduler.schedule(ahead=True)
+    assert third.decode == [a] and third.num_steps == 4
+    scheduler.advance(third)
     scheduler.postprocess(first, _out([[100]]))
-    scheduler.postprocess(second, _out([[101], [102], [103], [104]]))
-    assert a.tokens[1:] == [100, 101, 102, 103, 104] and a.pending == 0
+    scheduler.postprocess(second, _out([[101]]))
+    scheduler.postprocess(third, _out([[102], [103], [104], [105]]))
+    assert a.tokens[1:] == [100, 101, 102, 103, 104, 105] and a.pending == 0

@@ -109,16 +109,16 @@ def test_finished_sequences_free_slot_and_pages():
     s = make(decode_steps=4)
     a = seq(3, max_tokens=3)
     s.add(a)
-    run(s, 2)  # prompt, then a multi-step decode ends it
+    run(s, 3)  # prompt, the second token (a new sequence's first decode call is one step), the last
     assert a.status is Status.FINISHED and a.output.finish_reason == "length" and a.generated == [7, 7, 7]
     assert s.pool.num_used_pages == 0 and not s.running and s._free_slots == [0, 1, 2, 3]
 
 
 def test_decode_steps_shrink_to_what_rows_may_still_generate():
     s = make(decode_steps=8)
-    a, b = seq(3, max_tokens=10), seq(3, max_tokens=3, first=9)
+    a, b = seq(3, max_tokens=10), seq(3, max_tokens=4, first=9)
     s.add(a), s.add(b)
-    run(s)
+    run(s, 2)  # the prompts, then each one's second token
     plan = s.schedule()
     assert plan.num_steps == 2  # b may make 2 more tokens
 
@@ -203,11 +203,49 @@ def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
     assert first_shape(20) == (4, 32)  # nothing is half full: the most tokens, in the smallest shape
 
 
+def test_a_burst_of_short_prompts_is_prefilled_in_one_step():
+    """32 chat turns of 12 tokens arriving together: one step of 32 rows of 16 tokens (in rows of 32
+    they took two steps of 512 tokens, 40% of them prompt); fewer slots than rows: no such shape."""
+    config = EngineConfig(max_slots=32, max_length=1024, page_size=16)
+    s = Scheduler(HBMPageManager(512, 16), config)
+    burst = [seq(12, first=1 + 100 * i) for i in range(32)]
+    for x in burst:
+        s.add(x)
+    plan = s.schedule()
+    assert plan.chunk_shape == (32, 16) and [c.seq for c in plan.chunks] == burst
+    assert all(c.length == 12 and c.samples for c in plan.chunks)
+    assert (32, 16) not in EngineConfig(max_slots=16).chunk_shapes
+    assert (32, 16) not in EngineConfig(max_slots=32, chunk_lengths=(32, 512)).chunk_shapes  # chosen lengths stay
+
+
+def test_decode_calls_are_cut_to_the_time_budget():
+    """A multi-step call's tokens reach clients together and a new prompt waits for it: at the measured
+    step time, a call runs at most decode_call_ms (at least one step); new sequences' first decode
+    calls are single steps (a burst's later prompts are likely arriving)."""
+    config = EngineConfig(max_slots=4, max_length=64, page_size=4, prefill_tokens=16, chunk_lengths=(4,),
+                          decode_steps=8, decode_call_ms=100)
+    s = Scheduler(HBMPageManager(64, 4), config)
+    rows = [seq(4, max_tokens=40, first=1 + 10 * i) for i in range(3)]
+    for x in rows:
+        s.add(x)
+    first, second, third = run(s, 3)
+    assert first.chunks and second.num_steps == 1  # each row's second token: one step
+    assert third.num_steps == 8  # nothing measured yet: the configured steps
+    s.observe_decode(3, 8, 8 * 0.030)  # 30 ms a step at 3 rows (kept for 4: a power of two)
+    assert run(s)[0].num_steps == 3  # 100 ms // 30 ms
+    s.observe_decode(3, 3, 3 * 0.250)  # slower steps: one at a time
+    assert run(s)[0].num_steps == 1
+    assert s.decode_step_seconds[4] == pytest.approx(0.7 * 0.030 + 0.3 * 0.250)
+    with pytest.raises(ValueError, match="decode_call_ms"):
+        EngineConfig(decode_call_ms=0)
+
+
 def test_only_the_smallest_chunk_shape_has_a_program_without_decode_rows():
     """A lone prompt's step runs without decode rows; larger shapes pad them, which saves programs.
     prefill_first engines (vInference) never have decode rows beside a prompt."""
     config = EngineConfig(max_slots=32, max_length=2048)
-    assert [config.mixed_rows(s) for s in config.chunk_shapes] == [[0, 32], [32], [32]]
+    assert config.chunk_shapes == [(32, 16), (4, 32), (16, 32), (1, 512)]
+    assert [config.mixed_rows(s) for s in config.chunk_shapes] == [[32], [0, 32], [32], [32]]
     assert config.page_windows == [16] and config.dynamic_window(16)
     first = config.replace(prefill_first=True)
     assert all(first.mixed_rows(s) == [0] for s in first.chunk_shapes)

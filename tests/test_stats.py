@@ -65,6 +65,22 @@ def test_model_stats_reads_every_series():
     assert 0.1 < ttft.p50 <= 0.25 and ttft.p50 <= ttft.p90 <= ttft.p99 <= 5.0  # 3rd of 5 lies in (0.1, 0.25]
     assert stats.itl.p50 == pytest.approx(0.075) and stats.e2e.count == 2
     assert stats.queue_time.count == 0 and stats.queue_time.p50 is None
+    assert stats.step_wait_time.count == 0 and stats.prefill_time.count == 0
+
+
+def test_the_first_token_trace_splits_the_time_to_first_token():
+    """arrival 1.0 -> admitted 1.25 -> the first step computing the prompt begins 1.5 -> first token 2.0:
+    queue 0.25, step wait 0.25, prefill 0.5; a prompt admitted after its step began (not traced) waits 0."""
+    m = EngineMetrics("m")
+    m.first_token_trace(1.0, 1.25, 1.5, 2.0)
+    m.first_token_trace(1.0, 1.5, 1.25, 2.0)
+    stats = model_stats("m", FakeSurge(m), [FakeSurge(m)])
+    assert stats.queue_time.sum == pytest.approx(0.75) and stats.queue_time.count == 2
+    assert stats.step_wait_time.sum == pytest.approx(0.25)
+    assert stats.prefill_time.sum == pytest.approx(0.5 + 0.5)
+    text = m.exposition().decode()
+    assert 'vsurge:request_step_wait_time_seconds_count{model_name="m",replica="0"} 2.0' in text
+    assert 'vsurge:request_prefill_time_seconds_sum{model_name="m",replica="0"} 1.0' in text
     assert [r.id for r in stats.replicas] == [0]
     assert stats.replicas[0].role == "both"
     assert stats.replicas[0].model_dump(exclude={"id", "role"}) == stats.model_dump(

@@ -7,7 +7,9 @@ include_usage. `--endpoint` picks the wire format: /v1/completions (the default)
 /v1/chat/completions, /v1/responses (OpenAI Responses) or /v1/messages (Anthropic).
 Reports request throughput, output tok/s and mean/median/p99 of
 TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
-between content chunks) and E2E latency.
+between content chunks) and E2E latency. Against a vsurge server it also reads
+/metrics before and after each load and prints where the time to first token
+went in the engine (mean queue, step wait and prefill per request).
 
 `--concurrency 1,16,32` runs one load per level (that many prompts, all in flight
 at once) and `--base-url` may be given several times (`--label` names each):
@@ -145,10 +147,61 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
             delays.append(t)
             if request_rate != float("inf"):
                 t += rng.expovariate(request_rate)
+        before = await server_trace(client, base_url)
         start = time.perf_counter()
         results = await asyncio.gather(*(limited(p, d) for p, d in zip(prompts, delays)))
         duration = time.perf_counter() - start
-    return summarize(results, duration)
+        after = await server_trace(client, base_url)
+    summary = summarize(results, duration)
+    if before is not None and after is not None:
+        summary["server_trace"] = trace_means(before, after)
+    return summary
+
+
+# a vsurge server's per-request trace (/metrics histograms): arrival -> admitted -> the first step computing
+# the prompt begins -> first token, plus the whole time to first token as the engine saw it
+TRACE_SERIES = {"queue": "vsurge:request_queue_time_seconds", "step_wait": "vsurge:request_step_wait_time_seconds",
+                "prefill": "vsurge:request_prefill_time_seconds", "ttft": "vsurge:time_to_first_token_seconds"}
+
+
+async def server_trace(client: httpx.AsyncClient, base_url: str) -> dict | None:
+    """{stage: (sum of seconds, count)} summed over models and replicas; None when the server has no
+    such series (not a vsurge server)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        response = await client.get(base_url.rstrip("/") + "/metrics")
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    totals = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            for stage, series in TRACE_SERIES.items():
+                if sample.name in (series + "_sum", series + "_count"):
+                    total, count = totals.get(stage, (0.0, 0.0))
+                    totals[stage] = (total + sample.value, count) if sample.name.endswith("_sum") else \
+                        (total, count + sample.value)
+    return totals if len(totals) == len(TRACE_SERIES) else None
+
+
+def trace_means(before: dict, after: dict) -> dict:
+    """Mean seconds per stage over the requests of one run (the difference of two scrapes)."""
+    means = {}
+    for stage in TRACE_SERIES:
+        total, count = (a - b for a, b in zip(after[stage], before[stage]))
+        means[stage] = total / count if count else float("nan")
+    return means
+
+
+def format_trace(s: dict) -> str:
+    t = s.get("server_trace")
+    if not t:
+        return ""
+    return (f"  server trace, mean ms: queue {t['queue'] * 1000:.0f} + step wait {t['step_wait'] * 1000:.0f} + "
+            f"prefill {t['prefill'] * 1000:.0f} = first token {t['ttft'] * 1000:.0f} in the engine "
+            f"(client TTFT mean {s['ttft']['mean'] * 1000:.0f})")
 
 
 def _stats(values: list[float]) -> dict:
@@ -264,6 +317,8 @@ def main_from_args(args) -> int:
             failed += summary["failed"]
             if not args.json:
                 print(format_summary(label + suffix, summary), flush=True)
+                if summary.get("server_trace"):
+                    print(format_trace(summary), file=sys.stderr, flush=True)
     if args.json:  # one run: the summary itself, as before; several: labelled records
         print(json.dumps(records[0]["summary"] if len(records) == 1 else records, indent=2))
     if args.plot:

@@ -49,6 +49,12 @@ class EngineMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self._queue = Histogram("vsurge:request_queue_time_seconds", "Time waiting for a slot", labels,
                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self._step_wait = Histogram("vsurge:request_step_wait_time_seconds",
+                                    "Time from admission until the first step computing the prompt began (the "
+                                    "step in flight finishing)", labels, buckets=_LATENCY_BUCKETS, registry=r)
+        self._prefill = Histogram("vsurge:request_prefill_time_seconds",
+                                  "Time from the first step computing the prompt to its first token",
+                                  labels, buckets=_LATENCY_BUCKETS, registry=r)
         self._stage = Histogram("vsurge:stage_latency_seconds", "Device time per stage", labels + ["stage"],
                                 buckets=_LATENCY_BUCKETS, registry=r)
         self._compile = Histogram("vsurge:compile_seconds", "Compilation time", labels,
@@ -135,8 +141,12 @@ class EngineMetrics:
         for _ in range(count):
             self._l(self._itl).observe(seconds)
 
-    def queued(self, seconds: float):
-        self._l(self._queue).observe(seconds)
+    def first_token_trace(self, arrived: float, admitted: float, prefill_started: float, first_token: float):
+        """One request's way to its first token, split: queue (arrival -> a slot), step wait (-> the
+        first step computing its prompt begins), prefill (-> its first token is read)."""
+        self._l(self._queue).observe(admitted - arrived)
+        self._l(self._step_wait).observe(max(0.0, prefill_started - admitted))
+        self._l(self._prefill).observe(first_token - max(prefill_started, admitted))
 
     def stage(self, name: str, seconds: float):
         self._l(self._stage, stage=name).observe(seconds)

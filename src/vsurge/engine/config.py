@@ -118,6 +118,10 @@ class EngineConfig:
     max_prefill_rows: int | None = None  # most prompt rows per step (the seed's max_concurrent_prefill)
     decode_steps: int = setting(
         4, check=at_least(1), flag="--decode-steps", help="decode steps per device call while no prompt waits")
+    decode_call_ms: float = setting(
+        100.0, check=Check("> 0", lambda v: isinstance(v, (int, float)) and v > 0), flag="--decode-call-ms",
+        help="a multi-step decode call runs at most about this long (ms, from the measured step time): "
+             "its tokens reach the clients together and a new prompt waits for it (default %(default)s)")
     page_size: int = setting(128, check=at_least(1), flag="--page-size", help="tokens per KV page (paged engine)")
     num_pages: int | None = setting(  # None = sized from free memory
         None, flag="--num-pages", help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
@@ -364,6 +368,11 @@ class EngineConfig:
         shapes = {(max(1, min(self.prefill_tokens // n, rows_cap)), n) for n in lengths}
         if not self.chunk_lengths and self.prefill_tokens // 16 >= 16:
             shapes.add((max(1, min(4, rows_cap)), self.prefill_tokens // 16))
+            # a burst of short prompts (chat turns of ~10-15 tokens) in one step: rows of 1/32 of the
+            # budget, one per slot (in rows of 32 two steps held them at ~40% padding)
+            short = self.prefill_tokens // 32
+            if short >= 8 and self.prefill_tokens // short <= min(self.max_slots, rows_cap):
+                shapes.add((self.prefill_tokens // short, short))
         return sorted(shapes, key=lambda s: (s[1], s[0]))
 
     @functools.cached_property

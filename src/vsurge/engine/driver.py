@@ -299,6 +299,7 @@ class Driver(AbstractDriver):
             if inflight is not None:
                 replica.overlapped_steps += 1
                 self._finish_step(replica, *inflight)
+            _prefill_started(plan, max(dispatched, replica.last_step_at))  # (after the step in flight)
             inflight = (plan, out, dispatched)
             if replica.role != "both" or not getattr(engine, "overlaps_steps", False):
                 self._finish_step(replica, *inflight)
@@ -319,6 +320,13 @@ class Driver(AbstractDriver):
         replica.busy_since = None
         done = time.perf_counter()  # the step's time: from its dispatch, or from the end of the one before
         replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("step: %d decode rows x %d steps, prompt rows %s of shape %s, %.1f ms since dispatch "
+                      "(%.1f ms after the step before)", len(plan.decode), plan.num_steps,
+                      [c.length for c in plan.chunks], plan.chunk_shape, (done - dispatched) * 1e3,
+                      (done - max(dispatched, replica.last_step_at)) * 1e3)
+        if not plan.chunks and not plan.drafts and plan.decode:
+            replica.scheduler.observe_decode(len(plan.decode), plan.num_steps, done - max(dispatched, replica.last_step_at))
         replica.last_step_at = done
         replica.metrics.engine_step()
         updates = replica.scheduler.postprocess(plan, host)
@@ -408,9 +416,11 @@ class Driver(AbstractDriver):
         out, metrics = seq.output, replica.metrics
         if sample.token_ids:
             if len(out.token_ids) == len(sample.token_ids):
-                metrics.first_token(time.perf_counter() - seq.request.submitted_at)
+                now = time.perf_counter()
+                metrics.first_token(now - seq.request.submitted_at)
                 if seq.admitted_at is not None:
-                    metrics.queued(seq.admitted_at - seq.request.submitted_at)
+                    metrics.first_token_trace(seq.request.submitted_at, seq.admitted_at,
+                                              seq.prefill_started_at or seq.admitted_at, now)
             if out.previous_update_at is not None:  # a burst of k tokens after a gap: k gaps of gap/k
                 count = len(sample.token_ids) - (len(out.token_ids) == len(sample.token_ids))
                 if count > 0:
@@ -493,6 +503,14 @@ class Driver(AbstractDriver):
         self._threads = [t for t in self._threads if t.is_alive() and t is not current]
         for listener in self.listeners:  # after the engine threads' last steps
             listener.stopped(self, error)
+
+
+def _prefill_started(plan: StepPlan, at: float) -> None:
+    """Trace: the first step computing a prompt began on the device at `at` (dispatched after the
+    step before it finished, or when that one finished)."""
+    for chunk in plan.chunks:
+        if chunk.seq.prefill_started_at is None:
+            chunk.seq.prefill_started_at = at
 
 
 def _tier_totals(scheduler) -> dict[str, int]:

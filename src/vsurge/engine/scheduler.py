@@ -65,6 +65,9 @@ class Scheduler:
         self.role = config.role
         self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
         self._ahead = False  # planning while a step is in flight (schedule(ahead=True))
+        # seconds per decode step by decode rows (a power of two), measured by the driver: a multi-step
+        # call is cut to what fits in config.decode_call_ms
+        self.decode_step_seconds: dict[int, float] = {}
 
     # ------------------------------------------------------------ membership
     @property
@@ -263,14 +266,29 @@ class Scheduler:
                 decode.append(seq)
         return decode
 
+    def observe_decode(self, rows: int, num_steps: int, seconds: float) -> None:
+        """The driver's measure of a decode-only call: `rows` decode rows for `num_steps` steps."""
+        key = _bucket(rows)
+        per_step = seconds / num_steps
+        known = self.decode_step_seconds.get(key)
+        self.decode_step_seconds[key] = per_step if known is None else 0.7 * known + 0.3 * per_step
+
     def _decode_steps(self, decode: list[Sequence]) -> int:
-        """Steps one device call may run: bounded by what every row may still generate and by pages;
-        one when a row is constrained (its next mask depends on the token the host has not seen) or
-        samples its first token (a resent, fully cached prompt: its first token streams after one
-        step, not after the call's last; the overlapped loop dispatches the longer call behind it)."""
-        if any(seq.matcher is not None or seq.num_generated == 0 for seq in decode):
+        """Steps one device call may run: bounded by what every row may still generate, by pages and by
+        `decode_call_ms` (a call's tokens reach clients together, and a prompt arriving meanwhile waits
+        for it and for the call planned behind it: 32 rows of the default model take ~55 ms a step on
+        a 2-core machine, so 4 steps made 220 ms gaps in each stream). One step when a row is
+        constrained (its next mask depends on the token the host has not seen) or samples its first
+        token (a resent, fully cached prompt's first token streams after one step), or, where prompts
+        join running decodes, its second (right after a prompt step more prompts of a burst are
+        likely arriving, and they wait for less)."""
+        fresh = 0 if self.config.prefill_first else 1
+        if any(seq.matcher is not None or seq.num_generated <= fresh for seq in decode):
             return 1
         steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
+        per_step = self.decode_step_seconds.get(_bucket(len(decode)))
+        if per_step:
+            steps = min(steps, max(1, int(self.config.decode_call_ms / 1e3 / per_step)))
         if steps > 1 and not all(self.pool.reserve(seq.pages, seq.num_tokens + steps - 1) for seq in decode):
             steps = 1  # pages already reserved stay with their sequences: they are used next steps
         return max(1, steps)
@@ -508,6 +526,11 @@ class Scheduler:
 
     def decoding(self) -> Seq[Sequence]:
         return [s for s in self.running if s.remaining == 1]
+
+
+def _bucket(rows: int) -> int:
+    """Decode rows rounded up to a power of two (step times are kept per bucket)."""
+    return 1 << max(0, rows - 1).bit_length()
 
 
 def _joined(first, last):

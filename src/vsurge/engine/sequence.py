@@ -34,7 +34,10 @@ class Sequence:
     pages: PageTable = dataclasses.field(default_factory=PageTable)
     status: Status = Status.WAITING
     needs_setup: bool = False  # the engine must (re)load this slot's sampling state before its next step
+    # the request's trace (perf_counter times; arrival is request.submitted_at): admitted to a slot, and
+    # when the first step computing its prompt began on the device (metrics: queue, step wait, prefill)
     admitted_at: float | None = None
+    prefill_started_at: float | None = None
     matcher: object | None = None  # a GrammarMatcher when the output is constrained (structured outputs)
     speculate_after: int = 0  # no drafts before the sequence holds this many tokens (after a miss)
     prefix_waits: int = 0  # steps it waited for a prefix another sequence was computing

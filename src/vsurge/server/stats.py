@@ -64,6 +64,9 @@ class EngineStats(BaseModel):
     itl: HistogramStats = Field(description="inter-token latency")
     e2e: HistogramStats = Field(description="request latency, submission to last token")
     queue_time: HistogramStats = Field(description="time waiting for a slot")
+    step_wait_time: HistogramStats = Field(
+        description="time from admission until the first step computing the prompt began (the step in flight ending)")
+    prefill_time: HistogramStats = Field(description="time from the first step computing the prompt to its first token")
     steps: dict[str, int] = Field(
         description="engine steps (device calls) by the engine's role: prefill, decode, or both (interleaved)")
     kv_transfer: HistogramStats = Field(
@@ -124,6 +127,8 @@ class ServerStats(BaseModel):
 # ---------------------------------------------------------------- reading one registry
 _HISTOGRAMS = {"ttft": "vsurge:time_to_first_token_seconds", "itl": "vsurge:inter_token_latency_seconds",
                "e2e": "vsurge:e2e_request_latency_seconds", "queue_time": "vsurge:request_queue_time_seconds",
+               "step_wait_time": "vsurge:request_step_wait_time_seconds",
+               "prefill_time": "vsurge:request_prefill_time_seconds",
                "kv_transfer": "vsurge:kv_transfer_seconds"}
 _COUNTERS = {"prompt_tokens": "vsurge:prompt_tokens_total", "generation_tokens": "vsurge:generation_tokens_total",
              "failures": "vsurge:request_failure_total", "preemptions": "vsurge:num_preemptions_total",
