@@ -229,10 +229,11 @@ def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
         lines[dtype] = describe_kv_pool(model, surge.driver.engines[0])
     per_page = pool_page_bytes(model, EngineConfig(page_size=16, kv_cache_dtype="int8"))
     assert lines["int8"] == (f"Paged KV cache: 8 pages of 16 tokens (128 tokens, {8 * per_page / 2**20:.1f} MiB, "
-                             f"int8 with float16 scales, {2**30 // per_page} pages per GiB)")
+                             f"int8 with float16 scales, {2**30 // per_page} pages per GiB); sized as asked "
+                             f"(--num-pages)")
     auto = "float16" if half_pages_on_cpu(model) else "float32"  # kv/paged.pool_dtype
     assert f", {auto}, " in lines["auto"] and ", float32, " in lines["float32"] and ", bfloat16, " in lines["bfloat16"]
-    per_gib = {d: int(line.split(", ")[-1].split()[0]) for d, line in lines.items()}  # "N pages per GiB)"
+    per_gib = {d: int(line.split("; ")[0].split(", ")[-1].split()[0]) for d, line in lines.items()}  # "N pages per GiB)"
     assert per_gib["bfloat16"] in (2 * per_gib["float32"], 2 * per_gib["float32"] + 1)  # half the bytes of float32
     dk = model.config.kv_layout[0].k_dim  # int8: dk + 2 bytes per token, head and side (the scale's two)
     assert abs(per_gib["int8"] - per_gib["bfloat16"] * 2 * dk / (dk + 2)) <= 2

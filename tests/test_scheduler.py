@@ -184,10 +184,11 @@ def test_every_prompt_token_is_computed_once(prompt_len):
 
 
 def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
-    """A step costs the tokens its shape holds: one 100-token prompt runs in the 128-token shape,
-    a burst of them in the full 512-token ones, and a long prompt in the long rows."""
+    """A step costs the tokens its shape holds: one 20-token prompt runs in one row of 32, a 100-token
+    one in the 128-token shape, a burst of them in the full 512-token ones, and a long prompt in the
+    long rows."""
     config = EngineConfig(max_slots=8, max_length=1024, page_size=16)
-    assert config.chunk_shapes == [(4, 32), (16, 32), (1, 512)]
+    assert config.chunk_shapes == [(1, 32), (4, 32), (16, 32), (1, 512)]
 
     def first_shape(*lengths):
         s = Scheduler(HBMPageManager(512, 16), config)
@@ -200,7 +201,8 @@ def test_a_short_prompt_alone_takes_the_smallest_shape_that_holds_it():
     assert first_shape(300) == (1, 512)
     # 130 tokens: the 128-token shape now and 2 tokens next (256 tokens' work), not a quarter-full 512
     assert first_shape(130) == (4, 32)
-    assert first_shape(20) == (4, 32)  # nothing is half full: the most tokens, in the smallest shape
+    assert first_shape(20) == (1, 32)  # a lone chat turn: one short row
+    assert first_shape(10) == (1, 32)  # nothing is half full: the most tokens, in the smallest shape
 
 
 def test_a_burst_of_short_prompts_is_prefilled_in_one_step():
@@ -240,12 +242,12 @@ def test_decode_calls_are_cut_to_the_time_budget():
         EngineConfig(decode_call_ms=0)
 
 
-def test_only_the_smallest_chunk_shape_has_a_program_without_decode_rows():
+def test_only_the_two_smallest_chunk_shapes_have_programs_without_decode_rows():
     """A lone prompt's step runs without decode rows; larger shapes pad them, which saves programs.
     prefill_first engines (vInference) never have decode rows beside a prompt."""
     config = EngineConfig(max_slots=32, max_length=2048)
-    assert config.chunk_shapes == [(32, 16), (4, 32), (16, 32), (1, 512)]
-    assert [config.mixed_rows(s) for s in config.chunk_shapes] == [[32], [0, 32], [32], [32]]
+    assert config.chunk_shapes == [(32, 16), (1, 32), (4, 32), (16, 32), (1, 512)]
+    assert [config.mixed_rows(s) for s in config.chunk_shapes] == [[32], [0, 32], [0, 32], [32], [32]]
     assert config.page_windows == [16] and config.dynamic_window(16)
     first = config.replace(prefill_first=True)
     assert all(first.mixed_rows(s) == [0] for s in first.chunk_shapes)
@@ -357,7 +359,7 @@ def test_prompts_with_a_cached_preamble_share_a_step_of_short_rows():
     (112-token tails in rows of 32), not by their whole length (600 tokens: a full 512-token row each,
     one prompt per step: the shared-preamble load ran so before)."""
     config = EngineConfig(max_slots=8, max_length=1024, page_size=16)
-    assert config.chunk_shapes == [(4, 32), (16, 32), (1, 512)]
+    assert config.chunk_shapes == [(1, 32), (4, 32), (16, 32), (1, 512)]
     s = Scheduler(HBMPageManager(512, 16), config)
     first = seq(600)
     first.tokens[488:] = [5000 + i for i in range(112)]

@@ -118,6 +118,14 @@ def test_models_tokenize_count(default_server):
     assert default_server.get("/liveness").status_code == 200
 
 
+def test_the_start_up_line_says_how_big_the_kv_pool_is_and_why(default_server):
+    """Issue 38: on CPU the default pool holds what the defaults can use (every slot at its full
+    length: 8 x 512 tokens here), not a share of the machine's free memory, and says so."""
+    assert "Paged KV cache: 32 pages of 128 tokens (4096 tokens, " in default_server.output
+    assert ("sized for every one of the 8 slots at its full 512 tokens (--max-concurrent-decodes x --max-length): "
+            "all the defaults can use, though the memory holds more") in default_server.output
+
+
 # ---------------------------------------------------------------- errors and bad input
 BAD_BODIES = [
     ({"model": "nope", "messages": FRANCE}, 404, "The model `nope` does not exist."),
@@ -332,6 +340,7 @@ def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
                            verify=str(cert)).wait_ready()
     try:
         assert "Paged KV cache: 24 pages of 16 tokens (384 tokens, " in server.output  # then MiB and pages per GiB
+        assert "pages per GiB); sized as asked (--num-pages)" in server.output
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.base + "/health", verify=True)  # not trusted without the certificate
         client = client_for(server, http_client=httpx.Client(verify=str(cert)))

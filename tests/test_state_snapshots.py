@@ -111,11 +111,11 @@ def test_a_hybrid_model_with_the_prefix_cache_prefills_rows_of_a_page():
     from vsurge import EngineConfig
 
     base = EngineConfig(max_slots=4, page_size=128, prefill_tokens=512, speculative_tokens=2)
-    assert base.chunk_shapes == [(4, 32), (16, 32), (1, 512)]
+    assert base.chunk_shapes == [(1, 32), (4, 32), (16, 32), (1, 512)]
     hybrid = base.for_model(_Hybrid)
     assert hybrid.enable_prefix_caching and hybrid.recurrent_state
     assert hybrid.speculative_tokens == 2 and hybrid.draft_state_rows == hybrid.speculative_rows
-    assert hybrid.chunk_shapes == [(4, 32), (16, 32), (4, 128)]
+    assert hybrid.chunk_shapes == [(1, 32), (4, 32), (16, 32), (4, 128)]
     off = base.replace(state_snapshots=0).for_model(_Hybrid)
     assert not off.enable_prefix_caching and off.chunk_shapes == base.chunk_shapes
     with pytest.raises(ValueError, match="state_snapshots must be >= 0"):

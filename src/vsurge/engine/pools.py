@@ -45,27 +45,38 @@ def pages_that_fit(model, config: EngineConfig, snapshots: int | None = None) ->
     snapshots of a hybrid model), at most every slot at full length (more would only feed the prefix
     cache). On a mesh each device holds its KV heads' share of a page (sharding.kv_page_shards).
     `snapshots`: the pool's snapshot rows when the caller has sized them (else `snapshot_rows`)."""
+    return pool_size(model, config, snapshots)[0]
+
+
+def pool_size(model, config: EngineConfig, snapshots: int | None = None) -> tuple[int, str]:
+    """(pages, why): `pages_that_fit`, with the reason the start-up line prints."""
     from ..sharding import kv_page_shards
 
+    if config.num_pages is not None:
+        return config.num_pages, "as asked (--num-pages)"
     per_device = pool_page_bytes(model, config) // kv_page_shards(model)
     every_slot = config.max_slots * config.pages_per_sequence
+    full = (f"for every one of the {config.max_slots} slots at its full {config.max_length} tokens "
+            f"(--max-concurrent-decodes x --max-length)")
     if per_device == 0:  # no attention layer (plain Mamba-2): pages only count tokens
-        return every_slot
+        return every_slot, full
     if snapshots is None:
         snapshots = snapshot_rows(model, config)
     states = state_cache_bytes(model.config, config, snapshots)
     budget = max(0, available_kv_bytes(model.weight_bytes, config.hbm_utilization) - states)
-    return int(min(budget // per_device, every_slot))
+    if budget // per_device >= every_slot:
+        return every_slot, full + ": all the defaults can use, though the memory holds more"
+    return int(budget // per_device), (f"to {config.hbm_utilization:g} of the free memory (--hbm-utilization), "
+                                       f"less than {full[4:]}")
 
 
 def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     config = config.for_model(model.config)
     per_page = pool_page_bytes(model, config)
     rows = snapshot_rows(model, config)  # sized once: the pages are what memory holds beside them
-    num_pages = config.num_pages if config.num_pages is not None else pages_that_fit(model, config, rows)
-    log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all", num_pages,
-             config.page_size, per_page / 2**20, pool_dtype(model, config),
-             num_pages * config.page_size)
+    num_pages, why = pool_size(model, config, rows)
+    log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all: %s", num_pages,
+             config.page_size, per_page / 2**20, pool_dtype(model, config), num_pages * config.page_size, why)
     if state_row_bytes(model.config):
         log.info("recurrent states: %.1f MiB per sequence, %d slots + %d prefix-cache snapshots",
                  state_row_bytes(model.config) / 2**20, config.max_slots, rows)
@@ -74,6 +85,7 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,
                           host=make_host_tier(model, config), snapshots=snapshots)
+    pool.sized_by = why  # (the start-up line says it)
     if pool.max_tokens < config.max_length:
         raise ValueError(f"too little KV memory: {pool.num_pages} pages of {config.page_size} tokens hold "
                          f"{pool.max_tokens} tokens, less than max_length={config.max_length}; lower max_length "

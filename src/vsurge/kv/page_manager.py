@@ -62,6 +62,7 @@ __all__ = ["HBMPageManager", "PageTable"]
 class HBMPageManager(PoolSizes, TierQueues):
     def __init__(self, num_pages: int, page_size: int, enable_prefix_caching: bool = True,
                  host: HostTier | None = None, snapshots: StateSnapshots | None = None):
+        self.sized_by: str | None = None  # why this many pages, for the start-up line (engine/pools.py)
         if num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got num_pages={num_pages}")
         if page_size < 1:
