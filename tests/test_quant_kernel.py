@@ -181,6 +181,36 @@ def test_leading_dims_and_empty_rows():
     np.testing.assert_array_equal(np.asarray(mapped), y)
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_only_the_real_rows_are_multiplied(case, dtype, two_pass):
+    """Inside `real_rows(mask)` an x shaped (1, N, K) is multiplied for its real rows only (a step's
+    padding is skipped): the same bits as without the mask there, 0 elsewhere; an x of other rows
+    (an expert's tokens, the output head's) ignores the mask."""
+    from vsurge.ops.quantized import real_rows
+
+    fmt, _, w, _ = case
+    x = jnp.asarray(np.random.default_rng(6).normal(0, 1, (1, 37, K)), dtype)
+    mask = np.zeros(37, bool)
+    mask[[0, 3, 4, 5, 20, 36]] = True
+
+    def masked(x, real, other):
+        with real_rows(real):
+            return qmatmul(x, w, two_pass=two_pass), qmatmul(other, w, two_pass=two_pass)
+
+    other = x[0, :36].reshape(6, 6, K)  # 36 rows, not the token stream
+    y, y_other = jax.jit(masked)(x, jnp.asarray(mask), other)
+    plain = np.asarray(jax.jit(lambda x: qmatmul(x, w, two_pass=two_pass))(x))
+    np.testing.assert_array_equal(np.asarray(y)[0, mask], plain[0, mask], err_msg=fmt)
+    assert not np.asarray(y)[0, ~mask].any()
+    np.testing.assert_array_equal(np.asarray(y_other).reshape(36, -1), plain[0, :36])
+    none, _ = jax.jit(masked)(x, jnp.zeros(37, bool), other)
+    assert not np.asarray(none).any()
+    every, _ = jax.jit(masked)(x, jnp.ones(37, bool), other)
+    np.testing.assert_array_equal(np.asarray(every), plain)
+
+
 def test_weight_is_a_pytree_that_passes_through_jit():
     w = from_gguf(gguf_blocks("q4_k", N, K), "q4_k")
     leaves, treedef = jax.tree.flatten(w)

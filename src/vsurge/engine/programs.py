@@ -30,6 +30,7 @@ from flax import nnx
 from ..kv.paged import PagedAttentionCache, StepLayout
 from ..kv.recurrent import run_fresh
 from ..ops.attention import attend
+from ..ops.quantized import real_rows
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
 from .encode import EncodeBatch
@@ -208,7 +209,8 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
                 layout, decode_slots=dr.state_slots, decode_restore=jnp.where(first, dr.restore, -1),
                 draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
         hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
-        hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
+        with real_rows(active if batch.drafts is None else None):  # (padding rows of the bucket: skipped)
+            hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
         logits = model.logits(hidden[0])  # (D, V)
         new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
         new = jnp.where(active, new, tokens)
@@ -238,7 +240,10 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     d = batch.from_device.shape[0]
     fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
     hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
-    hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
+    lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
+    real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
+    with real_rows(real if lay.draft_rows is None else None):
+        hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
     logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
     lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)

@@ -23,12 +23,13 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 FFI_TARGET = "vsurge_qmatmul"
+REAL_ROWS_TARGET = "vsurge_qmatmul_real_rows"  # the same for the rows a mask marks real (a step's padding skipped)
 ATTENTION_TARGET = "vsurge_paged_decode"  # paged_attention.cc: decode rows' attention over their pages
 KV_WRITE_TARGET = "vsurge_kv_write"  # kv_pages.cc: K/V vectors written into a 16-bit float cache in place
 GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit float cache read as float32
 TAKE_PAGES_TARGET = "vsurge_take_pages"  # kv_pages.cc: whole pages copied out of a cache
 PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a cache in place
-LAYOUT_VERSION = 4  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+LAYOUT_VERSION = 5  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 
@@ -72,6 +73,8 @@ class _Library:
         import jax
 
         jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(lib.vsurge_qmatmul_ffi), platform="cpu")
+        jax.ffi.register_ffi_target(REAL_ROWS_TARGET, jax.ffi.pycapsule(lib.vsurge_qmatmul_real_rows_ffi),
+                                    platform="cpu")
         jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.vsurge_paged_decode_ffi), platform="cpu")
         jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
         for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),

@@ -94,16 +94,28 @@ struct QuantizeJob {
   bool halves;
   Scratch* scratch;
   int64_t first;  // where its rows go in the scratch (M for the second pass)
+  const int32_t* src = nullptr;  // scratch row r holds x's row src[r] (the real rows only); null: row r
 };
+
+// x shifted by `rows` rows (negative: back), as the ISA's quantize_rows expects
+const void* shifted(const void* x, bool bf16, int64_t rows, int64_t k) {
+  return bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(x) + rows * k)
+              : static_cast<const void*>(static_cast<const float*>(x) + rows * k);
+}
 
 void quantize_items(void* ctx, int64_t r0, int64_t r1) {
   auto* j = static_cast<QuantizeJob*>(ctx);
-  const int64_t blocks = j->k / kBlock, f = j->first;
-  // the ISA's quantize_rows indexes rows from the start of x and of the scratch alike: shift both
-  const void* x = j->bf16 ? static_cast<const void*>(static_cast<const uint16_t*>(j->x) - f * j->k)
-                          : static_cast<const void*>(static_cast<const float*>(j->x) - f * j->k);
-  j->isa->quantize_rows(x, j->bf16, f + r0, f + r1, j->k, j->offset, j->halves, j->scratch->q.data(),
-                        j->scratch->d.data(), j->scratch->s.data(), j->scratch->c.data());
+  const int64_t f = j->first;
+  Scratch* s = j->scratch;
+  if (j->src == nullptr) {
+    // the ISA's quantize_rows indexes rows from the start of x and of the scratch alike: shift both
+    j->isa->quantize_rows(shifted(j->x, j->bf16, -f, j->k), j->bf16, f + r0, f + r1, j->k, j->offset, j->halves,
+                          s->q.data(), s->d.data(), s->s.data(), s->c.data());
+    return;
+  }
+  for (int64_t r = r0; r < r1; ++r)  // one row at a time: x's row src[r] into the scratch's row f + r
+    j->isa->quantize_rows(shifted(j->x, j->bf16, j->src[r] - f - r, j->k), j->bf16, f + r, f + r + 1, j->k,
+                          j->offset, j->halves, s->q.data(), s->d.data(), s->s.data(), s->c.data());
 }
 
 struct MatmulJob {
@@ -120,15 +132,27 @@ void matmul_items(void* ctx, int64_t i0, int64_t i1) {  // item = (tile, row chu
   }
 }
 
+// out's row dst[r] (row r when dst is null) = a's row r (+ b's row r when b is given)
 struct AddJob {
   const float* a;
   const float* b;
   float* out;
+  int64_t n;
+  const int32_t* dst = nullptr;
 };
 
-void add_items(void* ctx, int64_t i0, int64_t i1) {
+void add_items(void* ctx, int64_t r0, int64_t r1) {
   const auto* j = static_cast<const AddJob*>(ctx);
-  for (int64_t i = i0; i < i1; ++i) j->out[i] = j->a[i] + j->b[i];
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* a = j->a + r * j->n;
+    float* out = j->out + (j->dst != nullptr ? j->dst[r] : r) * j->n;
+    if (j->b == nullptr) {
+      std::memcpy(out, a, j->n * sizeof(float));
+      continue;
+    }
+    const float* b = j->b + r * j->n;
+    for (int64_t i = 0; i < j->n; ++i) out[i] = a[i] + b[i];
+  }
 }
 
 // x - Q8(x), float32, from the codes and scales just made: what one pass's rounding left out.
@@ -138,6 +162,7 @@ struct ResidualJob {
   int64_t k;
   const Scratch* scratch;
   float* out;
+  const int32_t* src = nullptr;  // as QuantizeJob's
 };
 
 void residual_items(void* ctx, int64_t r0, int64_t r1) {
@@ -145,18 +170,19 @@ void residual_items(void* ctx, int64_t r0, int64_t r1) {
   const int8_t* q = j->scratch->q.data();
   const float* d = j->scratch->d.data();
   for (int64_t r = r0; r < r1; ++r) {
+    const int64_t from = (j->src != nullptr ? j->src[r] - r : 0) * j->k;  // x's row, relative to r's
     for (int64_t b = 0; b < j->k / kBlock; ++b) {
       const int64_t at = r * j->k + b * kBlock;
       const float scale = d[at / kBlock];
       float x[kBlock];
       if (j->bf16) {
-        const uint16_t* src = static_cast<const uint16_t*>(j->x) + at;
+        const uint16_t* src = static_cast<const uint16_t*>(j->x) + from + at;
         for (int t = 0; t < kBlock; ++t) {
           const uint32_t bits = static_cast<uint32_t>(src[t]) << 16;
           std::memcpy(x + t, &bits, 4);
         }
       } else {
-        std::memcpy(x, static_cast<const float*>(j->x) + at, sizeof(x));
+        std::memcpy(x, static_cast<const float*>(j->x) + from + at, sizeof(x));
       }
       for (int t = 0; t < kBlock; ++t) j->out[at + t] = x[t] - static_cast<float>(q[at + t]) * scale;
     }
@@ -165,8 +191,10 @@ void residual_items(void* ctx, int64_t r0, int64_t r1) {
 
 // passes 2: x's rounding residual is quantized too and multiplied as M more rows of the same call
 // (the weights are read once), and each row's two results are added: x keeps ~15 bits, not 8.
-ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y, int64_t format,
-                        int64_t passes) {
+// real: null, or (M,) int32, nonzero for the rows to multiply: the others (a step's padding) are not
+// computed and come out 0.
+ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t* real, ffi::ResultBuffer<ffi::F32> y,
+                        int64_t format, int64_t passes) {
   const IsaKernels* isa = variant().load(std::memory_order_relaxed);
   if (isa == nullptr) return ffi::Error::Internal("vsurge_qmatmul: no kernel variant runs on this CPU");
   if (format < 0 || format >= kFormats) return ffi::Error::InvalidArgument("vsurge_qmatmul: unknown format");
@@ -178,7 +206,8 @@ ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuf
   const bool bf16 = x.element_type() == ffi::DataType::BF16;
   if (!bf16 && x.element_type() != ffi::DataType::F32)
     return ffi::Error::InvalidArgument("vsurge_qmatmul: x must be float32 or bfloat16");
-  const int64_t m = xd[0], k = xd[1], n = yd[1];
+  int64_t m = xd[0];  // (the real rows only, below, when `real` is given)
+  const int64_t k = xd[1], n = yd[1];
   if (k % kGroupWeights[format] != 0)
     return ffi::Error::InvalidArgument("vsurge_qmatmul: K is not a multiple of the format's block");
   const int64_t tiles = (n + kTileRows - 1) / kTileRows;
@@ -190,6 +219,24 @@ ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuf
   ThreadPool& pool = kernel_pool();
   thread_local Scratch scratch;
   thread_local std::vector<float> residual, both;
+  thread_local std::vector<int32_t> src;  // the real rows, in order
+  const int32_t* map = nullptr;
+  const int64_t m_all = m;
+  if (real != nullptr) {
+    src.clear();
+    for (int64_t r = 0; r < m_all; ++r)
+      if (real[r] != 0) src.push_back(static_cast<int32_t>(r));
+    float* out = y->typed_data();
+    for (int64_t r = 0, next = 0; r < m_all; ++r) {  // padding rows: 0
+      if (next < static_cast<int64_t>(src.size()) && src[next] == r) ++next;
+      else std::memset(out + r * n, 0, n * sizeof(float));
+    }
+    if (src.empty()) return ffi::Error::Success();
+    if (static_cast<int64_t>(src.size()) < m_all) {
+      map = src.data();
+      m = static_cast<int64_t>(src.size());
+    }
+  }
   const int64_t blocks = k / kBlock, rows = passes * m;
   scratch.q.resize(rows * k);
   scratch.d.resize(rows * blocks);
@@ -198,28 +245,41 @@ ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuf
   const int offset = code_offset(format, isa->vnni);
   // rows of x are cheap to quantize: only many rows are worth the pool's hand-off
   const int64_t rows_per_task = m * k >= (1 << 16) ? std::max<int64_t>(1, m / (2 * pool.threads())) : m;
-  QuantizeJob qj{isa, x.untyped_data(), bf16, k, offset, format == kQ6_K, &scratch, 0};
+  QuantizeJob qj{isa, x.untyped_data(), bf16, k, offset, format == kQ6_K, &scratch, 0, map};
   pool.parallel_for(m, rows_per_task, quantize_items, &qj);
   if (passes == 2) {
     residual.resize(m * k);
-    ResidualJob res{x.untyped_data(), bf16, k, &scratch, residual.data()};
+    ResidualJob res{x.untyped_data(), bf16, k, &scratch, residual.data(), map};
     pool.parallel_for(m, rows_per_task, residual_items, &res);
-    QuantizeJob rj{isa, residual.data(), false, k, offset, format == kQ6_K, &scratch, m};
+    QuantizeJob rj{isa, residual.data(), false, k, offset, format == kQ6_K, &scratch, m};  // (residual: compact)
     pool.parallel_for(m, rows_per_task, quantize_items, &rj);
-    both.resize(rows * n);
   }
-  float* out = passes == 2 ? both.data() : y->typed_data();
+  // two passes, or only the real rows: the products go to a compact buffer, then to y's rows
+  if (passes == 2 || map != nullptr) both.resize(rows * n);
+  float* out = passes == 2 || map != nullptr ? both.data() : y->typed_data();
   MatmulJob mj{isa,
                {static_cast<int>(format), w.typed_data(), n, k, tile_bytes,
                 {scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.c.data(), k}, out},
                rows, (rows + kRowChunk - 1) / kRowChunk};
   const int64_t items = tiles * mj.row_chunks;
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())), matmul_items, &mj);
-  if (passes == 2) {
-    AddJob aj{both.data(), both.data() + m * n, y->typed_data()};
-    pool.parallel_for(m * n, std::max<int64_t>(4096, m * n / (4 * pool.threads())), add_items, &aj);
+  if (passes == 2 || map != nullptr) {
+    AddJob aj{both.data(), passes == 2 ? both.data() + m * n : nullptr, y->typed_data(), n, map};
+    pool.parallel_for(m, std::max<int64_t>(1, std::min<int64_t>(m, 4096 / n + 1)), add_items, &aj);
   }
   return ffi::Error::Success();
+}
+
+ffi::Error qmatmul_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y, int64_t format,
+                        int64_t passes) {
+  return qmatmul_rows(x, w, nullptr, y, format, passes);
+}
+
+ffi::Error qmatmul_real_impl(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, ffi::Buffer<ffi::S32> real,
+                             ffi::ResultBuffer<ffi::F32> y, int64_t format, int64_t passes) {
+  if (real.dimensions().size() != 1 || real.dimensions()[0] != x.dimensions()[0])
+    return ffi::Error::InvalidArgument("vsurge_qmatmul_real_rows: `real` must be (M,) for x (M, K)");
+  return qmatmul_rows(x, w, real.typed_data(), y, format, passes);
 }
 
 }  // namespace
@@ -236,10 +296,20 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_ffi, vsurge::qmatmul_impl,
                                   .Attr<int64_t>("format")
                                   .Attr<int64_t>("passes"));
 
+// The same product for the rows where `real` (M,) int32 is nonzero; the other rows of y are 0.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_real_rows_ffi, vsurge::qmatmul_real_impl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("format")
+                                  .Attr<int64_t>("passes"));
+
 // For ctypes (src/vsurge/kernels/__init__.py).
 extern "C" {
 
-int vsurge_qmatmul_layout_version() { return 4; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages
+int vsurge_qmatmul_layout_version() { return 5; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages; 5: real rows
 
 const char* vsurge_qmatmul_variant() {
   const vsurge::IsaKernels* k = vsurge::variant().load();

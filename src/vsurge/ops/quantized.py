@@ -18,6 +18,8 @@ device_put like any array. Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 
@@ -36,6 +38,23 @@ from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, 
 # VSURGE_QMATMUL_PASSES=1: one pass, llama.cpp's arithmetic (faster: about half the kernel's work).
 TWO_PASS = os.environ.get("VSURGE_QMATMUL_PASSES", "2") != "1"
 QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # formats `quantize` makes (gguf's quantizer)
+
+# A step's real tokens (1, N) bool while its forward pass is traced (engine/programs.py `real_rows`):
+# the kernel multiplies only those rows of an x with N rows (a step's padding: a 12-token prompt in
+# a row of 16, decode rows padded to a bucket) and leaves the others 0. Rows are independent in
+# the kernel (each quantized on its own), so the real rows' products are the same bits.
+_REAL_ROWS: contextvars.ContextVar = contextvars.ContextVar("vsurge_real_rows", default=None)
+
+
+@contextlib.contextmanager
+def real_rows(mask: jax.Array | None):
+    """While tracing a forward pass over tokens (1, N): `mask` (N,) bool marks the real ones (None:
+    all). Only an x shaped (1, N, K) is masked: other arrays of N rows are not the token stream."""
+    token = _REAL_ROWS.set(None if mask is None else mask[None])
+    try:
+        yield
+    finally:
+        _REAL_ROWS.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,13 +231,18 @@ def _check(x: jax.Array, w: QuantizedWeight) -> None:
         raise ValueError(f"{w!r}: data {w.data.dtype} {w.data.shape} is not its repacked layout")
 
 
-def _kernel_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, passes: int = 1) -> jax.Array:
+def _kernel_rows(rows: jax.Array, data: jax.Array, real: jax.Array | None = None, *, fmt: BlockFormat, n: int,
+                 passes: int = 1) -> jax.Array:
     """The kernel on rows (M, K). passes 2: it also multiplies what its int8 rounding of each
     32-value block left out, rows - Q8(rows), as M more rows of the same call (the weights read
-    once) and adds the two halves: x @ W^T with x kept to ~15 bits instead of 8."""
-    call = jax.ffi.ffi_call(kernels.FFI_TARGET, jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32),
-                            vmap_method="sequential")
-    return call(rows, data, format=np.int64(fmt.kernel_id), passes=np.int64(passes))
+    once) and adds the two halves: x @ W^T with x kept to ~15 bits instead of 8. real (M,) bool:
+    only those rows are multiplied, the others come out 0."""
+    out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
+    if real is None:
+        call = jax.ffi.ffi_call(kernels.FFI_TARGET, out, vmap_method="sequential")
+        return call(rows, data, format=np.int64(fmt.kernel_id), passes=np.int64(passes))
+    call = jax.ffi.ffi_call(kernels.REAL_ROWS_TARGET, out, vmap_method="sequential")
+    return call(rows, data, real.astype(jnp.int32), format=np.int64(fmt.kernel_id), passes=np.int64(passes))
 
 
 def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int, k: int) -> jax.Array:
@@ -252,6 +276,11 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
         out = fallback(rows, w.data)
     else:
         passes = 2 if two_pass and k % 32 == 0 else 1
-        kernel = lambda r, d: _kernel_rows(r, d, fmt=fmt, n=n, passes=passes)  # noqa: E731
+        real = _REAL_ROWS.get()
+        if real is not None and real.shape == lead:  # x is the step's token stream (1, N, K)
+            real = real.reshape(-1)
+        else:  # (any other rows: an expert's tokens, the sampled rows' head)
+            real = None
+        kernel = lambda r, d: _kernel_rows(r, d, real, fmt=fmt, n=n, passes=passes)  # noqa: E731
         out = jax.lax.platform_dependent(rows, w.data, cpu=kernel, default=fallback)
     return out.reshape(*lead, n)
