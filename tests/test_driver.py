@@ -270,6 +270,28 @@ def test_a_prompt_arriving_during_decode_calls_is_computed_by_the_next_step(driv
     driver.stop(timeout=1)
 
 
+def test_an_idle_driver_gathers_a_burst_into_one_step(driver_factory, monkeypatch):
+    """Requests reaching an idle driver a few ms apart (a client's burst, parsed one by one by the
+    server) are prefilled by one step, not the first alone with the rest behind it (issue 38).
+    The gaps here are 5 ms and the quiet time 50 ms, so a loaded machine cannot split them."""
+    import vsurge.engine.driver as driver_module
+
+    monkeypatch.setattr(driver_module, "BURST_QUIET_S", 0.05)
+    monkeypatch.setattr(driver_module, "BURST_MAX_S", 2.0)
+    engine = MockEngine(slots=8)
+    engine.config = engine.config.replace(chunk_lengths=(4,), max_prefill_rows=8)  # a step of 8 short prompts
+    driver = driver_factory(engine)
+    time.sleep(0.2)  # its thread waits for work
+    burst = [make_request([i, i + 1], max_tokens=2) for i in range(8)]
+    for r in burst:
+        driver.submit_request(r)
+        time.sleep(0.005)
+    for i, r in enumerate(burst):
+        assert tokens_of(drain(r)) == expected_tokens([i, i + 1], 2)
+    _, first_step, _ = engine.steps[0]
+    assert first_step == [r.request_id for r in burst]
+
+
 def test_vsurge_generate_cancels_the_submitted_prompts_when_a_later_one_is_refused():
     """Old bug: vSurge.generate submitted prompts one by one; when the queue refused a later one, the
     earlier ones ran on to max_tokens with nobody reading them."""

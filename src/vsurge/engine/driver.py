@@ -38,6 +38,9 @@ from .sequence import Sequence, Status
 
 log = logging.getLogger(__name__)
 
+BURST_QUIET_S = 0.003  # an idle engine woken by a request waits while more keep arriving (_gather_burst)
+BURST_MAX_S = 0.025
+
 
 class Replica:
     """One engine with its scheduler, inbox and the live sequences its thread owns."""
@@ -278,6 +281,7 @@ class Driver(AbstractDriver):
                     self._report(replica)  # (the last step's counters, before going idle)
                     replica.wake.wait()  # idle until a request, a prefix, room in the backlog or a stop arrives
                     replica.wake.clear()
+                    self._gather_burst(replica)
                 continue
             plan = None
             if inflight is None or scheduler.can_plan_ahead(inflight[0]):
@@ -335,6 +339,19 @@ class Driver(AbstractDriver):
             self._emit(replica, seq, sample)
         if replica.role == "decode":
             self.handover.after_step(replica)
+
+    def _gather_burst(self, replica: Replica) -> None:
+        """Woken from idle by requests: a burst (a client's 32 at once) reaches the inbox over several
+        ms, as the server parses and tokenizes each; wait while it keeps growing (BURST_QUIET_S
+        without a new one ends it, BURST_MAX_S at most), so that one step prefills them all instead
+        of a step for the first few with the rest waiting behind it (32 12-token prompts on 2 cores:
+        TTFT p50 0.93 -> 0.67 s when one step took them all). A lone request waits BURST_QUIET_S."""
+        size, deadline = replica.inbox.qsize(), time.monotonic() + BURST_MAX_S
+        while size and self._running and time.monotonic() < deadline:
+            time.sleep(BURST_QUIET_S)
+            grown, size = replica.inbox.qsize() > size, replica.inbox.qsize()
+            if not grown:
+                return
 
     def _take_new(self, replica: Replica) -> None:
         while True:
