@@ -274,10 +274,10 @@ def test_an_idle_driver_gathers_a_burst_into_one_step(driver_factory, monkeypatc
     """Requests reaching an idle driver a few ms apart (a client's burst, parsed one by one by the
     server) are prefilled by one step, not the first alone with the rest behind it (issue 38).
     The gaps here are 5 ms and the quiet time 50 ms, so a loaded machine cannot split them."""
-    import vsurge.engine.driver as driver_module
+    import vsurge.engine.arrivals as arrivals
 
-    monkeypatch.setattr(driver_module, "BURST_QUIET_S", 0.05)
-    monkeypatch.setattr(driver_module, "BURST_MAX_S", 2.0)
+    monkeypatch.setattr(arrivals, "BURST_QUIET_S", 0.05)
+    monkeypatch.setattr(arrivals, "BURST_MAX_S", 2.0)
     engine = MockEngine(slots=8)
     engine.config = engine.config.replace(chunk_lengths=(4,), max_prefill_rows=8)  # a step of 8 short prompts
     driver = driver_factory(engine)

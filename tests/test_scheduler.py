@@ -233,11 +233,11 @@ def test_decode_calls_are_cut_to_the_time_budget():
     first, second, third = run(s, 3)
     assert first.chunks and second.num_steps == 1  # each row's second token: one step
     assert third.num_steps == 8  # nothing measured yet: the configured steps
-    s.observe_decode(3, 8, 8 * 0.030)  # 30 ms a step at 3 rows (kept for 4: a power of two)
+    s.decode_budget.observe(3, 8, 8 * 0.030)  # 30 ms a step at 3 rows (kept for 4: a power of two)
     assert run(s)[0].num_steps == 3  # 100 ms // 30 ms
-    s.observe_decode(3, 3, 3 * 0.250)  # slower steps: one at a time
+    s.decode_budget.observe(3, 3, 3 * 0.250)  # slower steps: one at a time
     assert run(s)[0].num_steps == 1
-    assert s.decode_step_seconds[4] == pytest.approx(0.7 * 0.030 + 0.3 * 0.250)
+    assert s.decode_budget.step_seconds[4] == pytest.approx(0.7 * 0.030 + 0.3 * 0.250)
     with pytest.raises(ValueError, match="decode_call_ms"):
         EngineConfig(decode_call_ms=0)
 

@@ -41,6 +41,7 @@ from typing import Sequence as Seq
 
 from . import speculation
 from .config import EngineConfig
+from .decode_budget import DecodeBudget
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
 from ..kv.state_snapshots import chain_to
@@ -65,9 +66,7 @@ class Scheduler:
         self.role = config.role
         self.evicted: list[Sequence] = []  # decode role: preempted sequences, for a prefill engine to recompute
         self._ahead = False  # planning while a step is in flight (schedule(ahead=True))
-        # seconds per decode step by decode rows (a power of two), measured by the driver: a multi-step
-        # call is cut to what fits in config.decode_call_ms
-        self.decode_step_seconds: dict[int, float] = {}
+        self.decode_budget = DecodeBudget(config.decode_call_ms)  # multi-step calls cut to a time (the driver measures)
 
     # ------------------------------------------------------------ membership
     @property
@@ -266,13 +265,6 @@ class Scheduler:
                 decode.append(seq)
         return decode
 
-    def observe_decode(self, rows: int, num_steps: int, seconds: float) -> None:
-        """The driver's measure of a decode-only call: `rows` decode rows for `num_steps` steps."""
-        key = _bucket(rows)
-        per_step = seconds / num_steps
-        known = self.decode_step_seconds.get(key)
-        self.decode_step_seconds[key] = per_step if known is None else 0.7 * known + 0.3 * per_step
-
     def _decode_steps(self, decode: list[Sequence]) -> int:
         """Steps one device call may run: bounded by what every row may still generate, by pages and by
         `decode_call_ms` (a call's tokens reach clients together, and a prompt arriving meanwhile waits
@@ -285,10 +277,8 @@ class Scheduler:
         fresh = 0 if self.config.prefill_first else 1
         if any(seq.matcher is not None or seq.num_generated <= fresh for seq in decode):
             return 1
-        steps = min(self.config.decode_steps, min(seq.tokens_left for seq in decode))
-        per_step = self.decode_step_seconds.get(_bucket(len(decode)))
-        if per_step:
-            steps = min(steps, max(1, int(self.config.decode_call_ms / 1e3 / per_step)))
+        steps = self.decode_budget.steps(len(decode), min(self.config.decode_steps,
+                                                          min(seq.tokens_left for seq in decode)))
         if steps > 1 and not all(self.pool.reserve(seq.pages, seq.num_tokens + steps - 1) for seq in decode):
             steps = 1  # pages already reserved stay with their sequences: they are used next steps
         return max(1, steps)
@@ -526,11 +516,6 @@ class Scheduler:
 
     def decoding(self) -> Seq[Sequence]:
         return [s for s in self.running if s.remaining == 1]
-
-
-def _bucket(rows: int) -> int:
-    """Decode rows rounded up to a power of two (step times are kept per bucket)."""
-    return 1 << max(0, rows - 1).bit_length()
 
 
 def _joined(first, last):
