@@ -124,7 +124,8 @@ class EngineConfig:
              "its tokens reach the clients together and a new prompt waits for it (default %(default)s)")
     page_size: int = setting(128, check=at_least(1), flag="--page-size", help="tokens per KV page (paged engine)")
     num_pages: int | None = setting(  # None = sized from free memory
-        None, flag="--num-pages", help="KV pages (paged engine; default: --hbm-utilization of the free memory)")
+        None, flag="--num-pages", help="KV pages (paged engine; default: every slot at its full length, fewer where "
+                                       "--hbm-utilization of the free memory holds less; the start-up line says which)")
     hbm_utilization: float = setting(
         0.6, check=Check("in (0, 1]", lambda v: isinstance(v, (int, float)) and 0 < v <= 1),
         flag="--hbm-utilization",

@@ -320,16 +320,15 @@ class Driver(AbstractDriver):
         replica.busy_since = time.monotonic()
         host = out.to_host(any(s.request.params.logprobs is not None for s in plan.sequences))
         replica.busy_since = None
-        done = time.perf_counter()  # the step's time: from its dispatch, or from the end of the one before
-        replica.metrics.stage("step" if plan.chunks else "decode", done - max(dispatched, replica.last_step_at))
+        done = time.perf_counter()
+        took = done - max(dispatched, replica.last_step_at)  # the step's time: from its dispatch, or the step before's end
+        replica.metrics.stage("step" if plan.chunks else "decode", took)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("step: %d decode rows x %d steps, prompt rows %s of shape %s, %.1f ms since dispatch "
                       "(%.1f ms after the step before)", len(plan.decode), plan.num_steps,
-                      [c.length for c in plan.chunks], plan.chunk_shape, (done - dispatched) * 1e3,
-                      (done - max(dispatched, replica.last_step_at)) * 1e3)
+                      [c.length for c in plan.chunks], plan.chunk_shape, (done - dispatched) * 1e3, took * 1e3)
         if not plan.chunks and not plan.drafts and plan.decode:
-            replica.scheduler.decode_budget.observe(len(plan.decode), plan.num_steps,
-                                                    done - max(dispatched, replica.last_step_at))
+            replica.scheduler.decode_budget.observe(len(plan.decode), plan.num_steps, took)
         replica.last_step_at = done
         replica.metrics.engine_step()
         updates = replica.scheduler.postprocess(plan, host)
