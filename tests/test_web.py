@@ -495,7 +495,7 @@ def test_bench_serve_speaks_each_wire_format(server, endpoint):
     summary = json.loads(out.stdout)
     assert (summary["completed"], summary["failed"], summary["output_tokens"]) == (2, 0, 8)
     assert summary["ttft"]["median"] > 0 and summary["tpot"]["median"] > 0
-    # the engine's per-request trace from /metrics: queue + step wait + prefill = its time to first token
+    # the engine's per-request trace from /v1/stats: queue + step wait + prefill = its time to first token
     trace = summary["server_trace"]
     assert set(trace) == {"queue", "step_wait", "prefill", "ttft"} and min(trace.values()) >= 0
     assert trace["queue"] + trace["step_wait"] + trace["prefill"] == pytest.approx(trace["ttft"], abs=1e-3)

@@ -8,7 +8,7 @@ include_usage. `--endpoint` picks the wire format: /v1/completions (the default)
 Reports request throughput, output tok/s and mean/median/p99 of
 TTFT (first content chunk), TPOT ((latency - TTFT) / (tokens - 1)), ITL (gaps
 between content chunks) and E2E latency. Against a vsurge server it also reads
-/metrics before and after each load and prints where the time to first token
+/v1/stats before and after each load and prints where the time to first token
 went in the engine (mean queue, step wait and prefill per request).
 
 `--concurrency 1,16,32` runs one load per level (that many prompts, all in flight
@@ -158,38 +158,27 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
     return summary
 
 
-# a vsurge server's per-request trace (/metrics histograms): arrival -> admitted -> the first step computing
-# the prompt begins -> first token, plus the whole time to first token as the engine saw it
-TRACE_SERIES = {"queue": "vsurge:request_queue_time_seconds", "step_wait": "vsurge:request_step_wait_time_seconds",
-                "prefill": "vsurge:request_prefill_time_seconds", "ttft": "vsurge:time_to_first_token_seconds"}
+# a vsurge server's per-request trace (/v1/stats, the same series as /metrics): arrival -> admitted -> the
+# first step computing the prompt begins -> first token, plus the whole time to first token as the engine saw it
+TRACE_FIELDS = {"queue": "queue_time", "step_wait": "step_wait_time", "prefill": "prefill_time", "ttft": "ttft"}
 
 
 async def server_trace(client: httpx.AsyncClient, base_url: str) -> dict | None:
-    """{stage: (sum of seconds, count)} summed over models and replicas; None when the server has no
-    such series (not a vsurge server)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+    """{stage: (sum of seconds, count)} over the server's models; None when it has no /v1/stats
+    with these fields (not a vsurge server)."""
     try:
-        response = await client.get(base_url.rstrip("/") + "/metrics")
-    except httpx.HTTPError:
+        response = await client.get(base_url.rstrip("/") + "/v1/stats")
+        models = response.json()["models"] if response.status_code == 200 else None
+        return {stage: (sum(m[field]["sum"] for m in models), sum(m[field]["count"] for m in models))
+                for stage, field in TRACE_FIELDS.items()} if models else None
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return None
-    if response.status_code != 200:
-        return None
-    totals = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            for stage, series in TRACE_SERIES.items():
-                if sample.name in (series + "_sum", series + "_count"):
-                    total, count = totals.get(stage, (0.0, 0.0))
-                    totals[stage] = (total + sample.value, count) if sample.name.endswith("_sum") else \
-                        (total, count + sample.value)
-    return totals if len(totals) == len(TRACE_SERIES) else None
 
 
 def trace_means(before: dict, after: dict) -> dict:
     """Mean seconds per stage over the requests of one run (the difference of two scrapes)."""
     means = {}
-    for stage in TRACE_SERIES:
+    for stage in TRACE_FIELDS:
         total, count = (a - b for a, b in zip(after[stage], before[stage]))
         means[stage] = total / count if count else float("nan")
     return means

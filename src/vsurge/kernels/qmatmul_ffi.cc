@@ -224,12 +224,9 @@ ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t*
   const int64_t m_all = m;
   if (real != nullptr) {
     src.clear();
-    for (int64_t r = 0; r < m_all; ++r)
+    for (int64_t r = 0; r < m_all; ++r) {
       if (real[r] != 0) src.push_back(static_cast<int32_t>(r));
-    float* out = y->typed_data();
-    for (int64_t r = 0, next = 0; r < m_all; ++r) {  // padding rows: 0
-      if (next < static_cast<int64_t>(src.size()) && src[next] == r) ++next;
-      else std::memset(out + r * n, 0, n * sizeof(float));
+      else std::memset(y->typed_data() + r * n, 0, n * sizeof(float));  // padding rows: 0
     }
     if (src.empty()) return ffi::Error::Success();
     if (static_cast<int64_t>(src.size()) < m_all) {
@@ -265,7 +262,9 @@ ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t*
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())), matmul_items, &mj);
   if (passes == 2 || map != nullptr) {
     AddJob aj{both.data(), passes == 2 ? both.data() + m * n : nullptr, y->typed_data(), n, map};
-    pool.parallel_for(m, std::max<int64_t>(1, std::min<int64_t>(m, 4096 / n + 1)), add_items, &aj);
+    // (tasks of at least 4096 values, as many as the pool has threads x 4 at most)
+    pool.parallel_for(m, std::max<int64_t>(1, std::max<int64_t>(4096, m * n / (4 * pool.threads())) / n), add_items,
+                      &aj);
   }
   return ffi::Error::Success();
 }
