@@ -42,13 +42,16 @@ def thinking_dir(tmp_path_factory, default_processor_dir):
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = THINKING_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    model_config = json.loads((folder / "config.json").read_text())
+    model_config["max_position_embeddings"] = 1024  # room for the priority test's long streams
+    (folder / "config.json").write_text(json.dumps(model_config))
     return folder
 
 
 @pytest.fixture(scope="module")
 def server(thinking_dir, cache_dir):
     server = ServerProcess(str(thinking_dir), "--served-model-name", NAME, "--reasoning-parser", "qwen3",
-                           "--scheduling-policy", "priority", "--max-concurrent-decodes", "2", "--max-length", "256",
+                           "--scheduling-policy", "priority", "--max-concurrent-decodes", "2", "--max-length", "1024",
                            "--max-prefill-length", "64", "--prefill-lengths", "64", cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0
@@ -178,8 +181,9 @@ def test_enable_thinking_reaches_the_template(server, thinking_dir):
 def test_a_high_priority_request_overtakes_the_queue(server):
     """Both slots run long low-priority streams; two more low-priority requests queue; then one high-priority
     request arrives. Its first token must come before either queued low one's (it preempts a running one).
-    The tiny model's long streams can end before the urgent request arrives (a loaded machine, a fast CPU):
-    then the queued ones start without waiting, nothing is tested, and the round runs again."""
+    The long streams are 900 tokens so that they outlast the round (at 200 a fast CPU finished them while the
+    urgent request was on its way, and the queued ones were admitted first); should they still end before the
+    urgent request arrives, the queued ones start without waiting, nothing is tested, and the round runs again."""
     url = server.base + "/v1/completions"
 
     def round_of_requests():
@@ -203,7 +207,7 @@ def test_a_high_priority_request_overtakes_the_queue(server):
             return name
 
         with concurrent.futures.ThreadPoolExecutor(5) as pool:
-            running = [pool.submit(stream, f"long{i}", 5, 200, started) for i in range(2)]
+            running = [pool.submit(stream, f"long{i}", 5, 900, started) for i in range(2)]
             started.wait(timeout=60)  # both slots are generating
             queued = [pool.submit(stream, f"queued{i}", 5, 4) for i in range(2)]
             deadline = time.time() + 10  # they are waiting for a slot (a fixed pause let the long ones finish
