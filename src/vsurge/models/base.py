@@ -40,6 +40,7 @@ from flax import nnx
 
 from ..config import BLOCK_QUANTIZATIONS, ModelConfig
 from ..kv.dense import NoCache
+from ..ops.lora import LoraStack
 from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
@@ -81,6 +82,11 @@ class LayerWeights(nnx.Module):
 
     def weights(self) -> dict[str, jax.Array]:
         return {name: value[...] for name, value in vars(self).items() if isinstance(value, nnx.Param)}
+
+    def forward_weights(self) -> dict[str, jax.Array]:
+        """What the layer's forward pass reads: its weights and, on an engine serving LoRA adapters,
+        their stacked slots (ops/lora.py, lora/stacks.py)."""
+        return {name: value[...] for name, value in vars(self).items() if isinstance(value, (nnx.Param, LoraStack))}
 
 
 class CausalLM(nnx.Module):
@@ -134,6 +140,10 @@ class CausalLM(nnx.Module):
         for i in range(config.num_layers):
             specs.update({f"layers.{i}.{k}": v for k, v in cls.layer_weights(config, i).items()})
         return specs
+
+    # the layers route their projections through models/blocks.py's attention and mlp, where LoRA
+    # adapters are added (ops/lora.py), and a test compares the family's adapted logits with PEFT's
+    supports_lora: ClassVar[bool] = False
 
     # tensors some checkpoints carry that the model derives or does not use
     hf_ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
@@ -379,7 +389,7 @@ class CausalLM(nnx.Module):
         ctx = StepContext(positions, {r: rope_cos_sin(positions, r, c.head_dim) for r in ropes})
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
-                hidden, cache = self.layer(i, hidden, layer.weights(), cache, ctx)
+                hidden, cache = self.layer(i, hidden, layer.forward_weights(), cache, ctx)
         return (rms_norm(hidden, self.final_norm[...], c.rms_norm_eps) if final_norm else hidden), cache
 
     def layer(self, i: int, x, w: dict, cache, ctx: StepContext):

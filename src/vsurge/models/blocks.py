@@ -15,9 +15,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from ..config import ModelConfig
 from ..ops.linear import linear
+from ..ops.lora import adapted
 from ..ops.mlp import gated
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
@@ -123,6 +125,9 @@ def project_qkv(c: ModelConfig, x, w: dict, qk_norm_width: str = "head"):
     if "bqkv" in w:
         qkv = qkv + w["bqkv"].astype(qkv.dtype)
     q, k, v = split_qkv(qkv, c)
+    deltas = adapted(x, w, "qkv", ("q", "k", "v"))  # LoRA adapters (ops/lora.py), before the norms
+    if deltas is not None:
+        q, k, v = (p + d.reshape(p.shape) for p, d in zip((q, k, v), deltas))
     if "q_norm" in w:
         if qk_norm_width == "head":
             q, k = rms_norm(q, w["q_norm"], c.rms_norm_eps), rms_norm(k, w["k_norm"], c.rms_norm_eps)
@@ -148,7 +153,11 @@ def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str
         q = (q * query_scale[:, :, None, None]).astype(q.dtype)
     with jax.named_scope("attention"):
         attn, cache = cache.attend(c.kv_index(i), q, k, v, ctx.positions, c.attention_spec(i), w.get("sinks"))
-    out = linear(attn.reshape(b, t, -1), w["wo"], w.get("wo_scale"))
+    attn = attn.reshape(b, t, -1)
+    out = linear(attn, w["wo"], w.get("wo_scale"))
+    deltas = adapted(attn, w, "o", ("o",))
+    if deltas is not None:
+        out = out + deltas[0]
     if "bo" in w:
         out = out + w["bo"].astype(out.dtype)
     return out, cache
@@ -157,7 +166,13 @@ def attention(c: ModelConfig, i: int, x, w: dict, cache, ctx, qk_norm_width: str
 def mlp(x, w: dict, activation: str = "silu", prefix: str = "w"):
     """Gated MLP of normed input x (..., D) with weights `{prefix}_gate_up`, `{prefix}_down`."""
     h = linear(x, w[f"{prefix}_gate_up"], w.get(f"{prefix}_gate_up_scale"))
-    return linear(gated(h, activation), w[f"{prefix}_down"], w.get(f"{prefix}_down_scale"))
+    deltas = adapted(x, w, "gate_up", ("gate", "up")) if prefix == "w" else None
+    if deltas is not None:  # back into the interleaved gate/up columns (models/fused.py)
+        h = h + jnp.stack(deltas, axis=-1).reshape(h.shape)
+    h = gated(h, activation)
+    out = linear(h, w[f"{prefix}_down"], w.get(f"{prefix}_down_scale"))
+    deltas = adapted(h, w, "down", ("down",)) if prefix == "w" else None
+    return out if deltas is None else out + deltas[0]
 
 
 def pre_norm_layer(c: ModelConfig, i: int, x, w: dict, cache, ctx, activation: str = "silu"):

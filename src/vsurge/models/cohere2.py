@@ -30,6 +30,7 @@ class Cohere2Config(ModelConfig):
 
 
 class Cohere2(CausalLM):
+    supports_lora = True  # (models/base.py)
     name = "cohere2"
     hf_model_types = ("cohere2",)
     hf_architectures = ("Cohere2ForCausalLM",)

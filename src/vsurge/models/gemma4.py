@@ -115,6 +115,7 @@ class Gemma4Context(StepContext):
 
 
 class Gemma4(Gemma2):
+    supports_lora = False  # (models/base.py)
     name = "gemma4"
     hf_model_types = ("gemma4_text", "gemma4")
     hf_architectures = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
@@ -293,7 +294,7 @@ class Gemma4(Gemma2):
                             per_layer=per_layer)
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
-                hidden, cache = self.layer(i, hidden, layer.weights(), cache, ctx)
+                hidden, cache = self.layer(i, hidden, layer.forward_weights(), cache, ctx)
         return (_norm(hidden, self.final_norm[...], c.rms_norm_eps) if final_norm else hidden), cache
 
     def _attention(self, i, x, w, cache, ctx: Gemma4Context):

@@ -15,6 +15,7 @@ from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, hf_ro
 
 
 class Glm4(CausalLM):
+    supports_lora = True  # (models/base.py)
     name = "glm4"
     hf_model_types = ("glm4",)
     hf_architectures = ("Glm4ForCausalLM",)

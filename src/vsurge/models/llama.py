@@ -15,6 +15,7 @@ from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 
 
 class Llama(CausalLM):
+    supports_lora = True  # (models/base.py)
     name = "llama"
     hf_model_types = ("llama",)
     hf_architectures = ("LlamaForCausalLM",)

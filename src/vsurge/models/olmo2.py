@@ -26,6 +26,7 @@ class Olmo2Config(ModelConfig):
 
 
 class Olmo2(CausalLM):
+    supports_lora = True  # (models/base.py)
     name = "olmo2"
     config_class = Olmo2Config
     hf_model_types = ("olmo2", "olmo3")

@@ -20,6 +20,7 @@ LONG, SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 
 
 class Phi3(CausalLM):
+    supports_lora = True  # (models/base.py)
     name = "phi3"
     hf_model_types = ("phi3",)
     hf_architectures = ("Phi3ForCausalLM",)

@@ -1,0 +1,86 @@
+"""Where a model takes LoRA adapters: per layer, its adapter sites (projections that share an input)
+and, for each projection of a site, the checkpoint tensor it adapts (HF and GGUF names, the rows of a
+fused tensor, a rotary row permutation), read from the family's own weight declarations
+(models/spec.py), so a family needs nothing of its own.
+
+    site      weight       projections (ops/lora.py computes them together)
+    qkv       wqkv         q, k, v        (input: the normed hidden state)
+    o         wo           o              (input: the attention output)
+    gate_up   w_gate_up    gate, up       (input: the normed hidden state)
+    down      w_down       down           (input: the gated activation)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..models.spec import FusedQKV, GateUp, Tensor
+
+SITES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "qkv": ("wqkv", ("q", "k", "v")),
+    "o": ("wo", ("o",)),
+    "gate_up": ("w_gate_up", ("gate", "up")),
+    "down": ("w_down", ("down",)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Projection:
+    """One adaptable projection of one layer: its input and output widths and the stored tensors it is
+    made from (None where the format has no name for it)."""
+
+    layer: int
+    site: str
+    name: str  # q, k, v, o, gate, up, down
+    fan_in: int
+    fan_out: int
+    hf: Tensor | None
+    gguf: Tensor | None
+
+    @property
+    def hf_module(self) -> str | None:
+        """The HF module an adapter names ("model.layers.3.self_attn.q_proj")."""
+        return None if self.hf is None else self.hf.name.removesuffix(".weight")
+
+    @property
+    def gguf_tensor(self) -> str | None:
+        """The GGUF tensor a llama.cpp LoRA names ("blk.3.attn_q.weight")."""
+        return None if self.gguf is None else self.gguf.name
+
+
+def _parts(recipe, names: tuple[str, ...]) -> tuple:
+    if recipe is None:
+        return (None,) * len(names)
+    if isinstance(recipe, FusedQKV):
+        return recipe.q, recipe.k, recipe.v
+    if isinstance(recipe, GateUp):
+        return recipe.gate, recipe.up
+    return (recipe,) if isinstance(recipe, Tensor) else (None,) * len(names)
+
+
+def layer_projections(model_cls, config, i: int) -> dict[str, list[Projection]]:
+    """site -> its projections in layer i (sites the layer lacks, e.g. a mixture of experts' MLP, absent)."""
+    specs = model_cls.layer_weights(config, i)
+    out: dict[str, list[Projection]] = {}
+    for site, (weight, names) in SITES.items():
+        spec = specs.get(weight)
+        if spec is None or len(spec.shape) != 2:
+            continue
+        fan_in, total = spec.shape
+        if site == "qkv":
+            widths = (config.q_size, config.kv_size, config.kv_size)
+            if sum(widths) != total:
+                continue  # a layer whose heads differ from the config's (not through project_qkv)
+        elif site == "gate_up":
+            widths = (total // 2, total // 2)
+        else:
+            widths = (total,)
+        hf, gguf = _parts(spec.hf, names), _parts(spec.gguf, names)
+        out[site] = [Projection(i, site, name, fan_in, width, h, g)
+                     for name, width, h, g in zip(names, widths, hf, gguf)]
+    return out
+
+
+def model_projections(model) -> list[dict[str, list[Projection]]]:
+    """Per layer, its sites' projections."""
+    return [layer_projections(type(model), model.config, i) for i in range(model.config.num_layers)]

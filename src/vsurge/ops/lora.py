@@ -1,0 +1,72 @@
+"""LoRA adapters beside a projection, several in one step (the S-LoRA / Punica idea, in XLA).
+
+Every adapted projection y = x @ W gains y += (x @ A[id]) @ B[id] for the adapter `id` of each token
+(-1: none). The engine holds L adapter slots on the device (lora/stacks.py): for a group of
+projections that read the same input (q, k, v; gate, up) one stacked A (K, L, S, R) and one B
+(L, R, N_s) per projection s, with the adapter's scaling folded into B and ranks below R
+zero-padded. A step multiplies its tokens by every slot's A in one dot, zeroes the columns of the
+slots a token does not use, and multiplies by each projection's stacked B in one more dot: two
+or S + 1 dots per group however many adapters the step mixes, never one per adapter and never a
+merged weight. (The dense form costs L * R columns per token; a gathered one would read each
+token's own A/B, which XLA:CPU turns into a copy of them per token.)
+
+The adapter ids reach the model the way the kernel's real rows do: `lora_rows(ids)` while a step's
+forward pass is traced (engine/programs.py), ids (N,) for the step's token stream (1, N, K).
+Nothing is added outside it (whole-prompt passes, vInference), nor to arrays of other shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_ROWS: contextvars.ContextVar = contextvars.ContextVar("vsurge_lora_rows", default=None)
+
+
+class LoraStack(nnx.Variable):
+    """Stacked adapter weights of a layer (not a Param: they change while serving, the model's
+    weights do not, and they land in the engine's `graphother`)."""
+
+
+@contextlib.contextmanager
+def lora_rows(ids: jax.Array | None):
+    """While tracing a step over tokens (1, N): ids (N,) int32, each token's adapter slot (-1: none)."""
+    token = _ROWS.set(None if ids is None else ids[None])
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def lora_deltas(x: jax.Array, a: jax.Array, bs: tuple[jax.Array, ...]) -> list[jax.Array] | None:
+    """x (1, N, K) the step's tokens; a (K, L, S, R); bs S arrays (L, R, N_s) -> S deltas (1, N, N_s) in
+    x's dtype, or None outside a step with adapter ids (or for an x that is not its token stream)."""
+    ids = _ROWS.get()
+    if ids is None or ids.shape != x.shape[:-1]:
+        return None
+    k, slots, subs, rank = a.shape
+    rows = x.reshape(-1, k)
+    m = rows.shape[0]
+    xa = jax.lax.dot_general(rows, a.reshape(k, -1).astype(rows.dtype), (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32).reshape(m, slots, subs, rank)
+    mine = ids.reshape(-1)[:, None] == jnp.arange(slots, dtype=ids.dtype)[None, :]  # (M, L)
+    xa = jnp.where(mine[:, :, None, None], xa, 0.0).astype(rows.dtype)
+    out = []
+    for s, b in enumerate(bs):
+        d = jax.lax.dot_general(xa[:, :, s, :].reshape(m, slots * rank), b.reshape(slots * rank, -1).astype(rows.dtype),
+                                (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+        out.append(d.reshape(*x.shape[:-1], -1).astype(x.dtype))
+    return out
+
+
+def adapted(x: jax.Array, w: dict, site: str, names: tuple[str, ...]) -> list[jax.Array] | None:
+    """The deltas of a layer's adapter site (`lora_{site}_a`, `lora_{name}_b` in its weights dict w), or
+    None when the layer has no adapter slots or the pass carries no adapter ids."""
+    a = w.get(f"lora_{site}_a")
+    if a is None:
+        return None
+    return lora_deltas(x, a, tuple(w[f"lora_{name}_b"] for name in names))
