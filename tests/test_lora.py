@@ -29,8 +29,8 @@ def write_peft_adapter(base_dir, folder, tokenizer_dir, rank: int, seed: int, **
     """A random LoRA adapter on every linear projection (B non-zero), saved by PEFT; -> PEFT's model."""
     from peft import LoraConfig, get_peft_model
 
+    base = write_tiny_model(config.pop("family"), base_dir, tokenizer_dir)  # (seeds torch itself)
     torch.manual_seed(seed)
-    base = write_tiny_model(config.pop("family"), base_dir, tokenizer_dir)
     model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=config.pop("alpha", 2 * rank),
                                             target_modules=config.pop("targets", "all-linear"),
                                             init_lora_weights=False, **config))
@@ -184,3 +184,92 @@ def test_a_corrupt_weights_file_is_refused(tmp_path, default_model):
     (folder / "adapter_model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(AdapterError, match="not a readable safetensors"):
         load_peft("bad", folder, default_model[0], 16)
+
+
+# ------------------------------------------------------------ the engine: adapters mixed in its steps
+ENGINE = dict(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), page_size=16, decode_steps=4)
+
+
+@pytest.fixture(scope="module")
+def llama_adapters(tmp_path_factory, default_processor_dir):
+    """A tiny Llama and three random PEFT adapters of ranks 8, 4, 8: (base dir, [(dir, PEFT model)], torch base)."""
+    root = tmp_path_factory.mktemp("lora_engine")
+    torch_base = write_tiny_model("llama", root / "base", default_processor_dir)
+    adapters = [(root / f"adapter{k}", write_peft_adapter(root / f"base{k}", root / f"adapter{k}", default_processor_dir,
+                                                           rank, seed=20 + k, family="llama"))
+                for k, rank in enumerate((8, 4, 8))]
+    return root / "base", adapters, torch_base
+
+
+def peft_greedy(torch_model, prompt, steps):
+    with torch.no_grad():
+        out = torch_model.generate(torch.tensor([prompt]), max_new_tokens=steps, do_sample=False, pad_token_id=0,
+                                   eos_token_id=None)
+    return out[0, len(prompt):].tolist()
+
+
+def test_engine_mixes_three_adapters_and_the_base_over_two_slots(llama_adapters):
+    """Eight requests (the base and three adapters, two prompts each) at once on an engine with two adapter
+    slots: every request gets exactly the greedy tokens of PEFT's model for its adapter; adapters take
+    turns in the slots (loaded more than twice), and pages cached under one adapter never serve another."""
+    import asyncio
+
+    from vsurge import EngineConfig, SamplingParams, vSurge
+
+    base_dir, adapters, torch_base = llama_adapters
+    model, processor = load(str(base_dir), dtype="float32", progress=False)
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**ENGINE, max_loras=2, max_lora_rank=8))
+    for k, (folder, _) in enumerate(adapters):
+        surge.load_adapter(f"a{k}", str(folder))
+    rng = np.random.default_rng(3)
+    shared = rng.integers(0, model.config.vocab_size, 20).tolist()  # a page-long prefix every request shares
+    prompts = [shared + rng.integers(0, model.config.vocab_size, 5).tolist() for _ in range(2)]
+    jobs = [(name, prompt) for name in (None, "a0", "a1", "a2") for prompt in prompts]
+    steps = 8
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+
+    async def run_all():
+        async def one(name, prompt):
+            tokens = []
+            async for samples in surge.submit(prompt, params, detokenize=False, adapter=name).updates():
+                tokens += samples[0].token_ids
+            return tokens
+        return await asyncio.gather(*(one(name, prompt) for name, prompt in jobs))
+
+    surge.compile()
+    surge.start()
+    try:
+        got = asyncio.run(run_all())
+        again = asyncio.run(run_all())  # prefixes now cached, under each adapter's own key
+    finally:
+        surge.stop(5)
+    models = {None: torch_base, **{f"a{k}": peft for k, (_, peft) in enumerate(adapters)}}
+    want = [peft_greedy(models[name], prompt, steps) for name, prompt in jobs]
+    assert got == want
+    assert again == want
+    assert len({tuple(w) for w in want}) == len(want)  # the adapters make a difference
+    assert surge.engine.adapters.loads >= 3
+
+
+def test_requests_name_only_loaded_adapters(llama_adapters, default_model):
+    import asyncio
+
+    from vsurge import EngineConfig, SamplingParams, vSurge
+
+    base_dir, adapters, _ = llama_adapters
+    model, processor = load(str(base_dir), dtype="float32", progress=False)
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**ENGINE, max_loras=1, max_lora_rank=4))
+    with pytest.raises(AdapterError, match="rank 8 .* above the server's --max-lora-rank 4"):
+        surge.load_adapter("big", str(adapters[0][0]))
+    surge.load_adapter("small", str(adapters[1][0]))
+    assert surge.adapter_names == ["small"]
+    assert surge.unload_adapter("small") and not surge.unload_adapter("small")
+
+    async def submit():
+        surge.submit([1, 2, 3], SamplingParams(max_tokens=2), adapter="small")
+
+    with pytest.raises(ValueError, match="no LoRA adapter named 'small'"):
+        asyncio.run(submit())
+    plain = vSurge.create_odriver(*default_model, config=EngineConfig(**ENGINE))
+    with pytest.raises(AdapterError, match="serves no LoRA adapters"):
+        plain.load_adapter("x", str(adapters[1][0]))

@@ -14,6 +14,7 @@ from typing import AsyncGenerator, Sequence
 from .engine.config import EngineConfig
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
+from .lora.api import AdapterAPI
 from . import sampling_params
 from . import sampling_params as sampling_params_module
 from .sampling_params import SamplingParams
@@ -89,7 +90,7 @@ vSurgeRequest = dataclasses.make_dataclass(  # noqa: N816 (the seed's name)
                "__doc__": "A completion request: the seed's fields plus every SamplingParams field."})
 
 
-class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
+class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
@@ -235,12 +236,18 @@ class vSurge(vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         return self.processor.encode(prompt)
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, detokenize: bool = True,
-               metadata: dict | None = None) -> "Submission":
-        """Submit one prompt's n sequences now (raises if the driver refuses any of them).
+               metadata: dict | None = None, adapter: str | None = None) -> "Submission":
+        """Submit one prompt's n sequences now (raises if the driver refuses any of them). adapter: the
+        name of a LoRA adapter to generate with (`load_adapter`); None: the base model.
 
         Must be called from the event loop that will consume `Submission.updates()`."""
         channel = ReturnChannel(asyncio.get_running_loop())
-        actives = prepare_requests(self.engine, prompt_ids, params, channel, detokenize)
+        lora = None
+        if adapter is not None:
+            lora = self.adapter(adapter)
+            if lora is None:
+                raise ValueError(f"no LoRA adapter named {adapter!r} is loaded (loaded: {self.adapter_names})")
+        actives = prepare_requests(self.engine, prompt_ids, params, channel, detokenize, adapter=lora)
         for active in actives:
             active.metadata.update(metadata or {})
         submitted = []

@@ -21,10 +21,12 @@ from .sequence import Sequence
 
 class BatchBuilder:
     def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
-                 draft_state_rows: int = 0):
+                 draft_state_rows: int = 0, adapters: bool = False):
         """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
-        its steps then say where each row's recurrent states come from and go (programs.DraftRows)."""
+        its steps then say where each row's recurrent states come from and go (programs.DraftRows).
+        adapters: the engine serves LoRA adapters: steps say each row's adapter slot."""
         self.draft_state_rows = draft_state_rows
+        self.adapters = adapters
         self.vocab_size = vocab_size
         self.words = bitmask_words(vocab_size)
         self.page_size = page_size
@@ -77,10 +79,14 @@ class BatchBuilder:
             eos[i, : len(ids)] = ids
             budget[i] = seq.request.max_new_tokens
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
+        adapters = None
+        if self.adapters:
+            adapters = np.full(rows, -1, np.int32)
+            adapters[: len(rows_of)] = [seq.adapter_slot for seq, _, _ in rows_of]
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
                            self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
                            from_device, None if columns is None else np.asarray(columns, np.int32),
-                           self._draft_rows(plan, rows) if self.draft_state_rows else None)
+                           self._draft_rows(plan, rows) if self.draft_state_rows else None, adapters)
 
     def _draft_rows(self, plan: StepPlan, rows: int) -> DraftRows:
         """Draft j of the step (plan.draft_rows order, batch row len(plan.decode) + j) writes draft-state
@@ -116,10 +122,13 @@ class BatchBuilder:
         logits_index, slots = np.zeros(r, np.int32), np.full(r, self.spare, np.int32)
         generated, samples = np.zeros(r, np.int32), np.zeros(r, bool)
         from_device = np.zeros(d, bool)
+        adapters = np.full(n, -1, np.int32) if self.adapters else None
         columns = 1
 
         def place(row: int, seq: Sequence, start: int, count: int, at: int) -> None:
             nonlocal columns
+            if adapters is not None:
+                adapters[at:at + count] = seq.adapter_slot
             pos = np.arange(start, start + count)
             pages = np.asarray(seq.pages.pages, np.int32)
             known = seq.tokens[start:start + count]  # (a token still on the device is fed there)
@@ -147,7 +156,7 @@ class BatchBuilder:
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
-                          self._bitmasks(r, masks, row_of), from_device)
+                          self._bitmasks(r, masks, row_of), from_device, adapters)
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:

@@ -202,6 +202,15 @@ class EngineConfig:
         help="seconds one engine step may take before the engine counts as stuck: its requests fail with "
              "an error and readiness turns false (0: wait forever; default %(default)s)")
 
+    # LoRA adapters (lora/, ops/lora.py): device slots (0: the engine serves no adapters) and their rank
+    max_loras: int = setting(
+        0, check=at_least(0), flag="--max-loras",
+        help="LoRA adapters on the device at once, any mix of them and the base model in one step (others wait in "
+             "host memory); 0 without --lora/--enable-lora, else default 4")
+    max_lora_rank: int = setting(
+        16, check=int_in(1, 256), flag="--max-lora-rank",
+        help="the highest adapter rank served (each slot holds this rank; default %(default)s)")
+
     def __post_init__(self):
         for f in SETTINGS:
             spec, value = f.metadata["setting"], getattr(self, f.name)

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from ..lora import serving as lora_serving
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import encode, programs
@@ -61,11 +62,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             config = config.replace(one_row_decode=True)
         self.config = config
         self.pool = pool
+        self.adapters = lora_serving.enable(self.model, config)  # LoRA slots (None: no adapters)
         self.graphdef, self.graphstate, self.graphother = nnx.split(self.model, nnx.Param, ...)
         self.mesh = mesh_of(self.model)  # None: the default device
         self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
-                                    config.pages_per_sequence, config.draft_state_rows)
+                                    config.pages_per_sequence, config.draft_state_rows, self.adapters is not None)
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
@@ -82,7 +84,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
     def new_scheduler(self, pool=None) -> Scheduler:
         """A scheduler over the engine's page pool, or over `pool` (a run with its own engine state)."""
-        return Scheduler(self.pool if pool is None else pool, self.config)
+        return Scheduler(self.pool if pool is None else pool, self.config, self.adapters)
 
     # ------------------------------------------------------------ properties the drivers and vSurge read
     @property
@@ -244,6 +246,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         outputs; `Scheduler.masks(plan)`)."""
         state = self.sync_tiers(state)
         state = self.setup_slots(state, plan)
+        if self.adapters is not None:
+            lora_serving.apply_writes(self)
         gs = self.graphstate if graphstate is None else graphstate
         go = self.graphother if graphother is None else graphother
         c = self.config

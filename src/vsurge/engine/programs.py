@@ -30,6 +30,7 @@ from flax import nnx
 from ..kv.paged import PagedAttentionCache, StepLayout
 from ..kv.recurrent import run_fresh
 from ..ops.attention import attend
+from ..ops.lora import lora_rows
 from ..ops.quantized import real_rows
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
@@ -80,6 +81,7 @@ class DecodeBatch:
     num_columns: np.ndarray | None = None  # () i32: loop over this many page columns (None: all W, unrolled)
     # a hybrid model's speculating engine (kv/paged.py StepLayout): the first step's recurrent rows
     drafts: "DraftRows | None" = None
+    adapters: np.ndarray | None = None  # (D,) i32 each row's LoRA adapter slot (-1: none); None: no adapters
 
 
 @jax.tree_util.register_dataclass
@@ -110,6 +112,7 @@ class MixedBatch:
     samples: np.ndarray  # (R,) bool: the row's token is real (decode rows, prompt rows that end)
     bitmask: np.ndarray  # (R, ceil(V/32)) i32
     from_device: np.ndarray  # (D,) bool: decode row i's token is its slot's last_token
+    adapters: np.ndarray | None = None  # (N,) i32 each token's LoRA adapter slot (-1: none); None: no adapters
 
 
 @jax.tree_util.register_dataclass
@@ -209,7 +212,7 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
                 layout, decode_slots=dr.state_slots, decode_restore=jnp.where(first, dr.restore, -1),
                 draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
         hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
-        with real_rows(active if batch.drafts is None else None):  # (padding rows of the bucket: skipped)
+        with real_rows(active if batch.drafts is None else None), lora_rows(batch.adapters):  # (padding: skipped)
             hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
         logits = model.logits(hidden[0])  # (D, V)
         new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
@@ -242,7 +245,7 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
-    with real_rows(real if lay.draft_rows is None else None):
+    with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
         hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
     logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)

@@ -86,6 +86,7 @@ class ActiveRequest:
     submitted_at: float = dataclasses.field(default_factory=time.perf_counter)
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
     metadata: dict = dataclasses.field(default_factory=dict)
+    adapter: Any = None  # a LoRA adapter (lora/adapter.py Adapter) to generate with; None: the base model
 
     def cancel(self) -> None:
         """Ask the driver to stop this sequence; its slot is freed within one decode step."""

@@ -53,9 +53,11 @@ class _NeedsResults(Exception):
 
 
 class Scheduler:
-    def __init__(self, pool, config: EngineConfig):
+    def __init__(self, pool, config: EngineConfig, adapters=None):
+        """adapters: the engine's LoRA adapter slots (lora/slots.py), or None."""
         self.pool = pool
         self.config = config
+        self.adapters = adapters
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
@@ -133,6 +135,9 @@ class Scheduler:
 
     def _release(self, seq: Sequence, swap: bool = False) -> None:
         self.running.remove(seq)
+        if seq.adapter_slot >= 0:
+            self.adapters.release(seq.adapter_slot)
+            seq.adapter_slot = -1
         self.pool.free_sequence(seq.pages, swap=swap)
         heapq.heappush(self._free_slots, seq.slot)
         seq.slot, seq.state_restore = None, None
@@ -298,10 +303,10 @@ class Scheduler:
         for seq in candidates:
             if seq.status is Status.RUNNING:
                 needs.append(seq.remaining)
-            elif seq.prefix_waits < self.config.prefix_wait_steps and self.pool.inflight_pages(seq.tokens):
+            elif seq.prefix_waits < self.config.prefix_wait_steps and self.pool.inflight_pages(seq.tokens, seq.pages.root):
                 continue
             else:
-                needs.append(len(seq.tokens) - self.pool.cached_tokens(seq.tokens))
+                needs.append(len(seq.tokens) - self.pool.cached_tokens(seq.tokens, seq.pages.root))
         best, best_key = None, None
         for rows, length in self.config.chunk_shapes:
             tokens, left = 0, rows
@@ -328,6 +333,8 @@ class Scheduler:
                 break
             if seq.status is Status.WAITING and self._waits_for_prefix(seq):
                 continue  # its prefix is being computed: it needs no slot or pages yet
+            if seq.status is Status.WAITING and not self._adapter_fits(seq):
+                continue  # its adapter waits for a slot: sequences of the base or loaded adapters go on
             if seq.status is Status.WAITING and not self._admit(seq):
                 break  # FIFO: nobody overtakes a prompt that does not fit yet
             if seq.remaining == 1:  # a cached or one-token prompt: its last token decodes
@@ -370,22 +377,32 @@ class Scheduler:
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         """A running sequence is computing pages of this prompt's prefix: wait for them to be
         committed (they are hits then) rather than compute them again; bounded, so it never starves."""
-        if seq.prefix_waits >= self.config.prefix_wait_steps or not self.pool.inflight_pages(seq.tokens):
+        if seq.prefix_waits >= self.config.prefix_wait_steps or not self.pool.inflight_pages(seq.tokens, seq.pages.root):
             return False
         seq.prefix_waits += 1
         self.num_prefix_waits += 1
         return True
 
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        return seq.request.adapter is None or self.adapters.can_take(seq.request.adapter)
+
     def _admit(self, seq: Sequence) -> bool:
         if not self._free_slots:
             return False
         slot = self._free_slots[0]
+        adapter = seq.request.adapter
+        adapter_slot = -1 if adapter is None else self.adapters.acquire(adapter)
+        if adapter_slot is None:
+            return False  # every adapter slot is held by running sequences of other adapters
         cached = self.pool.add_sequence(seq.pages, seq.tokens, slot)
         # the first row must get its pages, unless nobody else could ever free pages for it
         first = min(len(seq.tokens) - cached, self.config.chunk_shapes[-1][1])
         if not self.pool.can_reserve(seq.pages, cached + first) and self.running:
             self.pool.free_sequence(seq.pages)
+            if adapter_slot >= 0:
+                self.adapters.release(adapter_slot)
             return False
+        seq.adapter_slot = adapter_slot
         heapq.heappop(self._free_slots)
         self.waiting.remove(seq)
         if seq.preempted:

@@ -31,6 +31,7 @@ class Sequence:
     num_prompt: int
     num_computed: int = 0  # leading tokens whose K/V are written
     slot: int | None = None  # row of the engine's per-slot sampling state while running
+    adapter_slot: int = -1  # its LoRA adapter's device slot while running (lora/slots.py); -1: the base model
     pages: PageTable = dataclasses.field(default_factory=PageTable)
     status: Status = Status.WAITING
     needs_setup: bool = False  # the engine must (re)load this slot's sampling state before its next step
@@ -57,8 +58,9 @@ class Sequence:
             from ..structured.compiler import compiler_for
 
             matcher = compiler_for(processor, vocab_size).matcher(request.params.structured, request.eos_token_ids)
+        pages = PageTable(root=None if request.adapter is None else request.adapter.key)  # (adapters' KV apart)
         return cls(request, SequenceOutput(request, processor), list(request.prompt_ids), len(request.prompt_ids),
-                   matcher=matcher)
+                   pages=pages, matcher=matcher)
 
     @property
     def seq_id(self) -> int:

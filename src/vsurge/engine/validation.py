@@ -42,10 +42,11 @@ def check_prompt(engine, prompt_ids) -> list[int]:
 
 
 def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChannel, detokenize: bool = True,
-                     max_tokens_cap: int | None = None) -> list[ActiveRequest]:
+                     max_tokens_cap: int | None = None, adapter=None) -> list[ActiveRequest]:
     """Validate one prompt and expand it into `params.n` ActiveRequests sharing `channel`.
 
-    max_tokens_cap: the most new tokens allowed (default: what the context leaves)."""
+    max_tokens_cap: the most new tokens allowed (default: what the context leaves). adapter: a LoRA
+    adapter registered with the engine (lora/slots.py), or None."""
     prompt_ids = list(prompt_ids)
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
         raise TypeError("the prompt must be a list of token ids (int)")
@@ -70,5 +71,7 @@ def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChann
     if len(eos) > EOS_WIDTH:
         raise ValueError(f"at most {EOS_WIDTH} stop token ids (eos included) are supported, got {len(eos)}")
     base = params.seed if params.seed is not None else engine.new_seed()
-    return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize)
-            for i in range(params.n)]
+    if adapter is not None and getattr(engine, "adapters", None) is None:
+        raise ValueError("this engine serves no LoRA adapters (start it with --max-loras or --lora)")
+    return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize,
+                          adapter=adapter) for i in range(params.n)]

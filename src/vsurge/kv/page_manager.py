@@ -119,7 +119,7 @@ class HBMPageManager(PoolSizes, TierQueues):
         (SlotPages needs it)."""
         if seq.registered or seq.pages:
             raise ValueError("this page table is already registered")
-        seq.registered = True
+        seq.registered, seq.last_key = True, seq.root
         self._tables[id(seq)] = seq
         self.last_hits = dict.fromkeys(TIERS, 0)
         if not self.enable_prefix_caching:
@@ -200,7 +200,7 @@ class HBMPageManager(PoolSizes, TierQueues):
             self._refcount[page] -= 1
             if self._refcount[page] == 0:
                 self._evictable[page] = None  # registered: its KV (or its queued load) stays cached
-        seq.last_key = keys[keep - 1] if keep else None
+        seq.last_key = keys[keep - 1] if keep else seq.root
 
     def _announce(self, seq: PageTable, tokens: Sequence[int]) -> None:
         """Mark the keys of the full pages `seq` will compute as in flight until it commits them."""
@@ -219,14 +219,15 @@ class HBMPageManager(PoolSizes, TierQueues):
             if not self._inflight[key]:
                 del self._inflight[key]
 
-    def cached_tokens(self, tokens: Sequence[int]) -> int:
+    def cached_tokens(self, tokens: Sequence[int], root: int | None = None) -> int:
         """Tokens of `tokens`' prefix that add_sequence would find now: in the device pool, then in
-        the host or disk tier (by key: nothing is read, nothing changes), then a tail."""
+        the host or disk tier (by key: nothing is read, nothing changes), then a tail. root: the
+        table's (PageTable.root)."""
         if not self.enable_prefix_caching:
             return 0
         if self.snapshots is not None:
             return self._resumable_pages(tokens) * self._page_size
-        ps, parent, count = self._page_size, None, 0
+        ps, parent, count = self._page_size, root, 0
         for i in range(max(len(tokens) - 1, 0) // ps):
             chunk = tuple(tokens[i * ps : (i + 1) * ps])
             key = page_key(parent, chunk)
@@ -244,12 +245,12 @@ class HBMPageManager(PoolSizes, TierQueues):
             shared = len(rest)  # a tail on disk, unread: a guess (it only shapes the next step)
         return count + (shared if shared >= self.min_tail else 0)
 
-    def inflight_pages(self, tokens: Sequence[int]) -> int:
+    def inflight_pages(self, tokens: Sequence[int], root: int | None = None) -> int:
         """Full pages of `tokens`' prefix (as add_sequence would look it up) that a live table is
         computing now; 0 when none is. Cached pages on the way are skipped over."""
         if not self._inflight or not self.enable_prefix_caching:
             return 0
-        ps, key, count = self._page_size, None, 0
+        ps, key, count = self._page_size, root, 0
         for i in range(max(len(tokens) - 1, 0) // ps):
             key = page_key(key, tuple(tokens[i * ps : (i + 1) * ps]))
             if key in self._inflight:
@@ -470,7 +471,7 @@ class HBMPageManager(PoolSizes, TierQueues):
                     self._copies.pop(page, None)  # a copy or load queued for it is moot now
                     self._loads.pop(page, None)
                     self._free.append(page)
-        seq.pages, seq.num_committed, seq.last_key, seq.registered, seq.pending_end = [], 0, None, False, 0
+        seq.pages, seq.num_committed, seq.last_key, seq.registered, seq.pending_end = [], 0, seq.root, False, 0
         seq.computed, seq.tokens = 0, ()
 
     def reset_prefix_cache(self) -> None:

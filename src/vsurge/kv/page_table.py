@@ -21,6 +21,9 @@ class PageTable:
     tokens: Sequence[int] = ()  # the sequence's tokens (as of the last commit; for its tail)
     restore: int | None = None  # snapshot row its first prompt row resumes from (kv/state_snapshots.py)
     chain: tuple[int, int | None] = (0, None)  # pages chained so far for its snapshots, the last key
+    # the key its first page chains from: None, or what sets its KV apart from the same tokens' under the
+    # base model (a LoRA adapter's content hash: two adapters never share pages)
+    root: int | None = None
 
     def __len__(self) -> int:
         return len(self.pages)

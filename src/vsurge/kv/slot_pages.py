@@ -62,10 +62,10 @@ class SlotPages(PoolSizes):
     def commit(self, seq: PageTable, tokens: Sequence[int], num_computed: int) -> None:
         pass
 
-    def inflight_pages(self, tokens: Sequence[int]) -> int:
+    def inflight_pages(self, tokens: Sequence[int], root: int | None = None) -> int:
         return 0
 
-    def cached_tokens(self, tokens: Sequence[int]) -> int:
+    def cached_tokens(self, tokens: Sequence[int], root: int | None = None) -> int:
         return 0
 
     def tier_counts(self) -> dict[str, int]:
