@@ -29,7 +29,7 @@ def write_peft_adapter(base_dir, folder, tokenizer_dir, rank: int, seed: int, **
     """A random LoRA adapter on every linear projection (B non-zero), saved by PEFT; -> PEFT's model."""
     from peft import LoraConfig, get_peft_model
 
-    base = write_tiny_model(config.pop("family"), base_dir, tokenizer_dir)  # (seeds torch itself)
+    base = write_tiny_model(config.pop("family"), base_dir, tokenizer_dir, **config.pop("base", {}))  # (seeds torch)
     torch.manual_seed(seed)
     model = get_peft_model(base, LoraConfig(r=rank, lora_alpha=config.pop("alpha", 2 * rank),
                                             target_modules=config.pop("targets", "all-linear"),

@@ -104,6 +104,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="serve a LoRA adapter (a PEFT directory) as model NAME; repeat for more (turns on "
+                        "--enable-lora)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters: --lora at start, POST /v1/load_lora_adapter at run time "
+                        "(--max-loras on the device at once, default 4)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
     p.add_argument("--host", default="127.0.0.1")
@@ -321,6 +327,9 @@ def cmd_serve(args) -> int:
     from .vsurge import vSurge
 
     settings = _engine_flags(args)
+    loras = _lora_flags(args)
+    if (loras or args.enable_lora) and not settings.get("max_loras"):
+        settings["max_loras"] = 4
     if args.max_queue < 0:
         raise _fail(f"--max-queue must be at least 0, got {args.max_queue}")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
@@ -351,6 +360,12 @@ def cmd_serve(args) -> int:
     if paged:
         for engine in surge.driver.engines:
             status(describe_kv_pool(model, engine))
+    for lora_name, lora_path in loras:
+        try:
+            adapter = surge.load_adapter(lora_name, lora_path)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        status(f"LoRA adapter {lora_name}: rank {adapter.rank} on {', '.join(adapter.modules)} ({lora_path})")
     if multihost and scale_flags.is_follower():
         return scale_flags.follow(surge)
     from .server.adapters.response_store import ResponseStore
@@ -375,6 +390,17 @@ def cmd_serve(args) -> int:
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
     scale_flags.exit_after_serving(surge)
     return 0
+
+
+def _lora_flags(args) -> list[tuple[str, str]]:
+    """--lora NAME=PATH (or PATH alone: named by its directory) -> [(name, path)]."""
+    out = []
+    for given in getattr(args, "lora", None) or []:
+        name, _, path = given.partition("=") if "=" in given else (Path(given).name, "", given)
+        if not name or not path:
+            raise _fail(f"--lora takes NAME=PATH, got {given!r}")
+        out.append((name, path))
+    return out
 
 
 def _pooling(args) -> str:

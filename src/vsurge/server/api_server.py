@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 
 from ..structured.reasoning import get_reasoning_parser
 from ..structured.tool_parsers import get_tool_parser
+from ..lora.view import AdaptedSurge
 from ..vsurge import vSurge
 from .adapters.response_store import ResponseStore
 from .app import build_app
@@ -92,11 +93,21 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ models
     def get(self, model: str | None) -> vSurge | None:
+        """The vSurge serving `model`: a model's name, or a LoRA adapter's (its base, generating with it)."""
         if not model:
             return next(iter(self.surges.values()))
-        return self.surges.get(model)
+        surge = self.surges.get(model)
+        if surge is not None:
+            return surge
+        for base in self.surges.values():
+            if base.adapter(model) is not None:
+                return AdaptedSurge(base, model)
+        return None
 
-    def name_of(self, surge: vSurge) -> str:
+    def name_of(self, surge) -> str:
+        """The served name of a vSurge, or the adapter's name for an adapter's view of one."""
+        if isinstance(surge, AdaptedSurge):
+            return surge.adapter_name
         return next(name for name, s in self.surges.items() if s is surge)
 
     @property

@@ -97,9 +97,16 @@ class OpenAIHandlers:
 
     async def available_inference(self):
         """GET /v1/models."""
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
-             "max_model_len": surge.max_length} for name, surge in self.surges.items()]}
+        data = []
+        for name, surge in self.surges.items():
+            data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
+                         "root": name, "parent": None, "max_model_len": surge.max_length})
+            for adapter in surge.adapter_names:  # LoRA adapters, as vLLM lists them
+                found = surge.adapter(adapter)
+                data.append({"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
+                             "root": found.path if found else adapter, "parent": name,
+                             "max_model_len": surge.max_length})
+        return {"object": "list", "data": data}
 
     async def count_tokens(self, request: CountTokenRequest):
         """POST /v1/count_tokens."""

@@ -1,0 +1,104 @@
+"""LoRA adapters over HTTP: `vsurge serve --lora NAME=PATH` on a tiny random Llama, requests selecting an
+adapter by `model` through the real `openai` and `anthropic` SDKs, vLLM's runtime load/unload routes,
+`/v1/models`, and bad adapters answered 4xx while the server keeps serving."""
+
+from __future__ import annotations
+
+import anthropic
+import numpy as np
+import openai
+import pytest
+import torch
+
+from server_process import ServerProcess, client_for
+from test_lora import peft_greedy, write_peft_adapter
+from tiny_models import write_tiny_model
+
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def lora_setup(tmp_path_factory, default_processor_dir):
+    root = tmp_path_factory.mktemp("lora_server")
+    torch_base = write_tiny_model("llama", root / "base", default_processor_dir)
+    adapters = {f"a{k}": (root / f"adapter{k}", write_peft_adapter(root / f"base{k}", root / f"adapter{k}",
+                                                                  default_processor_dir, 8, seed=30 + k, family="llama"))
+                for k in range(2)}
+    return root, torch_base, adapters
+
+
+@pytest.fixture(scope="module")
+def server(lora_setup, cache_dir):
+    root, _, adapters = lora_setup
+    server = ServerProcess(str(root / "base"), "--served-model-name", "base", "--lora", f"a0={adapters['a0'][0]}",
+                           "--max-loras", "2", "--max-concurrent-decodes", "4", "--max-length", "128",
+                           "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+    yield server
+    assert server.stop() == 0
+
+
+def completion(client, model, prompt):
+    reply = client.completions.create(model=model, prompt=prompt, max_tokens=STEPS, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    return reply.choices[0].text, reply.model
+
+
+def text_of(server, ids) -> str:
+    return server.post("/detokenize", json={"tokens": ids}).json()["prompt"]
+
+
+def test_requests_select_adapters_by_model_name(server, lora_setup):
+    _, torch_base, adapters = lora_setup
+    client = client_for(server)
+    prompt = np.random.default_rng(5).integers(0, 1000, 12).tolist()
+    text, name = completion(client, "a0", prompt)
+    assert name == "a0"
+    assert text == text_of(server, peft_greedy(adapters["a0"][1], prompt, STEPS))
+    assert completion(client, "base", prompt)[0] == text_of(server, peft_greedy(torch_base, prompt, STEPS)) != text
+    models = {m.id: m for m in client.models.list().data}
+    assert set(models) == {"base", "a0"} and models["a0"].parent == "base"
+    # the Anthropic Messages API selects by model too
+    claude = anthropic.Anthropic(base_url=server.base, api_key="unused", max_retries=0)
+    message = claude.messages.create(model="a0", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    assert message.model == "a0" and message.usage.output_tokens >= 1
+
+
+def test_runtime_load_and_unload(server, lora_setup):
+    _, _, adapters = lora_setup
+    client = client_for(server)
+    prompt = [5, 6, 7, 8, 9, 10]
+    r = server.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(adapters["a1"][0])})
+    assert r.status_code == 200, r.text
+    assert completion(client, "a1", prompt)[0] == text_of(server, peft_greedy(adapters["a1"][1], prompt, STEPS))
+    assert "a1" in {m.id for m in client.models.list().data}
+    assert server.post("/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 200
+    with pytest.raises(openai.NotFoundError, match="a1"):
+        client.completions.create(model="a1", prompt=prompt, max_tokens=2)
+    r = server.post("/v1/unload_lora_adapter", json={"lora_name": "a1"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "lora_name"
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"lora_name": "x", "lora_path": "/nonexistent/adapter"}, 400, "not a directory"),
+    ({"lora_name": "base", "lora_path": "/tmp"}, 400, "a model's name"),
+    ({"lora_name": "x"}, 400, "lora_path"),
+])
+def test_bad_loads_are_4xx_and_the_server_keeps_serving(server, body, status, words):
+    r = server.post("/v1/load_lora_adapter", json=body)
+    assert r.status_code == status and words in r.text, r.text
+    assert client_for(server).completions.create(model="a0", prompt=[1, 2, 3], max_tokens=2).choices[0].text is not None
+
+
+def test_an_adapter_too_big_or_for_another_model_is_refused(server, tmp_path, default_processor_dir):
+    wide = tmp_path / "wide_base"
+    write_peft_adapter(wide, tmp_path / "wide", default_processor_dir, 4, seed=1, family="llama", base={"hidden_size": 96})
+    r = server.post("/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(tmp_path / "wide")})
+    assert r.status_code == 400 and "another base model" in r.json()["error"]["message"]
+    write_peft_adapter(tmp_path / "b", tmp_path / "rank32", default_processor_dir, 32, seed=1, family="llama")
+    r = server.post("/v1/load_lora_adapter", json={"lora_name": "big", "lora_path": str(tmp_path / "rank32")})
+    assert r.status_code == 400 and "--max-lora-rank 16" in r.json()["error"]["message"]
+
+
+def test_embeddings_for_an_adapter_say_so(server):
+    r = server.post("/v1/embeddings", json={"model": "a0", "input": "hello"})
+    assert r.status_code == 400 and "LoRA adapters" in r.json()["error"]["message"]
