@@ -121,7 +121,9 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
               shared_prefix_len: int = 0, endpoint: str = "/v1/completions") -> dict:
-    """shared_prefix_len: words of one preamble every prompt starts with (a system prompt)."""
+    """shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
+    a list whose names the requests take in turn (a base model's LoRA adapters)."""
+    models = [model] if isinstance(model, str) else list(model)
     rng = random.Random(seed)
     preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""
     prompts = [preamble + random_prompt(rng, input_len) for _ in range(num_prompts)]
@@ -129,18 +131,18 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
     headers = {"Authorization": f"Bearer {api_key}", "x-api-key": api_key} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or num_prompts)
 
-    def payload(prompt):
-        body = request_body(endpoint, model, prompt, output_len)
+    def payload(prompt, i):
+        body = request_body(endpoint, models[i % len(models)], prompt, output_len)
         if eos_token_id is not None:
             body["logit_bias"] = {str(eos_token_id): -100}
         return body
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=headers,
                                  limits=httpx.Limits(max_connections=None)) as client:
-        async def limited(prompt, delay):
+        async def limited(i, prompt, delay):
             await asyncio.sleep(delay)
             async with limit:
-                return await one_request(client, url, payload(prompt))
+                return await one_request(client, url, payload(prompt, i))
 
         delays, t = [], 0.0
         for _ in prompts:
@@ -149,7 +151,7 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
                 t += rng.expovariate(request_rate)
         before = await server_trace(client, base_url)
         start = time.perf_counter()
-        results = await asyncio.gather(*(limited(p, d) for p, d in zip(prompts, delays)))
+        results = await asyncio.gather(*(limited(i, p, d) for i, (p, d) in enumerate(zip(prompts, delays))))
         duration = time.perf_counter() - start
         after = await server_trace(client, base_url)
     summary = summarize(results, duration)

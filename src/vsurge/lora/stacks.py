@@ -15,9 +15,19 @@ from .adapter import Adapter
 from .layout import model_projections
 
 
+def stack_dtype(model):
+    """The weights' dtype; for a model held in GGUF blocks (float32 beside them), bfloat16 where the device
+    multiplies it natively (devices.default_dtype): half the bytes each step reads, twice the dot rate."""
+    from ..devices import default_dtype
+
+    if model.block_formats() and model.param_dtype == jnp.float32:
+        return jnp.dtype(default_dtype())
+    return model.param_dtype
+
+
 def attach(model, slots: int, rank: int) -> None:
     """Give every adaptable site of the model `slots` adapter slots of rank `rank` (in place)."""
-    dtype = model.dtype
+    dtype = stack_dtype(model)
     for layer, sites in zip(model.layers, model_projections(model)):
         for site, projections in sites.items():
             fan_in = projections[0].fan_in

@@ -64,7 +64,7 @@ def _quantize_rows(x):
     return jnp.round(x / scale), scale
 
 
-def _mixed_dot(x: jax.Array, w: jax.Array, w_contract: int) -> jax.Array:
+def mixed_dot(x: jax.Array, w: jax.Array, w_contract: int) -> jax.Array:
     """x (..., K) . w over w's axis `w_contract` -> (..., N) in x.dtype, accumulated in float32."""
     if w.dtype == x.dtype:
         return jax.lax.dot_general(x, w, (((x.ndim - 1,), (w_contract,)), ((), ())))
@@ -82,7 +82,7 @@ def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
     """x (..., K) @ w.T for w (N, K) (a tied output head) -> (..., N)."""
     if is_quantized(w):
         return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
-    return _mixed_dot(x, w, 1)
+    return mixed_dot(x, w, 1)
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
@@ -91,9 +91,9 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
     if is_quantized(w):
         return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
     if scale is None:
-        return _mixed_dot(x, w, 0)
+        return mixed_dot(x, w, 0)
     if w.dtype == FP8:  # converted inside the dot's fusion; the scale applies per output channel after it
-        return (_mixed_dot(x, w.astype(x.dtype), 0) * scale.astype(x.dtype)).astype(x.dtype)
+        return (mixed_dot(x, w.astype(x.dtype), 0) * scale.astype(x.dtype)).astype(x.dtype)
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).astype(jnp.float32)
     m = rows.shape[0]

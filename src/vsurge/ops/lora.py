@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .linear import mixed_dot
+
 _ROWS: contextvars.ContextVar = contextvars.ContextVar("vsurge_lora_rows", default=None)
 
 
@@ -44,23 +46,27 @@ def lora_rows(ids: jax.Array | None):
 
 def lora_deltas(x: jax.Array, a: jax.Array, bs: tuple[jax.Array, ...]) -> list[jax.Array] | None:
     """x (1, N, K) the step's tokens; a (K, L, S, R); bs S arrays (L, R, N_s) -> S deltas (1, N, N_s) in
-    x's dtype, or None outside a step with adapter ids (or for an x that is not its token stream)."""
+    x's dtype, or None outside a step with adapter ids (or for an x that is not its token stream). A step
+    none of whose tokens has an adapter skips the dots (the base model's users pay nothing for them)."""
     ids = _ROWS.get()
     if ids is None or ids.shape != x.shape[:-1]:
         return None
     k, slots, subs, rank = a.shape
     rows = x.reshape(-1, k)
-    m = rows.shape[0]
-    xa = jax.lax.dot_general(rows, a.reshape(k, -1).astype(rows.dtype), (((1,), (0,)), ((), ())),
-                             preferred_element_type=jnp.float32).reshape(m, slots, subs, rank)
-    mine = ids.reshape(-1)[:, None] == jnp.arange(slots, dtype=ids.dtype)[None, :]  # (M, L)
-    xa = jnp.where(mine[:, :, None, None], xa, 0.0).astype(rows.dtype)
-    out = []
-    for s, b in enumerate(bs):
-        d = jax.lax.dot_general(xa[:, :, s, :].reshape(m, slots * rank), b.reshape(slots * rank, -1).astype(rows.dtype),
-                                (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-        out.append(d.reshape(*x.shape[:-1], -1).astype(x.dtype))
-    return out
+    flat = ids.reshape(-1)
+
+    def deltas(rows):
+        xa = mixed_dot(rows, a.reshape(k, -1), 0).reshape(-1, slots, subs, rank)  # (M, L, S, R)
+        mine = flat[:, None] == jnp.arange(slots, dtype=flat.dtype)[None, :]  # (M, L): each token's own slot
+        xa = jnp.where(mine[:, :, None, None], xa, jnp.zeros((), xa.dtype))
+        return tuple(mixed_dot(xa[:, :, s, :].reshape(-1, slots * rank), b.reshape(slots * rank, -1), 0)
+                     for s, b in enumerate(bs))
+
+    def none(rows):
+        return tuple(jnp.zeros((rows.shape[0], b.shape[-1]), rows.dtype) for b in bs)
+
+    out = jax.lax.cond(jnp.any(flat >= 0), deltas, none, rows)
+    return [d.reshape(*x.shape[:-1], -1) for d in out]
 
 
 def adapted(x: jax.Array, w: dict, site: str, names: tuple[str, ...]) -> list[jax.Array] | None:
