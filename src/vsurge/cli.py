@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from pathlib import Path
+
+from . import cli_models
 
 from .scale.flags import add_parallel_args
 from .config import QUANTIZATIONS
@@ -101,9 +104,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--model", action="append", default=None, metavar="[NAME=]PATH",
+                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct); repeat to "
+                        "serve several (the first loaded at start, the others on their first request)")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
+    cli_models.add_arguments(p)
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a LoRA adapter (a PEFT directory) as model NAME; repeat for more (turns on "
                         "--enable-lora)")
@@ -338,34 +343,53 @@ def cmd_serve(args) -> int:
     from .scale import flags as scale_flags
 
     multihost = scale_flags.init_distributed(args)  # before anything else touches JAX
-    defaults = _generation_defaults(args)
+    specs = cli_models.model_specs(args)
+    cli_models.check(args, specs, _fail)
+    first_name, args.model = specs[0]
     use_cache_dir(args.compilation_cache)
-    model, processor = _load(args)
-    status(describe_model(model))
-    name = args.served_model_name or (model.config.name or Path(args.model).name.removesuffix(".gguf")
-                                      if args.model != "default" else "SmolLM2-135M-Instruct")
     parallel = (scale_flags.disaggregated_kwargs(args) if scale_flags.disaggregated(args)
                 else scale_flags.load_kwargs(args))
+    if parallel and cli_models.several(args, specs):
+        raise _fail("several models per server are served on one device each for now (no --tensor-parallel-size, "
+                    "--data-parallel-size or disaggregated devices with them)")
     paged = args.engine == "paged"
     if paged and "kv_host_cache_bytes" not in settings:
         from .kv.memory import default_host_cache_bytes
 
         settings["kv_host_cache_bytes"] = default_host_cache_bytes()
-    try:
-        config = EngineConfig.fitted(model.config.max_position_embeddings, **settings)
-        surge = vSurge.from_config(model, processor, config, paged=paged, vsurge_name=name, max_queue=args.max_queue,
-                                   **parallel)
-    except ValueError as e:
-        raise _fail(str(e)) from None
-    if paged:
-        for engine in surge.driver.engines:
-            status(describe_kv_pool(model, engine))
-    for lora_name, lora_path in loras:
+    served: dict = {}  # name -> (sampling defaults, pooling) of each model built
+
+    def build_surge(model_args, name, adapters=(), parallel=None):
+        defaults = _generation_defaults(model_args)
+        model, processor = _load(model_args)
+        status(describe_model(model))
+        if name is None:
+            name = args.served_model_name or (model.config.name or Path(model_args.model).name.removesuffix(".gguf")
+                                              if model_args.model != "default" else "SmolLM2-135M-Instruct")
         try:
-            adapter = surge.load_adapter(lora_name, lora_path)
+            config = EngineConfig.fitted(model.config.max_position_embeddings, **settings)
+            surge = vSurge.from_config(model, processor, config, paged=paged, vsurge_name=name,
+                                       max_queue=args.max_queue, **(parallel or {}))
         except ValueError as e:
             raise _fail(str(e)) from None
-        status(f"LoRA adapter {lora_name}: rank {adapter.rank} on {', '.join(adapter.modules)} ({lora_path})")
+        if paged:
+            for engine in surge.driver.engines:
+                status(describe_kv_pool(model, engine))
+        for lora_name, lora_path in adapters:
+            try:
+                adapter = surge.load_adapter(lora_name, lora_path)
+            except ValueError as e:
+                raise _fail(str(e)) from None
+            status(f"LoRA adapter {lora_name}: rank {adapter.rank} on {', '.join(adapter.modules)} ({lora_path})")
+        served[name] = (defaults, _pooling(model_args))
+        if server_box:
+            server_box[0].generation_defaults[name], server_box[0].pooling[name] = served[name]
+        return surge
+
+    server_box: list = []  # the server, once made (models the router builds later register with it)
+    surge = build_surge(args, first_name, loras, parallel)
+    name = surge.vsurge_name
+    defaults = served[name][0]
     if multihost and scale_flags.is_follower():
         return scale_flags.follow(surge)
     from .server.adapters.response_store import ResponseStore
@@ -373,8 +397,23 @@ def cmd_serve(args) -> int:
     server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                              reasoning_parser=args.reasoning_parser,
                              response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl))
+    server_box.append(server)
     server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
-    server.pooling = {name: _pooling(args)}
+    server.pooling = {name: served[name][1]}
+    if cli_models.several(args, specs):
+        from .server.router import ModelRouter
+
+        router = ModelRouter(server, args.max_loaded_models, args.sleep_idle_seconds)
+        first_args = copy.copy(args)
+        router.add(name, args.model, cli_models.builder(first_args, name, args.model, server,
+                                                        lambda a, n: build_surge(a, n, loras)), loaded=surge)
+        for other, path in specs[1:]:
+            other = other or cli_models.model_name(path)
+            router.add(other, path, cli_models.builder(args, other, path, server, build_surge))
+        server.router = router
+        status(f"Models: {', '.join(router.entries)} (loaded on demand"
+               + (f", at most {args.max_loaded_models} at once" if args.max_loaded_models else "")
+               + (f", unloaded after {args.sleep_idle_seconds:g} s idle" if args.sleep_idle_seconds else "") + ")")
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)

@@ -133,6 +133,12 @@ class Driver(AbstractDriver):
         return sum(e.max_concurrent_decodes for e in self.decode_engines)
 
     @property
+    def num_live(self) -> int:
+        """Requests submitted and not yet finished (waiting or running)."""
+        with self._lock:
+            return len(self._live)
+
+    @property
     def num_used_slots(self) -> int:
         return sum(len(r.scheduler.running) for r in self.replicas if r.role != "prefill")
 

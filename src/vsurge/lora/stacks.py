@@ -7,6 +7,7 @@ puts one adapter in one slot (ranks below R zero-padded, projections it does not
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -46,20 +47,37 @@ def attached(model) -> tuple[int, int] | None:
 
 
 def write(model, slot: int, adapter: Adapter | None) -> None:
-    """Put `adapter` in `slot` of every stack (None: clear the slot)."""
+    """Put `adapter` in `slot` of every stack (None: clear the slot), in one compiled call."""
     rank = attached(model)[1]
     weights = {} if adapter is None else adapter.weights
+    variables, values = [], []  # each stack and its slot's new contents
     for i, (layer, sites) in enumerate(zip(model.layers, model_projections(model))):
         for site, projections in sites.items():
-            a_var = getattr(layer, f"lora_{site}_a")
             a_slot = np.zeros((projections[0].fan_in, len(projections), rank), np.float32)
             for s, p in enumerate(projections):
-                b_var = getattr(layer, f"lora_{p.name}_b")
                 b_slot = np.zeros((rank, p.fan_out), np.float32)
                 pair = weights.get((i, site, p.name))
                 if pair is not None:
                     a, b = pair
                     a_slot[:, s, : a.shape[1]] = a
                     b_slot[: b.shape[0]] = b
-                b_var.set_value(b_var[...].at[slot].set(jnp.asarray(b_slot, b_var[...].dtype)))
-            a_var.set_value(a_var[...].at[:, slot].set(jnp.asarray(a_slot, a_var[...].dtype)))
+                variables.append(getattr(layer, f"lora_{p.name}_b"))
+                values.append(b_slot[None])  # (1, R, N): slot axis 0
+            variables.append(getattr(layer, f"lora_{site}_a"))
+            values.append(a_slot[:, None])  # (K, 1, S, R): slot axis 1
+    stacks = [v[...] for v in variables]
+    values = [jnp.asarray(x, s.dtype) for x, s in zip(values, stacks)]
+    for variable, new in zip(variables, _put_slot(stacks, values, jnp.int32(slot))):
+        variable.set_value(new)
+
+
+@jax.jit
+def _put_slot(stacks: list, values: list, slot):
+    """Each stack with `slot` replaced: B stacks (L, R, N) along axis 0, A stacks (K, L, S, R) along axis 1."""
+    out = []
+    for stack, value in zip(stacks, values):
+        axis = 0 if stack.ndim == 3 else 1
+        start = [0] * stack.ndim
+        start[axis] = slot
+        out.append(jax.lax.dynamic_update_slice(stack, value, start))
+    return out

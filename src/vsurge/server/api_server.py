@@ -104,6 +104,11 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
                 return AdaptedSurge(base, model)
         return None
 
+    def adopt(self, name: str, surge: vSurge) -> None:
+        """A model the router loaded (started already) joins the served ones."""
+        surge.metrics.rename(name)
+        self.surges[name] = surge
+
     def name_of(self, surge) -> str:
         """The served name of a vSurge, or the adapter's name for an adapter's view of one."""
         if isinstance(surge, AdaptedSurge):

@@ -22,6 +22,7 @@ from .adapters.responses import ResponsesRequest
 from .protocol import CountTokensRequest, DetokenizeRequest, TokenizeRequest
 from .cache_slots import install_cache_routes
 from .lora_routes import install_lora_routes
+from .router import install_model_routes
 from .web import install_web_routes
 
 
@@ -112,5 +113,6 @@ def build_app(server) -> FastAPI:
 
     install_cache_routes(app, server)  # named prompt caches over the disk tier (cache_slots.py)
     install_lora_routes(app, server)  # runtime LoRA adapters (lora_routes.py)
+    install_model_routes(app, server)  # loading and unloading models (router.py)
     install_web_routes(app, server)  # the chat page, the dashboard and /v1/stats
     return app

@@ -64,7 +64,7 @@ def _prompt_keys(tokens: list[int], page_size: int) -> list[int]:
 
 
 async def save(server, body: CacheSlotRequest) -> dict:
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     disk = _disk_of(surge)
     folder = _slot_dir(disk, body.name)
     if not body.prompt:
@@ -89,7 +89,7 @@ async def save(server, body: CacheSlotRequest) -> dict:
 
 
 async def restore(server, body: CacheSlotRequest) -> dict:
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     disk = _disk_of(surge)
     folder = _slot_dir(disk, body.name)
     manifest = _manifest(folder, body.name)
@@ -103,7 +103,7 @@ async def restore(server, body: CacheSlotRequest) -> dict:
 
 
 async def erase(server, body: CacheSlotRequest) -> dict:
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     folder = _slot_dir(_disk_of(surge), body.name)
     _manifest(folder, body.name)
     shutil.rmtree(folder)

@@ -23,6 +23,7 @@ from .protocol import CountTokenRequest, DetokenizeRequest, TokenizeRequest, mes
 class OpenAIHandlers:
     """Mixed into vSurgeApiServer: self.surges, get(), name_of(), ready, draining, tool_call_parser."""
 
+    router = None  # server/router.py ModelRouter: models loaded on demand, unloaded when idle (None: all loaded)
     tool_call_parser: str = "auto"
     reasoning_parser: str | None = None  # `--reasoning-parser`: deepseek_r1 | qwen3 | gpt_oss (None: no reasoning split)
     # served name -> GenerationDefaults for the sampling fields a request leaves unset (`vsurge serve
@@ -33,10 +34,17 @@ class OpenAIHandlers:
     pooling: dict | None = None
 
     # ------------------------------------------------------------ helpers
-    def surge_for(self, model: str | None):
+    async def surge_for(self, model: str | None):
+        """The vSurge serving `model` (a model's name or a LoRA adapter's); a known model that is not loaded
+        is loaded first (server/router.py: the request waits, bounded)."""
         surge = self.get(model)
+        if surge is None and self.router is not None and self.router.knows(model):
+            await self.router.ensure_loaded(model)
+            surge = self.get(model)
         if surge is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
+        if self.router is not None:
+            self.router.touch(self.name_of(getattr(surge, "base", surge)))
         if self.draining or not surge.ready:
             raise APIError(503, "the model is not ready (starting, compiling or shutting down)", None,
                            {"Retry-After": "1"})
@@ -98,19 +106,25 @@ class OpenAIHandlers:
     async def available_inference(self):
         """GET /v1/models."""
         data = []
+        states = {e["id"]: e["state"] for e in self.router.describe()} if self.router is not None else {}
         for name, surge in self.surges.items():
             data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
-                         "root": name, "parent": None, "max_model_len": surge.max_length})
+                         "root": name, "parent": None, "max_model_len": surge.max_length,
+                         "status": {"value": states.get(name, "loaded")}})
             for adapter in surge.adapter_names:  # LoRA adapters, as vLLM lists them
                 found = surge.adapter(adapter)
                 data.append({"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
                              "root": found.path if found else adapter, "parent": name,
                              "max_model_len": surge.max_length})
+        for name, state in states.items():  # models the router may load on demand (llama.cpp's router lists them)
+            if name not in self.surges:
+                data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
+                             "root": name, "parent": None, "status": {"value": state}})
         return {"object": "list", "data": data}
 
     async def count_tokens(self, request: CountTokenRequest):
         """POST /v1/count_tokens."""
-        surge = self.surge_for(request.model)
+        surge = await self.surge_for(request.model)
         try:
             if request.messages is not None:
                 count = len(chat_prompt_ids(surge.processor, messages_as_dicts(request.messages)))
@@ -134,7 +148,7 @@ class OpenAIHandlers:
 
     # ------------------------------------------------------------ vLLM-style utility routes
     async def tokenize(self, request: TokenizeRequest):
-        surge = self.surge_for(request.model)
+        surge = await self.surge_for(request.model)
         try:
             if request.messages is not None:
                 tokens = chat_prompt_ids(surge.processor, messages_as_dicts(request.messages))
@@ -147,7 +161,7 @@ class OpenAIHandlers:
         return {"tokens": tokens, "count": len(tokens), "max_model_len": surge.max_length}
 
     async def detokenize(self, request: DetokenizeRequest):
-        surge = self.surge_for(request.model)
+        surge = await self.surge_for(request.model)
         vocab = surge.engine.vocab_size
         bad = [t for t in request.tokens if t >= vocab]
         if bad:

@@ -122,6 +122,11 @@ class ServerStats(BaseModel):
     uptime_s: float = Field(description="seconds since the server started")
     ready: bool = Field(description="every model compiled and running")
     models: list[ModelStats]
+    catalog: list[dict] = Field(default_factory=list, description=(
+        "with several models (server/router.py): every model the server may load, its state (loaded, loading, "
+        "unloaded, failed), how many times it was loaded and the last load's seconds"))
+    adapters: dict[str, dict[str, int]] = Field(default_factory=dict, description=(
+        "LoRA adapters per model: each adapter loaded in a device slot -> running requests using it"))
 
 
 # ---------------------------------------------------------------- reading one registry
@@ -311,4 +316,8 @@ def server_stats(server, started: float) -> ServerStats:
     now = time.time()
     models = [model_stats(name, surge, [_Replica(m) for m in surge.metrics.replica_metrics()])
               for name, surge in server.surges.items()]
-    return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models)
+    catalog = server.router.describe() if server.router is not None else []
+    adapters = {name: surge.engine.adapters.resident() for name, surge in server.surges.items()
+                if getattr(surge.engine, "adapters", None) is not None}
+    return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models,
+                       catalog=catalog, adapters=adapters)

@@ -80,7 +80,7 @@ async def to_request(server, body: ChatCompletionRequest, surge) -> GenerationRe
 async def respond(server, body: ChatCompletionRequest):
     unsupported(body, UNSUPPORTED_FIELDS)
     check_stream_options(body)
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     request = await to_request(server, body, surge)
     new_parser = output_parsers(server, request, surge)
     streams = ChoiceStreams(surge, request.prompts, request.params, new_parser=new_parser)

@@ -137,7 +137,7 @@ async def to_request(server, body: CompletionRequest, surge) -> GenerationReques
 async def respond(server, body: CompletionRequest):
     unsupported(body, UNSUPPORTED_FIELDS)
     check_stream_options(body)
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     request = await to_request(server, body, surge)
     prompt_only = scores_prompt_only(body)
     if prompt_only:

@@ -89,7 +89,7 @@ async def _token_lists(surge, value) -> list[list[int]]:
 
 
 async def respond(server, body: EmbeddingRequest):
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     encoding = body.encoding_format or "float"
     if encoding not in ("float", "base64"):
         raise APIError(400, f"encoding_format must be 'float' or 'base64', got {body.encoding_format!r}",

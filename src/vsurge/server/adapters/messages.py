@@ -347,7 +347,7 @@ def _sse(event: dict) -> str:
 
 
 async def respond(server, body: MessagesRequest):
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     request = await to_request(server, body, surge)
     new_parser = output_parsers(server, request, surge)
     streams = ChoiceStreams(surge, request.prompts, request.params)
@@ -378,6 +378,6 @@ async def respond(server, body: MessagesRequest):
 
 
 async def count_tokens(server, body: CountTokensRequest):
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     _, ids, _ = await prompt(server, body, surge)
     return {"input_tokens": len(ids)}

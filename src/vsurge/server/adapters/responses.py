@@ -420,7 +420,7 @@ def _sse(event: dict) -> str:
 
 async def respond(server, body: ResponsesRequest):
     unsupported(body, UNSUPPORTED_FIELDS)
-    surge = server.surge_for(body.model)
+    surge = await server.surge_for(body.model)
     request, conversation = await to_request(server, body, surge)
     new_parser = output_parsers(server, request, surge)
     streams = ChoiceStreams(surge, request.prompts, request.params)

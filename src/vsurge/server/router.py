@@ -1,0 +1,228 @@
+"""Several models in one server: which are loaded, loading on demand, unloading by LRU and when idle.
+
+The server's `surges` holds the loaded models (what every handler, /metrics and the web page see); the
+router knows every model it may serve (`--model NAME=PATH` repeated, `--models-dir`) and how to build
+each (a callable that loads, compiles and starts a vSurge). A request for a model that is not loaded
+waits while it loads (start-up from the compilation cache): first, when `--max-loaded-models` are
+loaded, the least recently used one with nothing in flight is stopped and dropped (waiting while
+every loaded model has requests in flight, bounded by `load_timeout`). `--sleep-idle-seconds N`
+drops a model nobody asked for in N seconds; its next request wakes it. A model that fails to load
+fails the requests waiting for it with the loader's error; the others keep serving. Below the server
+nothing knows there are several models: each is its own vSurge with its own engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel
+
+from .errors import APIError
+
+log = logging.getLogger(__name__)
+
+LOADED, LOADING, UNLOADED, FAILED = "loaded", "loading", "unloaded", "failed"
+HANDOUT_GRACE = 2.0  # seconds a model handed to a request counts as busy before the request reaches its driver
+
+
+@dataclasses.dataclass(eq=False)
+class ModelEntry:
+    name: str
+    path: str
+    build: Callable[[], object]  # -> a started vSurge (blocking: load, compile, start)
+    state: str = UNLOADED
+    error: str | None = None
+    last_used: float = 0.0  # monotonic time of its last request (or its load)
+    handed_at: float = -1e9  # monotonic time a request handler last took it
+    loads: int = 0
+    load_seconds: float | None = None  # the last load's time, start to serving
+    task: asyncio.Task | None = None
+
+
+def models_in_dir(folder: str) -> list[tuple[str, str]]:
+    """(name, path) of every model in `folder`, as llama.cpp's router finds them: each HF directory (a
+    config.json) named by the directory, each .gguf file (not a multimodal projector) by its stem."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise ValueError(f"--models-dir {folder}: not a directory")
+    found = []
+    for item in sorted(root.iterdir()):
+        if item.is_dir() and (item / "config.json").is_file():
+            found.append((item.name, str(item)))
+        elif item.suffix == ".gguf" and not item.name.startswith("mmproj"):
+            found.append((item.stem, str(item)))
+    return found
+
+
+class ModelRouter:
+    def __init__(self, server, max_loaded: int | None = None, sleep_idle_seconds: float | None = None,
+                 load_timeout: float = 600.0):
+        self.server = server
+        self.entries: dict[str, ModelEntry] = {}
+        self.max_loaded = max_loaded
+        self.sleep_idle_seconds = sleep_idle_seconds
+        self.load_timeout = load_timeout
+        self._lock: asyncio.Lock | None = None  # made on the serving loop
+        self._idle_task: asyncio.Task | None = None
+
+    # ------------------------------------------------------------ what it serves
+    def add(self, name: str, path: str, build: Callable[[], object], loaded=None) -> None:
+        """A model the server may serve; `loaded`: its vSurge when it is running already."""
+        if name in self.entries:
+            raise ValueError(f"two models are named {name!r}")
+        entry = ModelEntry(name, path, build, last_used=time.monotonic())
+        if loaded is not None:
+            entry.state = LOADED
+            self.server.surges[name] = loaded
+        self.entries[name] = entry
+
+    def knows(self, name: str | None) -> bool:
+        return name in self.entries
+
+    def touch(self, name: str) -> None:
+        entry = self.entries.get(name)
+        if entry is not None:
+            entry.last_used = entry.handed_at = time.monotonic()
+
+    def describe(self) -> list[dict]:
+        """Per model: name, state, path, loads and the last load's seconds (for /v1/models and /v1/stats)."""
+        return [{"id": e.name, "state": e.state, "path": e.path, "loads": e.loads, "load_seconds": e.load_seconds,
+                 **({"error": e.error} if e.error else {})} for e in self.entries.values()]
+
+    # ------------------------------------------------------------ loading and unloading
+    def _loop_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+            if self.sleep_idle_seconds and self._idle_task is None:
+                self._idle_task = asyncio.get_running_loop().create_task(self._sleep_idle())
+        return self._lock
+
+    def _in_flight(self, name: str) -> int:
+        """Requests its driver holds, or 1 when a handler took it in the last HANDOUT_GRACE seconds (it may
+        not have submitted yet: unloading it then would fail that request)."""
+        surge = self.server.surges.get(name)
+        if surge is None:
+            return 0
+        live = surge.driver.num_live
+        return live or int(time.monotonic() - self.entries[name].handed_at < HANDOUT_GRACE)
+
+    async def ensure_loaded(self, name: str) -> None:
+        """Return once `name` is loaded (loading it, and making room, if needed); APIError 503 when it failed
+        to load or room could not be made within load_timeout."""
+        entry = self.entries[name]
+        deadline = time.monotonic() + self.load_timeout
+        while True:
+            async with self._loop_lock():
+                if entry.state == LOADED:
+                    return
+                if entry.task is None or entry.task.done():
+                    if not await self._make_room(name, deadline):
+                        raise APIError(503, f"model {name!r} cannot be loaded now: every one of the "
+                                            f"{self.max_loaded} loaded models has requests in flight; retry later",
+                                       "model", {"Retry-After": "5"})
+                    entry.task = asyncio.get_running_loop().create_task(self._load(entry))
+                task = entry.task
+            await asyncio.wait_for(asyncio.shield(task), max(1.0, deadline - time.monotonic()))
+            if entry.state == FAILED:
+                raise APIError(503, f"model {name!r} failed to load: {entry.error}", "model")
+
+    async def _make_room(self, name: str, deadline: float) -> bool:
+        """Unload least recently used models until one more fits under max_loaded (waiting while all of them
+        have requests in flight); False at the deadline."""
+        while self.max_loaded is not None:
+            loaded = [e for e in self.entries.values() if e.state in (LOADED, LOADING) and e.name != name]
+            if len(loaded) < self.max_loaded:
+                return True
+            idle = sorted((e for e in loaded if e.state == LOADED and self._in_flight(e.name) == 0),
+                          key=lambda e: e.last_used)
+            if idle:
+                await self._unload(idle[0])
+                continue
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    async def _load(self, entry: ModelEntry) -> None:
+        entry.state, entry.error = LOADING, None
+        start = time.perf_counter()
+        log.info("loading model %s (%s)", entry.name, entry.path)
+        try:
+            surge = await asyncio.to_thread(entry.build)
+        except BaseException as exc:  # noqa: BLE001: a model that fails to load fails only its own requests
+            log.exception("model %s failed to load", entry.name)
+            entry.state, entry.error = FAILED, str(exc) or type(exc).__name__
+            return
+        self.server.adopt(entry.name, surge)
+        entry.state, entry.loads = LOADED, entry.loads + 1
+        entry.load_seconds = time.perf_counter() - start
+        entry.last_used = time.monotonic()
+        log.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
+
+    async def _unload(self, entry: ModelEntry) -> None:
+        surge = self.server.surges.pop(entry.name, None)
+        entry.state = UNLOADED
+        if surge is not None:
+            log.info("unloading model %s", entry.name)
+            await asyncio.to_thread(surge.stop, 30.0)
+            del surge
+            gc.collect()  # the weights and KV pool go with the last references
+
+    async def load(self, name: str) -> None:
+        """POST /models/load."""
+        if name not in self.entries:
+            raise APIError(404, f"The model `{name}` does not exist.", "model", code="model_not_found")
+        await self.ensure_loaded(name)
+
+    async def unload(self, name: str) -> None:
+        """POST /models/unload: refused (409) while it has requests in flight."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise APIError(404, f"The model `{name}` does not exist.", "model", code="model_not_found")
+        async with self._loop_lock():
+            if entry.state != LOADED:
+                return
+            busy = self._in_flight(name)
+            if busy:
+                raise APIError(409, f"model {name!r} has {busy} requests in flight", "model")
+            await self._unload(entry)
+
+    async def _sleep_idle(self) -> None:
+        """Unload models nobody asked for in sleep_idle_seconds (checked every second)."""
+        while True:
+            await asyncio.sleep(min(1.0, self.sleep_idle_seconds / 4))
+            now = time.monotonic()
+            async with self._loop_lock():
+                for entry in list(self.entries.values()):
+                    if (entry.state == LOADED and now - entry.last_used >= self.sleep_idle_seconds
+                            and self._in_flight(entry.name) == 0):
+                        await self._unload(entry)
+
+
+class ModelRequest(BaseModel):
+    model: str
+
+
+def install_model_routes(app, server) -> None:
+    """llama.cpp's router routes: POST /models/load and /models/unload {"model": NAME}."""
+    def router():
+        if server.router is None:
+            raise APIError(400, "this server serves a fixed set of models (start it with several --model or "
+                                "--models-dir to load and unload them)", "model")
+        return server.router
+
+    @app.post("/models/load")
+    async def load_model(body: ModelRequest):
+        await router().load(body.model)
+        return {"success": True, "model": body.model}
+
+    @app.post("/models/unload")
+    async def unload_model(body: ModelRequest):
+        await router().unload(body.model)
+        return {"success": True, "model": body.model}

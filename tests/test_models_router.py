@@ -1,0 +1,100 @@
+"""Several models in one `vsurge serve` (server/router.py): `--model a=DIR --models-dir DIR` with two tiny
+random models and a broken file, `--max-loaded-models 1` and `--sleep-idle-seconds`. Each model answers
+with its own greedy tokens (transformers' on the same weights); alternating requests swap the models and
+none is lost; an idle model is unloaded and the next request wakes it; the broken model fails only its own
+requests; `/models/load`, `/models/unload` and `/v1/models` show the states."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+import torch
+
+from server_process import ServerProcess, client_for
+from tiny_models import write_tiny_model
+
+PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
+STEPS = 6
+IDLE_S = 6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, default_processor_dir):
+    root = tmp_path_factory.mktemp("router")
+    torch_a = write_tiny_model("llama", root / "a", default_processor_dir)
+    shelf = root / "shelf"
+    shelf.mkdir()
+    torch_b = write_tiny_model("qwen2", shelf / "b", default_processor_dir)
+    (shelf / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 this is not a model")
+    return root, {"a": torch_a, "b": torch_b}
+
+
+@pytest.fixture(scope="module")
+def server(models, cache_dir):
+    root, _ = models
+    server = ServerProcess(f"a={root / 'a'}", "--models-dir", str(root / "shelf"), "--max-loaded-models", "1",
+                           "--sleep-idle-seconds", str(IDLE_S), "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "64",
+                           "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+    yield server
+    assert server.stop() == 0
+
+
+def greedy_text(torch_model, processor) -> str:
+    with torch.no_grad():
+        out = torch_model.generate(torch.tensor([PROMPT]), max_new_tokens=STEPS, do_sample=False, pad_token_id=0,
+                                   eos_token_id=None)
+    return processor.decode(out[0, len(PROMPT):].tolist(), skip_special_tokens=True)
+
+
+def ask(server, model: str) -> str:
+    reply = client_for(server, timeout=300).completions.create(model=model, prompt=PROMPT, max_tokens=STEPS,
+                                                               temperature=0, extra_body={"ignore_eos": True})
+    assert reply.model == model
+    return reply.choices[0].text
+
+
+def states(server) -> dict:
+    return {m["id"]: m["status"]["value"] for m in server.get("/v1/models").json()["data"]}
+
+
+def test_each_model_answers_and_alternating_requests_swap_them_losing_none(server, models, default_model):
+    _, torch_models = models
+    want = {name: greedy_text(m, default_model[1]) for name, m in torch_models.items()}
+    assert want["a"] != want["b"]
+    assert states(server) == {"a": "loaded", "b": "unloaded", "broken": "unloaded"}
+    for name in ("b", "a", "b", "a"):  # one at a time: each swaps
+        assert ask(server, name) == want[name]
+        assert states(server)[name] == "loaded"
+        assert list(states(server).values()).count("loaded") == 1
+    # a burst of both at once: every request answered, with its own model's tokens
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        jobs = [(name, pool.submit(ask, server, name)) for name in ["a", "b"] * 4]
+        answers = [(name, job.result(timeout=600)) for name, job in jobs]
+    assert all(text == want[name] for name, text in answers), answers
+    catalog = {m["id"]: m for m in server.get("/v1/stats").json()["catalog"]}
+    assert catalog["b"]["loads"] >= 3 and catalog["a"]["loads"] >= 2
+    print("load seconds (warm compilation cache):", {n: m["load_seconds"] for n, m in catalog.items()})
+
+
+def test_a_broken_model_fails_only_its_own_requests(server):
+    r = server.post("/v1/completions", json={"model": "broken", "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"], r.text
+    assert states(server)["broken"] == "failed"
+    assert ask(server, "a")  # the others keep serving
+
+
+def test_load_unload_routes_and_idle_sleep(server):
+    r = server.post("/models/load", json={"model": "b"})
+    assert r.status_code == 200 and r.json()["success"], r.text
+    assert states(server)["b"] == "loaded" and states(server)["a"] == "unloaded"
+    assert server.post("/models/unload", json={"model": "b"}).status_code == 200
+    assert states(server)["b"] == "unloaded"
+    assert server.post("/models/load", json={"model": "nope"}).status_code == 404
+    ask(server, "a")
+    deadline = time.time() + IDLE_S + 10
+    while states(server)["a"] == "loaded" and time.time() < deadline:
+        time.sleep(0.5)
+    assert states(server)["a"] == "unloaded"  # asleep after IDLE_S idle seconds
+    assert ask(server, "a")  # and woken by its next request
