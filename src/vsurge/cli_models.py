@@ -39,7 +39,7 @@ def model_specs(args) -> list[tuple[str | None, str]]:
     """The models to serve, in order: each --model (default: the embedded one), then --models-dir's."""
     from .server.router import models_in_dir
 
-    given = args.model if isinstance(args.model, list) else [args.model]
+    given = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     specs = [split_model(m) for m in (given or ["default"])]
     if args.models_dir:
         specs += models_in_dir(args.models_dir)
