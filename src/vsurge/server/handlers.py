@@ -38,7 +38,7 @@ class OpenAIHandlers:
         """The vSurge serving `model` (a model's name or a LoRA adapter's); a known model that is not loaded
         is loaded first (server/router.py: the request waits, bounded)."""
         surge = self.get(model)
-        if surge is None and self.router is not None and self.router.knows(model):
+        if self.router is not None and self.router.knows(model) and (surge is None or self.router.draining(model)):
             await self.router.ensure_loaded(model)
             surge = self.get(model)
         if surge is None:

@@ -28,6 +28,7 @@ from .errors import APIError
 log = logging.getLogger(__name__)
 
 LOADED, LOADING, UNLOADED, FAILED = "loaded", "loading", "unloaded", "failed"
+DRAIN_HOLD = 0.5  # seconds a busy model refuses new requests after another model asked it to make way
 HANDOUT_GRACE = 2.0  # seconds a model handed to a request counts as busy before the request reaches its driver
 
 
@@ -40,6 +41,8 @@ class ModelEntry:
     error: str | None = None
     last_used: float = 0.0  # monotonic time of its last request (or its load)
     handed_at: float = -1e9  # monotonic time a request handler last took it
+    loaded_at: float = -1e9  # monotonic time its last load finished
+    draining_until: float = -1e9  # another model waits for it to finish its requests: new ones wait their turn
     loads: int = 0
     load_seconds: float | None = None  # the last load's time, start to serving
     task: asyncio.Task | None = None
@@ -85,6 +88,9 @@ class ModelRouter:
     def knows(self, name: str | None) -> bool:
         return name in self.entries
 
+    def draining(self, name: str) -> bool:
+        return time.monotonic() < self.entries[name].draining_until
+
     def touch(self, name: str) -> None:
         entry = self.entries.get(name)
         if entry is not None:
@@ -103,50 +109,62 @@ class ModelRouter:
                 self._idle_task = asyncio.get_running_loop().create_task(self._sleep_idle())
         return self._lock
 
-    def _in_flight(self, name: str) -> int:
+    def _in_flight(self, name: str, making_room: bool = True) -> int:
         """Requests its driver holds, or 1 when a handler took it in the last HANDOUT_GRACE seconds (it may
-        not have submitted yet: unloading it then would fail that request)."""
+        not have submitted yet: unloading it then would fail that request) or, when making room for another
+        model, it finished loading that recently (the requests that waited for it have not taken it yet)."""
         surge = self.server.surges.get(name)
         if surge is None:
             return 0
-        live = surge.driver.num_live
-        return live or int(time.monotonic() - self.entries[name].handed_at < HANDOUT_GRACE)
+        entry, now = self.entries[name], time.monotonic()
+        recent = max(entry.handed_at, entry.loaded_at if making_room else -1e9)
+        return surge.driver.num_live or int(now - recent < HANDOUT_GRACE)
 
     async def ensure_loaded(self, name: str) -> None:
         """Return once `name` is loaded (loading it, and making room, if needed); APIError 503 when it failed
-        to load or room could not be made within load_timeout."""
+        to load or room could not be made within load_timeout. The lock is held only to decide, never while
+        waiting, and the requests that waited for a load are served by it."""
         entry = self.entries[name]
         deadline = time.monotonic() + self.load_timeout
         while True:
-            async with self._loop_lock():
+            if entry.state == LOADED and not self.draining(name):
+                return
+            task = None
+            if entry.state != LOADED:
+                async with self._loop_lock():
+                    if entry.state != LOADED:
+                        if entry.task is None or entry.task.done():
+                            if await self._make_room(name):
+                                entry.task = asyncio.get_running_loop().create_task(self._load(entry))
+                        task = entry.task if entry.task is not None and not entry.task.done() else None
+            if task is not None:
+                await asyncio.wait_for(asyncio.shield(task), max(1.0, deadline - time.monotonic()))
+                if entry.state == FAILED:
+                    raise APIError(503, f"model {name!r} failed to load: {entry.error}", "model")
                 if entry.state == LOADED:
-                    return
-                if entry.task is None or entry.task.done():
-                    if not await self._make_room(name, deadline):
-                        raise APIError(503, f"model {name!r} cannot be loaded now: every one of the "
-                                            f"{self.max_loaded} loaded models has requests in flight; retry later",
-                                       "model", {"Retry-After": "5"})
-                    entry.task = asyncio.get_running_loop().create_task(self._load(entry))
-                task = entry.task
-            await asyncio.wait_for(asyncio.shield(task), max(1.0, deadline - time.monotonic()))
-            if entry.state == FAILED:
-                raise APIError(503, f"model {name!r} failed to load: {entry.error}", "model")
+                    return  # (served by the load it waited for, even if another model asks it to make way now)
+                continue
+            if time.monotonic() > deadline:
+                raise APIError(503, f"model {name!r} cannot be loaded now: the loaded models keep requests in "
+                                    "flight; retry later", "model", {"Retry-After": "5"})
+            await asyncio.sleep(0.05)  # its turn: another model finishes its requests first
 
-    async def _make_room(self, name: str, deadline: float) -> bool:
-        """Unload least recently used models until one more fits under max_loaded (waiting while all of them
-        have requests in flight); False at the deadline."""
+    async def _make_room(self, name: str) -> bool:
+        """Unload least recently used idle models until one more fits under max_loaded -> True; False when
+        every other loaded model is busy: the least recently used of them then takes no new requests for
+        DRAIN_HOLD seconds (renewed while this model waits), so that it drains."""
         while self.max_loaded is not None:
             loaded = [e for e in self.entries.values() if e.state in (LOADED, LOADING) and e.name != name]
             if len(loaded) < self.max_loaded:
                 return True
             idle = sorted((e for e in loaded if e.state == LOADED and self._in_flight(e.name) == 0),
                           key=lambda e: e.last_used)
-            if idle:
-                await self._unload(idle[0])
-                continue
-            if time.monotonic() > deadline:
+            if not idle:
+                running = [e for e in loaded if e.state == LOADED]
+                if running:
+                    min(running, key=lambda e: e.last_used).draining_until = time.monotonic() + DRAIN_HOLD
                 return False
-            await asyncio.sleep(0.05)
+            await self._unload(idle[0])
         return True
 
     async def _load(self, entry: ModelEntry) -> None:
@@ -162,12 +180,12 @@ class ModelRouter:
         self.server.adopt(entry.name, surge)
         entry.state, entry.loads = LOADED, entry.loads + 1
         entry.load_seconds = time.perf_counter() - start
-        entry.last_used = time.monotonic()
+        entry.last_used = entry.loaded_at = time.monotonic()
         log.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
 
     async def _unload(self, entry: ModelEntry) -> None:
         surge = self.server.surges.pop(entry.name, None)
-        entry.state = UNLOADED
+        entry.state, entry.draining_until = UNLOADED, -1e9
         if surge is not None:
             log.info("unloading model %s", entry.name)
             await asyncio.to_thread(surge.stop, 30.0)
@@ -188,7 +206,7 @@ class ModelRouter:
         async with self._loop_lock():
             if entry.state != LOADED:
                 return
-            busy = self._in_flight(name)
+            busy = self._in_flight(name, making_room=False)
             if busy:
                 raise APIError(409, f"model {name!r} has {busy} requests in flight", "model")
             await self._unload(entry)
