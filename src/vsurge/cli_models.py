@@ -62,11 +62,14 @@ def check(args, specs, fail) -> None:
 
 def builder(args, name: str, path: str, server, build_surge):
     """A callable that loads, compiles and starts model `path` as `name` (on the router's worker thread),
-    registering its sampling defaults and pooling with the server. build_surge(args) -> vSurge."""
-    def build():
+    registering its sampling defaults and pooling with the server, and reusing the compiled programs of its
+    last load when given them. build_surge(args, name) -> vSurge."""
+    def build(programs: list[dict] | None = None):
         model_args = copy.copy(args)
         model_args.model = path
         surge = build_surge(model_args, name)
+        for engine, compiled in zip(surge.driver.engines, programs or []):
+            engine._compiled.update(compiled)  # its programs from its last load (server/router.py)
         surge.compile()
         surge.start()
         return surge

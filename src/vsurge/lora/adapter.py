@@ -114,30 +114,78 @@ def load_peft(name: str, path: str | Path, model, max_rank: int) -> Adapter:
     problem: files missing or corrupt, a module the model has no adaptable projection for, shapes that
     do not fit, a rank above `max_rank`."""
     folder = Path(path)
+    if str(path).endswith(".gguf"):
+        return load_gguf_lora(name, path, model, max_rank)
     if not folder.is_dir():
-        raise AdapterError(f"{path}: not a directory (a PEFT LoRA adapter directory is expected)")
+        raise AdapterError(f"{path}: not a directory (a PEFT LoRA adapter directory or a llama.cpp LoRA .gguf "
+                           "file is expected)")
     config = _read_config(folder)
     tensors = _read_tensors(folder)
-    by_module: dict[str, dict[str, np.ndarray]] = {}
+    pairs: dict[str, dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
         match = _KEY.match(key)
         if match is None:
             raise AdapterError(f"{folder}: tensor {key!r} is not a LoRA A/B matrix of a linear projection "
                                "(embedding and other adapters are not supported)")
-        by_module.setdefault(match["module"], {})[match["part"]] = np.asarray(value, np.float32)
-    if not by_module:
-        raise AdapterError(f"{folder}: the adapter holds no LoRA weights")
+        pairs.setdefault(match["module"], {})[match["part"]] = np.asarray(value, np.float32)
+
+    def scale(module: str, r: int) -> float:
+        alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", r))
+        r_config = _pattern_value(config.get("rank_pattern"), module, config.get("r", r))
+        if r_config != r:
+            raise AdapterError(f"{folder}: {module} has rank {r} but the config says {r_config}")
+        return alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
+    return _assemble(name, folder, pairs, scale, model, max_rank, "hf", digest)
+
+
+def load_gguf_lora(name: str, path: str | Path, model, max_rank: int) -> Adapter:
+    """Read a llama.cpp LoRA adapter (convert_lora_to_gguf.py's .gguf: `blk.N.attn_q.weight.lora_a` (r, in) and
+    `.lora_b` (out, r) per projection, rows as the converter laid out the base tensor, scaled alpha / r)."""
+    from ..loading.gguf import dequantize
+    from ..loading.gguf_file import GGUFFile
+
+    try:
+        reader = GGUFFile(path)
+    except (OSError, ValueError) as exc:
+        raise AdapterError(f"{path}: not a readable GGUF file ({exc})") from None
+    if reader.fields.get("general.type") != "adapter" or reader.fields.get("adapter.type") != "lora":
+        raise AdapterError(f"{path}: not a LoRA adapter GGUF (general.type {reader.fields.get('general.type')!r}, "
+                           f"adapter.type {reader.fields.get('adapter.type')!r})")
+    arch = reader.fields.get("general.architecture")
+    if arch not in type(model).gguf_architectures:
+        raise AdapterError(f"adapter {name!r} is for {arch!r} models, not {model.config.architecture}")
+    alpha = float(reader.fields.get("adapter.lora.alpha") or 0.0)
+    pairs: dict[str, dict[str, np.ndarray]] = {}
+    for tensor in reader.tensors:
+        base, _, part = tensor.name.rpartition(".lora_")
+        if part not in ("a", "b"):
+            raise AdapterError(f"{path}: tensor {tensor.name!r} is not a LoRA A/B matrix (norms and other tensors "
+                               "in adapters are not supported)")
+        pairs.setdefault(base, {})[part.upper()] = dequantize(tensor)
+    digest = hashlib.sha256(f"gguf lora {alpha}".encode())
+    return _assemble(name, Path(path), pairs, lambda module, r: alpha / r if alpha else 1.0, model, max_rank,
+                     "gguf", digest)
+
+
+def _assemble(name: str, source: Path, pairs: dict[str, dict[str, np.ndarray]], scale_of, model, max_rank: int,
+              fmt: str, digest) -> Adapter:
+    """pairs: the checkpoint's module (HF) or tensor (GGUF) name -> {"A": (r, in), "B": (out, r)} -> the Adapter,
+    each pair checked against and laid out as the model's projections (lora/layout.py)."""
+    if not pairs:
+        raise AdapterError(f"{source}: the adapter holds no LoRA weights")
     targets: dict[str, list[Projection]] = {}
     for layer in model_projections(model):
         for projections in layer.values():
             for p in projections:
-                if p.hf_module is not None:
-                    targets.setdefault(p.hf_module, []).append(p)
-    weights = {}
-    rank = 0
-    for module, parts in sorted(by_module.items()):
+                key = p.hf_module if fmt == "hf" else p.gguf_tensor
+                if key is not None:
+                    targets.setdefault(key, []).append(p)
+    weights, rank = {}, 0
+    for module, parts in sorted(pairs.items()):
         if set(parts) != {"A", "B"}:
-            raise AdapterError(f"{folder}: {module} has lora_{'A' if 'A' not in parts else 'B'} missing")
+            raise AdapterError(f"{source}: {module} has lora_{'A' if 'A' not in parts else 'B'} missing")
         projections = targets.get(module)
         if projections is None:
             raise AdapterError(f"adapter {name!r} adapts {module}, which this model ({model.config.architecture}) "
@@ -145,32 +193,28 @@ def load_peft(name: str, path: str | Path, model, max_rank: int) -> Adapter:
         a, b = parts["A"], parts["B"]  # (r, in), (out, r)
         r = a.shape[0]
         if a.ndim != 2 or b.ndim != 2 or b.shape[1] != r:
-            raise AdapterError(f"{folder}: {module}'s A {a.shape} and B {b.shape} are not a rank-r pair")
+            raise AdapterError(f"{source}: {module}'s A {a.shape} and B {b.shape} are not a rank-r pair")
         if r > max_rank:
             raise AdapterError(f"adapter {name!r} has rank {r} on {module}, above the server's --max-lora-rank "
                                f"{max_rank}")
         rank = max(rank, r)
-        alpha = _pattern_value(config.get("alpha_pattern"), module, config.get("lora_alpha", r))
-        r_config = _pattern_value(config.get("rank_pattern"), module, config.get("r", r))
-        if r_config != r:
-            raise AdapterError(f"{folder}: {module} has rank {r} but the config says {r_config}")
-        scale = alpha / math.sqrt(r) if config.get("use_rslora") else alpha / r
+        scale = scale_of(module, r)
         for p in projections:
+            recipe = p.hf if fmt == "hf" else p.gguf
             if a.shape[1] != p.fan_in:
                 raise AdapterError(f"adapter {name!r}: {module}'s A takes {a.shape[1]} inputs, the model's "
                                    f"projection takes {p.fan_in} (an adapter for another base model?)")
-            rows = b if p.hf.rows is None else b[p.hf.rows[0]:p.hf.rows[1]]
+            rows = b if recipe.rows is None else b[recipe.rows[0]:recipe.rows[1]]
             if rows.shape[0] != p.fan_out:
                 raise AdapterError(f"adapter {name!r}: {module}'s B gives {b.shape[0]} outputs, the model's "
                                    f"projection gives {p.fan_out} (an adapter for another base model?)")
-            if p.hf.permuted_heads:  # the checkpoint's rotary rows interleaved: the model's order
-                rows = _unpermute(rows, 0, p.hf.permuted_heads, p.hf.permute_span)
+            if recipe.permuted_heads:  # the checkpoint's rotary rows interleaved: the model's order
+                rows = _unpermute(rows, 0, recipe.permuted_heads, recipe.permute_span)
             weights[(p.layer, p.site, p.name)] = (np.ascontiguousarray(a.T), np.ascontiguousarray(rows.T * scale))
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
-    for key in sorted(tensors):
-        digest.update(key.encode())
-        digest.update(np.ascontiguousarray(tensors[key]).tobytes())
-    return Adapter(name, str(folder), rank, int.from_bytes(digest.digest()[:8], "little") >> 1, weights)
+        digest.update(module.encode())
+        digest.update(np.ascontiguousarray(a).tobytes())
+        digest.update(np.ascontiguousarray(b).tobytes())
+    return Adapter(name, str(source), rank, int.from_bytes(digest.digest()[:8], "little") >> 1, weights)
 
 
 def check_servable(model) -> None:

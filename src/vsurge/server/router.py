@@ -29,14 +29,14 @@ log = logging.getLogger(__name__)
 
 LOADED, LOADING, UNLOADED, FAILED = "loaded", "loading", "unloaded", "failed"
 DRAIN_HOLD = 0.5  # seconds a busy model refuses new requests after another model asked it to make way
-HANDOUT_GRACE = 2.0  # seconds a model handed to a request counts as busy before the request reaches its driver
+HANDOUT_GRACE = 0.5  # seconds a model handed to a request counts as busy before the request reaches its driver
 
 
 @dataclasses.dataclass(eq=False)
 class ModelEntry:
     name: str
     path: str
-    build: Callable[[], object]  # -> a started vSurge (blocking: load, compile, start)
+    build: Callable[[list | None], object]  # (programs kept from its last load) -> a started vSurge (blocking)
     state: str = UNLOADED
     error: str | None = None
     last_used: float = 0.0  # monotonic time of its last request (or its load)
@@ -46,6 +46,9 @@ class ModelEntry:
     loads: int = 0
     load_seconds: float | None = None  # the last load's time, start to serving
     task: asyncio.Task | None = None
+    # the compiled programs of its engines, kept when it is unloaded: reloading it skips tracing and compiling
+    # them (the executables take the weights and state as arguments, they hold neither)
+    programs: list[dict] | None = None
 
 
 def models_in_dir(folder: str) -> list[tuple[str, str]]:
@@ -172,7 +175,7 @@ class ModelRouter:
         start = time.perf_counter()
         log.info("loading model %s (%s)", entry.name, entry.path)
         try:
-            surge = await asyncio.to_thread(entry.build)
+            surge = await asyncio.to_thread(entry.build, entry.programs)
         except BaseException as exc:  # noqa: BLE001: a model that fails to load fails only its own requests
             log.exception("model %s failed to load", entry.name)
             entry.state, entry.error = FAILED, str(exc) or type(exc).__name__
@@ -188,6 +191,7 @@ class ModelRouter:
         entry.state, entry.draining_until = UNLOADED, -1e9
         if surge is not None:
             log.info("unloading model %s", entry.name)
+            entry.programs = [dict(engine._compiled) for engine in surge.driver.engines]
             await asyncio.to_thread(surge.stop, 30.0)
             del surge
             gc.collect()  # the weights and KV pool go with the last references
