@@ -273,3 +273,24 @@ def test_requests_name_only_loaded_adapters(llama_adapters, default_model):
     plain = vSurge.create_odriver(*default_model, config=EngineConfig(**ENGINE))
     with pytest.raises(AdapterError, match="serves no LoRA adapters"):
         plain.load_adapter("x", str(adapters[1][0]))
+
+
+def test_a_gguf_lora_holds_the_same_adapter_as_its_peft_source(llama_adapters, tmp_path):
+    """llama.cpp's LoRA form (tests/gguf_files.write_gguf_lora, as convert_lora_to_gguf.py writes it: q/k rows
+    of B interleaved, scaled by alpha / r at load) reads into the very weights of the PEFT adapter it came
+    from, so every token equals; a GGUF that is not a LoRA adapter is refused."""
+    from gguf_files import write_gguf_lora
+
+    base_dir, adapters, torch_base = llama_adapters
+    model, _ = load(str(base_dir), dtype="float32", progress=False, load_processor=False)
+    folder = adapters[0][0]
+    write_gguf_lora(tmp_path / "a0.gguf", folder, torch_base.config)
+    from_peft = load_peft("a0", folder, model, RANK)
+    from_gguf = load_peft("a0", str(tmp_path / "a0.gguf"), model, RANK)
+    assert from_peft.weights.keys() == from_gguf.weights.keys() and len(from_peft.weights) == 7 * torch_base.config.num_hidden_layers
+    for key, (a, b) in from_peft.weights.items():
+        np.testing.assert_allclose(from_gguf.weights[key][0], a, atol=1e-7)
+        np.testing.assert_allclose(from_gguf.weights[key][1], b, atol=1e-7)
+    (tmp_path / "model.gguf").write_bytes((tmp_path / "a0.gguf").read_bytes().replace(b"adapter", b"modelxx"))
+    with pytest.raises(AdapterError, match="not a LoRA adapter GGUF"):
+        load_peft("x", str(tmp_path / "model.gguf"), model, RANK)
