@@ -102,3 +102,22 @@ def test_an_adapter_too_big_or_for_another_model_is_refused(server, tmp_path, de
 def test_embeddings_for_an_adapter_say_so(server):
     r = server.post("/v1/embeddings", json={"model": "a0", "input": "hello"})
     assert r.status_code == 400 and "LoRA adapters" in r.json()["error"]["message"]
+
+
+def test_generate_with_a_lora_from_the_command_line(lora_setup, default_model, tmp_path):
+    """`vsurge generate --lora PATH` answers with the adapter's greedy tokens; a bad adapter exits naming it."""
+    import json
+
+    from cli_helpers import run_cli
+
+    root, _, adapters = lora_setup
+    text = "one two three four"
+    out = run_cli("generate", "--model", str(root / "base"), "--lora", str(adapters["a1"][0]), "--dtype", "float32",
+                  "--raw", "--json", "--temperature", "0", "--max-tokens", str(STEPS), text)
+    assert out.returncode == 0, out.stderr
+    ids = default_model[1].encode(text)
+    tokens = json.loads(out.stdout)["tokens"]  # (it may end early at an end token; PEFT's reference runs on)
+    assert tokens and tokens == peft_greedy(adapters["a1"][1], ids, STEPS)[:len(tokens)]
+    assert "LoRA adapter" in out.stderr
+    bad = run_cli("generate", "--model", str(root / "base"), "--lora", str(tmp_path), "--raw", "--max-tokens", "2", "hi")
+    assert bad.returncode != 0 and "no adapter_config.json" in bad.stderr

@@ -38,6 +38,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
                         "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
+    p.add_argument("--lora", default=None, metavar="PATH",
+                   help="generate with this LoRA adapter (a PEFT directory or a llama.cpp LoRA .gguf)")
     EngineConfig.add_flags(p, ["max_length"])
     p.add_argument("--compilation-cache", default=_default_cache(),
                    help=f"directory of compiled programs reused across runs ('none' to disable; default "
@@ -233,7 +235,7 @@ def _start_engine(args):
 
     return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
                              max_length=args.max_length, compilation_cache=args.compilation_cache,
-                             tensor_parallel_size=args.tensor_parallel_size)
+                             tensor_parallel_size=args.tensor_parallel_size, lora=args.lora)
 
 
 def _describe_sampling(params, defaults) -> str:

@@ -29,6 +29,7 @@ CLI_SLOTS = 2
 CLI_PROMPT_ROWS = (64,)
 CLI_PAGE_SIZE = 128
 CLI_DECODE_STEPS = 4
+CLI_LORA_RANK = 64  # --lora: one slot, as wide as the adapters vsurge serves (its rank padded to this)
 
 
 @dataclasses.dataclass
@@ -89,14 +90,16 @@ def status(message: str) -> None:
 class LocalEngine:
     """A loaded, compiled and running vSurge for the command line. Use as a context manager."""
 
-    def __init__(self, surge, processor):
+    def __init__(self, surge, processor, adapter: str | None = None):
         self.surge = surge
         self.processor = processor
+        self.adapter = adapter  # the LoRA adapter every reply uses (--lora), or None
         self._runner = asyncio.Runner()
 
     @classmethod
     def start(cls, model: str, *, dtype=None, quantization=None, max_length: int = DEFAULT_MAX_LENGTH,
-              compilation_cache: str | None = None, tensor_parallel_size: int | None = None) -> "LocalEngine":
+              compilation_cache: str | None = None, tensor_parallel_size: int | None = None,
+              lora: str | None = None) -> "LocalEngine":
         from .errors import ModelLoadError
         from .loading import DEFAULT_MODEL_NAME, load, resolve_model_path
         from .vsurge import vSurge
@@ -113,15 +116,19 @@ class LocalEngine:
         try:
             config = EngineConfig.fitted(loaded.config.max_position_embeddings, max_slots=CLI_SLOTS,
                                          max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, max_length=max_length,
-                                         page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True)
+                                         page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
+                                         **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
             surge = vSurge.from_config(loaded, processor, config, paged=True,
                                        vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
+            if lora:
+                adapter = surge.load_adapter("lora", lora)
+                status(f"LoRA adapter {lora}: rank {adapter.rank} on {', '.join(adapter.modules)}")
         except ValueError as e:
             raise SystemExit(f"vsurge: error: {e}") from None
         begin = time.perf_counter()
         surge.compile()  # the progress bar "Compiling EngineCore: n/N programs", then a warm-up sequence
         surge.start()
-        engine = cls(surge, processor)
+        engine = cls(surge, processor, "lora" if lora else None)
         cached = compilation_cache if compilation_cache and compilation_cache.lower() != "none" else None
         status(f"Ready in {time.perf_counter() - begin:.1f}s"
                + (f" (compiled programs are cached in {cached})." if cached else "."))
@@ -157,7 +164,7 @@ class LocalEngine:
 
     async def _stream(self, prompt_ids, params, reply: Reply, on_text) -> None:
         reply.submitted_at = time.perf_counter()
-        async for samples in self.surge.submit(prompt_ids, params).updates():
+        async for samples in self.surge.submit(prompt_ids, params, adapter=self.adapter).updates():
             for sample in samples:
                 if sample.token_ids:
                     now = time.perf_counter()

@@ -262,7 +262,11 @@ async function loadModels() {
     for (const model of models.data) {
       const option = document.createElement("option");
       option.value = model.id;
-      option.textContent = model.max_model_len ? `${model.id} (${model.max_model_len} tokens)` : model.id;
+      // LoRA adapters name their base; models the server loads on demand say so (unloaded, loading, failed)
+      const state = model.status && model.status.value !== "loaded" ? ` · ${model.status.value}` : "";
+      const base = model.parent ? ` · LoRA on ${model.parent}` : "";
+      const size = model.max_model_len ? ` (${model.max_model_len} tokens)` : "";
+      option.textContent = `${model.id}${base}${state}${size}`;
       select.append(option);
     }
     if (models.data.some((m) => m.id === wanted)) select.value = wanted;
