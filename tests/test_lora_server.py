@@ -31,7 +31,7 @@ def lora_setup(tmp_path_factory, default_processor_dir):
 def server(lora_setup, cache_dir):
     root, _, adapters = lora_setup
     server = ServerProcess(str(root / "base"), "--served-model-name", "base", "--lora", f"a0={adapters['a0'][0]}",
-                           "--max-loras", "2", "--max-concurrent-decodes", "4", "--max-length", "128",
+                           "--max-loras", "2", "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "128",
                            "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0

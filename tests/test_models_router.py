@@ -6,7 +6,9 @@ requests; `/models/load`, `/models/unload` and `/v1/models` show the states."""
 
 from __future__ import annotations
 
+import argparse
 import concurrent.futures
+import json
 import time
 
 import pytest
@@ -28,13 +30,17 @@ def models(tmp_path_factory, default_processor_dir):
     shelf.mkdir()
     torch_b = write_tiny_model("qwen2", shelf / "b", default_processor_dir)
     (shelf / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 this is not a model")
+    # "c": model b again under its own options (a --models-config entry)
+    (root / "models.json").write_text(json.dumps({"c": {"path": str(shelf / "b"), "max-length": 48,
+                                                        "generation-config": "vsurge"}}))
     return root, {"a": torch_a, "b": torch_b}
 
 
 @pytest.fixture(scope="module")
 def server(models, cache_dir):
     root, _ = models
-    server = ServerProcess(f"a={root / 'a'}", "--models-dir", str(root / "shelf"), "--max-loaded-models", "1",
+    server = ServerProcess(f"a={root / 'a'}", "--models-dir", str(root / "shelf"), "--models-config",
+                           str(root / "models.json"), "--max-loaded-models", "1",
                            "--sleep-idle-seconds", str(IDLE_S), "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "64",
                            "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
     yield server
@@ -63,7 +69,7 @@ def test_each_model_answers_and_alternating_requests_swap_them_losing_none(serve
     _, torch_models = models
     want = {name: greedy_text(m, default_model[1]) for name, m in torch_models.items()}
     assert want["a"] != want["b"]
-    assert states(server) == {"a": "loaded", "b": "unloaded", "broken": "unloaded"}
+    assert states(server) == {"a": "loaded", "b": "unloaded", "broken": "unloaded", "c": "unloaded"}
     for name in ("b", "a", "b", "a"):  # one at a time: each swaps
         assert ask(server, name) == want[name]
         assert states(server)[name] == "loaded"
@@ -98,3 +104,21 @@ def test_load_unload_routes_and_idle_sleep(server):
         time.sleep(0.5)
     assert states(server)["a"] == "unloaded"  # asleep after IDLE_S idle seconds
     assert ask(server, "a")  # and woken by its next request
+
+
+def test_a_models_config_entry_takes_its_own_options(server):
+    assert ask(server, "c")  # model b's weights, its own engine options
+    lengths = {m["id"]: m.get("max_model_len") for m in server.get("/v1/models").json()["data"]}
+    assert lengths["c"] == 48
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"path": "x", "max-lenght": 10}, "unknown option 'max-lenght'"),
+    ({"path": "x", "max-length": 1}, "max-length must be at least 2"),
+])
+def test_bad_models_config_options_are_named(tmp_path, options, message):
+    from vsurge.cli_models import model_options
+
+    (tmp_path / "m.json").write_text(json.dumps({"m": options}))
+    with pytest.raises(ValueError, match=message):
+        model_options(argparse.Namespace(models_config=str(tmp_path / "m.json")), "m", {})

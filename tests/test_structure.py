@@ -28,11 +28,12 @@ LAYERS = [
     ["kv"],  # the KV caches and page pools
     ["models"],  # the model families
     ["loading"],  # checkpoints -> models
+    ["lora"],  # LoRA adapters: read, laid out on a model, their device slots
     ["engine"],  # the core step loop: scheduler, programs, engine core, driver
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
     ["generation", "generation_defaults", "vsurge", "vinference", "seed"],  # the Python faces
     ["server"],  # HTTP
-    ["cli", "cli_engine", "cli_chat", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
+    ["cli", "cli_engine", "cli_chat", "cli_models", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
 ]
 
 

@@ -345,7 +345,10 @@ def cmd_serve(args) -> int:
     from .scale import flags as scale_flags
 
     multihost = scale_flags.init_distributed(args)  # before anything else touches JAX
-    specs = cli_models.model_specs(args)
+    try:
+        specs = cli_models.model_specs(args)
+    except ValueError as e:
+        raise _fail(str(e)) from None
     cli_models.check(args, specs, _fail)
     first_name, args.model = specs[0]
     use_cache_dir(args.compilation_cache)
@@ -362,6 +365,10 @@ def cmd_serve(args) -> int:
     served: dict = {}  # name -> (sampling defaults, pooling) of each model built
 
     def build_surge(model_args, name, adapters=(), parallel=None):
+        try:  # a --models-config entry's own options over the command line's
+            model_args, model_settings = cli_models.model_options(model_args, name or "", settings)
+        except ValueError as e:
+            raise _fail(str(e)) from None
         defaults = _generation_defaults(model_args)
         model, processor = _load(model_args)
         status(describe_model(model))
@@ -369,7 +376,7 @@ def cmd_serve(args) -> int:
             name = args.served_model_name or (model.config.name or Path(model_args.model).name.removesuffix(".gguf")
                                               if model_args.model != "default" else "SmolLM2-135M-Instruct")
         try:
-            config = EngineConfig.fitted(model.config.max_position_embeddings, **settings)
+            config = EngineConfig.fitted(model.config.max_position_embeddings, **model_settings)
             surge = vSurge.from_config(model, processor, config, paged=paged, vsurge_name=name,
                                        max_queue=args.max_queue, **(parallel or {}))
         except ValueError as e:

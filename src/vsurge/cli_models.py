@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-loaded-models", type=int, default=None, metavar="N",
                    help="with several models: at most N loaded at once; a request for another unloads the least "
                         "recently used one with nothing in flight (default: no limit)")
+    p.add_argument("--models-config", default=None, metavar="FILE",
+                   help='per-model options, JSON: {"NAME": {"path": PATH, "max-length": 4096, "quantization": "int8", '
+                        '"generation-config": "vsurge", ...}}: a model per entry (loaded on demand), each option a '
+                        "`vsurge serve` flag of the model or its engine")
     p.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="S",
                    help="with several models: unload a model nobody asked for in S seconds (its next request "
                         "loads it again)")
@@ -36,18 +41,65 @@ def split_model(given: str) -> tuple[str | None, str]:
 
 
 def model_specs(args) -> list[tuple[str | None, str]]:
-    """The models to serve, in order: each --model (default: the embedded one), then --models-dir's."""
+    """The models to serve, in order: each --model (default: the embedded one), then --models-dir's, then
+    --models-config's."""
     from .server.router import models_in_dir
 
     given = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     specs = [split_model(m) for m in (given or ["default"])]
     if args.models_dir:
         specs += models_in_dir(args.models_dir)
+    specs += [(name, options["path"]) for name, options in models_config(args).items()]
     return specs
 
 
+# options of a --models-config entry that are not engine flags: the model's own `vsurge serve` flags
+MODEL_OPTIONS = ("dtype", "quantization", "generation_config", "pooling")
+
+
+def models_config(args) -> dict[str, dict]:
+    """--models-config's entries: name -> options (with "path"); ValueError naming what is wrong."""
+    if not getattr(args, "models_config", None):
+        return {}
+    try:
+        entries = json.loads(Path(args.models_config).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--models-config {args.models_config}: {exc}") from None
+    if not isinstance(entries, dict) or not all(isinstance(v, dict) and "path" in v for v in entries.values()):
+        raise ValueError(f'--models-config {args.models_config}: expected {{"NAME": {{"path": PATH, ...}}, ...}}')
+    return entries
+
+
+def model_options(args, name: str, settings: dict) -> tuple[object, dict]:
+    """(the model's args, its engine settings): the command line's, with its --models-config options over them.
+    Options are flag names ("max-length" or "max_length"); ValueError for an unknown one or a bad value."""
+    from .engine.config import SETTINGS
+
+    options = dict(models_config(args).get(name, {}))
+    options.pop("path", None)
+    model_args, model_settings = copy.copy(args), dict(settings)
+    fields = {f.metadata["setting"].flag.removeprefix("--").replace("-", "_"): f
+              for f in SETTINGS if f.metadata["setting"].flag}
+    for key, value in options.items():
+        dest = key.replace("-", "_")
+        if dest in MODEL_OPTIONS:
+            setattr(model_args, dest, value)
+        elif dest in fields:
+            spec = fields[dest].metadata["setting"]
+            value = spec.parse(value) if spec.parse and isinstance(value, str) else value
+            value = int(value * spec.unit) if spec.unit != 1 else value
+            if spec.check is not None and not spec.check.ok(value):
+                raise ValueError(f"--models-config {name}: {key} must be {spec.check.what}, got {value!r}")
+            model_settings[fields[dest].name] = value
+        else:
+            raise ValueError(f"--models-config {name}: unknown option {key!r} (options: path, "
+                             f"{', '.join(MODEL_OPTIONS)} and the engine flags)")
+    return model_args, model_settings
+
+
 def several(args, specs) -> bool:
-    return len(specs) > 1 or bool(args.models_dir or args.max_loaded_models or args.sleep_idle_seconds)
+    return len(specs) > 1 or bool(args.models_dir or args.models_config or args.max_loaded_models
+                                  or args.sleep_idle_seconds)
 
 
 def check(args, specs, fail) -> None:
