@@ -121,3 +121,19 @@ def test_generate_with_a_lora_from_the_command_line(lora_setup, default_model, t
     assert "LoRA adapter" in out.stderr
     bad = run_cli("generate", "--model", str(root / "base"), "--lora", str(tmp_path), "--raw", "--max-tokens", "2", "hi")
     assert bad.returncode != 0 and "no adapter_config.json" in bad.stderr
+
+
+def test_an_adapter_takes_its_base_models_sampling_defaults():
+    """The server's defaults for unset sampling fields are the base model's for its adapters too."""
+    from vsurge.lora.view import AdaptedSurge
+    from vsurge.server.handlers import OpenAIHandlers
+
+    class Server(OpenAIHandlers):
+        surges = {"base": object()}
+        generation_defaults = {"base": "the base's defaults"}
+
+        def name_of(self, surge):
+            return surge.adapter_name if isinstance(surge, AdaptedSurge) else "base"
+
+    handlers = Server()
+    assert handlers.defaults_for(AdaptedSurge(handlers.surges["base"], "a0")) == "the base's defaults"

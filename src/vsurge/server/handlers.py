@@ -51,7 +51,8 @@ class OpenAIHandlers:
         return surge
 
     def defaults_for(self, surge):
-        return (self.generation_defaults or {}).get(self.name_of(surge))
+        """The sampling defaults of the model serving `surge` (an adapter's are its base model's)."""
+        return (self.generation_defaults or {}).get(self.name_of(getattr(surge, "base", surge)))
 
     def pooling_for(self, surge) -> str:
         return (self.pooling or {}).get(self.name_of(surge), "last")
