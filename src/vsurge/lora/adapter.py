@@ -39,10 +39,6 @@ class Adapter:
     weights: dict[tuple[int, str, str], tuple[np.ndarray, np.ndarray]]
 
     @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
-
-    @property
     def modules(self) -> list[str]:
         return sorted({name for _, _, name in self.weights})
 
@@ -84,29 +80,12 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
         found = "adapter_model.bin" if (folder / "adapter_model.bin").is_file() else "none"
         raise AdapterError(f"{folder}: no adapter_model.safetensors (found: {found}); save the adapter with "
                            "safe_serialization=True")
-    from safetensors import SafetensorError
-    from safetensors.numpy import load_file
+    from safetensors.flax import load_file  # (jax arrays: bfloat16 files too, which numpy cannot hold)
 
     try:
-        return load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
+        return {name: np.asarray(value, np.float32) for name, value in load_file(str(path)).items()}
+    except Exception as exc:  # noqa: BLE001: safetensors raises its own error types on a corrupt file
         raise AdapterError(f"{path}: not a readable safetensors file ({exc})") from None
-    except Exception as exc:  # noqa: BLE001: safetensors raises its own types for other corruption
-        if "bfloat16" in str(exc) or "dtype" in str(exc).lower():
-            return _read_bf16(path)
-        raise AdapterError(f"{path}: not a readable safetensors file ({exc})") from None
-
-
-def _read_bf16(path: Path) -> dict[str, np.ndarray]:
-    """A bfloat16 safetensors file (numpy has no bfloat16): read through ml_dtypes' bfloat16."""
-    import ml_dtypes
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(str(path), "flax") as f:
-        for name in f.keys():
-            out[name] = np.asarray(f.get_tensor(name).astype(ml_dtypes.bfloat16)).astype(np.float32)
-    return out
 
 
 def load_peft(name: str, path: str | Path, model, max_rank: int) -> Adapter:

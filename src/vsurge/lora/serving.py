@@ -24,7 +24,7 @@ def enable(model, config) -> AdapterSlots | None:
         raise ValueError("LoRA adapters are not served by disaggregated prefill/decode engines yet")
     stacks.attach(model, config.max_loras, config.max_lora_rank)
     stacks.write(model, 0, None)  # the slot writes' ops compile now, not in the first adapter request's step
-    return AdapterSlots(config.max_loras, config.max_lora_rank)
+    return AdapterSlots(config.max_loras)
 
 
 def apply_writes(engine) -> None:

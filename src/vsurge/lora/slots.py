@@ -17,9 +17,7 @@ from .adapter import Adapter
 
 
 class AdapterSlots:
-    def __init__(self, slots: int, max_rank: int):
-        self.num_slots = slots
-        self.max_rank = max_rank
+    def __init__(self, slots: int):
         self._registry: dict[str, Adapter] = {}
         self._lock = threading.Lock()  # the registry: the server registers while the driver acquires
         self._holder: list[Adapter | None] = [None] * slots
