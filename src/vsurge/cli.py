@@ -139,6 +139,13 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", default="auto", choices=["auto", "mean", "last"],
                    help="/v1/embeddings: the mean of the final hidden states or the last token's (auto: the model's "
                         "sentence-transformers pooling config, else last)")
+    p.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="DOMAIN",
+                   help="hosts (and their subdomains) whose http(s) image URLs the server fetches (default: none; "
+                        "images come as base64 data: URIs)")
+    p.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                   help="image inputs may name files under this folder (default: no local files)")
+    p.add_argument("--max-images-per-request", type=int, default=16, metavar="N",
+                   help="images one request may hold (default %(default)s)")
     p.add_argument("--responses-store-size", type=int, default=1000,
                    help="/v1/responses kept for previous_response_id and GET (oldest dropped beyond; 0: none)")
     p.add_argument("--responses-store-ttl", type=float, default=3600.0,
@@ -403,9 +410,13 @@ def cmd_serve(args) -> int:
         return scale_flags.follow(surge)
     from .server.adapters.response_store import ResponseStore
 
+    from .multimodal import MediaPolicy
+
     server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
                              reasoning_parser=args.reasoning_parser,
-                             response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl))
+                             response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
+                             media_policy=MediaPolicy(tuple(args.allowed_media_domains), args.allowed_local_media_path,
+                                                      max_images=args.max_images_per_request))
     server_box.append(server)
     server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
     server.pooling = {name: served[name][1]}

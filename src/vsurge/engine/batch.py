@@ -21,10 +21,13 @@ from .sequence import Sequence
 
 class BatchBuilder:
     def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
-                 draft_state_rows: int = 0, adapters: bool = False):
+                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0):
         """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
         its steps then say where each row's recurrent states come from and go (programs.DraftRows).
-        adapters: the engine serves LoRA adapters: steps say each row's adapter slot."""
+        adapters: the engine serves LoRA adapters: steps say each row's adapter slot.
+        media: a vision-language model's MediaEncoder (media.py): prompt steps carry image embeddings
+        (media_width wide) for their image positions."""
+        self.media, self.media_width = media, media_width
         self.draft_state_rows = draft_state_rows
         self.adapters = adapters
         self.vocab_size = vocab_size
@@ -123,6 +126,9 @@ class BatchBuilder:
         generated, samples = np.zeros(r, np.int32), np.zeros(r, bool)
         from_device = np.zeros(d, bool)
         adapters = np.full(n, -1, np.int32) if self.adapters else None
+        media = self.media is not None
+        embeds = np.zeros((n, self.media_width), np.float32) if media else None  # (N, D) image rows
+        is_image = np.zeros(n, bool) if media else None
         columns = 1
 
         def place(row: int, seq: Sequence, start: int, count: int, at: int) -> None:
@@ -133,6 +139,9 @@ class BatchBuilder:
             pages = np.asarray(seq.pages.pages, np.int32)
             known = seq.tokens[start:start + count]  # (a token still on the device is fed there)
             tokens[at:at + len(known)] = known
+            if media and seq.request.media:  # image positions: pseudo-tokens in, their embeddings fed instead
+                tokens[at:at + len(known)] = np.maximum(known, 0)
+                self.media.fill(seq, start, count, embeds, is_image, at)
             positions[at:at + count] = pos
             slot_mapping[at:at + count] = pages[pos // self.page_size] * self.page_size + pos % self.page_size
             logits_index[row] = at + count - 1
@@ -156,7 +165,7 @@ class BatchBuilder:
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
-                          self._bitmasks(r, masks, row_of), from_device, adapters)
+                          self._bitmasks(r, masks, row_of), from_device, adapters, embeds, is_image)
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:
@@ -177,7 +186,7 @@ class BatchBuilder:
         request, vocab = seq.request, self.vocab_size
         counts = np.bincount(np.asarray(seq.generated, np.int64), minlength=vocab)[:vocab].astype(np.int32)
         prompt_mask = np.zeros(vocab, bool)
-        prompt_mask[request.prompt_ids] = True
+        prompt_mask[request.prompt_ids] = True  # (an image's placeholder ids count, as in the references)
         bias = np.zeros(vocab, np.float32)
         for token, value in (request.params.logit_bias or {}).items():
             bias[token] = value

@@ -210,6 +210,10 @@ class EngineConfig:
     max_lora_rank: int = setting(
         16, check=int_in(1, 256), flag="--max-lora-rank",
         help="the highest adapter rank served (each slot holds this rank; default %(default)s)")
+    image_cache_mb: int = setting(
+        256, check=int_in(0, 1 << 20), flag="--image-cache-mb",
+        help="host memory for the embeddings of images encoded recently (a vision-language model): an image "
+             "seen again (same bytes) is not encoded again; 0 keeps none (default %(default)s)")
 
     def __post_init__(self):
         for f in SETTINGS:

@@ -28,7 +28,9 @@ from ..lora import serving as lora_serving
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import encode, programs
+from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
+from .media import MediaEncoder, tile_buckets
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .plan import StepPlan
@@ -66,8 +68,10 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.graphdef, self.graphstate, self.graphother = nnx.split(self.model, nnx.Param, ...)
         self.mesh = mesh_of(self.model)  # None: the default device
         self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
+        self.media = MediaEncoder(self, config.image_cache_mb << 20) if accepts_images(model) else None
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
-                                    config.pages_per_sequence, config.draft_state_rows, self.adapters is not None)
+                                    config.pages_per_sequence, config.draft_state_rows, self.adapters is not None,
+                                    self.media, model.config.hidden_size)
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
@@ -252,6 +256,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         go = self.graphother if graphother is None else graphother
         c = self.config
         if plan.chunks:
+            if self.media is not None:
+                self.media.prepare(plan)  # the chunks' images encoded (or found cached) before the batch
             rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
             batch = self.batches.mixed(plan, rows, masks)
             state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
@@ -286,6 +292,20 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         from ..kv.paged import pool_page_bytes
 
         return pool_page_bytes(self.model, self.config)
+
+    @property
+    def accepts_images(self) -> bool:
+        return self.media is not None
+
+    def encode_tiles(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (n, H, W, C) image tiles -> (n * tokens_per_tile, D) float32 embeddings (host), through
+        the vision program of the smallest tile bucket that holds n (media.py)."""
+        n = pixels.shape[0]
+        bucket = next(b for b in tile_buckets() if b >= n)
+        padded = np.zeros((bucket, *pixels.shape[1:]), np.uint8)
+        padded[:n] = pixels
+        out = self._program(("vision", bucket))(self.graphstate, self.graphother, padded)
+        return np.asarray(jax.device_get(out))[: n * self.model.config.tokens_per_tile]
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
     def encode_step(self, pending: list) -> list[tuple]:

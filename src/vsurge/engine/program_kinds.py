@@ -90,6 +90,13 @@ def _build_encode(engine, key, state, gs, go):
     return fn.lower(gs, go, batch).compile()
 
 
+def _build_vision(engine, key, state, gs, go):
+    h, w = engine.model.config.tile_size
+    pixels = jax.ShapeDtypeStruct((key[1], h, w, 3), np.uint8)
+    fn = jax.jit(partial(programs.vision, engine.graphdef), **engine._shardings("encode", state, pixels))
+    return fn.lower(gs, go, pixels).compile()
+
+
 def _build_transfer(engine, key, state, gs, go):
     return engine._compile_transfer(key, state)
 
@@ -121,6 +128,9 @@ _KINDS = [
     ProgramKind("state_import", 1, _build_state_copy, keys=_state_copy_keys("state_import"), replayed=False),
     # whole-prompt passes (encode.py): compiled on first use
     *(ProgramKind(kind, 2, _build_encode, replayed=False) for kind in encode.KINDS),
+    # a vision-language model's tower over a bucket of image tiles (media.py), compiled on first use; the
+    # embeddings go to the host (multi-host followers get them in the step's inputs)
+    ProgramKind("vision", 2, _build_vision, replayed=False),
 ]
 PROGRAMS: dict[str, ProgramKind] = {kind.name: kind for kind in _KINDS}
 

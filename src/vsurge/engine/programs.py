@@ -113,6 +113,9 @@ class MixedBatch:
     bitmask: np.ndarray  # (R, ceil(V/32)) i32
     from_device: np.ndarray  # (D,) bool: decode row i's token is its slot's last_token
     adapters: np.ndarray | None = None  # (N,) i32 each token's LoRA adapter slot (-1: none); None: no adapters
+    # a vision-language model's: (N, D) f32 embeddings fed instead of the token's at image positions (N,) bool
+    media_embeds: np.ndarray | None = None
+    media_mask: np.ndarray | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -243,6 +246,8 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     d = batch.from_device.shape[0]
     fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
     hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
+    if batch.media_embeds is not None:  # image positions take their encoder embeddings
+        hidden = jnp.where(batch.media_mask[None, :, None], batch.media_embeds[None].astype(hidden.dtype), hidden)
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
     with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
@@ -254,6 +259,12 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
                       jnp.zeros_like(batch.samples))
     state = EngineState(kv.storage_only(), slots)
     return state, StepOutput(new[None], batch.samples[None], lp[0][None], lp[1][None], lp[2][None])
+
+
+def vision(graphdef, graphstate, graphother, pixels):
+    """A vision-language model's tower: uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) f32."""
+    model = nnx.merge(graphdef, graphstate, graphother)
+    return model.encode_images(pixels).astype(jnp.float32)
 
 
 # ------------------------------------------------------------ whole-prompt passes (engine/encode.py)

@@ -87,6 +87,10 @@ class ActiveRequest:
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
     metadata: dict = dataclasses.field(default_factory=dict)
     adapter: Any = None  # a LoRA adapter (lora/adapter.py Adapter) to generate with; None: the base model
+    # images (multimodal/media.py MediaItem) and the prompt as the engine computes it: their embedding
+    # positions hold content-hash pseudo-tokens (negative); None: the prompt is text only
+    media: tuple = ()
+    cache_ids: list[int] | None = None
 
     def cancel(self) -> None:
         """Ask the driver to stop this sequence; its slot is freed within one decode step."""

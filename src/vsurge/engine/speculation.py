@@ -30,7 +30,9 @@ def propose(tokens: Seq[int], max_drafts: int, max_ngram: int = MAX_NGRAM) -> li
         suffix = list(tokens[n_tokens - n:])
         for start in range(n_tokens - n - 1, -1, -1):  # most recent first, never the suffix itself
             if list(tokens[start:start + n]) == suffix:
-                return list(tokens[start + n:start + n + max_drafts])
+                drafts = list(tokens[start + n:start + n + max_drafts])
+                # an image's pseudo-tokens (negative: multimodal/media.py) are no tokens to propose
+                return drafts[:next((i for i, t in enumerate(drafts) if t < 0), len(drafts))]
     return []
 
 

@@ -41,13 +41,21 @@ def check_prompt(engine, prompt_ids) -> list[int]:
     return prompt_ids
 
 
-def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChannel, detokenize: bool = True,
+def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detokenize: bool = True,
                      max_tokens_cap: int | None = None, adapter=None) -> list[ActiveRequest]:
     """Validate one prompt and expand it into `params.n` ActiveRequests sharing `channel`.
 
-    max_tokens_cap: the most new tokens allowed (default: what the context leaves). adapter: a LoRA
-    adapter registered with the engine (lora/slots.py), or None."""
-    prompt_ids = list(prompt_ids)
+    prompt_ids: token ids, or a MultimodalPrompt (multimodal/media.py: ids and images). max_tokens_cap:
+    the most new tokens allowed (default: what the context leaves). adapter: a LoRA adapter registered
+    with the engine (lora/slots.py), or None."""
+    media, cache_ids = tuple(getattr(prompt_ids, "media", ())), None
+    if media:
+        if not getattr(engine, "accepts_images", False):
+            raise ParamError("image inputs are not supported by this model", "messages")
+        if adapter is not None:
+            raise ParamError("LoRA adapters do not take images yet", "model")
+        cache_ids = prompt_ids.cache_ids()
+    prompt_ids = list(getattr(prompt_ids, "ids", prompt_ids))
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
         raise TypeError("the prompt must be a list of token ids (int)")
     room = engine.max_length - len(prompt_ids)
@@ -74,4 +82,4 @@ def prepare_requests(engine, prompt_ids: list[int], params, channel: ReturnChann
     if adapter is not None and getattr(engine, "adapters", None) is None:
         raise ValueError("this engine serves no LoRA adapters (start it with --max-loras or --lora)")
     return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize,
-                          adapter=adapter) for i in range(params.n)]
+                          adapter=adapter, media=media, cache_ids=cache_ids) for i in range(params.n)]

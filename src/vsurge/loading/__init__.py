@@ -15,7 +15,8 @@ from .default_model import DEFAULT_MODEL_NAME, default_model_path
 from ..config import BLOCK_QUANTIZATIONS, QUANTIZATIONS
 from ..models.registry import family_for_gguf
 from .gguf import GGUFSource, gguf_meta, open_gguf
-from .hf import SafetensorsSource, load_hf_config, read_hf_config
+from ..multimodal import image_config, image_processor_for
+from .hf import RenamedSource, SafetensorsSource, load_hf_config, read_hf_config
 from .packed import PackedScheme, PackedSource
 from .weights import assemble_weights, build_model, check_source
 
@@ -69,10 +70,16 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     if p.is_dir():
         family, config = load_hf_config(p)
         source, fmt = SafetensorsSource(p), "hf"
+        if family.hf_renames:
+            source = RenamedSource(source, family.hf_renames)
+        if getattr(family, "accepts_images", False):
+            config = image_config(config, p)  # the image processor's normalization, for the tower
         packed = PackedScheme.from_config(read_hf_config(p), str(p / "config.json"))
         if packed:  # AWQ / GPTQ: the packed layers read as float weights, or as blocks
             source = PackedSource(source, packed)
         processor = Processor.from_dir(p, extra_eos_token_ids=config.eos_token_ids) if load_processor else None
+        if processor is not None and getattr(family, "accepts_images", False):
+            processor.images = image_processor_for(config, p, processor)
     elif p.suffix.lower() == ".gguf" or p.is_file():
         packed = None
         reader = open_gguf(p)

@@ -116,3 +116,27 @@ class SafetensorsSource:
         """The index range of each axis (None: all), copied out of the file."""
         arr = self._mapped(name)
         return np.array(arr[tuple(slice(None) if r is None else slice(*r) for r in index)])
+
+
+class RenamedSource:
+    """A source whose tensor names have a prefix rewritten ((stored, declared) pairs: a vision-language
+    checkpoint's "model.text_model." read where the language family declares "model.")."""
+
+    def __init__(self, source, renames: tuple[tuple[str, str], ...]):
+        self.source = source
+        self._stored: dict[str, str] = {}
+        for name in source.names():
+            new = next((to + name[len(old):] for old, to in renames if name.startswith(old)), name)
+            self._stored[new] = name
+
+    def names(self) -> set[str]:
+        return set(self._stored)
+
+    def where(self, name: str) -> str:
+        return self.source.where(self._stored.get(name, name))
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.source.shape(self._stored[name])
+
+    def read(self, name: str, index=()) -> np.ndarray:
+        return self.source.read(self._stored[name], index)

@@ -145,6 +145,10 @@ class CausalLM(nnx.Module):
     # adapters are added (ops/lora.py), and a test compares the family's adapted logits with PEFT's
     supports_lora: ClassVar[bool] = False
 
+    # (stored prefix, the prefix the declarations use) of HF tensor names: a vision-language
+    # checkpoint's language model under its own prefix ("model.text_model." -> "model.")
+    hf_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
+
     # tensors some checkpoints carry that the model derives or does not use
     hf_ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 

@@ -39,6 +39,7 @@ FAMILIES = {
     "nemotron_h": "NemotronH",
     "falcon_h1": "FalconH1",
     "llama4": "Llama4",
+    "idefics3": "Idefics3",
 }
 
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest, start_http_ser
 from ..structured.reasoning import get_reasoning_parser
 from ..structured.tool_parsers import get_tool_parser
 from ..lora.view import AdaptedSurge
+from ..multimodal import MediaPolicy
 from ..vsurge import vSurge
 from .adapters.response_store import ResponseStore
 from .app import build_app
@@ -48,11 +49,13 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     reach the chat template OpenAI-style (docs/seed_api.md), so False only warns. tool_call_parser: how
     `tool_choice="auto"` outputs are parsed (structured/tool_parsers.py, or auto from the chat template);
     reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3, gpt_oss; None: not at all);
-    response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL)."""
+    response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL);
+    media_policy: where image inputs may come from (a MediaPolicy: no URLs or local files by default)."""
 
     def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
                  oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto",
-                 reasoning_parser: str | None = None, response_store: ResponseStore | None = None):
+                 reasoning_parser: str | None = None, response_store: ResponseStore | None = None,
+                 media_policy: MediaPolicy | None = None):
         if vsurge_map is None:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
         if isinstance(vsurge_map, vSurge):
@@ -73,6 +76,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
         self.response_store = response_store or ResponseStore()
+        self.media_policy = media_policy or MediaPolicy()  # where image inputs may come from (server/media.py)
         self.max_workers = max_workers
         self.oai_like_processor = oai_like_processor
         self.api_key = api_key

@@ -88,11 +88,11 @@ TokenId = Annotated[StrictInt, BeforeValidator(_token_id)]
 
 
 def refuse_media_parts(content):
-    """image/audio/file content parts: a clear 400 (vsurge serves text models)."""
+    """audio/file content parts: a clear 400 (image parts are read: server/media.py)."""
     if isinstance(content, list):
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
-            kind = CONTENT_KINDS.get(kind) if isinstance(kind, str) else None  # a type may be any JSON
+            kind = CONTENT_KINDS.get(kind) if isinstance(kind, str) and kind != "image_url" else None
             if kind is not None:
                 raise PydanticCustomError("unsupported_content", f"{kind} inputs are not supported by this model")
     return content
@@ -103,11 +103,20 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class ImagePart(BaseModel):
+    """{"type": "image_url", "image_url": {"url": ..., "detail": ...}} (server/media.py reads it)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["image_url"]
+    image_url: Union[StrictStr, dict[str, Any]]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Optional[Union[StrictStr, list[TextPart]]] = None
+    content: Optional[Union[StrictStr, list[Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]]]] = None
     name: Optional[StrictStr] = None
 
     _media = field_validator("content", mode="before")(refuse_media_parts)
@@ -142,10 +151,17 @@ class DetokenizeRequest(RequestBody):
 
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:
+    """Chat messages as the template's dicts: text parts joined, or (with images) a list of text and
+    image parts (server/media.py)."""
+    from .media import openai_image_part
+
     out = []
-    for m in messages:
+    for i, m in enumerate(messages):
         content = m.content
-        if isinstance(content, list):
+        if isinstance(content, list) and any(isinstance(p, ImagePart) for p in content):
+            content = [openai_image_part(p.model_dump(), f"messages[{i}].content[{j}]") if isinstance(p, ImagePart)
+                       else {"type": "text", "text": p.text} for j, p in enumerate(content)]
+        elif isinstance(content, list):
             content = "".join(part.text for part in content)
         message = {"role": m.role, "content": content or ""}
         extra = m.model_extra or {}

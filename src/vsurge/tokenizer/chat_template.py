@@ -39,8 +39,10 @@ def _compile(template: str) -> jinja2.Template:
         raise ChatTemplateError(f"the chat template does not parse: {e}") from None
 
 
-def normalize_messages(messages) -> list[dict]:
-    """Check OpenAI-style messages; flatten text-part lists into one string.
+def normalize_messages(messages, parts: bool = False) -> list[dict]:
+    """Check OpenAI-style messages; flatten text-part lists into one string. parts: keep every content
+    as a list of parts instead, {"type": "text", "text"} and {"type": "image"} (a vision-language
+    template's form: it writes its image placeholder for each image part).
 
     Assistant `tool_calls` are kept, their `function.arguments` turned from JSON text
     (OpenAI's form) into objects (what HF templates expect: they write `arguments | tojson`);
@@ -56,14 +58,16 @@ def normalize_messages(messages) -> list[dict]:
         content = m.get("content")
         if content is None:
             content = ""
-        if isinstance(content, list):
+        if parts:
+            content = _parts(content, i)
+        elif isinstance(content, list):
             texts = []
             for j, part in enumerate(content):
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise ChatTemplateError(f"messages[{i}].content[{j}] must be a text part {{'type': 'text', 'text': ...}}")
                 texts.append(part["text"])
             content = "".join(texts)
-        if not isinstance(content, str):
+        if not isinstance(content, (list, str)):
             raise ChatTemplateError(f"messages[{i}].content must be a string or a list of text parts")
         message = {**m, "content": content}
         if m.get("tool_calls") is not None:
@@ -71,6 +75,21 @@ def normalize_messages(messages) -> list[dict]:
         if m.get("tool_call_id") is not None and not isinstance(m["tool_call_id"], str):
             raise ChatTemplateError(f"messages[{i}].tool_call_id must be a string")
         out.append(message)
+    return out
+
+
+def _parts(content, i: int) -> list[dict]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    out = []
+    for j, part in enumerate(content if isinstance(content, list) else ()):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "image":
+            out.append({"type": "image"})
+        elif kind == "text" and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"]})
+        else:
+            raise ChatTemplateError(f"messages[{i}].content[{j}] must be a text or image part")
     return out
 
 
@@ -95,10 +114,11 @@ def _normalize_tool_calls(calls, where: str) -> list[dict]:
 
 
 def render_chat_template(template: str, messages, add_generation_prompt: bool = True, tools=None,
-                         **variables) -> str:
+                         content_parts: bool = False, **variables) -> str:
     """tools: OpenAI tool objects. Passed to the template as `tools` when it uses them;
-    otherwise written into the system message (tokenizer/tool_prompt.py)."""
-    messages = normalize_messages(messages)
+    otherwise written into the system message (tokenizer/tool_prompt.py). content_parts: messages'
+    contents reach the template as lists of parts (normalize_messages)."""
+    messages = normalize_messages(messages, parts=content_parts)
     if tools is not None or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         if template_supports_tools(template):
             variables["tools"] = tools or None

@@ -43,6 +43,7 @@ class Processor:
         name_or_path: str = "",
     ):
         self.tokenizer = tokenizer
+        self.images = None  # a vision-language model's image processor (multimodal/processor.py), set at load
         self.bos_token, self.eos_token = bos_token, eos_token
         self.pad_token = pad_token if pad_token is not None else eos_token
         self.unk_token = unk_token
@@ -187,14 +188,15 @@ class Processor:
 
     # ------------------------------------------------------------ chat
     def apply_chat_template(self, messages, tokenize: bool = True, add_generation_prompt: bool = True,
-                            return_tensors: str | None = None, tools: list[dict] | None = None, **variables):
+                            return_tensors: str | None = None, tools: list[dict] | None = None,
+                            content_parts: bool = False, **variables):
         """tools: OpenAI tool objects (as HF's `tools=`); a template without tools support gets
         them in its system message instead (tokenizer/tool_prompt.py)."""
         if not self.chat_template:
             raise ChatTemplateError(f"the tokenizer of {self.name_or_path!r} has no chat template")
         text = render_chat_template(
             self.chat_template, messages, add_generation_prompt=add_generation_prompt, tools=tools,
-            bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+            content_parts=content_parts, bos_token=self.bos_token or "", eos_token=self.eos_token or "",
             pad_token=self.pad_token or "", unk_token=self.unk_token or "", **variables,
         )
         if not tokenize:

@@ -69,11 +69,12 @@ async def to_request(server, body: ChatCompletionRequest, surge) -> GenerationRe
                                  logprobs=(body.top_logprobs or 0) if body.logprobs else None,
                                  structured=structured.constraint)
         variables = template_variables(body.chat_template_kwargs)
+        messages = messages_as_dicts(body.messages)
     except ParamError as exc:
         raise as_api_error(exc) from None
     structured = await compile_constraint(structured, surge)
-    text, ids = await render_chat(surge.processor, messages_as_dicts(body.messages), structured.template_tools(),
-                                  variables)
+    text, ids = await render_chat(surge.processor, messages, structured.template_tools(), variables,
+                                  server.media_policy)
     return GenerationRequest([ids], params, structured, text)
 
 

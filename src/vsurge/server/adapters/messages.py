@@ -32,6 +32,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
+from ..media import anthropic_image_block
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
@@ -83,6 +84,13 @@ def _text(blocks, param: str) -> str:
     return "".join(texts)
 
 
+def _joined(pieces: list) -> str | list[dict]:
+    """Text pieces -> one string; with image parts among them, a list of text and image parts."""
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(pieces)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in pieces]
+
+
 def chat_messages(system, messages, param: str = "messages") -> list[dict]:
     out: list[dict] = [{"role": "system", "content": _text(system, "system")}] if system else []
     if not messages:
@@ -98,12 +106,14 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
             continue
         if not isinstance(content, list):
             raise ParamError(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
-        text, calls = [], []
+        text, calls = [], []  # text: strings, and image parts (server/media.py) where images are
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" and isinstance(block.get("text"), str):
                 text.append(block["text"])
+            elif kind == "image" and role == "user":
+                text.append(anthropic_image_block(block, at))
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
                         or not isinstance(block.get("input", {}), dict):
@@ -125,7 +135,7 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
                 raise ParamError(f"{at}.type {kind!r} is not supported in a {role} message (text, tool_use, "
                                  f"tool_result, thinking)", f"{at}.type")
         if text or calls or not content:
-            entry = {"role": role, "content": "".join(text)}
+            entry = {"role": role, "content": _joined(text)}
             if calls:
                 entry["tool_calls"] = calls
             out.append(entry)
@@ -230,7 +240,8 @@ async def prompt(server, body, surge, structured=None) -> tuple[str, list[int], 
     except ParamError as exc:
         raise as_api_error(exc) from None
     structured = structured or combine([], tools)
-    text, ids = await render_chat(surge.processor, messages, structured.template_tools(), variables)
+    text, ids = await render_chat(surge.processor, messages, structured.template_tools(), variables,
+                                  server.media_policy)
     return text, ids, structured
 
 

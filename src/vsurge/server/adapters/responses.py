@@ -30,6 +30,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
 from ..generation import ChoiceStreams
+from ..media import responses_image_part
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
@@ -72,16 +73,20 @@ def _id(prefix: str) -> str:
 
 
 # ------------------------------------------------------------ request -> chat messages
-def _text_of(content, param: str) -> str:
-    """A message's content (a string or a list of text parts) -> its text."""
+def _text_of(content, param: str, images: bool = False) -> str | list[dict]:
+    """A message's content (a string or a list of text parts) -> its text; images: input_image parts
+    are read too (a user message), and the content is then a list of text and image parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise ParamError(f"{param} must be a string or a list of content parts", param)
-    texts = []
+    texts = []  # strings, and image parts (server/media.py) where images are
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and images:
+            texts.append(responses_image_part(part, where))
+            continue
         if isinstance(kind, str) and kind in CONTENT_KINDS:
             raise ParamError(f"{CONTENT_KINDS[kind]} inputs are not supported by this model", f"{where}.type")
         if kind not in TEXT_PART_TYPES:
@@ -91,7 +96,9 @@ def _text_of(content, param: str) -> str:
         if not isinstance(text, str):
             raise ParamError(f"{where}.text must be a string", f"{where}.text")
         texts.append(text)
-    return "".join(texts)
+    if all(isinstance(t, str) for t in texts):
+        return "".join(texts)
+    return [t if isinstance(t, dict) else {"type": "text", "text": t} for t in texts]
 
 
 def input_messages(value, param: str = "input") -> list[dict]:
@@ -112,7 +119,7 @@ def input_messages(value, param: str = "input") -> list[dict]:
                 raise ParamError(f"{where}.role must be user, assistant, system or developer, got {role!r}",
                                  f"{where}.role")
             out.append({"role": "system" if role == "developer" else role,
-                        "content": _text_of(item.get("content"), f"{where}.content")})
+                        "content": _text_of(item.get("content"), f"{where}.content", images=role == "user")})
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments", "{}")
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
@@ -217,7 +224,8 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
         raise as_api_error(exc) from None
     structured = await compile_constraint(structured, surge)
     messages = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + conversation
-    text, ids = await render_chat(surge.processor, messages, structured.template_tools(), variables)
+    text, ids = await render_chat(surge.processor, messages, structured.template_tools(), variables,
+                                  server.media_policy)
     return GenerationRequest([ids], params, structured, text), conversation
 
 

@@ -1,0 +1,105 @@
+"""Image embeddings for prompt chunks: the vision program run on the images a step's chunks reach,
+and a host cache of their embeddings by content hash (an image seen again is not encoded again).
+
+Before a step with prompt chunks, `prepare(plan)` encodes every image of those chunks whose
+embeddings are not cached: all their tiles in one call per bucket of tiles (batched across
+requests), then split per image. The batch builder (batch.py) copies each chunk's share of
+them into the step's embedding rows (`fill`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+MAX_TILES_PER_CALL = 16  # larger sets of tiles run as several calls
+
+
+def tile_buckets(limit: int = MAX_TILES_PER_CALL) -> list[int]:
+    """The tile counts a vision program is compiled for: powers of two up to `limit`."""
+    out, n = [], 1
+    while n < limit:
+        out.append(n)
+        n *= 2
+    return out + [limit]
+
+
+class MediaEncoder:
+    def __init__(self, core, cache_bytes: int):
+        self.core = core
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()  # key -> (tokens, D) float32, LRU first
+        self._held = 0
+        self._pinned: dict[int, np.ndarray] = {}  # this step's images (kept even past the budget)
+        self.hits = 0  # images found encoded
+        self.encoded = 0  # images encoded
+        self.tiles_encoded = 0
+
+    def embeddings(self, item) -> np.ndarray:
+        """(tokens, D) of an image `prepare` made ready."""
+        return self._pinned[item.key]
+
+    def prepare(self, plan) -> None:
+        """Encode the images the plan's chunks reach that are not cached; pin them for the step."""
+        self._pinned = {}
+        missing: dict[int, object] = {}
+        for chunk in plan.chunks:
+            end = chunk.start + chunk.length
+            for item in chunk.seq.request.media:
+                if item.key in self._pinned or item.key in missing:
+                    continue
+                pos = item.positions
+                if pos[0] >= end or pos[-1] < chunk.start:
+                    continue
+                cached = self._cache.get(item.key)
+                if cached is not None:
+                    self._cache.move_to_end(item.key)
+                    self._pinned[item.key] = cached
+                    self.hits += 1
+                else:
+                    missing[item.key] = item
+        if missing:
+            self._encode(list(missing.values()))
+
+    def _encode(self, items: list) -> None:
+        pixels = np.concatenate([item.pixels for item in items])  # (tiles, H, W, C)
+        out = []
+        for start in range(0, pixels.shape[0], MAX_TILES_PER_CALL):
+            part = pixels[start:start + MAX_TILES_PER_CALL]
+            out.append(self.core.encode_tiles(part))
+        per_tile = self.core.model.config.tokens_per_tile
+        rows = np.concatenate(out)  # (tiles * tokens_per_tile, D)
+        at = 0
+        for item in items:
+            n = item.num_tiles * per_tile
+            self._pinned[item.key] = self._store(item.key, rows[at:at + n])
+            at += n
+        self.encoded += len(items)
+        self.tiles_encoded += pixels.shape[0]
+
+    def _store(self, key: int, value: np.ndarray) -> np.ndarray:
+        value = np.ascontiguousarray(value)
+        if value.nbytes > self.cache_bytes:
+            return value
+        self._cache[key] = value
+        self._held += value.nbytes
+        while self._held > self.cache_bytes:
+            _, old = self._cache.popitem(last=False)
+            self._held -= old.nbytes
+        return value
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def fill(self, seq, start: int, count: int, embeds: np.ndarray, mask: np.ndarray, at: int) -> None:
+        """Write the embeddings of `seq`'s prompt positions [start, start + count) that are image
+        positions into embeds[at + (position - start)] and set their mask."""
+        for item in seq.request.media:
+            pos = item.positions
+            lo, hi = np.searchsorted(pos, start), np.searchsorted(pos, start + count)
+            if lo < hi:
+                rows = at + pos[lo:hi] - start
+                embeds[rows] = self.embeddings(item)[lo:hi]
+                mask[rows] = True

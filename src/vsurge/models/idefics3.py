@@ -1,0 +1,119 @@
+"""Idefics3 and SmolVLM: a SigLIP vision tower, a pixel-shuffle connector, a Llama language model.
+
+HF: Idefics3ForConditionalGeneration (model_type "idefics3": SmolVLM-256M/500M/2.2B-Instruct),
+SmolVLMForConditionalGeneration ("smolvlm": SmolVLM2). An image is cut into square tiles (plus a
+downscaled whole image, multimodal/idefics3.py); each tile's patches go through the tower, the
+connector folds each 2 x 2 (scale_factor) block of patch vectors into one and projects it to the
+language model's width: `tokens_per_tile` embeddings per tile, at the tile's <image> tokens.
+The language model's weights are under model.text_model (read as a Llama's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+
+from ..errors import UnsupportedModelError
+from ..ops import vision as ops
+from .config_io import hf_fields
+from .llama import Llama
+from .spec import Weight, tensor
+from .vision_lm import VisionConfig, VisionLM
+
+
+@dataclass(frozen=True)
+class Idefics3Config(VisionConfig):
+    patch_size: int = 16
+    scale_factor: int = 2
+
+
+def _vec(name: str, n: int, init: str = "zeros") -> Weight:
+    return Weight((n,), (None,), tensor(name, (n,)), None, init=init)
+
+
+def _mat(name: str, n_out: int, n_in: int) -> Weight:  # HF (out, in) -> (in, out)
+    return Weight((n_in, n_out), (None, None), tensor(name, (n_out, n_in)), None)
+
+
+class Idefics3(VisionLM, Llama):
+    supports_lora = False  # (adapters name model.text_model's projections: not laid out yet)
+    name = "idefics3"
+    hf_model_types = ("idefics3", "smolvlm")
+    hf_architectures = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
+    gguf_architectures = ()  # (llama.cpp's split form, text GGUF + mmproj: not read yet)
+    config_class = Idefics3Config
+    hf_renames = (("model.text_model.", "model."),)
+
+    @classmethod
+    def config_from_hf(cls, cfg: dict, where: str):
+        text, vision = cfg.get("text_config") or {}, cfg.get("vision_config") or {}
+        if text.get("model_type", "llama") != "llama":
+            raise UnsupportedModelError(f"{where}: an Idefics3 language model of type {text.get('model_type')!r} "
+                                        "is not supported (llama only)")
+        text = {"rms_norm_eps": 1e-5, **text, "_name_or_path": cfg.get("_name_or_path", "")}
+        text.setdefault("tie_word_embeddings", cfg.get("tie_word_embeddings", False))
+        fields = hf_fields(text, where, cls.name)
+        if text.get("attention_bias") or text.get("mlp_bias"):
+            raise UnsupportedModelError(f"{where}: attention or MLP biases in the language model are not supported")
+        hidden = int(vision.get("hidden_size", 1152))
+        patch, tile = int(vision.get("patch_size", 32)), int(vision.get("image_size", 224))
+        factor = int(cfg.get("scale_factor", 2))
+        side = tile // patch
+        if tile % patch or side % factor:
+            raise UnsupportedModelError(f"{where}: image_size {tile} is not a whole number of {patch}-pixel "
+                                        f"patches divisible by scale_factor {factor}")
+        activation = vision.get("hidden_act", "gelu_pytorch_tanh")
+        if activation not in ops.ACTIVATIONS:
+            raise UnsupportedModelError(f"{where}: vision hidden_act {activation!r} is not supported")
+        return Idefics3Config(
+            **fields, image_token_id=int(cfg.get("image_token_id", 128257)), tile_size=(tile, tile),
+            tokens_per_tile=(side // factor) ** 2, vision_hidden=hidden,
+            vision_layers=int(vision.get("num_hidden_layers", 12)), vision_heads=int(vision.get("num_attention_heads", 16)),
+            vision_intermediate=int(vision.get("intermediate_size", 3072)),
+            vision_eps=float(vision.get("layer_norm_eps", 1e-6)), vision_activation=activation, patch_size=patch,
+            scale_factor=factor)
+
+    @classmethod
+    def vision_weights(cls, c: Idefics3Config) -> dict[str, Weight]:
+        d, p, pre = c.vision_hidden, c.patch_size, "model.vision_model"
+        patches = (c.tile_size[0] // p) ** 2
+        return {
+            "patch_w": Weight((d, 3, p, p), (None,) * 4,
+                              tensor(f"{pre}.embeddings.patch_embedding.weight", (d, 3, p, p), matrix=False), None),
+            "patch_b": _vec(f"{pre}.embeddings.patch_embedding.bias", d),
+            "positions": Weight((patches, d), (None, None),
+                                tensor(f"{pre}.embeddings.position_embedding.weight", (patches, d), matrix=False),
+                                None),
+            "post_ln": _vec(f"{pre}.post_layernorm.weight", d, "ones"),
+            "post_ln_b": _vec(f"{pre}.post_layernorm.bias", d),
+            "projector": _mat("model.connector.modality_projection.proj.weight", c.hidden_size,
+                              d * c.scale_factor ** 2),
+        }
+
+    @classmethod
+    def vision_layer_weights(cls, c: Idefics3Config, i: int) -> dict[str, Weight]:
+        d, f, pre = c.vision_hidden, c.vision_intermediate, f"model.vision_model.encoder.layers.{i}"
+        out = {}
+        for short, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
+            out[f"w{short}"] = _mat(f"{pre}.self_attn.{name}.weight", d, d)
+            out[f"b{short}"] = _vec(f"{pre}.self_attn.{name}.bias", d)
+        out.update(ln1=_vec(f"{pre}.layer_norm1.weight", d, "ones"), ln1_b=_vec(f"{pre}.layer_norm1.bias", d),
+                   ln2=_vec(f"{pre}.layer_norm2.weight", d, "ones"), ln2_b=_vec(f"{pre}.layer_norm2.bias", d),
+                   fc1=_mat(f"{pre}.mlp.fc1.weight", f, d), fc1_b=_vec(f"{pre}.mlp.fc1.bias", f),
+                   fc2=_mat(f"{pre}.mlp.fc2.weight", d, f), fc2_b=_vec(f"{pre}.mlp.fc2.bias", d))
+        return out
+
+    def encode_images(self, pixels):
+        c: Idefics3Config = self.config
+        g = self.vision.weights()
+        x = ops.normalize_pixels(pixels, c.image_mean, c.image_std, c.rescale_factor)  # (n, 3, H, W)
+        # whole tiles only (the processor resizes images to a multiple of the tile): every patch is real
+        # and its position is its index (the reference's bucketed positions reduce to that)
+        h = ops.patch_embed(x, g["patch_w"], g["patch_b"]) + g["positions"].astype(jnp.float32)  # (n, P, Dv)
+        for layer in self.vision_layers:
+            h = ops.encoder_block(h, layer.weights(), c.vision_heads, c.vision_eps, c.vision_activation)
+        h = ops.layer_norm(h, g["post_ln"], g["post_ln_b"], c.vision_eps)
+        h = ops.pixel_shuffle(h, c.scale_factor)  # (n, tokens_per_tile, Dv * f^2)
+        out = ops.dense(h, g["projector"])  # (n, tokens_per_tile, D)
+        return out.reshape(-1, out.shape[-1]).astype(self.dtype)

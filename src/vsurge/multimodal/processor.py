@@ -1,0 +1,62 @@
+"""A vision-language model's image processor: images + a prompt with one placeholder per image ->
+a MultimodalPrompt (token ids with each image's tokens expanded, and its tiles). Families subclass
+it with their resizing/tiling and their placeholder expansion (multimodal/<family>.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .images import ImageError, decode_image
+from .media import MediaItem, MultimodalPrompt, content_key
+
+
+class ImageProcessor:
+    placeholder = "<image>"  # what a chat template writes where an image goes
+
+    def __init__(self, config, tokenizer):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.image_token_id = int(config.image_token_id)
+        self.tokens_per_tile = int(config.tokens_per_tile)
+
+    # ---------------------------------------------------------------- the family's part
+    def signature(self) -> bytes:
+        """How images are processed (part of their cache key: another resize is another image)."""
+        raise NotImplementedError
+
+    def tiles(self, image) -> tuple[np.ndarray, int, int]:
+        """RGB PIL image -> (uint8 (n, H, W, C) tiles, rows, cols)."""
+        raise NotImplementedError
+
+    def expansion(self, rows: int, cols: int) -> str:
+        """The prompt text one image's placeholder becomes."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- shared
+    def prompt(self, text: str, images: list[bytes], params: list[str] | None = None,
+               param: str = "messages") -> MultimodalPrompt:
+        """`text` with one placeholder per image (in order) -> token ids and the images' items.
+        ImageError for a count mismatch or an image that cannot be decoded (naming params[i], the
+        request field of image i)."""
+        params = params or [param] * len(images)
+        if text.count(self.placeholder) != len(images):
+            raise ImageError(f"the prompt has {text.count(self.placeholder)} image placeholder(s) "
+                             f"{self.placeholder!r} for {len(images)} image(s)", param)
+        pieces = text.split(self.placeholder)
+        tiles, expanded = [], [pieces[0]]
+        for i, data in enumerate(images):
+            pixels, rows, cols = self.tiles(decode_image(data, params[i]))
+            tiles.append(pixels)
+            expanded += [self.expansion(rows, cols), pieces[i + 1]]
+        ids = list(self.tokenizer.encode("".join(expanded), add_special_tokens=False))
+        at = np.flatnonzero(np.asarray(ids, np.int64) == self.image_token_id)
+        needed = sum(t.shape[0] for t in tiles) * self.tokens_per_tile
+        if at.shape[0] != needed:
+            raise ImageError(f"the prompt holds {at.shape[0]} image tokens where its images need {needed} "
+                             "(does the text contain image tokens of its own?)", param)
+        media, start, sig = [], 0, self.signature()
+        for data, pixels in zip(images, tiles):
+            n = pixels.shape[0] * self.tokens_per_tile
+            media.append(MediaItem(content_key(sig, data), at[start:start + n], np.ascontiguousarray(pixels)))
+            start += n
+        return MultimodalPrompt(ids, tuple(media))

@@ -1,0 +1,115 @@
+"""Images in chat requests, for every wire format: each adapter turns its image parts into
+`image_part`s inside a message's content list; `render_with_images` fetches them (as the server's
+MediaPolicy allows), renders the chat template with its image placeholders and hands both to the
+model's image processor -> a MultimodalPrompt. Every refusal is a 400 naming the field."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..multimodal import ImageError, MediaPolicy, image_bytes
+from ..structured.errors import ParamError
+from ..tokenizer.chat_template import ChatTemplateError
+from .errors import APIError
+
+NOT_SUPPORTED = "image inputs are not supported by this model"
+
+
+def image_part(url, param: str) -> dict:
+    """An image of a message's content (url: a data: URI, an http(s) URL or a file path)."""
+    if not isinstance(url, str) or not url:
+        raise ParamError(f"{param} must be a URL string (a data: URI with base64 bytes, or http(s))", param)
+    return {"type": "image", "url": url, "param": param}
+
+
+def openai_image_part(part: dict, param: str) -> dict:
+    """Chat's {"type": "image_url", "image_url": {"url", "detail"}} (or a bare URL string)."""
+    value = part.get("image_url")
+    if isinstance(value, dict):
+        detail = value.get("detail")
+        if detail is not None and detail not in ("auto", "low", "high"):
+            raise ParamError(f"{param}.image_url.detail must be auto, low or high", f"{param}.image_url.detail")
+        return image_part(value.get("url"), f"{param}.image_url.url")
+    return image_part(value, f"{param}.image_url")
+
+
+def responses_image_part(part: dict, param: str) -> dict:
+    """Responses' {"type": "input_image", "image_url": "...", "detail"} (file_id: no file store here)."""
+    if part.get("file_id") is not None and part.get("image_url") is None:
+        raise ParamError("input_image file_id is not supported (vsurge keeps no files): send image_url",
+                         f"{param}.file_id")
+    return image_part(part.get("image_url"), f"{param}.image_url")
+
+
+def anthropic_image_block(block: dict, param: str) -> dict:
+    """Messages' {"type": "image", "source": {"type": "base64", "media_type", "data"} | {"type": "url", "url"}}."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not isinstance(data, str):
+            raise ParamError(f"{param}.source needs string media_type and data", f"{param}.source")
+        if media not in ("image/jpeg", "image/png", "image/gif", "image/webp"):
+            raise ParamError(f"{param}.source.media_type {media!r} is not one of image/jpeg, image/png, image/gif, "
+                             "image/webp", f"{param}.source.media_type")
+        return image_part(f"data:{media};base64,{data}", f"{param}.source.data")
+    if kind == "url":
+        return image_part(source.get("url"), f"{param}.source.url")
+    raise ParamError(f"{param}.source.type must be 'base64' or 'url'", f"{param}.source.type")
+
+
+def images_of(messages: list[dict]) -> list[dict]:
+    return [part for m in messages if isinstance(m.get("content"), list)
+            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image"]
+
+
+def _inline(messages: list[dict], placeholder: str) -> list[dict]:
+    """Contents as strings with the placeholder where each image was (templates that print content)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(placeholder if p.get("type") == "image" else p.get("text", "") for p in content)
+        out.append({**m, "content": content})
+    return out
+
+
+def _render(processor, messages, tools, variables) -> str:
+    """The template with contents as parts (a vision template writes its placeholder per image part),
+    else (its output lacks the images or the texts) with the placeholders inlined in the text."""
+    images = processor.images
+    kwargs = dict(variables)
+    if tools is not None:
+        kwargs["tools"] = tools
+    count = len(images_of(messages))
+    texts = [p["text"] for m in messages if isinstance(m.get("content"), list)
+             for p in m["content"] if p.get("type") == "text" and p.get("text")]
+    try:
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                             content_parts=True, **kwargs)
+        if text.count(images.placeholder) == count and all(t in text for t in texts):
+            return text
+    except ChatTemplateError:
+        pass
+    return processor.apply_chat_template(_inline(messages, images.placeholder), tokenize=False,
+                                         add_generation_prompt=True, **kwargs)
+
+
+async def render_with_images(processor, messages: list[dict], tools, variables: dict, policy: MediaPolicy):
+    """-> (prompt text, MultimodalPrompt) of messages holding image parts; APIError 400 for a model
+    without images, too many images, an image that cannot be fetched or decoded."""
+    parts = images_of(messages)
+    if getattr(processor, "images", None) is None:
+        raise APIError(400, NOT_SUPPORTED, parts[0]["param"])
+    if len(parts) > policy.max_images:
+        raise APIError(400, f"{len(parts)} images in one request; this server takes at most {policy.max_images}",
+                       parts[policy.max_images]["param"])
+    try:
+        data = [await asyncio.to_thread(image_bytes, p["url"], policy, p["param"]) for p in parts]
+        text = await asyncio.to_thread(_render, processor, messages, tools, variables)
+        prompt = await asyncio.to_thread(processor.images.prompt, text, data, [p["param"] for p in parts])
+    except ImageError as exc:
+        raise APIError(400, str(exc), exc.param) from None
+    except ChatTemplateError as exc:
+        raise APIError(400, str(exc), "messages") from None
+    return text, prompt

@@ -1,0 +1,176 @@
+"""Images into a vision-language model, against transformers on a tiny random Idefics3 (SmolVLM)
+checkpoint: the image processor's tiles and token expansion equal HF's processor (PIL backend),
+the tower's embeddings and the logits with one and two images equal Idefics3ForConditionalGeneration,
+and the engine's greedy tokens equal HF's generate with prompts chunked across the images, the
+prefix cache keyed by each image's content and the encoder cache reusing an image's embeddings."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from tiny_vlm import write_tiny_idefics3
+from vsurge.kv.dense import NoCache
+from vsurge.loading import load
+from vsurge.multimodal import ImageError, MultimodalPrompt
+
+PROMPT_ONE = "<|im_start|>User:<image>Describe this<end_of_utterance>\nAssistant:"
+PROMPT_TWO = "<|im_start|>User:<image>and<image>compare them<end_of_utterance>\nAssistant:"
+
+
+def png(height: int, width: int, seed: int, mode: str = "RGB", fmt: str = "PNG") -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]
+    pixels = rng.integers(0, 256, (height, width, channels), dtype=np.uint8)
+    image = Image.fromarray(pixels[..., 0] if channels == 1 else pixels, mode)
+    buf = io.BytesIO()
+    image.save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory, default_processor_dir):
+    """(folder, torch model, HF processor, our model, our processor)."""
+    import transformers
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    folder = tmp_path_factory.mktemp("idefics3")
+    torch_model = write_tiny_idefics3(folder, default_processor_dir)
+    image_processor = Idefics3ImageProcessorPil.from_pretrained(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    hf_processor = transformers.Idefics3Processor(image_processor, tokenizer, image_seq_len=4)
+    model, processor = load(str(folder), dtype="float32", progress=False)
+    return folder, torch_model, hf_processor, model, processor
+
+
+def hf_inputs(hf_processor, text: str, images: list[bytes]):
+    from PIL import Image
+
+    return hf_processor(text=[text], images=[[Image.open(io.BytesIO(b)) for b in images]], return_tensors="pt")
+
+
+@pytest.mark.parametrize("size,mode,fmt", [((50, 90), "RGB", "PNG"), ((120, 33), "RGB", "JPEG"),
+                                           ((32, 32), "RGBA", "PNG"), ((20, 14), "L", "PNG"),
+                                           ((64, 200), "RGB", "WEBP")])
+def test_tiles_and_tokens_equal_the_hf_processor(vlm, size, mode, fmt):
+    """Wide, tall, one-tile, transparent and grey images: the same token ids (tiles' tags and image tokens)
+    and the same normalized pixels as transformers' Idefics3Processor."""
+    _, _, hf_processor, model, processor = vlm
+    data = png(*size, seed=sum(size), mode=mode, fmt=fmt)
+    ours = processor.images.prompt(PROMPT_ONE, [data])
+    ref = hf_inputs(hf_processor, PROMPT_ONE, [data])
+    assert ours.ids == ref["input_ids"][0].tolist()
+    c = model.config
+    pixels = (ours.media[0].pixels.astype(np.float32) * np.float32(c.rescale_factor) - np.float32(0.5)) / np.float32(0.5)
+    want = ref["pixel_values"][0].numpy()
+    assert pixels.transpose(0, 3, 1, 2).shape == want.shape
+    np.testing.assert_allclose(pixels.transpose(0, 3, 1, 2), want, atol=1e-6)
+
+
+def test_logits_with_one_and_two_images_equal_transformers(vlm):
+    _, torch_model, hf_processor, model, processor = vlm
+    images = [png(50, 90, 1), png(70, 40, 2)]
+    for text, ims in ((PROMPT_ONE, images[:1]), (PROMPT_TWO, images)):
+        prompt = processor.images.prompt(text, ims)
+        ref_inputs = hf_inputs(hf_processor, text, ims)
+        with torch.no_grad():
+            want = torch_model(**ref_inputs).logits[0].numpy()
+        hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
+        for item in prompt.media:
+            hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
+        out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache())
+        got = np.asarray(model.logits(out))[0]
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def hf_greedy(torch_model, hf_processor, text, images, steps):
+    inputs = hf_inputs(hf_processor, text, images)
+    with torch.no_grad():
+        out = torch_model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_engine_greedy_tokens_equal_transformers_with_the_caches(vlm):
+    """Three prompts at once (one image, two images, the first image again in another conversation),
+    prefilled in 16-token chunks that cut through images: HF's greedy tokens. Run again: the same tokens,
+    no image encoded again (encoder cache), and the prompts' pages found in the prefix cache. A prompt
+    with another image of the same size and the same text gets no page of the first one's image."""
+    from vsurge import EngineConfig, SamplingParams, vSurge
+
+    _, torch_model, hf_processor, model, processor = vlm
+    images = [png(50, 90, 1), png(70, 40, 2), png(50, 90, 3)]
+    other_text = "<|im_start|>User:<image>What is it?<end_of_utterance>\nAssistant:"
+    jobs = [(PROMPT_ONE, images[:1]), (PROMPT_TWO, images[:2]), (other_text, images[:1])]
+    prompts = [processor.images.prompt(t, ims) for t, ims in jobs]
+    steps = 6
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+    config = EngineConfig(max_slots=4, max_length=256, prefill_tokens=32, chunk_lengths=(16,), page_size=16,
+                          decode_steps=4)
+    surge = vSurge.create_odriver(model, processor, config=config)
+
+    async def run(batch):
+        async def one(p):
+            tokens = []
+            async for samples in surge.submit(p, params, detokenize=False).updates():
+                tokens += samples[0].token_ids
+            return tokens
+        return await asyncio.gather(*(one(p) for p in batch))
+
+    surge.compile()
+    surge.start()
+    try:
+        got = asyncio.run(run(prompts))
+        media = surge.engine.media
+        assert media.encoded == 2  # the first image once, though two prompts hold it
+        pool = surge.engine.pool
+        cached = [pool.cached_tokens(p.cache_ids()) for p in prompts]
+        again = asyncio.run(run(prompts))
+        assert media.encoded == 2
+        swapped = MultimodalPrompt(processor.images.prompt(PROMPT_ONE, images[2:]).ids,
+                                   processor.images.prompt(PROMPT_ONE, images[2:]).media)
+        first_image_at = int(prompts[0].media[0].positions[0])
+        assert pool.cached_tokens(swapped.cache_ids()) <= first_image_at  # only the text before the image
+        different = asyncio.run(run([swapped]))[0]
+    finally:
+        surge.stop(5)
+    want = [hf_greedy(torch_model, hf_processor, t, ims, steps) for t, ims in jobs]
+    assert got == want
+    assert again == want
+    assert all(c >= 16 for c in cached)  # whole pages through the images are cached
+    assert different == hf_greedy(torch_model, hf_processor, PROMPT_ONE, images[2:], steps)
+
+
+def test_bad_images_are_refused_with_their_problem(vlm):
+    _, _, _, _, processor = vlm
+    with pytest.raises(ImageError, match="could not be decoded"):
+        processor.images.prompt(PROMPT_ONE, [b"not an image at all"])
+    with pytest.raises(ImageError, match="could not be decoded"):
+        processor.images.prompt(PROMPT_ONE, [png(40, 40, 0)[:60]])  # truncated
+    with pytest.raises(ImageError, match="1 image placeholder"):
+        processor.images.prompt(PROMPT_ONE, [png(40, 40, 0), png(40, 40, 1)])
+    with pytest.raises(ImageError, match="format TIFF is not supported"):
+        processor.images.prompt(PROMPT_ONE, [png(40, 40, 0, fmt="TIFF")])
+    with pytest.raises(ImageError, match="is empty"):
+        processor.images.prompt(PROMPT_ONE, [b""])
+
+
+def test_a_text_model_refuses_images(default_model):
+    from vsurge import EngineConfig, SamplingParams, vSurge
+    from vsurge.multimodal import MediaItem
+
+    surge = vSurge.create_odriver(*default_model, config=EngineConfig(max_slots=2, max_length=64,
+                                                                      prefill_tokens=32, chunk_lengths=(16,)))
+    prompt = MultimodalPrompt([1, 2, 3, 4], (MediaItem(7, np.asarray([1, 2]), np.zeros((1, 8, 8, 3), np.uint8)),))
+
+    async def submit():
+        surge.submit(prompt, SamplingParams(max_tokens=2))
+
+    with pytest.raises(ValueError, match="image inputs are not supported by this model"):
+        asyncio.run(submit())

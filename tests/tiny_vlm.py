@@ -1,0 +1,69 @@
+"""Tiny random-weight vision-language checkpoints written by transformers (vision tower included),
+with the default model's tokenizer plus the family's image tokens, for numerical comparisons."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from tiny_models import COMMON, VOCAB, add_special_tokens
+
+# SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
+    "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
+    "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+
+IDEFICS3_TOKENS = (["<fake_token_around_image>", "<image>", "<global-img>", "<end_of_utterance>"]
+                   + [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)])
+
+# the tiny tower: 32-pixel tiles of 8-pixel patches (16 patches), pixel shuffle 2 -> 4 tokens per tile;
+# images are resized to a longest edge of 64 (up to 2 x 2 tiles and the global image)
+TILE, PATCH, LONGEST_EDGE = 32, 8, 64
+
+
+def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_type: str = "idefics3"):
+    """An Idefics3 (SmolVLM) checkpoint: SigLIP-style tower, pixel-shuffle connector, Llama text model.
+    Returns the torch model (float32, eval mode)."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in ("tokenizer.json",):
+        shutil.copy(tokenizer_dir / f, folder / f)
+    ids = add_special_tokens(folder, IDEFICS3_TOKENS)
+    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    tok_cfg["eos_token"] = "<end_of_utterance>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    (folder / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    text = {**COMMON, "vocab_size": VOCAB + 64, "rope_theta": 100000.0, "pad_token_id": 2}
+    vision = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=TILE, patch_size=PATCH, layer_norm_eps=1e-6)
+    config = transformers.Idefics3Config(text_config=text, vision_config=vision, scale_factor=2,
+                                         image_token_id=ids[1], tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Idefics3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms default to 1 and biases to 0: randomize them so they are tested
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias")):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    if model_type != "idefics3":
+        path = folder / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "model_type": model_type}, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Idefics3ImageProcessor", "do_resize": True, "do_rescale": True,
+        "do_normalize": True, "do_convert_rgb": True, "do_image_splitting": True, "do_pad": True,
+        "resample": 1, "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "size": {"longest_edge": LONGEST_EDGE}, "max_image_size": {"longest_edge": TILE}}, indent=2))
+    (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 4, "processor_class":
+                                                              "Idefics3Processor"}))
+    return model
