@@ -289,14 +289,14 @@ CLEAR = [
     ("/detokenize", {"tokens": [1, -2]}, "token ids must be >= 0", "tokens[1]"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]},
-     "image inputs are not supported by this model", "messages[0].content"),
+     "image inputs are not supported by this model", "messages[0].content[1].image_url.url"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
         {"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]},
      "audio inputs are not supported by this model", "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "file", "file": {"file_id": "f"}}]}]},
      "file inputs are not supported by this model", "messages[0].content"),
     ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-     "image inputs are not supported by this model", "input[0].content[0].type"),
+     "image inputs are not supported by this model", "input[0].content[0].image_url"),
     ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "x"}]}]},
      "file inputs are not supported by this model", "input[0].content[0].type"),
     ("/v1/chat/completions", {"messages": FRANCE, "max_tokens": 0}, "max_tokens must be at least 1", "max_tokens"),

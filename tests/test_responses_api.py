@@ -126,7 +126,7 @@ BAD_BODIES = [
     ({"input": []}, 400, "must not be empty", "input"),
     ({"input": [{"role": "wizard", "content": "hi"}]}, 400, "role", "input[0].role"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, 400,
-     "not supported", "input[0].content[0].type"),
+     "not supported", "input[0].content[0].image_url"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "'web_search' is not supported", "tools[0].type"),
     ({"input": "hi", "tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "name": "nope"}}, 400, "nope",
      "tool_choice.name"),

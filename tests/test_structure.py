@@ -22,7 +22,7 @@ SRC = pathlib.Path(__file__).resolve().parent.parent / "src" / "vsurge"
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to vsurge).
 LAYERS = [
     # plain data and leaves: no vsurge imports beyond this layer
-    ["errors", "config", "metrics", "streams", "kernels", "structured", "tokenizer", "bench_plot"],
+    ["errors", "config", "metrics", "streams", "kernels", "structured", "tokenizer", "multimodal", "bench_plot"],
     ["sampling_params", "devices", "sharding"],  # SamplingParams (its structured-output field); meshes
     ["ops"],  # JAX ops: attention, RoPE, MoE, sampling, matmuls
     ["kv"],  # the KV caches and page pools

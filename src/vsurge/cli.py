@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate a reply to one prompt, streamed to stdout")
     gen.add_argument("prompt", nargs="?", help="the prompt text (or --file)")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--image", action="append", default=[], metavar="FILE",
+                     help="an image the prompt is about (a vision-language model; repeat for several)")
     gen.add_argument("--json-schema", default=None, metavar="FILE",
                      help="constrain the reply to this JSON schema (a file; '-' = stdin)")
     gen.add_argument("--regex", default=None, help="constrain the reply to match this regular expression")
@@ -283,15 +285,22 @@ def cmd_generate(args) -> int:
     text = args.prompt if args.prompt is not None else _read_prompt_file(args.file)
     if not text.strip():
         raise _fail("the prompt is empty")
+    if args.image and args.raw:
+        raise _fail("--image needs the chat template (not --raw)")
+    images = [_read_image(path) for path in args.image]
     defaults, params = _prepare(args)
     params = params.replace(structured=_structured(args))
     with _start_engine(args) as engine:
         if args.raw:
             ids = engine.raw_prompt(text)
         else:
+            content = [{"type": "image", "data": data} for data in images] + [{"type": "text", "text": text}]
             messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-                [{"role": "user", "content": text}]
-            ids = engine.chat_prompt(messages)
+                [{"role": "user", "content": content if images else text}]
+            try:
+                ids = engine.chat_prompt(messages)
+            except ValueError as e:
+                raise _fail(str(e)) from None
         if len(ids) >= engine.max_length:
             raise _fail(f"the prompt has {len(ids)} tokens; the context (--max-length) holds {engine.max_length}")
         params = params.replace(max_tokens=min(params.max_tokens, engine.max_length - len(ids)))
@@ -306,6 +315,14 @@ def cmd_generate(args) -> int:
             write_text("\n")
             status(reply.timing_line())
     return 130 if reply.finish_reason == "interrupted" else 0
+
+
+def _read_image(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise _fail(f"--image {path}: {e.strerror}") from None
 
 
 def cmd_chat(args) -> int:

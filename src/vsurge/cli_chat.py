@@ -20,7 +20,8 @@ from .sampling_params import SamplingParams
 BLOCK = '"""'
 CONTINUATION = "\\"
 HELP = ("Type a message and press Enter. End a line with \\ to continue on the next line, or wrap several "
-        'lines in """ ... """.\n/reset forgets the conversation, /exit or Ctrl-D quits, /help shows this. '
+        'lines in """ ... """.\n/reset forgets the conversation, /image FILE attaches an image to your next '
+        "message (a vision-language model), /exit or Ctrl-D quits, /help shows this. "
         "Ctrl-C stops a reply; at the prompt it quits.")
 
 
@@ -77,12 +78,17 @@ class Conversation:
     def __init__(self, system: str | None):
         self.system = system
         self.messages: list[dict] = []
+        self.images: list[bytes] = []  # attached to the next user message (/image FILE)
         self.reset()
 
     def reset(self) -> None:
         self.messages = [{"role": "system", "content": self.system}] if self.system else []
 
     def add(self, role: str, content: str) -> None:
+        """A message; a user message takes the images attached since the last one (/image)."""
+        if role == "user" and self.images:
+            content = [{"type": "image", "data": data} for data in self.images] + [{"type": "text", "text": content}]
+            self.images = []
         self.messages.append({"role": role, "content": content})
 
     def prompt_ids(self, engine: LocalEngine, room_for_reply: int) -> list[int] | None:
@@ -137,6 +143,15 @@ def _turn(engine: LocalEngine, params: SamplingParams, conversation: Conversatio
         return False
     if command == "/help":
         status(HELP)
+        return False
+    if command.startswith("/image "):
+        path = command[len("/image "):].strip()
+        try:
+            with open(path, "rb") as f:
+                conversation.images.append(f.read())
+            status(f"(image {path} attached to your next message)")
+        except OSError as e:
+            status(f"vsurge: error: cannot read {path}: {e.strerror}")
         return False
     if command.startswith("/") and " " not in command:
         status(f"unknown command {command}: /help lists the commands")

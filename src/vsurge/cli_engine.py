@@ -139,10 +139,18 @@ class LocalEngine:
     def max_length(self) -> int:
         return self.surge.max_length
 
-    def chat_prompt(self, messages: list[dict]) -> list[int]:
+    def chat_prompt(self, messages: list[dict]):
+        """Token ids of the conversation; with image parts ({"type": "image", "data": bytes}) a
+        MultimodalPrompt (ValueError: the model takes no images, or one cannot be decoded)."""
+        from .multimodal.chat import chat_prompt, image_parts
         from .tokenizer.compat import chat_prompt_ids
 
-        return chat_prompt_ids(self.processor, messages)
+        parts = image_parts(messages)
+        if not parts:
+            return chat_prompt_ids(self.processor, messages)
+        if getattr(self.processor, "images", None) is None:
+            raise ValueError("image inputs are not supported by this model")
+        return chat_prompt(self.processor, messages, [p["data"] for p in parts])[1]
 
     def raw_prompt(self, text: str) -> list[int]:
         return list(self.processor.encode(text))

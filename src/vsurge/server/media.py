@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 from ..multimodal import ImageError, MediaPolicy, image_bytes
+from ..multimodal.chat import chat_prompt, image_parts
 from ..structured.errors import ParamError
 from ..tokenizer.chat_template import ChatTemplateError
 from .errors import APIError
@@ -22,6 +23,17 @@ def image_part(url, param: str) -> dict:
     return {"type": "image", "url": url, "param": param}
 
 
+def _deferred(parse):
+    """A part parser whose refusal waits for render_with_images: a model without images says so first."""
+    def parse_or_defer(part: dict, param: str) -> dict:
+        try:
+            return parse(part, param)
+        except ParamError as exc:
+            return {"type": "image", "error": exc, "param": exc.param or param}
+    return parse_or_defer
+
+
+@_deferred
 def openai_image_part(part: dict, param: str) -> dict:
     """Chat's {"type": "image_url", "image_url": {"url", "detail"}} (or a bare URL string)."""
     value = part.get("image_url")
@@ -33,6 +45,7 @@ def openai_image_part(part: dict, param: str) -> dict:
     return image_part(value, f"{param}.image_url")
 
 
+@_deferred
 def responses_image_part(part: dict, param: str) -> dict:
     """Responses' {"type": "input_image", "image_url": "...", "detail"} (file_id: no file store here)."""
     if part.get("file_id") is not None and part.get("image_url") is None:
@@ -41,6 +54,7 @@ def responses_image_part(part: dict, param: str) -> dict:
     return image_part(part.get("image_url"), f"{param}.image_url")
 
 
+@_deferred
 def anthropic_image_block(block: dict, param: str) -> dict:
     """Messages' {"type": "image", "source": {"type": "base64", "media_type", "data"} | {"type": "url", "url"}}."""
     source = block.get("source")
@@ -58,58 +72,23 @@ def anthropic_image_block(block: dict, param: str) -> dict:
     raise ParamError(f"{param}.source.type must be 'base64' or 'url'", f"{param}.source.type")
 
 
-def images_of(messages: list[dict]) -> list[dict]:
-    return [part for m in messages if isinstance(m.get("content"), list)
-            for part in m["content"] if isinstance(part, dict) and part.get("type") == "image"]
-
-
-def _inline(messages: list[dict], placeholder: str) -> list[dict]:
-    """Contents as strings with the placeholder where each image was (templates that print content)."""
-    out = []
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            content = "".join(placeholder if p.get("type") == "image" else p.get("text", "") for p in content)
-        out.append({**m, "content": content})
-    return out
-
-
-def _render(processor, messages, tools, variables) -> str:
-    """The template with contents as parts (a vision template writes its placeholder per image part),
-    else (its output lacks the images or the texts) with the placeholders inlined in the text."""
-    images = processor.images
-    kwargs = dict(variables)
-    if tools is not None:
-        kwargs["tools"] = tools
-    count = len(images_of(messages))
-    texts = [p["text"] for m in messages if isinstance(m.get("content"), list)
-             for p in m["content"] if p.get("type") == "text" and p.get("text")]
-    try:
-        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                             content_parts=True, **kwargs)
-        if text.count(images.placeholder) == count and all(t in text for t in texts):
-            return text
-    except ChatTemplateError:
-        pass
-    return processor.apply_chat_template(_inline(messages, images.placeholder), tokenize=False,
-                                         add_generation_prompt=True, **kwargs)
-
-
 async def render_with_images(processor, messages: list[dict], tools, variables: dict, policy: MediaPolicy):
     """-> (prompt text, MultimodalPrompt) of messages holding image parts; APIError 400 for a model
     without images, too many images, an image that cannot be fetched or decoded."""
-    parts = images_of(messages)
+    parts = image_parts(messages)
     if getattr(processor, "images", None) is None:
         raise APIError(400, NOT_SUPPORTED, parts[0]["param"])
+    for part in parts:
+        if "error" in part:
+            raise APIError(400, str(part["error"]), part["param"])
     if len(parts) > policy.max_images:
         raise APIError(400, f"{len(parts)} images in one request; this server takes at most {policy.max_images}",
                        parts[policy.max_images]["param"])
     try:
         data = [await asyncio.to_thread(image_bytes, p["url"], policy, p["param"]) for p in parts]
-        text = await asyncio.to_thread(_render, processor, messages, tools, variables)
-        prompt = await asyncio.to_thread(processor.images.prompt, text, data, [p["param"] for p in parts])
+        return await asyncio.to_thread(chat_prompt, processor, messages, data, [p["param"] for p in parts], tools,
+                                       variables)
     except ImageError as exc:
         raise APIError(400, str(exc), exc.param) from None
     except ChatTemplateError as exc:
         raise APIError(400, str(exc), "messages") from None
-    return text, prompt

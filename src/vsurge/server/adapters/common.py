@@ -26,7 +26,8 @@ from ...tokenizer.chat_template import ChatTemplateError
 from ...tokenizer.compat import render_chat_prompt
 from ...multimodal import MediaPolicy
 from ..errors import APIError
-from ..media import images_of, render_with_images
+from ...multimodal.chat import image_parts
+from ..media import render_with_images
 from ..protocol import RequestBody, WholeInt
 
 LARGE_INPUT_CHARS = 4000  # longer inputs are tokenized off the event loop
@@ -105,7 +106,7 @@ async def render_chat(processor, messages: list[dict], tools: list[dict] | None 
                       variables: dict | None = None, media_policy=None) -> tuple[str, list[int]]:
     """(prompt text, token ids) of chat messages through the template; ChatTemplateError -> 400. Messages
     holding image parts (server/media.py) -> (text, MultimodalPrompt), fetched as `media_policy` allows."""
-    if images_of(messages):
+    if image_parts(messages):
         return await render_with_images(processor, messages, tools, variables or {}, media_policy or MediaPolicy())
     large = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str)) > LARGE_INPUT_CHARS
     try:

@@ -10,9 +10,11 @@ const SETTING_IDS = ["system", "temperature", "top-p", "max-tokens", "schema"];
 const $ = (id) => document.getElementById(id);
 const conversationView = $("conversation");
 
-// messages: {role: "user" | "assistant" | "error", content, failed?, meta?}; only user/assistant go to the API
+// messages: {role: "user" | "assistant" | "error", content, images?, failed?, meta?}; only user/assistant go
+// to the API (a user message's images: data: URLs, sent as image_url parts before its text)
 // epoch: bumped by "new chat", so a reply still streaming from the old conversation is dropped
-const state = { messages: [], controller: null, epoch: 0 };
+// attachments: data: URLs of the images the next message carries
+const state = { messages: [], controller: null, epoch: 0, attachments: [] };
 
 // ---------------------------------------------------------------- storage
 function loadJSON(key, fallback) {
@@ -24,7 +26,13 @@ function loadJSON(key, fallback) {
 }
 
 function saveConversation() {
-  localStorage.setItem(CONVERSATION_STORAGE, JSON.stringify(state.messages));
+  try {
+    localStorage.setItem(CONVERSATION_STORAGE, JSON.stringify(state.messages));
+  } catch {
+    // images overflow the browser's storage: keep the text of the conversation
+    const light = state.messages.map(({ images, ...rest }) => rest);
+    localStorage.setItem(CONVERSATION_STORAGE, JSON.stringify(light));
+  }
 }
 
 function saveSettings() {
@@ -68,12 +76,55 @@ function addBubble(message) {
   const thought = document.createElement("div");
   thought.textContent = message.reasoning || "";
   thinking.append(summary, thought);
-  bubble.append(who, thinking, body, meta);
+  bubble.append(who, thinking);
+  if (message.images && message.images.length) bubble.append(thumbnails(message.images));
+  bubble.append(body, meta);
   if (message.role === "assistant") renderAssistant(message.content, body);
   else body.textContent = message.content; // user text and error messages: plain text, always
   conversationView.append(bubble);
   conversationView.scrollTop = conversationView.scrollHeight;
   return { bubble, body, meta, thinking, thought };
+}
+
+function thumbnails(urls, onRemove) {
+  const strip = document.createElement("div");
+  strip.className = "images";
+  urls.forEach((url, i) => {
+    const image = document.createElement("img");
+    image.src = url;
+    image.alt = `image ${i + 1}`;
+    if (onRemove) {
+      image.title = "Click to remove";
+      image.addEventListener("click", () => onRemove(i));
+    }
+    strip.append(image);
+  });
+  return strip;
+}
+
+function renderAttachments() {
+  const box = $("attachments");
+  box.replaceChildren();
+  box.hidden = !state.attachments.length;
+  if (state.attachments.length) {
+    box.append(thumbnails(state.attachments, (i) => {
+      state.attachments.splice(i, 1);
+      renderAttachments();
+    }));
+  }
+}
+
+function attach(files) {
+  const images = [...files].filter((file) => file.type.startsWith("image/"));
+  return Promise.all(images.map((file) => new Promise((resolve, reject) => {
+    const reader = new FileReader();
+    reader.onload = () => resolve(reader.result);
+    reader.onerror = () => reject(reader.error);
+    reader.readAsDataURL(file);
+  }))).then((urls) => {
+    state.attachments.push(...urls);
+    renderAttachments();
+  });
 }
 
 function renderConversation() {
@@ -124,7 +175,10 @@ function requestBody() {
   const system = $("system").value.trim();
   if (system) messages.push({ role: "system", content: system });
   for (const m of state.messages) {
-    if ((m.role === "user" && !m.failed) || (m.role === "assistant" && m.content)) {
+    if (m.role === "user" && !m.failed && m.images && m.images.length) {
+      const parts = m.images.map((url) => ({ type: "image_url", image_url: { url } }));
+      messages.push({ role: "user", content: [...parts, { type: "text", text: m.content }] });
+    } else if ((m.role === "user" && !m.failed) || (m.role === "assistant" && m.content)) {
       messages.push({ role: m.role, content: m.content });
     }
   }
@@ -152,8 +206,9 @@ function describe(stats) {
 
 async function send() {
   const text = $("prompt").value.trim();
-  if (!text || state.controller) return;
+  if ((!text && !state.attachments.length) || state.controller) return;
   const user = { role: "user", content: text };
+  if (state.attachments.length) user.images = state.attachments;
   state.messages.push(user);
   let body;
   try {
@@ -164,6 +219,8 @@ async function send() {
     return;
   }
   $("prompt").value = "";
+  state.attachments = [];
+  renderAttachments();
   addBubble(user);
   const assistant = { role: "assistant", content: "" };
   const view = addBubble(assistant);
@@ -232,6 +289,8 @@ async function reportFailure(error, user) {
     renderConversation();
     saveConversation();
     $("prompt").value = user.content;
+    state.attachments = user.images || [];
+    renderAttachments();
     await askForKey(error.message);
     await loadModels();
     return send();
@@ -292,10 +351,26 @@ $("prompt").addEventListener("keydown", (event) => {
   }
 });
 $("stop").addEventListener("click", stop);
+$("attach").addEventListener("click", () => $("image-input").click());
+$("image-input").addEventListener("change", (event) => {
+  attach(event.target.files).finally(() => (event.target.value = ""));
+});
+$("prompt").addEventListener("paste", (event) => {
+  const files = [...(event.clipboardData?.files || [])];
+  if (files.some((file) => file.type.startsWith("image/"))) {
+    event.preventDefault();
+    attach(files);
+  }
+});
+$("composer").addEventListener("dragover", (event) => event.preventDefault());
+$("composer").addEventListener("drop", (event) => {
+  event.preventDefault();
+  attach(event.dataTransfer?.files || []);
+});
 $("new-chat").addEventListener("click", newChat);
 for (const id of [...SETTING_IDS, "model"]) $(id).addEventListener("change", saveSettings);
 
-window.vsurge = { renderAssistant, state, send, stop, newChat };
+window.vsurge = { renderAssistant, state, send, stop, newChat, attach };
 restoreSettings();
 state.messages = loadJSON(CONVERSATION_STORAGE, []).filter((m) => m && typeof m.content === "string");
 renderConversation();
