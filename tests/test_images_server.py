@@ -202,3 +202,16 @@ def test_the_chat_page_sends_an_attached_image(server, tmp_path):
         assert not driver.find_elements(By.CSS_SELECTOR, "#attachments img")  # sent with the message
     finally:
         driver.quit()
+
+
+def test_text_only_chats_reach_a_vision_template(server, vlm_setup):
+    """SmolVLM's template reads text from content parts only (a string prints nothing): a text-only chat,
+    its content a string, still reaches the model whole, as HF's processor renders it."""
+    _, _, hf_processor = vlm_setup
+    client = client_for(server)
+    reply = client.chat.completions.create(model="vlm", max_tokens=2, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour"}])
+    text = hf_processor.apply_chat_template([
+        {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Name a colour"}]}], add_generation_prompt=True)
+    assert reply.usage.prompt_tokens == len(hf_processor.tokenizer(text, add_special_tokens=False)["input_ids"])

@@ -184,13 +184,13 @@ def test_raw_garbage_then_a_good_request(default_server):
         post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}),
         post("/v1/chat/completions", content=b'{"messages": "\xff\xfe"}', headers={"content-type":
                                                                                     "application/json"}),
-        post("/v1/chat/completions", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}),
+        post("/v1/chat/completions", content=b"x" * (65 * 1024 * 1024), headers={"content-type": "application/json"}),
         post("/v1/completions", json={"prompt": [10**9], "max_tokens": 2}),
         post("/v1/completions", json={"prompt": "", "max_tokens": 2}),
         post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "echo": True, "logprobs": 1}),  # now served
         post("/detokenize", json={"tokens": [10**8]}),
         post("/v1/responses", content=b"{not json", headers={"content-type": "application/json"}),
-        post("/v1/messages", content=b"x" * (9 * 1024 * 1024), headers={"content-type": "application/json"}),
+        post("/v1/messages", content=b"x" * (65 * 1024 * 1024), headers={"content-type": "application/json"}),
         post("/v1/embeddings", json={"input": [[1, 2], "mixed"]}),
     ]
     assert [c.status_code for c in cases] == [400, 400, 413, 400, 400, 200, 400, 400, 413, 400]

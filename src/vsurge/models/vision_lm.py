@@ -8,7 +8,7 @@ A family declares:
     encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) embeddings
 and its config (a VisionConfig) says the tile shape and how many prompt tokens each tile takes.
 Held as `self.vision` and `self.vision_layers[i]` ("vision.<name>", "vision_layers.<i>.<name>"),
-float and replicated (sharding axes None): the tower is small beside the language model.
+unquantized and replicated (sharding axes None): the tower is small beside the language model.
 """
 
 from __future__ import annotations
@@ -67,12 +67,9 @@ class VisionLM:
     def __init__(self, config, *, dtype=None, param_dtype=None, rngs: nnx.Rngs | None = None):
         rngs = rngs if rngs is not None else nnx.Rngs(0)
         super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        import jax.numpy as jnp
-
-        # the tower stays float32 where the language model is (its weights are a few percent of the model)
-        tower = jnp.float32 if self.dtype == jnp.float32 else self.param_dtype
-        self.vision = LayerWeights(self.vision_weights(config), tower, rngs)
-        self.vision_layers = nnx.List([LayerWeights(self.vision_layer_weights(config, i), tower, rngs)
+        # the tower's weights take the model's dtype (bfloat16 ones multiply in bfloat16: ops/vision.dense)
+        self.vision = LayerWeights(self.vision_weights(config), self.param_dtype, rngs)
+        self.vision_layers = nnx.List([LayerWeights(self.vision_layer_weights(config, i), self.param_dtype, rngs)
                                        for i in range(config.vision_layers)])
 
     def named_weights(self):

@@ -24,15 +24,22 @@ def _inline(messages: list[dict], placeholder: str) -> list[dict]:
     return out
 
 
+def _texts(content) -> list[str]:
+    if isinstance(content, str):
+        return [content] if content else []
+    return [p["text"] for p in content or () if isinstance(p, dict) and p.get("type") == "text" and p.get("text")]
+
+
 def render_text(processor, messages: list[dict], tools=None, variables: dict | None = None) -> str:
-    """The template with contents as parts (a vision template writes its placeholder per image part),
-    else (its output lacks the images or the texts) with the placeholders inlined in the text."""
+    """The template with contents as parts (a vision template writes its placeholder per image part, and
+    reads text from parts only: SmolVLM's prints nothing of a string), else (its output lacks the images
+    or the texts) with the placeholders inlined in the text. With no images too: a vision-language
+    model's every chat prompt is rendered here."""
     placeholder = processor.images.placeholder
     kwargs = dict(variables or {})
     if tools is not None:
         kwargs["tools"] = tools
-    texts = [p["text"] for m in messages if isinstance(m.get("content"), list)
-             for p in m["content"] if p.get("type") == "text" and p.get("text")]
+    texts = [t for m in messages for t in _texts(m.get("content"))]
     try:
         text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              content_parts=True, **kwargs)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from .linear import mixed_dot
+
 
 def normalize_pixels(pixels: jax.Array, mean, std, rescale: float) -> jax.Array:
     """uint8 (n, H, W, C) -> float32 (n, C, H, W): rescaled, then normalized per channel, in the
@@ -27,8 +29,7 @@ def patchify(images: jax.Array, patch: int) -> jax.Array:
 def patch_embed(images: jax.Array, kernel: jax.Array, bias: jax.Array | None) -> jax.Array:
     """A stride-p convolution: images (n, C, H, W), kernel (D, C, p, p) -> (n, patches, D)."""
     d, _, p, _ = kernel.shape
-    out = patchify(images, p) @ kernel.reshape(d, -1).T.astype(images.dtype)
-    return out if bias is None else out + bias.astype(out.dtype)
+    return dense(patchify(images, p), kernel.reshape(d, -1).T, bias)
 
 
 def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
@@ -40,8 +41,9 @@ def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array, eps: float) -> 
 
 
 def dense(x: jax.Array, w: jax.Array, b: jax.Array | None = None) -> jax.Array:
-    """x (..., K) @ w (K, N) (+ b)."""
-    out = jnp.matmul(x, w.astype(x.dtype))
+    """x (..., K) @ w (K, N) (+ b): bfloat16 weights multiply in bfloat16 with float32 accumulation
+    (ops/linear.py's mixed dot: twice float32's rate where the CPU has AVX512-BF16)."""
+    out = mixed_dot(x, w, 0)
     return out if b is None else out + b.astype(out.dtype)
 
 
@@ -53,31 +55,50 @@ ACTIVATIONS = {
 }
 
 
-def encoder_attention(x: jax.Array, w: dict, heads: int, mask: jax.Array | None = None) -> jax.Array:
-    """Bidirectional multi-head attention: x (n, T, D), w: wq/wk/wv/wo (D, D) and their biases
-    bq/bk/bv/bo; mask (n, T) bool of the real patches (None: all) -> (n, T, D)."""
+def _attention_blocks(q, k, v, scale: float):
+    """Softmax attention of every (group, query block) against its group's keys, one block at a time:
+    q (G, B, h, Q, d), k/v (G, h, T, d) -> (G, B, h, Q, d) float32. A block's scores (h x Q x T) stay in
+    the CPU's caches; all of a tile's at once (12 x 1024 x 1024) went to memory and back several times
+    (3x slower on a 2-core machine)."""
+    def group(args):
+        qg, kg, vg = args
+
+        def block(qb):
+            s = jnp.einsum("hqd,hkd->hqk", qb, kg, preferred_element_type=jnp.float32) * jnp.float32(scale)
+            p = jnp.exp(s - jnp.max(s, -1, keepdims=True))
+            p = p / jnp.sum(p, -1, keepdims=True)
+            return jnp.einsum("hqk,hkd->hqd", p.astype(vg.dtype), vg, preferred_element_type=jnp.float32)
+
+        return jax.lax.map(block, qg)
+
+    return jax.lax.map(group, (q, k, v))
+
+
+def encoder_attention(x: jax.Array, w: dict, heads: int, query_block: int = 512, heads_per_group: int = 2) -> jax.Array:
+    """Bidirectional multi-head attention over each image's patches: x (n, T, D), w: wq/wk/wv/wo (D, D)
+    and their biases bq/bk/bv/bo -> (n, T, D). The products run in the weights' dtype (bfloat16 ones
+    in bfloat16, accumulated in float32)."""
     n, t, d = x.shape
     hd = d // heads
+    dt = w["wq"].dtype if jnp.dtype(w["wq"].dtype).itemsize < jnp.dtype(x.dtype).itemsize else x.dtype
+    hp = heads_per_group if heads % heads_per_group == 0 else 1
+    qb = query_block if t % query_block == 0 else t
+    groups = n * heads // hp
 
-    def split(y):  # (n, T, D) -> (n, H, T, hd)
-        return y.reshape(n, t, heads, hd).transpose(0, 2, 1, 3)
+    def split(y):  # (n, T, D) -> (G, hp, T, hd)
+        return y.astype(dt).reshape(n, t, heads, hd).transpose(0, 2, 1, 3).reshape(groups, hp, t, hd)
 
-    q = split(dense(x, w["wq"], w.get("bq")))
-    k = split(dense(x, w["wk"], w.get("bk")))
-    v = split(dense(x, w["wv"], w.get("bv")))
-    scores = jnp.einsum("nhqd,nhkd->nhqk", q, k) * jnp.float32(hd ** -0.5)
-    if mask is not None:
-        scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(scores.dtype).min)
-    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(x.dtype)
-    out = jnp.einsum("nhqk,nhkd->nhqd", probs, v).transpose(0, 2, 1, 3).reshape(n, t, d)
-    return dense(out, w["wo"], w.get("bo"))
+    q, k, v = (split(dense(x, w[f"w{c}"], w.get(f"b{c}"))) for c in "qkv")
+    q = q.reshape(groups, hp, t // qb, qb, hd).transpose(0, 2, 1, 3, 4)  # (G, B, hp, qb, hd)
+    out = _attention_blocks(q, k, v, hd ** -0.5)  # (G, B, hp, qb, hd)
+    out = out.transpose(0, 2, 1, 3, 4).reshape(n, heads, t, hd).transpose(0, 2, 1, 3).reshape(n, t, d)
+    return dense(out.astype(x.dtype), w["wo"], w.get("bo"))
 
 
-def encoder_block(x: jax.Array, w: dict, heads: int, eps: float, activation: str,
-                  mask: jax.Array | None = None) -> jax.Array:
+def encoder_block(x: jax.Array, w: dict, heads: int, eps: float, activation: str) -> jax.Array:
     """A pre-LayerNorm ViT block (SigLIP, CLIP): x + attn(ln1(x)), then + mlp(ln2(x))."""
     h = layer_norm(x, w["ln1"], w["ln1_b"], eps)
-    x = x + encoder_attention(h, w, heads, mask)
+    x = x + encoder_attention(h, w, heads)
     h = layer_norm(x, w["ln2"], w["ln2_b"], eps)
     return x + dense(ACTIVATIONS[activation](dense(h, w["fc1"], w["fc1_b"])), w["fc2"], w["fc2_b"])
 

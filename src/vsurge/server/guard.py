@@ -12,7 +12,7 @@ from starlette.datastructures import Headers
 
 from .errors import error_response
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024  # images travel as base64 in the body (OpenAI takes 50 MB per request)
 
 
 def authorized(headers: Headers, api_key: str) -> bool:

@@ -15,6 +15,11 @@ def chat_prompt_ids(processor, messages, tools: list[dict] | None = None, **vari
 
 def render_chat_prompt(processor, messages, tools: list[dict] | None = None, **variables) -> tuple[str, list[int]]:
     """(text, token ids) of `messages` rendered with the chat template, ready for generation."""
+    if getattr(processor, "images", None) is not None:  # a vision-language model's template reads parts
+        from ..multimodal.chat import render_text
+
+        text = render_text(processor, messages, tools, variables)
+        return text, list(processor.encode(text, add_special_tokens=False))
     if tools is not None:
         variables["tools"] = tools
     text = processor.apply_chat_template(normalize_messages(messages), tokenize=False, add_generation_prompt=True,
