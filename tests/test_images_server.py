@@ -14,7 +14,7 @@ import pytest
 
 from server_process import ServerProcess, client_for
 from test_images import PROMPT_ONE, hf_greedy, png
-from tiny_vlm import write_tiny_idefics3
+from tiny_vlm import SMOLVLM_TEMPLATE, write_tiny_idefics3
 
 STEPS = 6
 
@@ -27,7 +27,8 @@ def vlm_setup(tmp_path_factory, default_processor_dir):
     folder = tmp_path_factory.mktemp("idefics3_server")
     torch_model = write_tiny_idefics3(folder, default_processor_dir)
     hf_processor = transformers.Idefics3Processor(Idefics3ImageProcessorPil.from_pretrained(folder),
-                                                  transformers.AutoTokenizer.from_pretrained(folder), image_seq_len=4)
+                                                  transformers.AutoTokenizer.from_pretrained(folder), image_seq_len=4,
+                                                  chat_template=SMOLVLM_TEMPLATE)
     return folder, torch_model, hf_processor
 
 
@@ -111,6 +112,12 @@ def test_a_second_turn_about_the_image_reuses_its_cached_pages(server):
     hits = metric(server, "vsurge:prefix_cache_hits_total") - hits_before
     assert hits >= answer.usage.prompt_tokens - 16  # all of turn one but its last page's tail
     assert again.usage.prompt_tokens > answer.usage.prompt_tokens
+    # the same image in another conversation (no page in common): its embeddings from the encoder cache
+    encoded, image_hits = metric(server, "vsurge:images_encoded_total"), metric(server, "vsurge:image_cache_hits_total")
+    client.chat.completions.create(model="vlm", max_tokens=2, messages=[
+        {"role": "system", "content": "Answer in one word."}, {"role": "user", "content": chat_parts(image, "Hm?")}])
+    assert metric(server, "vsurge:images_encoded_total") == encoded
+    assert metric(server, "vsurge:image_cache_hits_total") > image_hits
 
 
 BAD = [

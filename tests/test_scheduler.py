@@ -389,3 +389,49 @@ def test_a_prefix_wait_is_bounded():
     s.add(b)
     assert b not in s.schedule().sequences and b not in s.schedule().sequences  # waits twice
     assert b in s.schedule().sequences and b.prefix_waits == 2  # then computes it itself
+
+
+class CachedImages:
+    """The engine's MediaEncoder as the scheduler sees it: which images are encoded already."""
+
+    def __init__(self, keys=()):
+        self.keys = set(keys)
+
+    def is_cached(self, key):
+        return key in self.keys
+
+
+def image_seq(prompt_len: int, images: list[tuple[int, int, int]], first: int = 1) -> Sequence:
+    """A prompt whose images (key, first position, embeddings) sit at those positions."""
+    from vsurge.multimodal import MediaItem
+
+    prompt = list(range(first, first + prompt_len))
+    media = tuple(MediaItem(key, np.arange(at, at + n), np.zeros((1, 2, 2, 3), np.uint8)) for key, at, n in images)
+    request = ActiveRequest(prompt, SamplingParams(max_tokens=2, temperature=0.0), 0, 2, [0], ReturnChannel(),
+                            media=media)
+    return Sequence.of(request, Letters())
+
+
+def test_a_step_encodes_images_up_to_its_prompt_token_budget():
+    """Prompt budget 16: a prompt's 8-token image goes, its next (10 tokens, 8 left) waits for the next
+    step: the chunk stops before it though the row has room. A step's first image goes whatever its
+    size, an image begun in an earlier step is not counted again, and one the engine has encoded
+    already costs nothing."""
+    scheduler = make(pages=64, page_size=4, prefill_tokens=16, chunk_lengths=(4, 16))
+    scheduler.media = CachedImages()
+    a = image_seq(20, [(1, 1, 8), (2, 9, 10)])
+    scheduler.add(a)
+    plan = scheduler.schedule()
+    assert [(c.start, c.length) for c in plan.chunks] == [(0, 9)]
+    scheduler.postprocess(plan, Out(plan))
+    plan = scheduler.schedule()
+    assert [(c.start, c.length) for c in plan.chunks][0][0] == 9
+    big = make(pages=64, page_size=4, prefill_tokens=16, chunk_lengths=(4, 16))
+    big.media = CachedImages({6})  # the second image is encoded already
+    c = image_seq(30, [(5, 2, 20), (6, 24, 4)])  # a 20-token image alone passes the budget
+    big.add(c)
+    plan = big.schedule()
+    assert [(ch.start, ch.length) for ch in plan.chunks] == [(0, 16)]
+    big.postprocess(plan, Out(plan))
+    plan = big.schedule()
+    assert sum(ch.length for ch in plan.chunks) == 14

@@ -67,6 +67,10 @@ class EngineMetrics:
                                        labels, registry=r)
         self._prefix_hits = Counter("vsurge:prefix_cache_hits", "Prompt tokens found in the prefix cache",
                                     labels, registry=r)
+        self._images_encoded = Counter("vsurge:images_encoded", "Images run through the vision tower", labels,
+                                       registry=r)
+        self._image_cache_hits = Counter("vsurge:image_cache_hits",
+                                         "Images whose embeddings were found in the encoder cache", labels, registry=r)
         self._steps = Counter("vsurge:engine_steps", "Engine steps (device calls) by the engine's role",
                               labels + ["role"], registry=r)
         self._transfer = Histogram("vsurge:kv_transfer_seconds",
@@ -169,6 +173,10 @@ class EngineMetrics:
     def prefix_cache(self, queried: int, hit: int):
         self._l(self._prefix_queries).inc(queried)
         self._l(self._prefix_hits).inc(hit)
+
+    def images(self, encoded: int, hits: int):
+        self._l(self._images_encoded).inc(encoded)
+        self._l(self._image_cache_hits).inc(hits)
 
     def engine_step(self):
         self._l(self._steps, role=self.role).inc()

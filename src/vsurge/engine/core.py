@@ -88,7 +88,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
     def new_scheduler(self, pool=None) -> Scheduler:
         """A scheduler over the engine's page pool, or over `pool` (a run with its own engine state)."""
-        return Scheduler(self.pool if pool is None else pool, self.config, self.adapters)
+        return Scheduler(self.pool if pool is None else pool, self.config, self.adapters, self.media)
 
     # ------------------------------------------------------------ properties the drivers and vSurge read
     @property

@@ -463,6 +463,11 @@ class Driver(AbstractDriver):
             replica.metrics.speculated(totals["drafts"] - seen["drafts"], totals["accepted"] - seen["accepted"])
         if totals["queries"] > seen["queries"]:
             replica.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
+        media = getattr(replica.engine, "media", None)
+        if media is not None:  # a vision-language model's encoder (engine/media.py)
+            totals.update(images=media.encoded, image_hits=media.hits)
+            if media.encoded + media.hits > seen.get("images", 0) + seen.get("image_hits", 0):
+                replica.metrics.images(media.encoded - seen.get("images", 0), media.hits - seen.get("image_hits", 0))
         tiers = _tier_totals(s)
         moved = {name: n - seen.get(name, 0) for name, n in tiers.items() if n > seen.get(name, 0)}
         if moved:

@@ -36,6 +36,9 @@ class MediaEncoder:
         self.encoded = 0  # images encoded
         self.tiles_encoded = 0
 
+    def is_cached(self, key: int) -> bool:
+        return key in self._cache
+
     def embeddings(self, item) -> np.ndarray:
         """(tokens, D) of an image `prepare` made ready."""
         return self._pinned[item.key]

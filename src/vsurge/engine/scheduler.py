@@ -53,11 +53,13 @@ class _NeedsResults(Exception):
 
 
 class Scheduler:
-    def __init__(self, pool, config: EngineConfig, adapters=None):
-        """adapters: the engine's LoRA adapter slots (lora/slots.py), or None."""
+    def __init__(self, pool, config: EngineConfig, adapters=None, media=None):
+        """adapters: the engine's LoRA adapter slots (lora/slots.py), or None. media: a vision-language
+        engine's MediaEncoder (engine/media.py: which images are encoded already), or None."""
         self.pool = pool
         self.config = config
         self.adapters = adapters
+        self.media = media
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
@@ -328,6 +330,7 @@ class Scheduler:
         if shape is None:
             return
         rows, length = shape
+        images = [self.config.prefill_tokens]  # image embeddings this step may still encode (a vision model)
         for seq in candidates:
             if len(plan.chunks) == rows:
                 break
@@ -342,6 +345,10 @@ class Scheduler:
                     plan.decode.append(seq)  # (a prefill engine hands it over with no step at all)
                 continue
             want = min(seq.remaining, (rows - len(plan.chunks)) * length)
+            if seq.request.media:
+                want = self._within_image_budget(seq, want, images)
+                if not want:
+                    continue  # (admitted: its images come in a later step)
             got = self._fit_pages(seq, want)
             start = seq.num_computed
             for offset in range(0, got, length):
@@ -373,6 +380,22 @@ class Scheduler:
             chunk.save = snaps.row_to_save(table.chain[1])
         for row in restored:
             snaps.release(row)
+
+    def _within_image_budget(self, seq: Sequence, want: int, budget: list[int]) -> int:
+        """`want` prompt tokens of `seq` from its first uncomputed one, cut before the first image whose
+        encoding would pass the step's budget of image embeddings (`budget[0]`, the prompt-token budget,
+        as vLLM's encoder budget): a step encodes what its prompt tokens could hold, so the tower's work
+        is spread over steps and decode rows are not held up by many images at once. A step's first image
+        always goes (however large); images encoded already (the engine's cache) cost nothing."""
+        start, end = seq.num_computed, seq.num_computed + want
+        for item in seq.request.media:
+            first = int(item.positions[0])
+            if first < start or first >= end or (self.media is not None and self.media.is_cached(item.key)):
+                continue
+            if item.num_tokens > budget[0] and budget[0] < self.config.prefill_tokens:
+                return first - start
+            budget[0] -= item.num_tokens
+        return want
 
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         """A running sequence is computing pages of this prompt's prefix: wait for them to be
