@@ -10,7 +10,11 @@ SmolLM2-135M language model), one run, the server alone on the machine:
     8 concurrent        8 requests at once, each with its own 512 x 512 image (one tile), 64 output tokens,
                         against 8 text-only requests of about the same prompt length
 
-    python benchmarks/images.py [--write-readme]
+With --llama, llama.cpp's `llama-server --mmproj` (continuous batching, `-np 8`) serves the same
+checkpoint converted by llama.cpp's own converter (text GGUF + mmproj GGUF, bfloat16) under the same
+loads, and the table gets its column and the ratios.
+
+    python benchmarks/images.py [--llama] [--write-readme]
 """
 
 from __future__ import annotations
@@ -77,6 +81,10 @@ def write_checkpoint(folder: Path) -> None:
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "size": {"longest_edge": 2048},
         "max_image_size": {"longest_edge": 512}}))
     (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 64}))
+    config_path = folder / "config.json"  # the text model's architecture, as the hub's SmolVLM checkpoints name it
+    saved = json.loads(config_path.read_text())
+    saved["text_config"]["architectures"] = ["LlamaForCausalLM"]
+    config_path.write_text(json.dumps(saved, indent=2))
     shutil.rmtree(tokenizer_dir)
 
 
@@ -156,50 +164,99 @@ async def concurrent(base: str, n: int, with_images: bool, words: int, output: i
             "prompt_tokens": statistics.median(r["prompt_tokens"] for r in results)}
 
 
+def convert_for_llamacpp(folder: Path) -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) of the checkpoint by llama.cpp's convert_hf_to_gguf.py (cached beside it)."""
+    import subprocess
+
+    from serve import llama_server_binary
+
+    source = Path(llama_server_binary()).resolve().parents[2]  # the llama.cpp tree the binary was built in
+    text, mmproj = folder / "llamacpp-text-bf16.gguf", folder / "llamacpp-mmproj-bf16.gguf"
+    env = {**os.environ, "PYTHONPATH": str(source / "gguf-py")}
+    for out, extra in ((text, []), (mmproj, ["--mmproj"])):
+        if not out.exists():
+            subprocess.run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(folder), "--outfile", str(out),
+                            "--outtype", "bf16", *extra], check=True, env=env)
+    return text, mmproj
+
+
+def measure(server: Server, args) -> dict:
+    t = asyncio.run(turns(server.base, args.images))
+    with_images = asyncio.run(concurrent(server.base, args.concurrency, True, 8, args.output_len, 0))
+    words = 8 + int(with_images["prompt_tokens"]) - 80  # the image's tokens as words (~1 token each)
+    text_only = asyncio.run(concurrent(server.base, args.concurrency, False, words, args.output_len, 1))
+    return {"turns": t, "images": with_images, "text": text_only}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=3)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--llama", action="store_true", help="llama-server --mmproj on the same checkpoint, same loads")
     p.add_argument("--write-readme", action="store_true")
     args = p.parse_args()
     print(isa_line(), flush=True)
     if not (CACHE / "model.safetensors").exists():
         print(f"writing the random checkpoint to {CACHE} ...", flush=True)
         write_checkpoint(CACHE)
-    server = Server("vsurge", vsurge_cmd(f"--model {CACHE}"), "/readiness")
-    try:
-        ready = server.wait_ready()
-        print(f"ready in {ready:.1f} s", flush=True)
-        t = asyncio.run(turns(server.base, args.images))
-        with_images = asyncio.run(concurrent(server.base, args.concurrency, True, 8, args.output_len, 0))
-        words = 8 + int(with_images["prompt_tokens"]) - 80  # the image's ~70 tokens as words (~1 token each)
-        text_only = asyncio.run(concurrent(server.base, args.concurrency, False, words, args.output_len, 1))
-    finally:
-        server.stop()
-    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
-    t1, t2, t3 = med(t["first"], "ttft"), med(t["second"], "ttft"), med(t["again"], "ttft")
-    lines = [f"`python benchmarks/images.py`, a random-weight SmolVLM-256M-shaped checkpoint (bfloat16), `vsurge serve` "
-             f"without flags; {time.strftime('%Y-%m-%d')}, this {os.cpu_count()}-core machine ({isa_line()}), one run, "
-             f"medians of {args.images} images.", "",
-             "| measure | value | ratio |", "|---|---|---|",
-             f"| turn 1 with a 2048 x 2048 image ({int(med(t['first'], 'prompt_tokens'))} prompt tokens): TTFT | "
-             f"{t1:.2f} s | 1.00x |",
-             f"| turn 2 about the same image ({int(med(t['second'], 'prompt_tokens'))} prompt tokens): TTFT | {t2:.2f} s "
-             f"| {t2 / t1:.2f}x |",
-             f"| the same image in another conversation (encoder cache, no prefix in common): TTFT | {t3:.2f} s | "
-             f"{t3 / t1:.2f}x |",
-             f"| {args.concurrency} concurrent, each its own 512 x 512 image ({int(with_images['prompt_tokens'])} prompt "
-             f"tokens): tok/s | {with_images['tok_s']:.1f} | {with_images['tok_s'] / text_only['tok_s']:.2f}x |",
-             f"| {args.concurrency} concurrent, text only ({int(text_only['prompt_tokens'])} prompt tokens): tok/s | "
-             f"{text_only['tok_s']:.1f} | 1.00x |",
-             f"| TTFT p50, images / text | {with_images['ttft']:.2f} / {text_only['ttft']:.2f} s | "
-             f"{with_images['ttft'] / text_only['ttft']:.2f}x |"]
-    text = "\n".join(lines)
+    servers = [("vsurge", vsurge_cmd(f"--model {CACHE}"), "/readiness")]
+    if args.llama:
+        from serve import llama_server_binary
+
+        text_gguf, mmproj = convert_for_llamacpp(CACHE)
+        servers.append(("llama-server", [llama_server_binary(), "-m", str(text_gguf), "--mmproj", str(mmproj), "--port",
+                                         "{port}", "-np", str(args.concurrency), "-c", str(2048 * args.concurrency),
+                                         "-t", str(os.cpu_count()), "--no-webui"], "/health"))
+    results = {}
+    for name, cmd, ready_path in servers:
+        server = Server(name, cmd, ready_path)
+        try:
+            print(f"{name} ready in {server.wait_ready():.1f} s", flush=True)
+            results[name] = measure(server, args)
+        finally:
+            server.stop()
+    text = table(results, args)
     print(text)
     if args.write_readme:
         write_readme(text, "images-table")
     return 0
+
+
+def table(results: dict, args) -> str:
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    names = list(results)
+    rows = {}  # measure -> {server: value}
+    for name, r in results.items():
+        t, im, tx = r["turns"], r["images"], r["text"]
+        t1 = med(t["first"], "ttft")
+        rows.setdefault(f"turn 1, a 2048 x 2048 image ({int(med(t['first'], 'prompt_tokens'))} prompt tokens here): "
+                        "TTFT s", {})[name] = t1
+        rows.setdefault("turn 2 about it, the conversation so far + a question: TTFT s", {})[name] = \
+            med(t["second"], "ttft")
+        rows.setdefault("the same image in another conversation (no prefix in common): TTFT s", {})[name] = \
+            med(t["again"], "ttft")
+        rows.setdefault(f"{args.concurrency} concurrent, each its own 512 x 512 image "
+                        f"({int(im['prompt_tokens'])} prompt tokens): tok/s", {})[name] = im["tok_s"]
+        rows.setdefault(f"{args.concurrency} concurrent, text of as many tokens: tok/s", {})[name] = tx["tok_s"]
+        rows.setdefault(f"{args.concurrency} concurrent with images: TTFT p50 s", {})[name] = im["ttft"]
+        rows.setdefault(f"{args.concurrency} concurrent, text: TTFT p50 s", {})[name] = tx["ttft"]
+    v = results["vsurge"]
+    own = {"turn 2 / turn 1": med(v["turns"]["second"], "ttft") / med(v["turns"]["first"], "ttft"),
+           "images / text tok/s": v["images"]["tok_s"] / v["text"]["tok_s"]}
+    lines = [f"`python benchmarks/images.py{' --llama' if args.llama else ''}`, a random-weight SmolVLM-256M-shaped "
+             f"checkpoint (bfloat16; llama-server: the same converted by llama.cpp's converter), default flags; "
+             f"{time.strftime('%Y-%m-%d')}, this {os.cpu_count()}-core machine ({isa_line()}), one run, medians of "
+             f"{args.images} images.", "",
+             "| measure | " + " | ".join(names) + (" | vsurge / llama-server |" if len(names) > 1 else " |"),
+             "|---" * (len(names) + 1 + (len(names) > 1)) + "|"]
+    for measure_name, values in rows.items():
+        cells = [f"{values[n]:.2f}" for n in names]
+        ratio = f" | {values['vsurge'] / values['llama-server']:.2f}x" if len(names) > 1 else ""
+        lines.append(f"| {measure_name} | " + " | ".join(cells) + ratio + " |")
+    lines += ["", f"vsurge against itself: turn 2's TTFT is {own['turn 2 / turn 1']:.2f}x turn 1's; requests with "
+              f"images make {own['images / text tok/s']:.2f}x the tok/s of text requests as long (the tower's work)."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
