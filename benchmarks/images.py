@@ -50,21 +50,13 @@ def write_checkpoint(folder: Path) -> None:
     import transformers
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_models import add_special_tokens
-    from tiny_vlm import IDEFICS3_TOKENS, SMOLVLM_TEMPLATE
+    from tiny_vlm import write_idefics3_tokenizer
     from vsurge.loading import load
 
-    folder.mkdir(parents=True, exist_ok=True)
     _, processor = load("default", load_processor=True, progress=False)
     tokenizer_dir = folder / "tokenizer"
     processor.save_pretrained(tokenizer_dir)
-    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
-    ids = add_special_tokens(folder, IDEFICS3_TOKENS)
-    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    tok_cfg.pop("chat_template", None)
-    tok_cfg["eos_token"] = "<end_of_utterance>"
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    (folder / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    ids = write_idefics3_tokenizer(folder, tokenizer_dir)
     text = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                 num_key_value_heads=3, vocab_size=49280, rope_theta=100000.0, max_position_embeddings=8192,
                 rms_norm_eps=1e-5, tie_word_embeddings=True, pad_token_id=2)
@@ -118,9 +110,11 @@ async def chat(client: httpx.AsyncClient, messages: list, max_tokens: int) -> di
             usage = event.get("usage") or usage
             for choice in event.get("choices", []):
                 piece = choice.get("delta", {}).get("content")
-                if piece:
+                if piece is not None:  # (a random model's special tokens may stream as empty text)
                     ttft = ttft if ttft is not None else time.perf_counter() - start
                     text.append(piece)
+    if ttft is None:  # no content event at all: the whole answer came at the end
+        ttft = time.perf_counter() - start
     return {"ttft": ttft, "seconds": time.perf_counter() - start, "tokens": usage.get("completion_tokens", 0),
             "prompt_tokens": usage.get("prompt_tokens", 0), "text": "".join(text)}
 

@@ -137,19 +137,12 @@ def test_sixteen_concurrent_streams_over_http_none_lost(server, reference):
 
 
 def test_the_dashboard_shows_the_hand_over(server):
-    from test_web import CHROMEDRIVER, CHROMIUM, NO_BROWSER, webdriver
-
-    if webdriver is None or not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip(NO_BROWSER)
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    browser = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    from test_web import start_chromium
+
+    browser = start_chromium()
     try:
         client_for(server).completions.create(model="tiny", prompt="Hello", max_tokens=2, temperature=0)
         browser.get(server.base + "/dashboard")

@@ -174,17 +174,9 @@ def test_the_chat_page_sends_an_attached_image(server, tmp_path):
     back (HF's tokens for that image) and the image shows in the conversation."""
     from selenium.webdriver.common.by import By
 
-    from test_web import CHROMEDRIVER, CHROMIUM, NO_BROWSER, wait, webdriver
+    from test_web import start_chromium, wait
 
-    if webdriver is None or not CHROMIUM or not CHROMEDRIVER:
-        pytest.skip(NO_BROWSER)
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
-        options.add_argument(arg)
-    from selenium.webdriver.chrome.service import Service
-
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver = start_chromium()
     try:
         driver.get(server.base + "/")
         driver.execute_script("localStorage.clear()")

@@ -396,6 +396,7 @@ class CachedImages:
 
     def __init__(self, keys=()):
         self.keys = set(keys)
+        self.whole_images = False
 
     def is_cached(self, key):
         return key in self.keys
@@ -435,3 +436,19 @@ def test_a_step_encodes_images_up_to_its_prompt_token_budget():
     big.postprocess(plan, Out(plan))
     plan = big.schedule()
     assert sum(ch.length for ch in plan.chunks) == 14
+
+
+def test_a_model_whose_images_attend_both_ways_gets_each_image_in_one_step():
+    """Gemma 3's image tokens see their whole image, so no step ends inside one: a 16-token step stops
+    before an image at 10-17 rather than at 16, and the next step takes the image whole."""
+    scheduler = make(pages=64, page_size=4, prefill_tokens=16, chunk_lengths=(4, 16))
+    scheduler.media = CachedImages()
+    scheduler.media.whole_images = True
+    a = image_seq(20, [(1, 10, 8)])
+    scheduler.add(a)
+    plan = scheduler.schedule()
+    assert sum(c.length for c in plan.chunks) == 10
+    scheduler.postprocess(plan, Out(plan))
+    plan = scheduler.schedule()
+    assert [(c.start, c.start + c.length) for c in plan.chunks][0][0] == 10
+    assert sum(c.length for c in plan.chunks) == 10  # 10-19: the image and the rest

@@ -50,9 +50,9 @@ def server(cache_dir):
     assert proc.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium; the tests that use it skip (with the reason) where it is not installed."""
+def start_chromium():
+    """Headless Chromium (quit it when done); the caller's test skips, with the reason, where it is not
+    installed or does not start."""
     if webdriver is None or not CHROMIUM or not CHROMEDRIVER:
         pytest.skip(NO_BROWSER)
     options = webdriver.ChromeOptions()
@@ -61,9 +61,14 @@ def browser():
                 "--window-size=1280,800", "--force-device-scale-factor=1"):
         options.add_argument(arg)
     try:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     except WebDriverException as exc:
         pytest.skip(f"chromium did not start: {exc.msg}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = start_chromium()
     yield driver
     driver.quit()
 

@@ -25,6 +25,20 @@ IDEFICS3_TOKENS = (["<fake_token_around_image>", "<image>", "<global-img>", "<en
 TILE, PATCH, LONGEST_EDGE = 32, 8, 64
 
 
+def write_idefics3_tokenizer(folder: Path, tokenizer_dir: Path) -> list[int]:
+    """The default model's tokenizer plus Idefics3's image tokens and SmolVLM's chat template into
+    `folder`: -> the image tokens' ids (IDEFICS3_TOKENS order; the model's vocabulary must cover them)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    ids = add_special_tokens(folder, IDEFICS3_TOKENS)
+    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    tok_cfg["eos_token"] = "<end_of_utterance>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    (folder / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    return ids
+
+
 def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_type: str = "idefics3"):
     """An Idefics3 (SmolVLM) checkpoint: SigLIP-style tower, pixel-shuffle connector, Llama text model.
     Returns the torch model (float32, eval mode)."""
@@ -32,15 +46,7 @@ def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_
     import transformers
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in ("tokenizer.json",):
-        shutil.copy(tokenizer_dir / f, folder / f)
-    ids = add_special_tokens(folder, IDEFICS3_TOKENS)
-    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    tok_cfg.pop("chat_template", None)
-    tok_cfg["eos_token"] = "<end_of_utterance>"
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    (folder / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    ids = write_idefics3_tokenizer(folder, tokenizer_dir)
     text = {**COMMON, "vocab_size": VOCAB + 64, "rope_theta": 100000.0, "pad_token_id": 2}
     vision = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                   image_size=TILE, patch_size=PATCH, layer_norm_eps=1e-6)
@@ -66,4 +72,59 @@ def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_
         "size": {"longest_edge": LONGEST_EDGE}, "max_image_size": {"longest_edge": TILE}}, indent=2))
     (folder / "processor_config.json").write_text(json.dumps({"image_seq_len": 4, "processor_class":
                                                               "Idefics3Processor"}))
+    return model
+
+
+# Gemma 3's chat template, cut to what the tests send: an image part becomes <start_of_image>
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{%- for item in message['content'] -%}{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "<end_of_turn>\n{%- endfor -%}{%- if add_generation_prompt -%}<start_of_turn>model\n{%- endif -%}")
+GEMMA3_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def write_tiny_gemma3_vlm(folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A Gemma 3 vision-language checkpoint (Gemma3ForConditionalGeneration): SigLIP tower of 32-pixel
+    images in 8-pixel patches (16), pooled 2 x 2 to 4 image tokens; Gemma 3 text (sliding window 4, so
+    image tokens cross it). Returns the torch model (float32, eval mode)."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
+    ids = add_special_tokens(folder, GEMMA3_TOKENS)
+    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    tok_cfg.pop("chat_template", None)
+    tok_cfg["eos_token"] = "<end_of_turn>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    (folder / "chat_template.jinja").write_text(GEMMA3_TEMPLATE)
+    text = {**COMMON, "vocab_size": VOCAB + 64, "num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16,
+            "sliding_window": 4, "pad_token_id": 0,
+            "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}}}
+    vision = dict(hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                  patch_size=8, vision_use_head=False)
+    config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                       boi_token_index=ids[0], eoi_token_index=ids[1], image_token_index=ids[2])
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias")):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Gemma3ImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},
+        "resample": 2, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+        "do_pan_and_scan": False}, indent=2))
+    (folder / "processor_config.json").write_text(json.dumps({"image_seq_length": 4,
+                                                              "processor_class": "Gemma3Processor"}))
     return model

@@ -21,13 +21,15 @@ from .sequence import Sequence
 
 class BatchBuilder:
     def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
-                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0):
+                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0,
+                 whole_images: bool = False):
         """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
         its steps then say where each row's recurrent states come from and go (programs.DraftRows).
         adapters: the engine serves LoRA adapters: steps say each row's adapter slot.
         media: a vision-language model's MediaEncoder (media.py): prompt steps carry image embeddings
-        (media_width wide) for their image positions."""
-        self.media, self.media_width = media, media_width
+        (media_width wide) for their image positions. whole_images: an image's tokens see the whole image
+        (Gemma 3; the scheduler never splits an image across steps): prompt steps say so (chunk_limit)."""
+        self.media, self.media_width, self.whole_images = media, media_width, whole_images
         self.draft_state_rows = draft_state_rows
         self.adapters = adapters
         self.vocab_size = vocab_size
@@ -161,11 +163,23 @@ class BatchBuilder:
             samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
                             np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save,
-                            self._state_rows(plan, d)[1] if self.draft_state_rows else None)
+                            self._state_rows(plan, d)[1] if self.draft_state_rows else None,
+                            chunk_limit=self._image_limits(plan, chunk_pos) if self.whole_images else None)
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
                           self._bitmasks(r, masks, row_of), from_device, adapters, embeds, is_image)
+
+    @staticmethod
+    def _image_limits(plan: StepPlan, chunk_pos: np.ndarray) -> np.ndarray:
+        """(P, C) the last key each chunk token sees: its own position, an image token its image's last."""
+        limit = chunk_pos.copy()
+        for j, chunk in enumerate(plan.chunks):
+            for item in chunk.seq.request.media:
+                pos = item.positions
+                lo, hi = np.searchsorted(pos, chunk.start), np.searchsorted(pos, chunk.start + chunk.length)
+                limit[j, pos[lo:hi] - chunk.start] = pos[-1]
+        return limit
 
     # ------------------------------------------------------------ shapes to compile
     def decode_spec(self, rows: int, window: int, dynamic: bool = False) -> DecodeBatch:

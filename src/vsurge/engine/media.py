@@ -16,6 +16,36 @@ import numpy as np
 MAX_TILES_PER_CALL = 16  # larger sets of tiles run as several calls
 
 
+def within_image_budget(seq, want: int, budget: list[int], step_budget: int, encoder) -> int:
+    """`want` prompt tokens of `seq` from its first uncomputed one, cut before the first image whose
+    encoding would pass the step's budget of image embeddings (`budget[0]` left of `step_budget`, the
+    prompt-token budget, as vLLM's encoder budget): a step encodes what its prompt tokens could hold, so
+    the tower's work spreads over steps and decode rows are not held up by many images at once. A step's
+    first image always goes (however large); images `encoder` holds already cost nothing. The
+    scheduler calls it (pure Python)."""
+    start, end = seq.num_computed, seq.num_computed + want
+    for item in seq.request.media:
+        first = int(item.positions[0])
+        if first < start or first >= end or (encoder is not None and encoder.is_cached(item.key)):
+            continue
+        if item.num_tokens > budget[0] and budget[0] < step_budget:
+            return first - start
+        budget[0] -= item.num_tokens
+    return want
+
+
+def whole_images(seq, want: int) -> int:
+    """`want` prompt tokens of `seq` from its first uncomputed one, ending outside every image (a model
+    whose image tokens see their whole image computes each image in one step): cut before an image the
+    step would split, or 0 where one began before this step's start and does not end within it."""
+    start, end = seq.num_computed, seq.num_computed + want
+    for item in seq.request.media:
+        first, last = int(item.positions[0]), int(item.positions[-1])
+        if first < end <= last:
+            return max(first - start, 0)
+    return want
+
+
 def tile_buckets(limit: int = MAX_TILES_PER_CALL) -> list[int]:
     """The tile counts a vision program is compiled for: powers of two up to `limit`."""
     out, n = [], 1
@@ -35,6 +65,11 @@ class MediaEncoder:
         self.hits = 0  # images found encoded
         self.encoded = 0  # images encoded
         self.tiles_encoded = 0
+
+    @property
+    def whole_images(self) -> bool:
+        """The model's image tokens see their whole image: the scheduler keeps each image in one step."""
+        return bool(getattr(self.core.model.config, "bidirectional_images", False))
 
     def is_cached(self, key: int) -> bool:
         return key in self._cache

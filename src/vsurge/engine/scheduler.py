@@ -42,6 +42,7 @@ from typing import Sequence as Seq
 from . import speculation
 from .config import EngineConfig
 from .decode_budget import DecodeBudget
+from .media import whole_images, within_image_budget
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
 from ..kv.state_snapshots import chain_to
@@ -345,11 +346,15 @@ class Scheduler:
                     plan.decode.append(seq)  # (a prefill engine hands it over with no step at all)
                 continue
             want = min(seq.remaining, (rows - len(plan.chunks)) * length)
-            if seq.request.media:
-                want = self._within_image_budget(seq, want, images)
+            whole = bool(seq.request.media) and self.media is not None and self.media.whole_images
+            if seq.request.media:  # (a vision model: the step's image budget, engine/media.py)
+                want = within_image_budget(seq, want, images, self.config.prefill_tokens, self.media)
+                want = whole_images(seq, want) if whole else want
                 if not want:
                     continue  # (admitted: its images come in a later step)
             got = self._fit_pages(seq, want)
+            if whole and got < want:
+                got = whole_images(seq, got)  # (pages ran out inside an image: it waits for the next step)
             start = seq.num_computed
             for offset in range(0, got, length):
                 plan.chunks.append(ChunkRow(seq, start + offset, min(length, got - offset)))
@@ -380,22 +385,6 @@ class Scheduler:
             chunk.save = snaps.row_to_save(table.chain[1])
         for row in restored:
             snaps.release(row)
-
-    def _within_image_budget(self, seq: Sequence, want: int, budget: list[int]) -> int:
-        """`want` prompt tokens of `seq` from its first uncomputed one, cut before the first image whose
-        encoding would pass the step's budget of image embeddings (`budget[0]`, the prompt-token budget,
-        as vLLM's encoder budget): a step encodes what its prompt tokens could hold, so the tower's work
-        is spread over steps and decode rows are not held up by many images at once. A step's first image
-        always goes (however large); images encoded already (the engine's cache) cost nothing."""
-        start, end = seq.num_computed, seq.num_computed + want
-        for item in seq.request.media:
-            first = int(item.positions[0])
-            if first < start or first >= end or (self.media is not None and self.media.is_cached(item.key)):
-                continue
-            if item.num_tokens > budget[0] and budget[0] < self.config.prefill_tokens:
-                return first - start
-            budget[0] -= item.num_tokens
-        return want
 
     def _waits_for_prefix(self, seq: Sequence) -> bool:
         """A running sequence is computing pages of this prompt's prefix: wait for them to be

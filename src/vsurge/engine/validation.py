@@ -55,6 +55,11 @@ def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detoken
         if adapter is not None:
             raise ParamError("LoRA adapters do not take images yet", "model")
         cache_ids = prompt_ids.cache_ids()
+        step = getattr(getattr(engine, "config", None), "prefill_tokens", None)
+        big = [item.num_tokens for item in media if step and item.num_tokens > step]
+        if big and getattr(engine, "whole_images", False):  # (each image is computed in one step)
+            raise ParamError(f"an image of {big[0]} tokens is more than the {step} prompt tokens one step computes "
+                             "(raise --prefill-tokens)", "messages")
     prompt_ids = list(getattr(prompt_ids, "ids", prompt_ids))
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt_ids):
         raise TypeError("the prompt must be a list of token ids (int)")

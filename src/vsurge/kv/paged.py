@@ -61,12 +61,17 @@ def pool_page_bytes(model, config) -> int:
     return page_bytes(model.config.kv_layout, config.page_size, pool_dtype(model, config))
 
 
-def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
+def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
+                    q_limit=None):
     """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
     in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
     (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop.
     int8 pages (kv/quant.py: dk + 2, dv + 2 with their scales) are dequantized per column, right
-    after its gather, and pages of another float dtype cast: only the pages read are expanded."""
+    after its gather, and pages of another float dtype cast: only the pages read are expanded.
+    q_limit (R, T): the last key position each query sees (ops/attention._visible), prompt rows of a
+    model whose image tokens see their whole image; the XLA form serves those."""
+    if q_limit is not None:
+        return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns, q_limit)
     # the Pallas kernels read pages in q's own dtype only
     kernel = None if v_pages.dtype != q.dtype else kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2],
                                                        v_pages.shape[3], spec, sinks)
@@ -80,7 +85,8 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
     return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns)
 
 
-def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None):
+def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
+                        q_limit=None):
     """paged_attention in XLA ops (every backend; the reference the kernels are tested against)."""
     r, w = tables.shape
     ps = v_pages.shape[2]
@@ -90,7 +96,7 @@ def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec,
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
         keys, values = read_pages(k_pages, v_pages, ids, q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
-        return partial_attend(q, keys, values, q_pos, k_pos, spec)
+        return partial_attend(q, keys, values, q_pos, k_pos, spec, q_limit=q_limit)
 
     shape = (*q.shape[:3], quant.logical_dim(v_pages.shape[-1], v_pages.dtype))  # (R, T, H, dv)
     if num_columns is None:
@@ -126,6 +132,9 @@ class StepLayout:
     draft_slots: jax.Array | None = None  # (X,) i32
     draft_from: jax.Array | None = None  # (X,) i32
     draft_to: jax.Array | None = None  # (X,) i32
+    # the last key position each chunk token sees where that is not its own (a model whose image tokens
+    # attend to their whole image, Gemma 3: the image's last position); None: causal
+    chunk_limit: jax.Array | None = None  # (P, C) i32
 
     @property
     def num_decode(self) -> int:
@@ -215,7 +224,7 @@ class PagedAttentionCache:
         if p:
             qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, dk)
             parts.append(paged_attention(qc, k_pages, v_pages, lay.chunk_tables, lay.chunk_pos, spec, sinks,
-                                         lay.num_columns).reshape(p * c, heads, dv))
+                                         lay.num_columns, lay.chunk_limit).reshape(p * c, heads, dv))
         out = jnp.concatenate(parts)[None] if len(parts) > 1 else parts[0][None]
         return out, cache
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import jax.numpy as jnp
-
 from ..errors import UnsupportedModelError
 from ..ops import vision as ops
 from .config_io import hf_fields
+from . import siglip
 from .llama import Llama
-from .spec import Weight, tensor
+from .spec import Weight
 from .vision_lm import VisionConfig, VisionLM
 
 
@@ -26,14 +25,6 @@ from .vision_lm import VisionConfig, VisionLM
 class Idefics3Config(VisionConfig):
     patch_size: int = 16
     scale_factor: int = 2
-
-
-def _vec(name: str, n: int, init: str = "zeros") -> Weight:
-    return Weight((n,), (None,), tensor(name, (n,)), None, init=init)
-
-
-def _mat(name: str, n_out: int, n_in: int) -> Weight:  # HF (out, in) -> (in, out)
-    return Weight((n_in, n_out), (None, None), tensor(name, (n_out, n_in)), None)
 
 
 class Idefics3(VisionLM, Llama):
@@ -76,44 +67,16 @@ class Idefics3(VisionLM, Llama):
 
     @classmethod
     def vision_weights(cls, c: Idefics3Config) -> dict[str, Weight]:
-        d, p, pre = c.vision_hidden, c.patch_size, "model.vision_model"
-        patches = (c.tile_size[0] // p) ** 2
-        return {
-            "patch_w": Weight((d, 3, p, p), (None,) * 4,
-                              tensor(f"{pre}.embeddings.patch_embedding.weight", (d, 3, p, p), matrix=False), None),
-            "patch_b": _vec(f"{pre}.embeddings.patch_embedding.bias", d),
-            "positions": Weight((patches, d), (None, None),
-                                tensor(f"{pre}.embeddings.position_embedding.weight", (patches, d), matrix=False),
-                                None),
-            "post_ln": _vec(f"{pre}.post_layernorm.weight", d, "ones"),
-            "post_ln_b": _vec(f"{pre}.post_layernorm.bias", d),
-            "projector": _mat("model.connector.modality_projection.proj.weight", c.hidden_size,
-                              d * c.scale_factor ** 2),
-        }
+        return {**siglip.tower_weights(c, "model.vision_model"),
+                "projector": siglip.mat("model.connector.modality_projection.proj.weight", c.hidden_size,
+                                        c.vision_hidden * c.scale_factor ** 2)}
 
     @classmethod
     def vision_layer_weights(cls, c: Idefics3Config, i: int) -> dict[str, Weight]:
-        d, f, pre = c.vision_hidden, c.vision_intermediate, f"model.vision_model.encoder.layers.{i}"
-        out = {}
-        for short, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
-            out[f"w{short}"] = _mat(f"{pre}.self_attn.{name}.weight", d, d)
-            out[f"b{short}"] = _vec(f"{pre}.self_attn.{name}.bias", d)
-        out.update(ln1=_vec(f"{pre}.layer_norm1.weight", d, "ones"), ln1_b=_vec(f"{pre}.layer_norm1.bias", d),
-                   ln2=_vec(f"{pre}.layer_norm2.weight", d, "ones"), ln2_b=_vec(f"{pre}.layer_norm2.bias", d),
-                   fc1=_mat(f"{pre}.mlp.fc1.weight", f, d), fc1_b=_vec(f"{pre}.mlp.fc1.bias", f),
-                   fc2=_mat(f"{pre}.mlp.fc2.weight", d, f), fc2_b=_vec(f"{pre}.mlp.fc2.bias", d))
-        return out
+        return siglip.block_weights(c, i, "model.vision_model")
 
     def encode_images(self, pixels):
         c: Idefics3Config = self.config
-        g = self.vision.weights()
-        x = ops.normalize_pixels(pixels, c.image_mean, c.image_std, c.rescale_factor)  # (n, 3, H, W)
-        # whole tiles only (the processor resizes images to a multiple of the tile): every patch is real
-        # and its position is its index (the reference's bucketed positions reduce to that)
-        h = ops.patch_embed(x, g["patch_w"], g["patch_b"]) + g["positions"].astype(jnp.float32)  # (n, P, Dv)
-        for layer in self.vision_layers:
-            h = ops.encoder_block(h, layer.weights(), c.vision_heads, c.vision_eps, c.vision_activation)
-        h = ops.layer_norm(h, g["post_ln"], g["post_ln_b"], c.vision_eps)
-        h = ops.pixel_shuffle(h, c.scale_factor)  # (n, tokens_per_tile, Dv * f^2)
-        out = ops.dense(h, g["projector"])  # (n, tokens_per_tile, D)
+        h = ops.pixel_shuffle(siglip.encode(self, pixels), c.scale_factor)  # (n, tokens_per_tile, Dv * f^2)
+        out = ops.dense(h, self.vision.weights()["projector"])  # (n, tokens_per_tile, D)
         return out.reshape(-1, out.shape[-1]).astype(self.dtype)

@@ -40,6 +40,7 @@ FAMILIES = {
     "falcon_h1": "FalconH1",
     "llama4": "Llama4",
     "idefics3": "Idefics3",
+    "gemma3_vl": "Gemma3VL",
 }
 
 

@@ -36,6 +36,9 @@ class VisionConfig(ModelConfig):
     vision_intermediate: int = 0
     vision_eps: float = 1e-6
     vision_activation: str = "gelu_pytorch_tanh"
+    # an image's tokens attend to the whole image (Gemma 3), not only to those before them: the engine
+    # computes each image in one step and widens its tokens' attention (kv/paged.StepLayout.chunk_limit)
+    bidirectional_images: bool = False
     # how tiles' uint8 pixels become the tower's input (x * rescale_factor - mean) / std, per channel:
     # the image processor's (preprocessor_config.json, read at load: loading/__init__.py)
     image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)

@@ -50,4 +50,8 @@ def image_processor_for(config, model_dir: Path, tokenizer) -> ImageProcessor:
         from .idefics3 import Idefics3Images
 
         return Idefics3Images(config, _preprocessor(model_dir), _read(model_dir / "processor_config.json"), tokenizer)
+    if config.architecture == "gemma3_vl":
+        from .gemma3 import Gemma3Images
+
+        return Gemma3Images(config, _preprocessor(model_dir), _read(model_dir / "processor_config.json"), tokenizer)
     raise ValueError(f"no image processor for {config.architecture}")

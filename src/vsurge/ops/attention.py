@@ -23,10 +23,12 @@ from ..config import AttentionSpec
 _MASKED = jnp.finfo(jnp.float32).min  # finite: a fully masked segment still has a finite max
 
 
-def _visible(q_pos, k_pos, window=None, chunk=None):
+def _visible(q_pos, k_pos, window=None, chunk=None, q_limit=None):
     """q_pos (B, T), k_pos (B, S) -> (B, T, S) bool: causal, written (k_pos >= 0), in the window,
-    in the query's chunk."""
-    visible = (k_pos[:, None, :] <= q_pos[:, :, None]) & (k_pos[:, None, :] >= 0)
+    in the query's chunk. q_limit (B, T): the last key position each query sees where that is not its
+    own (an image's tokens see the whole image: Gemma 3); the window stays relative to q_pos."""
+    limit = q_pos if q_limit is None else q_limit
+    visible = (k_pos[:, None, :] <= limit[:, :, None]) & (k_pos[:, None, :] >= 0)
     if window is not None:
         visible &= k_pos[:, None, :] > q_pos[:, :, None] - window
     if chunk is not None:
@@ -34,7 +36,7 @@ def _visible(q_pos, k_pos, window=None, chunk=None):
     return visible
 
 
-def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos, mask=None):
+def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos, mask=None, q_limit=None):
     """q (B, T, H, dk), k_t (B, KVH, dk, S) -> (B, KVH, G, T, S) float32: scaled, capped, masked.
     mask (B, T, S) bool: more keys to hide (other prompts of a packed row)."""
     b, t, h, dk = q.shape
@@ -47,7 +49,7 @@ def _scores(q, k_t, spec: AttentionSpec, q_pos, k_pos, mask=None):
     s = s * spec.scale
     if spec.softcap is not None:
         s = spec.softcap * jnp.tanh(s / spec.softcap)
-    visible = _visible(q_pos, k_pos, spec.window, spec.chunk)
+    visible = _visible(q_pos, k_pos, spec.window, spec.chunk, q_limit)
     if mask is not None:
         visible &= mask
     return jnp.where(visible[:, None, None], s, _MASKED)
@@ -79,10 +81,10 @@ def attend(
     return merge_partials([partial_attend(q, k_t, v, q_pos, k_pos, spec, mask)], out_shape(q, v), q.dtype, sinks)
 
 
-def partial_attend(q, k_t, v, q_pos, k_pos, spec: AttentionSpec, mask=None):
+def partial_attend(q, k_t, v, q_pos, k_pos, spec: AttentionSpec, mask=None, q_limit=None):
     """Attention of q over one key segment, unnormalized: (out (B, T, KVH, G, dv), max, sum),
-    max and sum (B, KVH, G, T, 1). Combine segments with `merge_partials`."""
-    scores = _scores(q, k_t, spec, q_pos, k_pos, mask)
+    max and sum (B, KVH, G, T, 1). Combine segments with `merge_partials`. q_limit: _visible's."""
+    scores = _scores(q, k_t, spec, q_pos, k_pos, mask, q_limit)
     m = jnp.max(scores, axis=-1, keepdims=True)
     p = jnp.exp(scores - m)
     return _weighted_values(p, v), m, jnp.sum(p, axis=-1, keepdims=True)
