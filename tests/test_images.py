@@ -266,3 +266,29 @@ def test_gemma3_images_attend_both_ways_through_the_engine(gemma3):
     assert got == want
     assert again == want
     assert want != [gemma_reference(gemma3, t, ims, steps, blocks=False) for t, ims in jobs]  # (it matters)
+
+
+def test_the_media_policy_decides_where_images_come_from(tmp_path):
+    """data: URIs always; files only under the allowed folder; URLs only from allowed hosts (and their
+    subdomains); a size cap on every source."""
+    from vsurge.multimodal import MediaPolicy, image_bytes
+
+    data = png(8, 8, 0)
+    (tmp_path / "a.png").write_bytes(data)
+    uri = "data:image/png;base64," + __import__("base64").b64encode(data).decode()
+    assert image_bytes(uri, MediaPolicy()) == data
+    with pytest.raises(ImageError, match="local image files are not allowed"):
+        image_bytes(str(tmp_path / "a.png"), MediaPolicy())
+    allowed = MediaPolicy(allowed_local_path=str(tmp_path))
+    assert image_bytes(f"file://{tmp_path / 'a.png'}", allowed) == data
+    with pytest.raises(ImageError, match="outside the allowed media folder"):
+        image_bytes(str(tmp_path / ".." / "a.png"), allowed)
+    with pytest.raises(ImageError, match="larger than the server's limit of 10 bytes"):
+        image_bytes(uri, MediaPolicy(max_bytes=10))
+    with pytest.raises(ImageError, match="larger than the server's limit of 10 bytes"):
+        image_bytes(str(tmp_path / "a.png"), MediaPolicy(allowed_local_path=str(tmp_path), max_bytes=10))
+    hosts = MediaPolicy(allowed_domains=("example.com",))
+    assert hosts.domain_allowed("example.com") and hosts.domain_allowed("img.example.com")
+    assert not hosts.domain_allowed("badexample.com") and not hosts.domain_allowed("example.com.evil.org")
+    with pytest.raises(ImageError, match="not allowed by this server"):
+        image_bytes("https://evil.org/a.png", hosts)

@@ -129,7 +129,20 @@ BAD = [
     ("file outside", lambda s: {"url": "/etc/passwd"}, "outside the allowed media folder"),
     ("unknown scheme", lambda s: {"url": "ftp://example.com/cat.png"}, "unsupported image URL scheme"),
     ("bad detail", lambda s: {"url": data_uri(png(20, 20, 0)), "detail": "ultra"}, "detail must be"),
+    ("too many pixels", lambda s: {"url": data_uri(blank_png(8000, 6000))}, "8000 x 6000 pixels"),
+    ("empty", lambda s: {"url": "data:image/png;base64,"}, "the image is empty"),
 ]
+
+
+def blank_png(width: int, height: int) -> bytes:
+    """A huge but tiny file (one colour compresses to almost nothing): a decompression bomb's shape."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (width, height)).save(buf, "PNG")
+    return buf.getvalue()
 
 
 @pytest.mark.parametrize("case,image_url,message", BAD, ids=[b[0] for b in BAD])
@@ -214,3 +227,24 @@ def test_text_only_chats_reach_a_vision_template(server, vlm_setup):
         {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
         {"role": "user", "content": [{"type": "text", "text": "Name a colour"}]}], add_generation_prompt=True)
     assert reply.usage.prompt_tokens == len(hf_processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def test_generate_with_an_image_from_the_command_line(vlm_setup, tmp_path):
+    """`vsurge generate --image FILE` answers with HF's greedy tokens for that image; a text model, or a
+    file that is no image, exits naming the problem."""
+    import json
+
+    from cli_helpers import run_cli
+
+    folder, torch_model, hf_processor = vlm_setup
+    path = tmp_path / "picture.png"
+    path.write_bytes(png(50, 90, 1))
+    out = run_cli("generate", "--model", str(folder), "--dtype", "float32", "--image", str(path), "--json",
+                  "--temperature", "0", "--max-tokens", str(STEPS), "Describe this")
+    assert out.returncode == 0, out.stderr
+    tokens = json.loads(out.stdout)["tokens"]  # (it may end early at an end token; the reference runs on)
+    want = hf_greedy(torch_model, hf_processor, PROMPT_ONE, [path.read_bytes()], STEPS)
+    assert tokens and tokens == want[:len(tokens)]
+    (tmp_path / "notes.txt").write_text("not a picture")
+    bad = run_cli("generate", "--model", str(folder), "--image", str(tmp_path / "notes.txt"), "--max-tokens", "2", "hi")
+    assert bad.returncode != 0 and "could not be decoded" in bad.stderr
