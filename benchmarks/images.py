@@ -119,13 +119,18 @@ async def chat(client: httpx.AsyncClient, messages: list, max_tokens: int) -> di
             "prompt_tokens": usage.get("prompt_tokens", 0), "text": "".join(text)}
 
 
+def client_for(base: str) -> httpx.AsyncClient:
+    """A connection per request: llama-server drops a kept-alive connection after a streamed answer."""
+    return httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 def user(url: str | None, question: str) -> dict:
     parts = [{"type": "image_url", "image_url": {"url": url}}] if url else []
     return {"role": "user", "content": parts + [{"type": "text", "text": question}]}
 
 
 async def turns(base: str, images: int) -> dict:
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+    async with client_for(base) as client:
         first, second, again = [], [], []
         for k in range(images):
             url = image(2048, seed=k)
@@ -146,7 +151,7 @@ async def turns(base: str, images: int) -> dict:
 
 async def concurrent(base: str, n: int, with_images: bool, words: int, output: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+    async with client_for(base) as client:
         jobs = []
         for k in range(n):
             text = " ".join(rng.choice(WORDS, words)) + " Describe it."
@@ -210,6 +215,7 @@ def main() -> int:
             results[name] = measure(server, args)
         finally:
             server.stop()
+    print(json.dumps(results, default=float), flush=True)  # (the raw numbers, should the table fail)
     text = table(results, args)
     print(text)
     if args.write_readme:
@@ -224,14 +230,13 @@ def table(results: dict, args) -> str:
     for name, r in results.items():
         t, im, tx = r["turns"], r["images"], r["text"]
         t1 = med(t["first"], "ttft")
-        rows.setdefault(f"turn 1, a 2048 x 2048 image ({int(med(t['first'], 'prompt_tokens'))} prompt tokens here): "
-                        "TTFT s", {})[name] = t1
+        rows.setdefault("prompt tokens of turn 1 (the image and a question)", {})[name] = med(t["first"], "prompt_tokens")
+        rows.setdefault("turn 1 about a 2048 x 2048 image: TTFT s", {})[name] = t1
         rows.setdefault("turn 2 about it, the conversation so far + a question: TTFT s", {})[name] = \
             med(t["second"], "ttft")
         rows.setdefault("the same image in another conversation (no prefix in common): TTFT s", {})[name] = \
             med(t["again"], "ttft")
-        rows.setdefault(f"{args.concurrency} concurrent, each its own 512 x 512 image "
-                        f"({int(im['prompt_tokens'])} prompt tokens): tok/s", {})[name] = im["tok_s"]
+        rows.setdefault(f"{args.concurrency} concurrent, each its own 512 x 512 image: tok/s", {})[name] = im["tok_s"]
         rows.setdefault(f"{args.concurrency} concurrent, text of as many tokens: tok/s", {})[name] = tx["tok_s"]
         rows.setdefault(f"{args.concurrency} concurrent with images: TTFT p50 s", {})[name] = im["ttft"]
         rows.setdefault(f"{args.concurrency} concurrent, text: TTFT p50 s", {})[name] = tx["ttft"]
@@ -245,7 +250,8 @@ def table(results: dict, args) -> str:
              "| measure | " + " | ".join(names) + (" | vsurge / llama-server |" if len(names) > 1 else " |"),
              "|---" * (len(names) + 1 + (len(names) > 1)) + "|"]
     for measure_name, values in rows.items():
-        cells = [f"{values[n]:.2f}" for n in names]
+        cells = [f"{values[n]:.0f}" if measure_name.startswith("prompt tokens") else f"{values[n]:.2f}"
+                 for n in names]
         ratio = f" | {values['vsurge'] / values['llama-server']:.2f}x" if len(names) > 1 else ""
         lines.append(f"| {measure_name} | " + " | ".join(cells) + ratio + " |")
     lines += ["", f"vsurge against itself: turn 2's TTFT is {own['turn 2 / turn 1']:.2f}x turn 1's; requests with "
