@@ -9,6 +9,9 @@ from pathlib import Path
 
 from tiny_models import COMMON, VOCAB, add_special_tokens
 
+# model types of the checkpoints written here (tests/test_images.py compares them with transformers)
+VLM_MODEL_TYPES = ("idefics3", "gemma3")
+
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
