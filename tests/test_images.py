@@ -7,6 +7,7 @@ prefix cache keyed by each image's content and the encoder cache reusing an imag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 
 import jax.numpy as jnp
@@ -90,6 +91,30 @@ def test_logits_with_one_and_two_images_equal_transformers(vlm):
         np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
+@contextlib.contextmanager
+def serving(model, processor, config, steps: int):
+    """A started paged vSurge and run(prompts) -> each prompt's greedy tokens, all submitted at once."""
+    from vsurge import SamplingParams, vSurge
+
+    surge = vSurge.create_odriver(model, processor, config=config)
+    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
+
+    async def batch(prompts):
+        async def one(p):
+            tokens = []
+            async for samples in surge.submit(p, params, detokenize=False).updates():
+                tokens += samples[0].token_ids
+            return tokens
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    surge.compile()
+    surge.start()
+    try:
+        yield surge, lambda prompts: asyncio.run(batch(prompts))
+    finally:
+        surge.stop(5)
+
+
 def hf_greedy(torch_model, hf_processor, text, images, steps):
     inputs = hf_inputs(hf_processor, text, images)
     with torch.no_grad():
@@ -102,7 +127,7 @@ def test_engine_greedy_tokens_equal_transformers_with_the_caches(vlm):
     prefilled in 16-token chunks that cut through images: HF's greedy tokens. Run again: the same tokens,
     no image encoded again (encoder cache), and the prompts' pages found in the prefix cache. A prompt
     with another image of the same size and the same text gets no page of the first one's image."""
-    from vsurge import EngineConfig, SamplingParams, vSurge
+    from vsurge import EngineConfig
 
     _, torch_model, hf_processor, model, processor = vlm
     images = [png(50, 90, 1), png(70, 40, 2), png(50, 90, 3)]
@@ -110,36 +135,21 @@ def test_engine_greedy_tokens_equal_transformers_with_the_caches(vlm):
     jobs = [(PROMPT_ONE, images[:1]), (PROMPT_TWO, images[:2]), (other_text, images[:1])]
     prompts = [processor.images.prompt(t, ims) for t, ims in jobs]
     steps = 6
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
     config = EngineConfig(max_slots=4, max_length=256, prefill_tokens=32, chunk_lengths=(16,), page_size=16,
                           decode_steps=4)
-    surge = vSurge.create_odriver(model, processor, config=config)
-
-    async def run(batch):
-        async def one(p):
-            tokens = []
-            async for samples in surge.submit(p, params, detokenize=False).updates():
-                tokens += samples[0].token_ids
-            return tokens
-        return await asyncio.gather(*(one(p) for p in batch))
-
-    surge.compile()
-    surge.start()
-    try:
-        got = asyncio.run(run(prompts))
+    with serving(model, processor, config, steps) as (surge, run):
+        got = run(prompts)
         media = surge.engine.media
         assert media.encoded == 2  # the first image once, though two prompts hold it
         pool = surge.engine.pool
         cached = [pool.cached_tokens(p.cache_ids()) for p in prompts]
-        again = asyncio.run(run(prompts))
+        again = run(prompts)
         assert media.encoded == 2
         swapped = MultimodalPrompt(processor.images.prompt(PROMPT_ONE, images[2:]).ids,
                                    processor.images.prompt(PROMPT_ONE, images[2:]).media)
         first_image_at = int(prompts[0].media[0].positions[0])
         assert pool.cached_tokens(swapped.cache_ids()) <= first_image_at  # only the text before the image
-        different = asyncio.run(run([swapped]))[0]
-    finally:
-        surge.stop(5)
+        different = run([swapped])[0]
     want = [hf_greedy(torch_model, hf_processor, t, ims, steps) for t, ims in jobs]
     assert got == want
     assert again == want
@@ -235,33 +245,18 @@ def test_gemma3_images_attend_both_ways_through_the_engine(gemma3):
     """Greedy tokens through the paged engine equal HF's with its bidirectional image blocks (which differ
     from causal ones), prompts chunked in 8-token rows across several steps: the scheduler keeps each image
     in one step. Run again, the prefix cache serves the pages; the same tokens come."""
-    from vsurge import EngineConfig, SamplingParams, vSurge
+    from vsurge import EngineConfig
 
     _, model, processor, _ = gemma3
     images = [png(50, 90, 1), png(70, 40, 2)]
     jobs = [(GEMMA_ONE, images[:1]), (GEMMA_TWO, images)]
     prompts = [processor.images.prompt(t, ims) for t, ims in jobs]
     steps = 6
-    params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
     config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
                           decode_steps=4)
-    surge = vSurge.create_odriver(model, processor, config=config)
-
-    async def run(batch):
-        async def one(p):
-            tokens = []
-            async for samples in surge.submit(p, params, detokenize=False).updates():
-                tokens += samples[0].token_ids
-            return tokens
-        return await asyncio.gather(*(one(p) for p in batch))
-
-    surge.compile()
-    surge.start()
-    try:
-        got = asyncio.run(run(prompts))
-        again = asyncio.run(run(prompts))
-    finally:
-        surge.stop(5)
+    with serving(model, processor, config, steps) as (_, run):
+        got = run(prompts)
+        again = run(prompts)
     want = [gemma_reference(gemma3, t, ims, steps) for t, ims in jobs]
     assert got == want
     assert again == want

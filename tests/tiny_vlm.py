@@ -28,18 +28,23 @@ IDEFICS3_TOKENS = (["<fake_token_around_image>", "<image>", "<global-img>", "<en
 TILE, PATCH, LONGEST_EDGE = 32, 8, 64
 
 
-def write_idefics3_tokenizer(folder: Path, tokenizer_dir: Path) -> list[int]:
-    """The default model's tokenizer plus Idefics3's image tokens and SmolVLM's chat template into
-    `folder`: -> the image tokens' ids (IDEFICS3_TOKENS order; the model's vocabulary must cover them)."""
+def write_tokenizer(folder: Path, tokenizer_dir: Path, tokens: list[str], eos: str, template: str) -> list[int]:
+    """The default model's tokenizer plus a family's special tokens, its end token and chat template, into
+    `folder`: -> the tokens' ids (in order; the model's vocabulary must cover them)."""
     folder.mkdir(parents=True, exist_ok=True)
     shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
-    ids = add_special_tokens(folder, IDEFICS3_TOKENS)
+    ids = add_special_tokens(folder, tokens)
     tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
     tok_cfg.pop("chat_template", None)
-    tok_cfg["eos_token"] = "<end_of_utterance>"
+    tok_cfg["eos_token"] = eos
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    (folder / "chat_template.jinja").write_text(SMOLVLM_TEMPLATE)
+    (folder / "chat_template.jinja").write_text(template)
     return ids
+
+
+def write_idefics3_tokenizer(folder: Path, tokenizer_dir: Path) -> list[int]:
+    """SmolVLM's tokens and template (write_tokenizer): -> the IDEFICS3_TOKENS' ids."""
+    return write_tokenizer(folder, tokenizer_dir, IDEFICS3_TOKENS, "<end_of_utterance>", SMOLVLM_TEMPLATE)
 
 
 def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_type: str = "idefics3"):
@@ -97,14 +102,7 @@ def write_tiny_gemma3_vlm(folder: Path, tokenizer_dir: Path, seed: int = 0):
     import transformers
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(tokenizer_dir / "tokenizer.json", folder / "tokenizer.json")
-    ids = add_special_tokens(folder, GEMMA3_TOKENS)
-    tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    tok_cfg.pop("chat_template", None)
-    tok_cfg["eos_token"] = "<end_of_turn>"
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
-    (folder / "chat_template.jinja").write_text(GEMMA3_TEMPLATE)
+    ids = write_tokenizer(folder, tokenizer_dir, GEMMA3_TOKENS, "<end_of_turn>", GEMMA3_TEMPLATE)
     text = {**COMMON, "vocab_size": VOCAB + 64, "num_hidden_layers": 6, "head_dim": 16, "query_pre_attn_scalar": 16,
             "sliding_window": 4, "pad_token_id": 0,
             "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
