@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-
 from ..errors import UnsupportedModelError
 from ..ops import vision as ops
 from ..ops.norm import rms_norm
