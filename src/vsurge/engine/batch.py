@@ -21,15 +21,14 @@ from .sequence import Sequence
 
 class BatchBuilder:
     def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
-                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0,
-                 whole_images: bool = False):
+                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0):
         """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
         its steps then say where each row's recurrent states come from and go (programs.DraftRows).
         adapters: the engine serves LoRA adapters: steps say each row's adapter slot.
         media: a vision-language model's MediaEncoder (media.py): prompt steps carry image embeddings
-        (media_width wide) for their image positions. whole_images: an image's tokens see the whole image
-        (Gemma 3; the scheduler never splits an image across steps): prompt steps say so (chunk_limit)."""
-        self.media, self.media_width, self.whole_images = media, media_width, whole_images
+        (media_width wide) for their image positions, and where the model's image tokens see their whole
+        image (media.whole_images: Gemma 3), the last key each token sees (chunk_limit)."""
+        self.media, self.media_width = media, media_width
         self.draft_state_rows = draft_state_rows
         self.adapters = adapters
         self.vocab_size = vocab_size
@@ -140,10 +139,11 @@ class BatchBuilder:
             pos = np.arange(start, start + count)
             pages = np.asarray(seq.pages.pages, np.int32)
             known = seq.tokens[start:start + count]  # (a token still on the device is fed there)
-            tokens[at:at + len(known)] = known
             if media and seq.request.media:  # image positions: pseudo-tokens in, their embeddings fed instead
                 tokens[at:at + len(known)] = np.maximum(known, 0)
                 self.media.fill(seq, start, count, embeds, is_image, at)
+            else:
+                tokens[at:at + len(known)] = known
             positions[at:at + count] = pos
             slot_mapping[at:at + count] = pages[pos // self.page_size] * self.page_size + pos % self.page_size
             logits_index[row] = at + count - 1
@@ -164,7 +164,8 @@ class BatchBuilder:
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
                             np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save,
                             self._state_rows(plan, d)[1] if self.draft_state_rows else None,
-                            chunk_limit=self._image_limits(plan, chunk_pos) if self.whole_images else None)
+                            chunk_limit=self._image_limits(plan, chunk_pos) if media and self.media.whole_images
+                            else None)
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,

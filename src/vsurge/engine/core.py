@@ -69,10 +69,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.mesh = mesh_of(self.model)  # None: the default device
         self.input_partition_spec = None  # PartitionSpec whose first entry splits the host inputs' rows
         self.media = MediaEncoder(self, config.image_cache_mb << 20) if accepts_images(model) else None
-        self.whole_images = bool(getattr(model.config, "bidirectional_images", False))
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence, config.draft_state_rows, self.adapters is not None,
-                                    self.media, model.config.hidden_size, self.whole_images)
+                                    self.media, model.config.hidden_size)
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()

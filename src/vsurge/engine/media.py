@@ -62,14 +62,11 @@ class MediaEncoder:
         self._cache: OrderedDict[int, np.ndarray] = OrderedDict()  # key -> (tokens, D) float32, LRU first
         self._held = 0
         self._pinned: dict[int, np.ndarray] = {}  # this step's images (kept even past the budget)
-        self.hits = 0  # images found encoded
+        self.hits = 0  # images a sequence began that were encoded already
         self.encoded = 0  # images encoded
-        self.tiles_encoded = 0
-
-    @property
-    def whole_images(self) -> bool:
-        """The model's image tokens see their whole image: the scheduler keeps each image in one step."""
-        return bool(getattr(self.core.model.config, "bidirectional_images", False))
+        # the model's image tokens see their whole image: the scheduler keeps each image in one step and
+        # the batch builder widens their attention (kv/paged.StepLayout.chunk_limit)
+        self.whole_images = bool(getattr(core.model.config, "bidirectional_images", False))
 
     def is_cached(self, key: int) -> bool:
         return key in self._cache
@@ -94,7 +91,7 @@ class MediaEncoder:
                 if cached is not None:
                     self._cache.move_to_end(item.key)
                     self._pinned[item.key] = cached
-                    self.hits += 1
+                    self.hits += chunk.start <= pos[0]  # (an image prefilled over several steps counts once)
                 else:
                     missing[item.key] = item
         if missing:
@@ -114,7 +111,6 @@ class MediaEncoder:
             self._pinned[item.key] = self._store(item.key, rows[at:at + n])
             at += n
         self.encoded += len(items)
-        self.tiles_encoded += pixels.shape[0]
 
     def _store(self, key: int, value: np.ndarray) -> np.ndarray:
         value = np.ascontiguousarray(value)
@@ -126,10 +122,6 @@ class MediaEncoder:
             _, old = self._cache.popitem(last=False)
             self._held -= old.nbytes
         return value
-
-    @property
-    def held_bytes(self) -> int:
-        return self._held
 
     def fill(self, seq, start: int, count: int, embeds: np.ndarray, mask: np.ndarray, at: int) -> None:
         """Write the embeddings of `seq`'s prompt positions [start, start + count) that are image

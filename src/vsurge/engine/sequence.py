@@ -59,8 +59,8 @@ class Sequence:
 
             matcher = compiler_for(processor, vocab_size).matcher(request.params.structured, request.eos_token_ids)
         pages = PageTable(root=None if request.adapter is None else request.adapter.key)  # (adapters' KV apart)
-        return cls(request, SequenceOutput(request, processor), list(request.cache_ids or request.prompt_ids), len(request.prompt_ids),
-                   pages=pages, matcher=matcher)
+        tokens = list(request.cache_ids or request.prompt_ids)  # (an image's positions: its pseudo-tokens)
+        return cls(request, SequenceOutput(request, processor), tokens, len(tokens), pages=pages, matcher=matcher)
 
     @property
     def seq_id(self) -> int:

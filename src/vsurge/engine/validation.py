@@ -57,7 +57,7 @@ def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detoken
         cache_ids = prompt_ids.cache_ids()
         step = getattr(getattr(engine, "config", None), "prefill_tokens", None)
         big = [item.num_tokens for item in media if step and item.num_tokens > step]
-        if big and getattr(engine, "whole_images", False):  # (each image is computed in one step)
+        if big and engine.media.whole_images:  # (each image is computed in one step)
             raise ParamError(f"an image of {big[0]} tokens is more than the {step} prompt tokens one step computes "
                              "(raise --prefill-tokens)", "messages")
     prompt_ids = list(getattr(prompt_ids, "ids", prompt_ids))

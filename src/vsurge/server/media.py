@@ -33,6 +33,14 @@ def _deferred(parse):
     return parse_or_defer
 
 
+def text_or_parts(pieces: list) -> str | list[dict]:
+    """A message's pieces (strings, and image parts where images are) -> one string, or with images a
+    list of text and image parts (what render_with_images reads)."""
+    if all(isinstance(p, str) for p in pieces):
+        return "".join(pieces)
+    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in pieces]
+
+
 @_deferred
 def openai_image_part(part: dict, param: str) -> dict:
     """Chat's {"type": "image_url", "image_url": {"url", "detail"}} (or a bare URL string)."""

@@ -32,7 +32,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
-from ..media import anthropic_image_block
+from ..media import anthropic_image_block, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
@@ -84,13 +84,6 @@ def _text(blocks, param: str) -> str:
     return "".join(texts)
 
 
-def _joined(pieces: list) -> str | list[dict]:
-    """Text pieces -> one string; with image parts among them, a list of text and image parts."""
-    if all(isinstance(p, str) for p in pieces):
-        return "".join(pieces)
-    return [p if isinstance(p, dict) else {"type": "text", "text": p} for p in pieces]
-
-
 def chat_messages(system, messages, param: str = "messages") -> list[dict]:
     out: list[dict] = [{"role": "system", "content": _text(system, "system")}] if system else []
     if not messages:
@@ -135,7 +128,7 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
                 raise ParamError(f"{at}.type {kind!r} is not supported in a {role} message (text, tool_use, "
                                  f"tool_result, thinking)", f"{at}.type")
         if text or calls or not content:
-            entry = {"role": role, "content": _joined(text)}
+            entry = {"role": role, "content": text_or_parts(text)}
             if calls:
                 entry["tool_calls"] = calls
             out.append(entry)

@@ -30,7 +30,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
 from ..generation import ChoiceStreams
-from ..media import responses_image_part
+from ..media import responses_image_part, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
@@ -96,9 +96,7 @@ def _text_of(content, param: str, images: bool = False) -> str | list[dict]:
         if not isinstance(text, str):
             raise ParamError(f"{where}.text must be a string", f"{where}.text")
         texts.append(text)
-    if all(isinstance(t, str) for t in texts):
-        return "".join(texts)
-    return [t if isinstance(t, dict) else {"type": "text", "text": t} for t in texts]
+    return text_or_parts(texts)
 
 
 def input_messages(value, param: str = "input") -> list[dict]:
