@@ -214,8 +214,51 @@ def check_families(*named_paths):
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def check_lora(base, *adapters):
+    """Greedy tokens of requests for the base model and three adapters over two slots, at once: the paged
+    engine at TP 2 and the dense engine on a (data 2, model 2) mesh."""
+    from vsurge import EngineConfig, SamplingParams
+
+    model, processor = vsurge.load(base, dtype="float32", progress=False)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (25, 9)]
+    jobs = [(name, p) for name in (None, "a0", "a1", "a2") for p in prompts]
+    config = EngineConfig(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), page_size=16,
+                          num_pages=48, decode_steps=4, max_loras=2, max_lora_rank=8)
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+
+    def run(kind, **parallel):
+        make = vsurge.vSurge.create_vdriver if kind == "dense" else vsurge.vSurge.create_odriver
+        surge = make(model, processor, config=config, **parallel)
+        for k, folder in enumerate(adapters):
+            surge.load_adapter(f"a{k}", folder)
+        specs = {n: str(getattr(v[...].sharding, "spec", None)) for n, v in vars(surge.engine.model.layers[0]).items()
+                 if n in ("lora_qkv_a", "lora_q_b", "lora_o_a", "lora_o_b")}
+
+        async def one(name, prompt):
+            tokens = []
+            async for samples in surge.submit(prompt, params, detokenize=False, adapter=name).updates():
+                tokens += samples[0].token_ids
+            return tokens
+
+        async def all_jobs():
+            return await asyncio.gather(*(one(name, prompt) for name, prompt in jobs))
+
+        surge.compile()
+        surge.start()
+        try:
+            return asyncio.run(all_jobs()), specs
+        finally:
+            surge.stop(5)
+
+    paged, specs = run("paged", tensor_parallel_size=2)
+    dense, _ = run("dense", tensor_parallel_size=2, data_parallel_size=2)
+    print("RESULT " + json.dumps({"paged_tp2": paged, "dense_dp2_tp2": dense, "specs": specs, "prompts": prompts}),
+          flush=True)
+
+
 if __name__ == "__main__":
     checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3,
               "default_blocks_tp3": check_default_blocks_tp3,
-              "families": check_families}
+              "families": check_families, "lora": check_lora}
     checks[sys.argv[1]](*sys.argv[2:])

@@ -294,3 +294,18 @@ def test_a_gguf_lora_holds_the_same_adapter_as_its_peft_source(llama_adapters, t
     (tmp_path / "model.gguf").write_bytes((tmp_path / "a0.gguf").read_bytes().replace(b"adapter", b"modelxx"))
     with pytest.raises(AdapterError, match="not a LoRA adapter GGUF"):
         load_peft("x", str(tmp_path / "model.gguf"), model, RANK)
+
+
+def test_adapters_run_tensor_and_data_parallel_on_both_engines(llama_adapters):
+    """The base and three adapters over two slots, all at once, on the paged engine at TP 2 and the dense
+    engine on a (data 2, model 2) mesh: each request's greedy tokens equal PEFT's; the stacks are split
+    like the projections they adapt (B of q by its columns, A of o by its rows)."""
+    from test_sharding import run_check
+
+    base_dir, adapters, torch_base = llama_adapters
+    got = run_check("lora", base_dir, *(folder for folder, _ in adapters), devices=4)
+    models = [torch_base, *(peft for _, peft in adapters)]
+    want = [peft_greedy(m, p, 6) for m in models for p in got["prompts"]]
+    assert got["paged_tp2"] == want
+    assert got["dense_dp2_tp2"] == want
+    assert got["specs"]["lora_q_b"] == "P(None, None, 'model')" and got["specs"]["lora_o_a"] == "P('model', None, None, None)"

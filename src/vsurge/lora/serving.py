@@ -12,17 +12,16 @@ from .slots import AdapterSlots
 
 def enable(model, config) -> AdapterSlots | None:
     """With config.max_loras > 0: attach that many slots of rank config.max_lora_rank to `model` (in
-    place) and return their bookkeeping; None otherwise. Raises where adapters cannot be served."""
+    place; on its mesh, split like the projections they adapt) and return their bookkeeping; None
+    otherwise. Raises where adapters cannot be served."""
     if not config.max_loras:
         return None
     check_servable(model)
     from ..sharding import mesh_of
 
-    if mesh_of(model) is not None:
-        raise ValueError("LoRA adapters are served on one device (not with tensor or data parallelism) yet")
     if config.role != "both":
         raise ValueError("LoRA adapters are not served by disaggregated prefill/decode engines yet")
-    stacks.attach(model, config.max_loras, config.max_lora_rank)
+    stacks.attach(model, config.max_loras, config.max_lora_rank, mesh_of(model))
     stacks.write(model, 0, None)  # the slot writes' ops compile now, not in the first adapter request's step
     return AdapterSlots(config.max_loras)
 

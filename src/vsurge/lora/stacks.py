@@ -3,6 +3,11 @@
 
 `attach` adds them (zeros: no slot adapts anything) before the engine splits the model; `write`
 puts one adapter in one slot (ranks below R zero-padded, projections it does not adapt zeroed).
+
+On a tensor-parallel mesh a stack is split like the weight it adapts: a column-split projection
+(qkv, gate/up: output heads or units over the devices) keeps A whole and splits B's columns, a
+row-split one (o, down: its input split) splits A's rows and keeps B whole, so x @ A is local or
+one all-reduce of (tokens, L*S*R) beside the projection's own.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import numpy as np
 
 from ..ops.lora import LoraStack
 from .adapter import Adapter
-from .layout import model_projections
+from .layout import SITES, model_projections
 
 
 def stack_dtype(model):
@@ -26,15 +31,29 @@ def stack_dtype(model):
     return model.param_dtype
 
 
-def attach(model, slots: int, rank: int) -> None:
-    """Give every adaptable site of the model `slots` adapter slots of rank `rank` (in place)."""
+def attach(model, slots: int, rank: int, mesh=None) -> None:
+    """Give every adaptable site of the model `slots` adapter slots of rank `rank` (in place; on `mesh`
+    when the model's weights are split over one)."""
     dtype = stack_dtype(model)
-    for layer, sites in zip(model.layers, model_projections(model)):
+    axes = model.weight_axes() if mesh is not None else {}
+    for i, (layer, sites) in enumerate(zip(model.layers, model_projections(model))):
         for site, projections in sites.items():
+            fan_in_axis, fan_out_axis = axes.get(f"layers.{i}.{SITES[site][0]}", (None, None))
             fan_in = projections[0].fan_in
-            setattr(layer, f"lora_{site}_a", LoraStack(jnp.zeros((fan_in, slots, len(projections), rank), dtype)))
+            a = _zeros((fan_in, slots, len(projections), rank), dtype, mesh, (fan_in_axis, None, None, None))
+            setattr(layer, f"lora_{site}_a", LoraStack(a))
             for p in projections:
-                setattr(layer, f"lora_{p.name}_b", LoraStack(jnp.zeros((slots, rank, p.fan_out), dtype)))
+                b = _zeros((slots, rank, p.fan_out), dtype, mesh, (None, None, fan_out_axis))
+                setattr(layer, f"lora_{p.name}_b", LoraStack(b))
+
+
+def _zeros(shape, dtype, mesh, axes):
+    """Zeros of `shape`, on `mesh` by the logical `axes` (sharding.py's rules) when given one."""
+    if mesh is None:
+        return jnp.zeros(shape, dtype)
+    from ..sharding import named_sharding
+
+    return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=named_sharding(mesh, axes, shape))()
 
 
 def attached(model) -> tuple[int, int] | None:
@@ -67,8 +86,8 @@ def write(model, slot: int, adapter: Adapter | None) -> None:
             values.append(a_slot[:, None])  # (K, 1, S, R): slot axis 1
     stacks = [v[...] for v in variables]
     values = [jnp.asarray(x, s.dtype) for x, s in zip(values, stacks)]
-    for variable, new in zip(variables, _put_slot(stacks, values, jnp.int32(slot))):
-        variable.set_value(new)
+    for variable, old, new in zip(variables, stacks, _put_slot(stacks, values, jnp.int32(slot))):
+        variable.set_value(jax.device_put(new, old.sharding))  # (the programs were compiled for its sharding)
 
 
 @jax.jit
