@@ -388,11 +388,15 @@ def cmd_serve(args) -> int:
         settings["kv_host_cache_bytes"] = default_host_cache_bytes()
     served: dict = {}  # name -> (sampling defaults, pooling) of each model built
 
-    def build_surge(model_args, name, adapters=(), parallel=None):
+    def build_surge(model_args, name, adapters=(), strict=True, parallel=None):
+        """Load, size and build model `name` with its LoRA adapters [(name, path)]; strict: an adapter that
+        cannot be read stops vsurge (at start-up), else it is left out with a warning (a reload)."""
         try:  # a --models-config entry's own options over the command line's
             model_args, model_settings = cli_models.model_options(model_args, name or "", settings)
         except ValueError as e:
             raise _fail(str(e)) from None
+        if adapters and not model_settings.get("max_loras"):
+            model_settings["max_loras"] = 4
         defaults = _generation_defaults(model_args)
         model, processor = _load(model_args)
         status(describe_model(model))
@@ -412,7 +416,10 @@ def cmd_serve(args) -> int:
             try:
                 adapter = surge.load_adapter(lora_name, lora_path)
             except ValueError as e:
-                raise _fail(str(e)) from None
+                if strict:
+                    raise _fail(str(e)) from None
+                logging.getLogger("vsurge").warning("model %s: LoRA adapter %s left out: %s", name, lora_name, e)
+                continue
             status(f"LoRA adapter {lora_name}: rank {adapter.rank} on {', '.join(adapter.modules)} ({lora_path})")
         served[name] = (defaults, _pooling(model_args))
         if server_box:
@@ -420,7 +427,7 @@ def cmd_serve(args) -> int:
         return surge
 
     server_box: list = []  # the server, once made (models the router builds later register with it)
-    surge = build_surge(args, first_name, loras, parallel)
+    surge = build_surge(args, first_name, loras, parallel=parallel)
     name = surge.vsurge_name
     defaults = served[name][0]
     if multihost and scale_flags.is_follower():
@@ -440,13 +447,18 @@ def cmd_serve(args) -> int:
     if cli_models.several(args, specs):
         from .server.router import ModelRouter
 
-        router = ModelRouter(server, args.max_loaded_models, args.sleep_idle_seconds)
-        first_args = copy.copy(args)
-        router.add(name, args.model, cli_models.builder(first_args, name, args.model, server,
-                                                        lambda a, n: build_surge(a, n, loras)), loaded=surge)
+        budget = args.models_memory_budget
+        router = ModelRouter(server, args.max_loaded_models, args.sleep_idle_seconds,
+                             memory_budget=None if budget is None else int(budget * 2**30))
+        router.add(name, args.model, cli_models.builder(copy.copy(args), name, args.model, server, build_surge),
+                   loaded=surge, adapters=dict(loras))
         for other, path in specs[1:]:
             other = other or cli_models.model_name(path)
-            router.add(other, path, cli_models.builder(args, other, path, server, build_surge))
+            try:
+                adapters = cli_models.config_adapters(args, other)
+            except ValueError as e:
+                raise _fail(str(e)) from None
+            router.add(other, path, cli_models.builder(args, other, path, server, build_surge), adapters=adapters)
         server.router = router
         status(f"Models: {', '.join(router.entries)} (loaded on demand"
                + (f", at most {args.max_loaded_models} at once" if args.max_loaded_models else "")

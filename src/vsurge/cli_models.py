@@ -19,8 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "recently used one with nothing in flight (default: no limit)")
     p.add_argument("--models-config", default=None, metavar="FILE",
                    help='per-model options, JSON: {"NAME": {"path": PATH, "max-length": 4096, "quantization": "int8", '
-                        '"generation-config": "vsurge", ...}}: a model per entry (loaded on demand), each option a '
-                        "`vsurge serve` flag of the model or its engine")
+                        '"generation-config": "vsurge", "lora": {"ADAPTER": PATH}, ...}}: a model per entry (loaded on '
+                        "demand), each option a `vsurge serve` flag of the model or its engine")
+    p.add_argument("--models-memory-budget", type=float, default=None, metavar="GIB",
+                   help="with several models: what the loaded models may hold together (weights, KV pool and "
+                        "states, GiB); a request for another unloads the least recently used idle ones until it "
+                        "fits (default: no bound)")
     p.add_argument("--sleep-idle-seconds", type=float, default=None, metavar="S",
                    help="with several models: unload a model nobody asked for in S seconds (its next request "
                         "loads it again)")
@@ -77,6 +81,7 @@ def model_options(args, name: str, settings: dict) -> tuple[object, dict]:
 
     options = dict(models_config(args).get(name, {}))
     options.pop("path", None)
+    options.pop("lora", None)  # (its adapters: config_adapters)
     model_args, model_settings = copy.copy(args), dict(settings)
     fields = {f.metadata["setting"].flag.removeprefix("--").replace("-", "_"): f
               for f in SETTINGS if f.metadata["setting"].flag}
@@ -92,14 +97,27 @@ def model_options(args, name: str, settings: dict) -> tuple[object, dict]:
                 raise ValueError(f"--models-config {name}: {key} must be {spec.check.what}, got {value!r}")
             model_settings[fields[dest].name] = value
         else:
-            raise ValueError(f"--models-config {name}: unknown option {key!r} (options: path, "
+            raise ValueError(f"--models-config {name}: unknown option {key!r} (options: path, lora, "
                              f"{', '.join(MODEL_OPTIONS)} and the engine flags)")
     return model_args, model_settings
 
 
+def config_adapters(args, name: str) -> dict[str, str]:
+    """A --models-config entry's LoRA adapters ("lora": {"NAME": PATH} or ["NAME=PATH", ...]) -> name -> path."""
+    given = models_config(args).get(name, {}).get("lora") or {}
+    if isinstance(given, list):
+        pairs = [item.partition("=") for item in given]
+        if not all(isinstance(item, str) and sep and n and p for item, (n, sep, p) in zip(given, pairs)):
+            raise ValueError(f"--models-config {name}: lora takes {{\"NAME\": PATH}} or [\"NAME=PATH\", ...]")
+        given = {n: p for n, _, p in pairs}
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ValueError(f"--models-config {name}: lora takes {{\"NAME\": PATH}} or [\"NAME=PATH\", ...]")
+    return dict(given)
+
+
 def several(args, specs) -> bool:
     return len(specs) > 1 or bool(args.models_dir or args.models_config or args.max_loaded_models
-                                  or args.sleep_idle_seconds)
+                                  or args.sleep_idle_seconds or args.models_memory_budget)
 
 
 def check(args, specs, fail) -> None:
@@ -107,19 +125,21 @@ def check(args, specs, fail) -> None:
         raise fail(f"--max-loaded-models must be at least 1, got {args.max_loaded_models}")
     if args.sleep_idle_seconds is not None and args.sleep_idle_seconds <= 0:
         raise fail(f"--sleep-idle-seconds must be above 0, got {args.sleep_idle_seconds}")
+    if args.models_memory_budget is not None and args.models_memory_budget <= 0:
+        raise fail(f"--models-memory-budget must be above 0 GiB, got {args.models_memory_budget}")
     names = [name or model_name(path) for name, path in specs]
     if len(set(names)) != len(names):
         raise fail(f"two models share a name: {names} (name them: --model NAME=PATH)")
 
 
 def builder(args, name: str, path: str, server, build_surge):
-    """A callable that loads, compiles and starts model `path` as `name` (on the router's worker thread),
-    registering its sampling defaults and pooling with the server, and reusing the compiled programs of its
-    last load when given them. build_surge(args, name) -> vSurge."""
-    def build(programs: list[dict] | None = None):
+    """A callable that loads, compiles and starts model `path` as `name` with its LoRA adapters (on the router's
+    worker thread), registering its sampling defaults and pooling with the server, and reusing the compiled
+    programs of its last load when given them. build_surge(args, name, adapters, strict) -> vSurge."""
+    def build(programs: list[dict] | None = None, adapters: dict | None = None):
         model_args = copy.copy(args)
         model_args.model = path
-        surge = build_surge(model_args, name)
+        surge = build_surge(model_args, name, list((adapters or {}).items()), False)
         for engine, compiled in zip(surge.driver.engines, programs or []):
             engine._compiled.update(compiled)  # its programs from its last load (server/router.py)
         surge.compile()

@@ -38,9 +38,12 @@ class OpenAIHandlers:
         """The vSurge serving `model` (a model's name or a LoRA adapter's); a known model that is not loaded
         is loaded first (server/router.py: the request waits, bounded)."""
         surge = self.get(model)
-        if self.router is not None and self.router.knows(model) and (surge is None or self.router.draining(model)):
-            await self.router.ensure_loaded(model)
-            surge = self.get(model)
+        if self.router is not None:
+            # a model of the router, or an adapter of one (loaded with its model)
+            base = model if self.router.knows(model) else self.router.base_of(model)
+            if base is not None and (surge is None or self.router.draining(base)):
+                await self.router.ensure_loaded(base)
+                surge = self.get(model)
         if surge is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
         if self.router is not None:
@@ -117,10 +120,13 @@ class OpenAIHandlers:
                 data.append({"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
                              "root": found.path if found else adapter, "parent": name,
                              "max_model_len": surge.max_length})
-        for name, state in states.items():  # models the router may load on demand (llama.cpp's router lists them)
+        for entry in self.router.describe() if self.router is not None else []:
+            name = entry["id"]  # models the router may load on demand (llama.cpp's router lists them)
             if name not in self.surges:
                 data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
-                             "root": name, "parent": None, "status": {"value": state}})
+                             "root": name, "parent": None, "status": {"value": entry["state"]}})
+                data += [{"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
+                          "root": adapter, "parent": name} for adapter in entry["adapters"]]
         return {"object": "list", "data": data}
 
     async def count_tokens(self, request: CountTokenRequest):

@@ -1,6 +1,7 @@
 """vLLM's runtime adapter routes: POST /v1/load_lora_adapter {lora_name, lora_path} and
 POST /v1/unload_lora_adapter {lora_name}; `model` (optional) names the base model when a server has
-several. Adapters are read in a worker thread (the event loop keeps serving)."""
+several (an unloaded one is loaded first, and keeps the adapter across unloads: server/router.py).
+Adapters are read in a worker thread (the event loop keeps serving)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ class UnloadLoraRequest(BaseModel):
     model: str | None = None
 
 
-def _base(server, model: str | None):
+async def _base(server, model: str | None):
     if model is not None:
+        if server.router is not None and server.router.knows(model):
+            await server.router.ensure_loaded(model)
         surge = server.surges.get(model)
         if surge is None:
             raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
@@ -40,18 +43,27 @@ def _base(server, model: str | None):
 def install_lora_routes(app, server) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoraRequest):
-        surge = _base(server, body.model)
-        if body.lora_name in server.surges:
+        if body.lora_name in server.surges or (server.router is not None and server.router.knows(body.lora_name)):
             raise APIError(400, f"{body.lora_name!r} is a model's name; give the adapter another", "lora_name")
+        surge = await _base(server, body.model)
         try:
             await asyncio.to_thread(surge.load_adapter, body.lora_name, body.lora_path)
         except AdapterError as exc:
             raise APIError(400, str(exc), "lora_path") from None
+        if server.router is not None:
+            server.router.adapter_loaded(server.name_of(surge), body.lora_name, body.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoraRequest):
-        surge = _base(server, body.model)
+        router = server.router
+        base = body.model or (router.base_of(body.lora_name) if router is not None else None)
+        if router is not None and base is not None and base not in server.surges and router.knows(base):
+            if router.adapter_unloaded(base, body.lora_name):  # (its model is not loaded: only forgotten)
+                return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+        surge = await _base(server, base)
+        if router is not None:
+            router.adapter_unloaded(server.name_of(surge), body.lora_name)
         if not surge.unload_adapter(body.lora_name):
             raise APIError(404, f"no LoRA adapter named {body.lora_name!r} is loaded", "lora_name",
                            code="model_not_found")

@@ -9,6 +9,15 @@ every loaded model has requests in flight, bounded by `load_timeout`). `--sleep-
 drops a model nobody asked for in N seconds; its next request wakes it. A model that fails to load
 fails the requests waiting for it with the loader's error; the others keep serving. Below the server
 nothing knows there are several models: each is its own vSurge with its own engine.
+
+`--models-memory-budget GiB` bounds what the loaded models hold (weights, KV pool and recurrent
+states, as /v1/stats counts them): before a load, idle models are unloaded, least recently used first,
+until the loaded ones and the new one fit (the new one counted at its last load's size, or its weight
+files' before its first); a model whose own size is above the budget is refused with that reason.
+
+Each model keeps its LoRA adapters (`--lora` for the first model, a --models-config entry's "lora",
+and those loaded at run time for it): an unloaded model's adapters come back with it, and a request
+naming an adapter of an unloaded model loads that model.
 """
 
 from __future__ import annotations
@@ -36,7 +45,8 @@ HANDOUT_GRACE = 0.5  # seconds a model handed to a request counts as busy before
 class ModelEntry:
     name: str
     path: str
-    build: Callable[[list | None], object]  # (programs kept from its last load) -> a started vSurge (blocking)
+    # (programs kept from its last load, its adapters) -> a started vSurge (blocking)
+    build: Callable[[list | None, dict], object]
     state: str = UNLOADED
     error: str | None = None
     last_used: float = 0.0  # monotonic time of its last request (or its load)
@@ -49,6 +59,8 @@ class ModelEntry:
     # the compiled programs of its engines, kept when it is unloaded: reloading it skips tracing and compiling
     # them (the executables take the weights and state as arguments, they hold neither)
     programs: list[dict] | None = None
+    adapters: dict[str, str] = dataclasses.field(default_factory=dict)  # its LoRA adapters: name -> path
+    memory_bytes: int | None = None  # what it held when last loaded (weights + KV pool + states)
 
 
 def models_in_dir(folder: str) -> list[tuple[str, str]]:
@@ -68,28 +80,43 @@ def models_in_dir(folder: str) -> list[tuple[str, str]]:
 
 class ModelRouter:
     def __init__(self, server, max_loaded: int | None = None, sleep_idle_seconds: float | None = None,
-                 load_timeout: float = 600.0):
+                 load_timeout: float = 600.0, memory_budget: int | None = None, footprint=None):
         self.server = server
         self.entries: dict[str, ModelEntry] = {}
         self.max_loaded = max_loaded
+        self.memory_budget = memory_budget  # bytes the loaded models may hold together (None: no bound)
+        self.footprint = footprint or surge_memory  # a loaded vSurge -> its bytes
         self.sleep_idle_seconds = sleep_idle_seconds
         self.load_timeout = load_timeout
         self._lock: asyncio.Lock | None = None  # made on the serving loop
         self._idle_task: asyncio.Task | None = None
 
     # ------------------------------------------------------------ what it serves
-    def add(self, name: str, path: str, build: Callable[[], object], loaded=None) -> None:
-        """A model the server may serve; `loaded`: its vSurge when it is running already."""
+    def add(self, name: str, path: str, build: Callable, loaded=None, adapters: dict | None = None) -> None:
+        """A model the server may serve; `loaded`: its vSurge when it is running already; `adapters`: the
+        LoRA adapters it serves (name -> path; a loaded one has them already)."""
         if name in self.entries:
             raise ValueError(f"two models are named {name!r}")
-        entry = ModelEntry(name, path, build, last_used=time.monotonic())
+        entry = ModelEntry(name, path, build, last_used=time.monotonic(), adapters=dict(adapters or {}))
         if loaded is not None:
             entry.state = LOADED
+            entry.memory_bytes = self.footprint(loaded)
             self.server.surges[name] = loaded
         self.entries[name] = entry
 
     def knows(self, name: str | None) -> bool:
         return name in self.entries
+
+    def base_of(self, adapter: str | None) -> str | None:
+        """The model serving LoRA adapter `adapter` (loaded or not), or None."""
+        return next((e.name for e in self.entries.values() if adapter in e.adapters), None)
+
+    def adapter_loaded(self, model: str, name: str, path: str) -> None:
+        """An adapter was loaded for `model` at run time: it comes back with the model after an unload."""
+        self.entries[model].adapters[name] = path
+
+    def adapter_unloaded(self, model: str, name: str) -> bool:
+        return self.entries[model].adapters.pop(name, None) is not None
 
     def draining(self, name: str) -> bool:
         return time.monotonic() < self.entries[name].draining_until
@@ -102,6 +129,7 @@ class ModelRouter:
     def describe(self) -> list[dict]:
         """Per model: name, state, path, loads and the last load's seconds (for /v1/models and /v1/stats)."""
         return [{"id": e.name, "state": e.state, "path": e.path, "loads": e.loads, "load_seconds": e.load_seconds,
+                 "memory_bytes": e.memory_bytes, "adapters": sorted(e.adapters),
                  **({"error": e.error} if e.error else {})} for e in self.entries.values()]
 
     # ------------------------------------------------------------ loading and unloading
@@ -153,12 +181,18 @@ class ModelRouter:
             await asyncio.sleep(0.05)  # its turn: another model finishes its requests first
 
     async def _make_room(self, name: str) -> bool:
-        """Unload least recently used idle models until one more fits under max_loaded -> True; False when
-        every other loaded model is busy: the least recently used of them then takes no new requests for
-        DRAIN_HOLD seconds (renewed while this model waits), so that it drains."""
-        while self.max_loaded is not None:
+        """Unload least recently used idle models until one more fits under max_loaded and the memory budget
+        -> True; False when every other loaded model is busy: the least recently used of them then takes no
+        new requests for DRAIN_HOLD seconds (renewed while this model waits), so that it drains."""
+        need = self._expected_bytes(self.entries[name])
+        if self.memory_budget is not None and need > self.memory_budget:
+            raise APIError(503, f"model {name!r} needs {need / 2**30:.2f} GiB, more than the "
+                                f"--models-memory-budget of {self.memory_budget / 2**30:.2f} GiB", "model")
+        while self.max_loaded is not None or self.memory_budget is not None:
             loaded = [e for e in self.entries.values() if e.state in (LOADED, LOADING) and e.name != name]
-            if len(loaded) < self.max_loaded:
+            held = sum(self._expected_bytes(e) for e in loaded)
+            if ((self.max_loaded is None or len(loaded) < self.max_loaded)
+                    and (self.memory_budget is None or held + need <= self.memory_budget)):
                 return True
             idle = sorted((e for e in loaded if e.state == LOADED and self._in_flight(e.name) == 0),
                           key=lambda e: e.last_used)
@@ -170,21 +204,44 @@ class ModelRouter:
             await self._unload(idle[0])
         return True
 
+    def _expected_bytes(self, entry: ModelEntry) -> int:
+        """What `entry` holds loaded: its last load's footprint, else its weight files' size."""
+        return entry.memory_bytes if entry.memory_bytes is not None else weight_file_bytes(entry.path)
+
     async def _load(self, entry: ModelEntry) -> None:
         entry.state, entry.error = LOADING, None
         start = time.perf_counter()
         log.info("loading model %s (%s)", entry.name, entry.path)
         try:
-            surge = await asyncio.to_thread(entry.build, entry.programs)
+            surge = await asyncio.to_thread(entry.build, entry.programs, dict(entry.adapters))
         except BaseException as exc:  # noqa: BLE001: a model that fails to load fails only its own requests
             log.exception("model %s failed to load", entry.name)
             entry.state, entry.error = FAILED, str(exc) or type(exc).__name__
             return
         self.server.adopt(entry.name, surge)
+        entry.adapters = {n: p for n, p in entry.adapters.items() if surge.adapter(n) is not None}  # (unreadable now)
+        entry.memory_bytes = self.footprint(surge)
         entry.state, entry.loads = LOADED, entry.loads + 1
         entry.load_seconds = time.perf_counter() - start
         entry.last_used = entry.loaded_at = time.monotonic()
-        log.info("model %s loaded in %.1f s", entry.name, entry.load_seconds)
+        log.info("model %s loaded in %.1f s (%.2f GiB)", entry.name, entry.load_seconds, entry.memory_bytes / 2**30)
+        if self.memory_budget is not None:
+            async with self._loop_lock():
+                await self._trim(entry)
+
+    async def _trim(self, keep: ModelEntry) -> None:
+        """After a load measured above its estimate: unload idle models, least recently used first, while the
+        loaded ones hold more than the budget (a model with requests in flight stays)."""
+        while True:
+            loaded = [e for e in self.entries.values() if e.state == LOADED]
+            if sum(self._expected_bytes(e) for e in loaded) <= self.memory_budget:
+                return
+            idle = sorted((e for e in loaded if e is not keep and self._in_flight(e.name) == 0),
+                          key=lambda e: e.last_used)
+            if not idle:
+                log.warning("the loaded models hold more than --models-memory-budget; the busy ones stay loaded")
+                return
+            await self._unload(idle[0])
 
     async def _unload(self, entry: ModelEntry) -> None:
         surge = self.server.surges.pop(entry.name, None)
@@ -225,6 +282,25 @@ class ModelRouter:
                     if (entry.state == LOADED and now - entry.last_used >= self.sleep_idle_seconds
                             and self._in_flight(entry.name) == 0):
                         await self._unload(entry)
+
+
+def surge_memory(surge) -> int:
+    """Bytes a loaded model holds: weights, KV pool and recurrent states (as /v1/stats counts them)."""
+    from .stats import memory_fields
+
+    fields = memory_fields(surge)
+    return fields["weight_bytes"] + fields["kv_cache_bytes"] + fields["state_cache_bytes"]
+
+
+def weight_file_bytes(path: str) -> int:
+    """The size of a model's weight files (a .gguf file, or an HF directory's safetensors/bin files): what
+    the router expects a model to hold before its first load tells it (the KV pool comes on top)."""
+    item = Path(path)
+    if item.is_file():
+        return item.stat().st_size
+    if item.is_dir():
+        return sum(f.stat().st_size for f in item.iterdir() if f.suffix in (".safetensors", ".bin", ".gguf"))
+    return 0
 
 
 class ModelRequest(BaseModel):
