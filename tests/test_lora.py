@@ -309,3 +309,42 @@ def test_adapters_run_tensor_and_data_parallel_on_both_engines(llama_adapters):
     assert got["paged_tp2"] == want
     assert got["dense_dp2_tp2"] == want
     assert got["specs"]["lora_q_b"] == "P(None, None, 'model')" and got["specs"]["lora_o_a"] == "P('model', None, None, None)"
+
+
+def test_adapters_with_speculation_and_structured_outputs(llama_adapters, default_model):
+    """An adapter's request with n-gram drafts (a prompt that repeats itself, so drafts are proposed and
+    mostly rejected) gets PEFT's greedy tokens, the verify rows running with its adapter; beside it, an
+    adapter's request constrained to a choice answers one of the choices."""
+    import asyncio
+
+    from vsurge import EngineConfig, SamplingParams, vSurge
+
+    base_dir, adapters, _ = llama_adapters
+    model, processor = load(str(base_dir), dtype="float32", progress=False)
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**ENGINE, max_loras=2, max_lora_rank=8,
+                                                                        speculative_tokens=3))
+    for k, (folder, _) in enumerate(adapters[:2]):
+        surge.load_adapter(f"a{k}", str(folder))
+    prompt = [7, 8, 9, 10, 11] * 4
+    steps = 12
+    speculating = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True, speculative_tokens=3)
+    choice = SamplingParams(max_tokens=8, temperature=0.0, structured={"choice": ["yes", "no", "maybe"]})
+
+    async def one(params, adapter):
+        tokens = []
+        async for samples in surge.submit(prompt, params, detokenize=False, adapter=adapter).updates():
+            tokens += samples[0].token_ids
+        return tokens
+
+    async def both():
+        return await asyncio.gather(one(speculating, "a0"), one(choice, "a1"))
+
+    surge.compile()
+    surge.start()
+    try:
+        drafted, chosen = asyncio.run(both())
+    finally:
+        surge.stop(5)
+    assert drafted == peft_greedy(adapters[0][1], prompt, steps)
+    assert surge.metrics.value("vsurge:spec_decode_num_draft_tokens_total") > 0
+    assert processor.decode(chosen, skip_special_tokens=True) in ("yes", "no", "maybe")
