@@ -63,6 +63,25 @@ def test_requests_select_adapters_by_model_name(server, lora_setup):
     assert message.model == "a0" and message.usage.output_tokens >= 1
 
 
+def test_the_dashboard_lists_the_resident_adapters(server):
+    """Real Chromium on /dashboard: the base model's panel lists an adapter on the device, with its running
+    requests."""
+    from test_web import model_rows, start_chromium, wait
+
+    completion(client_for(server), "a0", [1, 2, 3])  # a0 in a device slot
+    driver = start_chromium()  # (skips where selenium or Chromium is missing)
+    try:
+        from selenium.webdriver.common.by import By
+
+        driver.get(server.base + "/dashboard")
+        chips = ".model-panel[data-model=base] .adapters .adapter[data-adapter=a0]"
+        wait(driver, lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, chips)] == ["a0 · 0 running"],
+             timeout=20, message="adapter a0 in the base model's panel")
+        assert model_rows(driver)["base"]["state"] == "loaded"
+    finally:
+        driver.quit()
+
+
 def test_runtime_load_and_unload(server, lora_setup):
     _, _, adapters = lora_setup
     client = client_for(server)

@@ -91,6 +91,32 @@ def test_a_broken_model_fails_only_its_own_requests(server):
     assert ask(server, "a")  # the others keep serving
 
 
+def test_the_dashboard_lists_the_catalog(server):
+    """Real Chromium on /dashboard: a row per model the server may load, in the state /v1/stats gives, a loaded
+    one with its memory, a failed one with its reason."""
+    from test_web import model_rows, start_chromium, wait
+
+    def agreeing(driver):  # (an idle model may fall asleep meanwhile: the page follows within a poll)
+        rows, entries = model_rows(driver), {m["id"]: m for m in server.get("/v1/stats").json()["catalog"]}
+        shown = {name: row["state"].split("\n")[0] for name, row in rows.items()}
+        return shown == {name: e["state"] for name, e in entries.items()} and (rows, entries)
+
+    driver = start_chromium()
+    try:
+        driver.get(server.base + "/dashboard")
+        rows, entries = wait(driver, agreeing, timeout=20, message="the catalog's rows in their states")
+    finally:
+        driver.quit()
+    assert set(rows) == {"a", "b", "broken", "c"}
+    for name, row in rows.items():
+        entry = entries[name]
+        if entry["state"] == "loaded":
+            assert row["memory"] != "–" and row["weights"] != "–", row
+        elif "memory_bytes" not in entry:
+            assert row["memory"] == "–", row
+        assert (row["state"] != entry["state"]) == ("error" in entry), row  # a failure's reason, under its state
+
+
 def test_load_unload_routes_and_idle_sleep(server):
     r = server.post("/models/load", json={"model": "b"})
     assert r.status_code == 200 and r.json()["success"], r.text

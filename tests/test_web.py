@@ -394,6 +394,83 @@ def test_dashboard_follows_eight_running_requests(browser, server, tmp_path):
     assert page_p90 == pytest.approx(s["ttft"]["p90"])
 
 
+def model_rows(driver) -> dict:
+    """The dashboard's Models table, read at once (one poll's rendering): model -> {column: text}."""
+    return driver.execute_script("""
+        return Object.fromEntries([...document.querySelectorAll('#model-table tbody tr')].map((row) => [
+          row.dataset.model, Object.fromEntries([...row.cells].map((c) => [c.dataset.col, c.innerText]))]));
+    """)
+
+
+def row_cells(driver, model: str) -> dict:
+    return model_rows(driver).get(model, {})
+
+
+def test_dashboard_lists_the_model_with_its_memory(browser, server):
+    open_page(browser, server, "/dashboard")
+    row = wait(browser, lambda d: row_cells(d, MODEL), message="the model's row")
+    s = stats(server)
+    total = s["weight_bytes"] + s["kv_cache_bytes"] + s["state_cache_bytes"]
+    human = browser.execute_script("return window.vsurgeDashboard.formatBytes(arguments[0])", total)
+    assert row["state"] == "loaded" and row["memory"] == human and total > 0
+    assert row["memory"].split()[1] in ("KiB", "MiB", "GiB") and float(row["memory"].split()[0]) > 0
+    assert row["weights"] == browser.execute_script("return window.vsurgeDashboard.formatBytes(arguments[0])",
+                                                    s["weight_bytes"])
+    assert (row["loads"], row["load"]) == ("–", "–")  # one model, no router: loaded once, at start-up
+    assert tile(browser, "memory") == human
+    assert "weights" in browser.find_element(By.CSS_SELECTOR, "#model-0 .tile[data-tile=memory] .detail").text
+    assert not browser.find_element(By.CSS_SELECTOR, "#model-0 .adapters").is_displayed()  # no LoRA here
+    assert browser.execute_script("return window.vsurgeDashboard.formatBytes(730460160)") == "696.6 MiB"
+
+
+def test_dashboard_follows_a_catalog_and_adapters(browser, server):
+    """A multi-model server's /v1/stats, made from this server's by the page's fetch (a catalog, adapters,
+    the model unloaded and loaded again), with names that are HTML: the rows and panels follow, as text."""
+    open_page(browser, server, "/dashboard")
+    wait(browser, lambda d: row_cells(d, MODEL), message="the model's row")
+    evil = INJECTIONS[1]
+    browser.execute_script("""
+        const [model, evil] = arguments;
+        window.unloaded = false;
+        const original = window.fetch;
+        window.fetch = async (url, init) => {
+          const response = await original(url, init);
+          if (!String(url).includes('v1/stats')) return response;
+          const stats = await response.json();
+          stats.catalog = [
+            {id: model, state: window.unloaded ? 'unloaded' : 'loaded', path: '/models/m', loads: 2, load_seconds: 1.5},
+            {id: 'other', state: 'unloaded', path: '/models/o', loads: 1, load_seconds: 0.25, memory_bytes: 3 << 20},
+            {id: evil, state: 'failed', path: evil, loads: 0, load_seconds: null, error: 'bad file ' + evil}];
+          if (window.unloaded) stats.models = [];
+          stats.adapters = {[model]: {[evil]: 2, plain: 0}};
+          return new Response(JSON.stringify(stats), {headers: {'Content-Type': 'application/json'}});
+        };
+    """, MODEL, evil)
+    wait(browser, lambda d: row_cells(d, "other"), message="the catalog's rows")
+    rows = [r.get_attribute("data-model") for r in browser.find_elements(By.CSS_SELECTOR, "#model-table tbody tr")]
+    assert rows == [MODEL, "other", evil]
+    mine, other, failed = (row_cells(browser, name) for name in rows)
+    assert (mine["state"], mine["loads"], mine["load"]) == ("loaded", "2", "1.50 s") and mine["memory"] != "–"
+    assert (other["state"], other["memory"], other["weights"]) == ("unloaded", "3.0 MiB", "–")
+    assert failed["state"] == f"failed\nbad file {evil}" and failed["memory"] == "–"
+    chips = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#model-0 .adapters .adapter"),
+                 message="the adapters")
+    assert sorted(c.text for c in chips) == sorted([f"{evil} · 2 running", "plain · 0 running"])
+    page = browser.find_element(By.TAG_NAME, "main")
+    assert not page.find_elements(By.TAG_NAME, "img") and browser.execute_script("return window.pwned") is None
+
+    browser.execute_script("window.unloaded = true")  # unloaded: its panel goes, its row stays
+    wait(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "#models .model-panel"), timeout=10,
+         message="the panel to go")
+    assert row_cells(browser, MODEL)["state"] == "unloaded" and row_cells(browser, MODEL)["memory"] == "–"
+    browser.execute_script("window.unloaded = false")  # loaded again: a new panel, charts from scratch
+    panel = wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#models .model-panel"), timeout=10,
+                 message="the panel to come back")
+    assert len(panel) == 1 and panel[0].get_attribute("data-model") == MODEL
+    assert panel[0].get_attribute("id") != "model-0"  # a fresh id: never two panels with one
+    wait(browser, lambda d: row_cells(d, MODEL)["state"] == "loaded", timeout=10)
+
+
 # ---------------------------------------------------------------- /v1/stats against /metrics
 def metric_samples(server) -> dict:
     samples = {}

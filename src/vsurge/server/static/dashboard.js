@@ -11,6 +11,7 @@ const COLORS = { blue: "#2f6fde", orange: "#e8833a", green: "#2e9e5b", red: "#d6
 
 const $ = (id) => document.getElementById(id);
 const panels = new Map();
+let panelsMade = 0; // panel ids stay unique while models come and go
 
 // Prometheus' histogram_quantile over cumulative counts (the last one is the +Inf bucket).
 export function bucketQuantile(q, bounds, counts) {
@@ -49,6 +50,27 @@ function seconds(v) {
   return v < 1 ? `${(v * 1000).toFixed(v < 0.01 ? 1 : 0)} ms` : `${v.toFixed(2)} s`;
 }
 
+const BYTE_UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+// Binary units, the way device memory is sized: 730460160 -> "696.6 MiB".
+export function formatBytes(n) {
+  if (!Number.isFinite(n) || n < 0) return "–";
+  let unit = 0;
+  while (n >= 1024 && unit < BYTE_UNITS.length - 1) {
+    n /= 1024;
+    unit++;
+  }
+  return unit === 0 ? `${n} B` : `${n.toFixed(1)} ${BYTE_UNITS[unit]}`;
+}
+
+// A loaded model's footprint: weights, KV pages and (hybrid models) recurrent states, all its engines.
+function memoryOf(m) {
+  const state = m.state_cache_bytes || 0;
+  return { total: m.weight_bytes + m.kv_cache_bytes + state, weights: m.weight_bytes, kv: m.kv_cache_bytes, state };
+}
+
+// An own field only: names are the user's, and "constructor" must not find Object's.
+const own = (object, key) => (object && Object.hasOwn(object, key) ? object[key] : undefined);
+
 function formatUptime(s) {
   const d = Math.floor(s / 86400);
   const h = Math.floor((s % 86400) / 3600);
@@ -73,11 +95,15 @@ class ModelPanel {
     this.tileValues = {};
     const tiles = [["running", "Running"], ["waiting", "Waiting"], ["toks", "Output tok/s"],
       ["finished", "Finished"], ["failures", "Failures"], ["preemptions", "Preemptions"], ["kv", "KV cache"],
-      ["prefix", "Prefix-cache hits"], ["ttft", "TTFT p50 / p99"], ["itl", "ITL p50 / p99"]];
+      ["memory", "Memory"], ["prefix", "Prefix-cache hits"], ["ttft", "TTFT p50 / p99"], ["itl", "ITL p50 / p99"]];
     for (const [key, label] of tiles) this.addTile(key, label);
+    this.memoryDetail = document.createElement("div"); // the split under the total: seen without hovering
+    this.memoryDetail.className = "detail";
+    this.tileValues.memory.after(this.memoryDetail);
+    this.adapters = this.adapterListing();
     const charts = document.createElement("div");
     charts.className = "charts";
-    this.root.append(title, this.tiles, charts);
+    this.root.append(title, this.tiles, this.adapters, charts);
     parent.append(this.root);
     const c = COLORS;
     this.charts = {
@@ -117,6 +143,40 @@ class ModelPanel {
     this.charts.handover.root.id = `${this.root.id}-handover`;
   }
 
+  // LoRA adapters in the engine's device slots, each with its running requests (hidden without LoRA).
+  adapterListing() {
+    const box = document.createElement("div");
+    box.className = "adapters";
+    box.hidden = true;
+    const label = document.createElement("span");
+    label.className = "label";
+    label.textContent = "LoRA adapters on the device";
+    this.adapterList = document.createElement("span");
+    this.adapterList.className = "list";
+    box.append(label, this.adapterList);
+    return box;
+  }
+
+  showAdapters(resident) {
+    this.adapters.hidden = resident === undefined;
+    if (resident === undefined) return;
+    const chips = Object.entries(resident).sort(([a], [b]) => a.localeCompare(b)).map(([name, running]) => {
+      const chip = document.createElement("span");
+      chip.className = "adapter";
+      chip.dataset.adapter = name;
+      chip.dataset.running = String(running);
+      chip.textContent = `${name} · ${count(running)} running`;
+      return chip;
+    });
+    if (!chips.length) {
+      const none = document.createElement("span");
+      none.className = "none";
+      none.textContent = "none now (each is copied in by its first request)";
+      chips.push(none);
+    }
+    this.adapterList.replaceChildren(...chips);
+  }
+
   addTile(key, label) {
     const tile = document.createElement("div");
     tile.className = "tile";
@@ -137,7 +197,8 @@ class ModelPanel {
     if (tooltip !== undefined) this.tileValues[key].title = tooltip;
   }
 
-  update(t, m) {
+  // `resident`: this model's entry of /v1/stats' adapters, undefined when it serves no LoRA adapters.
+  update(t, m, resident) {
     const last = this.history[this.history.length - 1];
     if (last && (t <= last.t || m.streamed_tokens < last.model.streamed_tokens)) this.history = []; // restarted
     const previous = this.history[this.history.length - 1];
@@ -173,6 +234,13 @@ class ModelPanel {
       `${m.prefix_cache_hits} of ${m.prefix_cache_queries} prompt tokens since start` +
       (tiers.length ? `; by tier: ${tiers.map(([tier, n]) => `${tier} ${n}`).join(", ")}` : "") +
       (swaps.out ? `; pages swapped out ${swaps.out}, found again ${swaps.in || 0}` : ""));
+    const memory = memoryOf(m);
+    this.setTile("memory", formatBytes(memory.total), `weights ${formatBytes(memory.weights)} · KV cache ` +
+      `${formatBytes(memory.kv)} (${m.kv_cache_pages} pages)` +
+      (memory.state ? ` · recurrent state ${formatBytes(memory.state)}` : ""));
+    this.memoryDetail.textContent = `weights ${formatBytes(memory.weights)} · KV ${formatBytes(memory.kv)}` +
+      (memory.state ? ` · state ${formatBytes(memory.state)}` : "");
+    this.showAdapters(resident);
     this.setTile("ttft", `${seconds(m.ttft.p50)} / ${seconds(m.ttft.p99)}`, `${m.ttft.count} requests since start`);
     this.setTile("itl", `${seconds(m.itl.p50)} / ${seconds(m.itl.p99)}`, `${m.itl.count} gaps since start`);
 
@@ -198,17 +266,112 @@ class ModelPanel {
   }
 }
 
+// One row per model the server may serve: the router's catalog (several models), else the loaded ones.
+function modelRows(stats) {
+  const loaded = new Map(stats.models.map((m) => [m.name, m]));
+  if (stats.catalog && stats.catalog.length) {
+    return stats.catalog.map((e) => ({ id: e.id, state: e.state, path: e.path, loads: e.loads,
+      loadSeconds: e.load_seconds, error: e.error, memoryBytes: e.memory_bytes, model: loaded.get(e.id) }));
+  }
+  return stats.models.map((m) => ({ id: m.name, state: m.ready ? "loaded" : "loading", model: m }));
+}
+
+const COLUMNS = ["name", "state", "memory", "weights", "kv", "recurrent", "loads", "load"];
+
+// The Models table: rows keyed by model, kept (not rebuilt) so a hovered title survives the next poll.
+class ModelTable {
+  constructor(body) {
+    this.body = body;
+    this.rows = new Map();
+  }
+
+  update(rows) {
+    const ids = new Set(rows.map((r) => r.id));
+    for (const [id, tr] of this.rows) {
+      if (!ids.has(id)) {
+        tr.remove();
+        this.rows.delete(id);
+      }
+    }
+    rows.forEach((row, i) => {
+      if (!this.rows.has(row.id)) this.rows.set(row.id, this.addRow(row.id));
+      const tr = this.rows.get(row.id);
+      this.fill(tr, row);
+      if (this.body.children[i] !== tr) this.body.insertBefore(tr, this.body.children[i] || null);
+    });
+  }
+
+  addRow(id) {
+    const tr = document.createElement("tr");
+    tr.dataset.model = id;
+    for (const key of COLUMNS) {
+      const td = document.createElement("td");
+      td.dataset.col = key;
+      tr.append(td);
+    }
+    return tr;
+  }
+
+  fill(tr, row) {
+    const cell = (key) => tr.querySelector(`td[data-col=${key}]`);
+    cell("name").textContent = row.id;
+    cell("name").title = row.path || "";
+    const state = cell("state");
+    if (state.dataset.state !== row.state || state.dataset.error !== (row.error || "")) { // (keeps a selection)
+      state.dataset.state = row.state;
+      state.dataset.error = row.error || "";
+      state.textContent = row.state;
+      if (row.error) { // a failed load's reason, under its state: the operator's next step
+        const error = document.createElement("div");
+        error.className = "error";
+        error.textContent = row.error;
+        state.append(error);
+      }
+    }
+    const m = row.model && memoryOf(row.model);
+    const total = Number.isFinite(row.memoryBytes) ? row.memoryBytes : m ? m.total : null;
+    cell("memory").textContent = formatBytes(total);
+    // an unloaded model's figure is its footprint when last loaded: what loading it again will take
+    cell("memory").classList.toggle("stale", !m && total !== null);
+    cell("memory").title = !m && total !== null ? "its footprint when it was last loaded" : "";
+    cell("weights").textContent = m ? formatBytes(m.weights) : "–";
+    cell("kv").textContent = m ? formatBytes(m.kv) : "–";
+    cell("kv").title = m ? `${row.model.kv_cache_pages} pages` : "";
+    cell("recurrent").textContent = m ? formatBytes(m.state) : "–";
+    cell("loads").textContent = count(row.loads);
+    cell("load").textContent = Number.isFinite(row.loadSeconds) ? seconds(row.loadSeconds) : "–";
+  }
+}
+
+const modelTable = new ModelTable(document.querySelector("#model-table tbody"));
+
+// A model unloaded since the last poll loses its panel (the table keeps its row); a loaded one gains one,
+// in the server's order.
+function updatePanels(stats) {
+  const container = $("models");
+  const names = new Set(stats.models.map((m) => m.name));
+  for (const [name, panel] of panels) {
+    if (!names.has(name)) {
+      panel.root.remove();
+      panels.delete(name);
+    }
+  }
+  stats.models.forEach((model, i) => {
+    if (!panels.has(model.name)) panels.set(model.name, new ModelPanel(container, model.name, panelsMade++));
+    const panel = panels.get(model.name);
+    panel.update(stats.timestamp, model, own(stats.adapters, model.name));
+    if (container.children[i] !== panel.root) container.insertBefore(panel.root, container.children[i] || null);
+  });
+}
+
 let polling = true;
 
 async function poll() {
   try {
     const stats = await getJSON("v1/stats");
     $("banner").hidden = true;
-    const container = $("models");
-    stats.models.forEach((model, index) => {
-      if (!panels.has(model.name)) panels.set(model.name, new ModelPanel(container, model.name, index));
-      panels.get(model.name).update(stats.timestamp, model);
-    });
+    modelTable.update(modelRows(stats));
+    updatePanels(stats);
     $("status").textContent = `up ${formatUptime(stats.uptime_s)} · updated ` +
       new Date(stats.timestamp * 1000).toLocaleTimeString();
     document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1);
@@ -223,5 +386,5 @@ async function poll() {
   if (polling) setTimeout(poll, POLL_MS);
 }
 
-window.vsurgeDashboard = { panels, bucketQuantile, stop: () => { polling = false; } };
+window.vsurgeDashboard = { panels, bucketQuantile, formatBytes, stop: () => { polling = false; } };
 poll();
