@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from server_process import ServerProcess, client_for
+from test_lora import write_peft_adapter
 from tiny_models import write_tiny_model
 
 PROMPT = [11, 12, 13, 14, 15, 16, 17, 18]
@@ -29,11 +30,13 @@ def models(tmp_path_factory, default_processor_dir):
     shelf = root / "shelf"
     shelf.mkdir()
     torch_b = write_tiny_model("qwen2", shelf / "b", default_processor_dir)
+    # a LoRA adapter of b (PEFT writes it over an identical copy of b's weights), loaded at run time
+    peft_b = write_peft_adapter(root / "b_copy", root / "b_lora", default_processor_dir, 8, seed=30, family="qwen2")
     (shelf / "broken.gguf").write_bytes(b"GGUF\x03\x00\x00\x00 this is not a model")
     # "c": model b again under its own options (a --models-config entry)
     (root / "models.json").write_text(json.dumps({"c": {"path": str(shelf / "b"), "max-length": 48,
                                                         "generation-config": "vsurge"}}))
-    return root, {"a": torch_a, "b": torch_b}
+    return root, {"a": torch_a, "b": torch_b, "b_lora": peft_b}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +44,8 @@ def server(models, cache_dir):
     root, _ = models
     server = ServerProcess(f"a={root / 'a'}", "--models-dir", str(root / "shelf"), "--models-config",
                            str(root / "models.json"), "--max-loaded-models", "1",
-                           "--sleep-idle-seconds", str(IDLE_S), "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "64",
+                           "--sleep-idle-seconds", str(IDLE_S), "--enable-lora", "--max-lora-rank", "8",
+                           "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "64",
                            "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0
@@ -61,13 +65,23 @@ def ask(server, model: str) -> str:
     return reply.choices[0].text
 
 
+def unload(server, name: str):
+    """POST /models/unload, again while it answers 409 (a request just answered counts as in flight a moment)."""
+    for _ in range(20):
+        r = server.post("/models/unload", json={"model": name})
+        if r.status_code != 409:
+            return r
+        time.sleep(0.2)
+    return r
+
+
 def states(server) -> dict:
-    return {m["id"]: m["status"]["value"] for m in server.get("/v1/models").json()["data"]}
+    return {m["id"]: m["status"]["value"] for m in server.get("/v1/models").json()["data"] if not m["parent"]}
 
 
 def test_each_model_answers_and_alternating_requests_swap_them_losing_none(server, models, default_model):
     _, torch_models = models
-    want = {name: greedy_text(m, default_model[1]) for name, m in torch_models.items()}
+    want = {name: greedy_text(m, default_model[1]) for name, m in torch_models.items() if name in ("a", "b")}
     assert want["a"] != want["b"]
     assert states(server) == {"a": "loaded", "b": "unloaded", "broken": "unloaded", "c": "unloaded"}
     for name in ("b", "a", "b", "a"):  # one at a time: each swaps
@@ -81,6 +95,7 @@ def test_each_model_answers_and_alternating_requests_swap_them_losing_none(serve
     assert all(text == want[name] for name, text in answers), answers
     catalog = {m["id"]: m for m in server.get("/v1/stats").json()["catalog"]}
     assert catalog["b"]["loads"] >= 3 and catalog["a"]["loads"] >= 2
+    assert catalog["a"]["memory_bytes"] > 0 and catalog["b"]["memory_bytes"] > 0  # (what the budget counts)
     print("load seconds (warm compilation cache):", {n: m["load_seconds"] for n, m in catalog.items()})
 
 
@@ -117,11 +132,29 @@ def test_the_dashboard_lists_the_catalog(server):
         assert (row["state"] != entry["state"]) == ("error" in entry), row  # a failure's reason, under its state
 
 
+def test_an_adapter_loaded_for_the_second_model_survives_its_unload(server, models, default_model):
+    """POST /v1/load_lora_adapter naming model b loads b and serves the adapter with PEFT's greedy text; after b
+    is unloaded, /v1/models still lists the adapter under b, and a request for the adapter loads b with it."""
+    root, torch_models = models
+    want = greedy_text(torch_models["b_lora"], default_model[1])
+    assert want != greedy_text(torch_models["b"], default_model[1])
+    r = server.post("/v1/load_lora_adapter", json={"lora_name": "bl", "lora_path": str(root / "b_lora"), "model": "b"})
+    assert r.status_code == 200, r.text
+    assert ask(server, "bl") == want
+    assert unload(server, "b").status_code == 200
+    listed = {m["id"]: m for m in server.get("/v1/models").json()["data"]}
+    assert listed["bl"]["parent"] == "b" and listed["b"]["status"]["value"] == "unloaded"
+    assert ask(server, "bl") == want  # b loads again, with its adapter
+    assert states(server)["b"] == "loaded"
+    assert server.post("/v1/unload_lora_adapter", json={"lora_name": "bl"}).status_code == 200
+    assert server.post("/v1/completions", json={"model": "bl", "prompt": "hi", "max_tokens": 2}).status_code == 404
+
+
 def test_load_unload_routes_and_idle_sleep(server):
     r = server.post("/models/load", json={"model": "b"})
     assert r.status_code == 200 and r.json()["success"], r.text
     assert states(server)["b"] == "loaded" and states(server)["a"] == "unloaded"
-    assert server.post("/models/unload", json={"model": "b"}).status_code == 200
+    assert unload(server, "b").status_code == 200
     assert states(server)["b"] == "unloaded"
     assert server.post("/models/load", json={"model": "nope"}).status_code == 404
     ask(server, "a")
@@ -148,3 +181,22 @@ def test_bad_models_config_options_are_named(tmp_path, options, message):
     (tmp_path / "m.json").write_text(json.dumps({"m": options}))
     with pytest.raises(ValueError, match=message):
         model_options(argparse.Namespace(models_config=str(tmp_path / "m.json")), "m", {})
+
+
+@pytest.mark.parametrize("lora, want", [
+    ({"sql": "/a/sql"}, {"sql": "/a/sql"}),
+    (["sql=/a/sql", "poet=/a/poet"], {"sql": "/a/sql", "poet": "/a/poet"}),
+    (["sql"], "lora takes"),
+    ({"sql": 3}, "lora takes"),
+])
+def test_a_models_config_entrys_adapters(tmp_path, lora, want):
+    from vsurge.cli_models import config_adapters, model_options
+
+    (tmp_path / "m.json").write_text(json.dumps({"m": {"path": "x", "lora": lora}}))
+    args = argparse.Namespace(models_config=str(tmp_path / "m.json"))
+    if isinstance(want, str):
+        with pytest.raises(ValueError, match=want):
+            config_adapters(args, "m")
+    else:
+        assert config_adapters(args, "m") == want
+        assert model_options(args, "m", {})[1] == {}  # (not an engine option)
