@@ -23,6 +23,7 @@ from tiny_models import write_tiny_model
 TOL = 1e-4
 FAMILIES = ("llama", "qwen2", "phi3", "glm4", "gemma2")  # plain, biases, fused HF qkv/gate_up, interleaved rotary, gemma
 SLOTS, RANK = 3, 8
+WITH_EMBED_AND_HEAD = r".*(_proj|lm_head|embed_tokens)"  # PEFT's target_modules as a regex: every projection too
 
 
 def write_peft_adapter(base_dir, folder, tokenizer_dir, rank: int, seed: int, **config):
@@ -49,9 +50,10 @@ def family(request, tmp_path_factory, default_processor_dir):
     root = tmp_path_factory.mktemp(f"lora_{name}")
     torch_base = write_tiny_model(name, root / "base", default_processor_dir)
     adapters = []
-    for k, (rank, rslora) in enumerate(((RANK, False), (4, True))):
+    # the second adapter also adapts the embedding and the output head (PEFT's Embedding and lm_head LoRA)
+    for k, (rank, rslora, targets) in enumerate(((RANK, False, "all-linear"), (4, True, WITH_EMBED_AND_HEAD))):
         peft_model = write_peft_adapter(root / f"base{k}", root / f"adapter{k}", default_processor_dir, rank,
-                                        seed=10 + k, family=name, use_rslora=rslora)
+                                        seed=10 + k, family=name, use_rslora=rslora, targets=targets)
         adapters.append(peft_model)
     model, _ = load(str(root / "base"), dtype="float32", progress=False, load_processor=False)
     stacks.attach(model, SLOTS, RANK)
@@ -118,8 +120,9 @@ def test_rows_of_different_adapters_in_one_stream_get_their_own_deltas(family):
 
 def test_compiled_pass_has_one_dot_per_site_however_many_slots(family):
     """2 + 2 + 3 + 2 dots of adapters per layer (A then B of each projection: qkv 1 + 3, o 1 + 1,
-    gate_up 1 + 2, down 1 + 1), the same with 3 slots as the count of adapters used: no dot per adapter,
-    and the base weights stay as they are (no merged copy)."""
+    gate_up 1 + 2, down 1 + 1), plus the embedding's B (its A is read by token) and the head's A and B, the
+    same with 3 slots as the count of adapters used: no dot per adapter, and the base weights stay as they
+    are (no merged copy)."""
     model, adapters, _, _ = family
     graphdef, state = nnx.split(model)
 
@@ -133,7 +136,7 @@ def test_compiled_pass_has_one_dot_per_site_however_many_slots(family):
         return text.count("stablehlo.dot_general")
 
     extra = dots(True) - dots(False)
-    assert extra == 11 * model.config.num_layers, extra
+    assert extra == 11 * model.config.num_layers + 1 + 2, extra  # + the embedding's B, the head's A and B
     weights_before = {k: np.asarray(v) for k, v in model.named_weights().items()}
     stacks.write(model, 0, adapters[0][0])
     assert all(np.array_equal(weights_before[k], np.asarray(v)) for k, v in model.named_weights().items())
@@ -169,7 +172,13 @@ Q = "base_model.model.model.layers.0.self_attn.q_proj"
     ("unknown module", BASE_CONFIG, {"base_model.model.model.layers.0.self_attn.rotary.lora_A.weight": np.zeros((4, 4), np.float32),
                                      "base_model.model.model.layers.0.self_attn.rotary.lora_B.weight": np.zeros((4, 4), np.float32)},
      "does not serve adapters on"),
-    ("embedding lora", BASE_CONFIG, {"base_model.model.model.embed_tokens.lora_embedding_A": np.zeros((4, 4), np.float32)},
+    ("embedding of another vocabulary", BASE_CONFIG,
+     {"base_model.model.model.embed_tokens.lora_embedding_A": np.zeros((4, 100), np.float32),
+      "base_model.model.model.embed_tokens.lora_embedding_B": np.zeros((576, 4), np.float32)}, "takes 100 inputs"),
+    ("resized vocabulary", BASE_CONFIG,
+     {"base_model.model.model.embed_tokens.base_layer.weight": np.zeros((50000, 576), np.float32)},
+     "resize the vocabulary"),
+    ("not a matrix", BASE_CONFIG, {"base_model.model.model.norm.weight": np.zeros((4,), np.float32)},
      "not a LoRA A/B matrix"),
     ("half a pair", BASE_CONFIG, {f"{Q}.lora_A.weight": np.zeros((4, 64), np.float32)}, "lora_B missing"),
 ])
@@ -192,12 +201,13 @@ ENGINE = dict(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,)
 
 @pytest.fixture(scope="module")
 def llama_adapters(tmp_path_factory, default_processor_dir):
-    """A tiny Llama and three random PEFT adapters of ranks 8, 4, 8: (base dir, [(dir, PEFT model)], torch base)."""
+    """A tiny Llama and three random PEFT adapters of ranks 8, 4, 8 (the third on the embedding and head too):
+    (base dir, [(dir, PEFT model)], torch base)."""
     root = tmp_path_factory.mktemp("lora_engine")
     torch_base = write_tiny_model("llama", root / "base", default_processor_dir)
     adapters = [(root / f"adapter{k}", write_peft_adapter(root / f"base{k}", root / f"adapter{k}", default_processor_dir,
-                                                           rank, seed=20 + k, family="llama"))
-                for k, rank in enumerate((8, 4, 8))]
+                                                           rank, seed=20 + k, family="llama", targets=targets))
+                for k, (rank, targets) in enumerate(((8, "all-linear"), (4, "all-linear"), (8, WITH_EMBED_AND_HEAD)))]
     return root / "base", adapters, torch_base
 
 

@@ -30,7 +30,7 @@ from flax import nnx
 from ..kv.paged import PagedAttentionCache, StepLayout
 from ..kv.recurrent import run_fresh
 from ..ops.attention import attend
-from ..ops.lora import lora_rows
+from ..ops.lora import lora_head_rows, lora_rows
 from ..ops.quantized import real_rows
 from ..ops.sampling import TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalties_active, token_logprobs
 from ..structured.bitmask import apply_token_bitmask
@@ -214,10 +214,11 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
             layout = dataclasses.replace(
                 layout, decode_slots=dr.state_slots, decode_restore=jnp.where(first, dr.restore, -1),
                 draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
-        hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
         with real_rows(active if batch.drafts is None else None), lora_rows(batch.adapters):  # (padding: skipped)
+            hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
             hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
-        logits = model.logits(hidden[0])  # (D, V)
+        with lora_head_rows(batch.adapters):
+            logits = model.logits(hidden[0])  # (D, V)
         new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
         new = jnp.where(active, new, tokens)
         lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & active)
@@ -245,14 +246,16 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     model = nnx.merge(graphdef, graphstate, graphother)
     d = batch.from_device.shape[0]
     fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
-    hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
+    with lora_rows(batch.adapters):
+        hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
     if batch.media_embeds is not None:  # image positions take their encoder embeddings
         hidden = jnp.where(batch.media_mask[None, :, None], batch.media_embeds[None].astype(hidden.dtype), hidden)
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
     with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
         hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
-    logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
+    with lora_head_rows(None if batch.adapters is None else batch.adapters[batch.logits_index]):
+        logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
     lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)
     slots = _remember(_count(state.slots, batch.slots, new, batch.samples), batch.slots, new, batch.samples,

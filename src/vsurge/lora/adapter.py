@@ -20,9 +20,11 @@ import numpy as np
 
 from ..errors import UnsupportedModelError
 from ..models.spec import _unpermute
-from .layout import Projection, model_projections
+from .layout import Projection, adapter_holders
 
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?P<part>[AB])(?:\.[\w-]+)?\.weight$")
+# PEFT's names: `<module>.lora_A.weight` of a linear projection, `<module>.lora_embedding_A` of an embedding
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.lora_(?:embedding_)?(?P<part>[AB])(?:\.[\w-]+)?"
+                  r"(?:\.weight)?$")
 
 
 class AdapterError(ValueError):
@@ -102,10 +104,13 @@ def load_peft(name: str, path: str | Path, model, max_rank: int) -> Adapter:
     tensors = _read_tensors(folder)
     pairs: dict[str, dict[str, np.ndarray]] = {}
     for key, value in tensors.items():
+        if key.endswith(".base_layer.weight"):  # PEFT's copy of a base embedding or head it adapts: the model's own
+            _check_base_copy(folder, key, value, model)
+            continue
         match = _KEY.match(key)
         if match is None:
-            raise AdapterError(f"{folder}: tensor {key!r} is not a LoRA A/B matrix of a linear projection "
-                               "(embedding and other adapters are not supported)")
+            raise AdapterError(f"{folder}: tensor {key!r} is not a LoRA A/B matrix of a linear projection or "
+                               "an embedding")
         pairs.setdefault(match["module"], {})[match["part"]] = np.asarray(value, np.float32)
 
     def scale(module: str, r: int) -> float:
@@ -117,6 +122,15 @@ def load_peft(name: str, path: str | Path, model, max_rank: int) -> Adapter:
 
     digest = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
     return _assemble(name, folder, pairs, scale, model, max_rank, "hf", digest)
+
+
+def _check_base_copy(folder: Path, key: str, value, model) -> None:
+    """PEFT saves the base embedding and head beside their adapters (save_embedding_layers): the model's own
+    weights serve them, which holds while the vocabulary is the model's (a resized one is refused)."""
+    c = model.config
+    if tuple(value.shape) != (c.vocab_size, c.hidden_size):
+        raise AdapterError(f"{folder}: {key} is {tuple(value.shape)}, the model's embedding is "
+                           f"{(c.vocab_size, c.hidden_size)}: adapters that resize the vocabulary are not supported")
 
 
 def load_gguf_lora(name: str, path: str | Path, model, max_rank: int) -> Adapter:
@@ -155,8 +169,8 @@ def _assemble(name: str, source: Path, pairs: dict[str, dict[str, np.ndarray]], 
     if not pairs:
         raise AdapterError(f"{source}: the adapter holds no LoRA weights")
     targets: dict[str, list[Projection]] = {}
-    for layer in model_projections(model):
-        for projections in layer.values():
+    for _, _, sites in adapter_holders(model):
+        for projections in sites.values():
             for p in projections:
                 key = p.hf_module if fmt == "hf" else p.gguf_tensor
                 if key is not None:
@@ -168,7 +182,8 @@ def _assemble(name: str, source: Path, pairs: dict[str, dict[str, np.ndarray]], 
         projections = targets.get(module)
         if projections is None:
             raise AdapterError(f"adapter {name!r} adapts {module}, which this model ({model.config.architecture}) "
-                               "does not serve adapters on (supported: the attention and dense MLP projections)")
+                               "does not serve adapters on (supported: the attention and dense MLP projections, "
+                               "and in PEFT's form the embedding and output head)")
         a, b = parts["A"], parts["B"]  # (r, in), (out, r)
         r = a.shape[0]
         if a.ndim != 2 or b.ndim != 2 or b.shape[1] != r:

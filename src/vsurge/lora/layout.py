@@ -8,6 +8,11 @@ fused tensor, a rotary row permutation), read from the family's own weight decla
     o         wo           o              (input: the attention output)
     gate_up   w_gate_up    gate, up       (input: the normed hidden state)
     down      w_down       down           (input: the gated activation)
+
+and, on the model itself (layer -1), PEFT's embedding and output-head adapters:
+
+    embed     embed        embed          (input: the token, as a one-hot row of the vocabulary)
+    head      lm_head      head           (input: the final hidden state)
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ SITES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gate_up": ("w_gate_up", ("gate", "up")),
     "down": ("w_down", ("down",)),
 }
+MODEL_SITES: dict[str, tuple[str, tuple[str, ...]]] = {"embed": ("embed", ("embed",)), "head": ("lm_head", ("head",))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,3 +90,26 @@ def layer_projections(model_cls, config, i: int) -> dict[str, list[Projection]]:
 def model_projections(model) -> list[dict[str, list[Projection]]]:
     """Per layer, its sites' projections."""
     return [layer_projections(type(model), model.config, i) for i in range(model.config.num_layers)]
+
+
+def global_projections(model) -> dict[str, list[Projection]]:
+    """The embedding's and output head's adapter sites (layer -1). HF names only: the head is `lm_head` in
+    PEFT's names even where the checkpoint ties it to the embedding."""
+    c, specs = model.config, type(model).global_weights(model.config)
+    embed = specs["embed"].hf
+    head = specs["lm_head"].hf if "lm_head" in specs else Tensor("lm_head.weight", (c.vocab_size, c.hidden_size))
+    return {"embed": [Projection(-1, "embed", "embed", c.vocab_size, c.hidden_size, embed, None)],
+            "head": [Projection(-1, "head", "head", c.hidden_size, c.vocab_size, head, None)]}
+
+
+def adapter_holders(model) -> list[tuple[object, str, dict[str, list[Projection]]]]:
+    """(the object holding a group of stacks, the prefix of its weights' names, its sites' projections): each
+    layer, then the model (embedding and head)."""
+    layers = [(layer, f"layers.{i}.", sites) for i, (layer, sites) in enumerate(zip(model.layers,
+                                                                                     model_projections(model)))]
+    return layers + [(model, "", global_projections(model))]
+
+
+def site_weight(site: str) -> str:
+    """The model weight an adapter site rides on (its sharding is the stacks')."""
+    return (SITES.get(site) or MODEL_SITES[site])[0]

@@ -1,5 +1,6 @@
 """The adapter slots on the device: per layer and site, A (K, L, S, R) and per projection B (L, R, N)
-(ops/lora.py multiplies them), as `LoraStack` variables of the model's layers.
+(ops/lora.py multiplies them), as `LoraStack` variables of the model's layers (and of the model, for
+the embedding and the output head).
 
 `attach` adds them (zeros: no slot adapts anything) before the engine splits the model; `write`
 puts one adapter in one slot (ranks below R zero-padded, projections it does not adapt zeroed).
@@ -18,7 +19,7 @@ import numpy as np
 
 from ..ops.lora import LoraStack
 from .adapter import Adapter
-from .layout import SITES, model_projections
+from .layout import adapter_holders, site_weight
 
 
 def stack_dtype(model):
@@ -35,16 +36,18 @@ def attach(model, slots: int, rank: int, mesh=None) -> None:
     """Give every adaptable site of the model `slots` adapter slots of rank `rank` (in place; on `mesh`
     when the model's weights are split over one)."""
     dtype = stack_dtype(model)
-    axes = model.weight_axes() if mesh is not None else {}
-    for i, (layer, sites) in enumerate(zip(model.layers, model_projections(model))):
+    axes = {"lm_head": ("embed", "vocab"), **model.weight_axes()} if mesh is not None else {}
+    for holder, prefix, sites in adapter_holders(model):
         for site, projections in sites.items():
-            fan_in_axis, fan_out_axis = axes.get(f"layers.{i}.{SITES[site][0]}", (None, None))
+            fan_in_axis, fan_out_axis = axes.get(prefix + site_weight(site), (None, None))
+            if site == "embed":  # (the embedding's axes are (vocab, embed): its A is read by token)
+                fan_in_axis, fan_out_axis = None, None
             fan_in = projections[0].fan_in
             a = _zeros((fan_in, slots, len(projections), rank), dtype, mesh, (fan_in_axis, None, None, None))
-            setattr(layer, f"lora_{site}_a", LoraStack(a))
+            setattr(holder, f"lora_{site}_a", LoraStack(a))
             for p in projections:
                 b = _zeros((slots, rank, p.fan_out), dtype, mesh, (None, None, fan_out_axis))
-                setattr(layer, f"lora_{p.name}_b", LoraStack(b))
+                setattr(holder, f"lora_{p.name}_b", LoraStack(b))
 
 
 def _zeros(shape, dtype, mesh, axes):
@@ -58,8 +61,8 @@ def _zeros(shape, dtype, mesh, axes):
 
 def attached(model) -> tuple[int, int] | None:
     """(slots, rank) of the model's adapter stacks, or None without them."""
-    for layer in model.layers:
-        for name, value in vars(layer).items():
+    for holder in [*model.layers, model]:
+        for name, value in vars(holder).items():
             if isinstance(value, LoraStack) and name.endswith("_a"):
                 return value[...].shape[1], value[...].shape[3]
     return None
@@ -70,12 +73,12 @@ def write(model, slot: int, adapter: Adapter | None) -> None:
     rank = attached(model)[1]
     weights = {} if adapter is None else adapter.weights
     variables, values = [], []  # each stack and its slot's new contents
-    for i, (layer, sites) in enumerate(zip(model.layers, model_projections(model))):
+    for layer, _, sites in adapter_holders(model):
         for site, projections in sites.items():
             a_slot = np.zeros((projections[0].fan_in, len(projections), rank), np.float32)
             for s, p in enumerate(projections):
                 b_slot = np.zeros((rank, p.fan_out), np.float32)
-                pair = weights.get((i, site, p.name))
+                pair = weights.get((p.layer, site, p.name))
                 if pair is not None:
                     a, b = pair
                     a_slot[:, s, : a.shape[1]] = a

@@ -40,7 +40,7 @@ from flax import nnx
 
 from ..config import BLOCK_QUANTIZATIONS, ModelConfig
 from ..kv.dense import NoCache
-from ..ops.lora import LoraStack
+from ..ops.lora import LoraStack, head_delta, lora_embedding
 from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
@@ -381,6 +381,8 @@ class CausalLM(nnx.Module):
             rows = jax.lax.bitcast_convert_type(table[input_ids], self.param_dtype)
         else:
             rows = table[input_ids]
+        if hasattr(self, "lora_embed_a"):  # LoRA adapters of the embedding (ops/lora.py), before its scale
+            rows = lora_embedding(input_ids, rows, self.lora_embed_a[...], self.lora_embed_b[...])
         if self.embed_scale is not None:  # scaled in the weights' dtype, as the references do
             rows = rows * jnp.asarray(self.embed_scale, rows.dtype)
         return rows.astype(self.dtype)
@@ -411,6 +413,9 @@ class CausalLM(nnx.Module):
             out = linear(hidden, self.lm_head[...], scale)
         else:
             out = matmul_t(hidden, self.embed[...])  # tied: hidden @ embed.T
+        delta = head_delta(self, hidden)  # LoRA adapters of the head (ops/lora.py)
+        if delta is not None:
+            out = out + delta.astype(out.dtype)
         # vocabulary-parallel head: each device computes its vocabulary slice, then the logits are
         # gathered once here (not in every sampling stage, and not the head's weights instead)
         out = constrain(out, (None,) * (out.ndim - 1) + ("vocab",))

@@ -13,6 +13,9 @@ token's own A/B, which XLA:CPU turns into a copy of them per token.)
 The adapter ids reach the model the way the kernel's real rows do: `lora_rows(ids)` while a step's
 forward pass is traced (engine/programs.py), ids (N,) for the step's token stream (1, N, K).
 Nothing is added outside it (whole-prompt passes, vInference), nor to arrays of other shapes.
+PEFT's embedding and output-head adapters work the same way on the model's own stacks: the
+embedding's A is read by token (`lora_embedding`: a row per token, not a dot over the vocabulary),
+and the head's rows are the step's logit rows (`lora_head_rows(ids)` (R,) around `model.logits`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from flax import nnx
 from .linear import mixed_dot
 
 _ROWS: contextvars.ContextVar = contextvars.ContextVar("vsurge_lora_rows", default=None)
+_HEAD_ROWS: contextvars.ContextVar = contextvars.ContextVar("vsurge_lora_head_rows", default=None)
 
 
 class LoraStack(nnx.Variable):
@@ -44,11 +48,22 @@ def lora_rows(ids: jax.Array | None):
         _ROWS.reset(token)
 
 
-def lora_deltas(x: jax.Array, a: jax.Array, bs: tuple[jax.Array, ...]) -> list[jax.Array] | None:
+@contextlib.contextmanager
+def lora_head_rows(ids: jax.Array | None):
+    """While tracing a step's `model.logits` over rows (R, D): ids (R,) int32, each row's adapter slot."""
+    token = _HEAD_ROWS.set(ids)
+    try:
+        yield
+    finally:
+        _HEAD_ROWS.reset(token)
+
+
+def lora_deltas(x: jax.Array, a: jax.Array, bs: tuple[jax.Array, ...], ids=None) -> list[jax.Array] | None:
     """x (1, N, K) the step's tokens; a (K, L, S, R); bs S arrays (L, R, N_s) -> S deltas (1, N, N_s) in
     x's dtype, or None outside a step with adapter ids (or for an x that is not its token stream). A step
-    none of whose tokens has an adapter skips the dots (the base model's users pay nothing for them)."""
-    ids = _ROWS.get()
+    none of whose tokens has an adapter skips the dots (the base model's users pay nothing for them).
+    ids: x's rows' slots when not the token stream's (the head's logit rows)."""
+    ids = _ROWS.get() if ids is None else ids
     if ids is None or ids.shape != x.shape[:-1]:
         return None
     k, slots, subs, rank = a.shape
@@ -76,3 +91,34 @@ def adapted(x: jax.Array, w: dict, site: str, names: tuple[str, ...]) -> list[ja
     if a is None:
         return None
     return lora_deltas(x, a, tuple(w[f"lora_{name}_b"] for name in names))
+
+
+def lora_embedding(input_ids: jax.Array, rows: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    """input_ids (1, N) the step's tokens, rows (1, N, D) their embeddings; a (V, L, 1, R) the slots' A by
+    token, b (L, R, D) -> rows plus each token's adapter delta (rows unchanged outside a step with ids)."""
+    ids = _ROWS.get()
+    if ids is None or ids.shape != input_ids.shape:
+        return rows
+    vocab, slots, _, rank = a.shape
+    tokens, flat = input_ids.reshape(-1), ids.reshape(-1)
+
+    def delta(tokens):
+        xa = a.reshape(vocab, slots * rank)[tokens].reshape(-1, slots, rank)  # (M, L, R): each token's A rows
+        mine = flat[:, None] == jnp.arange(slots, dtype=flat.dtype)[None, :]
+        xa = jnp.where(mine[:, :, None], xa, jnp.zeros((), xa.dtype))
+        return mixed_dot(xa.reshape(-1, slots * rank), b.reshape(slots * rank, -1), 0)
+
+    def none(tokens):
+        return jnp.zeros((tokens.shape[0], b.shape[-1]), rows.dtype)
+
+    out = jax.lax.cond(jnp.any(flat >= 0), delta, none, tokens)
+    return rows + out.reshape(rows.shape).astype(rows.dtype)
+
+
+def head_delta(model, hidden: jax.Array) -> jax.Array | None:
+    """The output head's adapter delta (..., V) for hidden (..., D): the logit rows' slots (`lora_head_rows`),
+    else the token stream's when hidden is it (a whole-sequence pass); None without head stacks or ids."""
+    if not hasattr(model, "lora_head_a"):
+        return None
+    out = lora_deltas(hidden, model.lora_head_a[...], (model.lora_head_b[...],), _HEAD_ROWS.get())
+    return None if out is None else out[0]
