@@ -90,6 +90,10 @@ def test_runtime_load_and_unload(server, lora_setup):
     assert r.status_code == 200, r.text
     assert completion(client, "a1", prompt)[0] == text_of(server, peft_greedy(adapters["a1"][1], prompt, STEPS))
     assert "a1" in {m.id for m in client.models.list().data}
+    metrics = server.get("/metrics").text  # its slot and the slot loads, per model
+    assert 'vsurge:lora_adapter_running_requests{adapter="a1",model_name="base"} 0.0' in metrics
+    assert [line for line in metrics.splitlines() if line.startswith('vsurge:lora_adapter_slot_loads_total{model_name="base"}')
+            and float(line.split()[-1]) >= 1]
     assert server.post("/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 200
     with pytest.raises(openai.NotFoundError, match="a1"):
         client.completions.create(model="a1", prompt=prompt, max_tokens=2)

@@ -103,6 +103,10 @@ def test_a_broken_model_fails_only_its_own_requests(server):
     r = server.post("/v1/completions", json={"model": "broken", "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 503 and "failed to load" in r.json()["error"]["message"], r.text
     assert states(server)["broken"] == "failed"
+    metrics = server.get("/metrics").text
+    assert 'vsurge:model_state{model_name="broken",state="failed"} 1.0' in metrics
+    assert 'vsurge:model_state{model_name="broken",state="loaded"} 0.0' in metrics
+    assert 'vsurge:model_loads_total{model_name="broken"} 0.0' in metrics
     assert ask(server, "a")  # the others keep serving
 
 

@@ -43,3 +43,16 @@ class AdapterAPI:
     def adapter_names(self) -> list[str]:
         engines = self._adapter_engines()
         return engines[0].adapters.names if engines else []
+
+    def resident_adapters(self) -> dict[str, int]:
+        """Adapters in a device slot of any engine -> requests running with them (summed over replicas)."""
+        out: dict[str, int] = {}
+        for engine in self._adapter_engines():
+            for name, count in engine.adapters.resident().items():
+                out[name] = out.get(name, 0) + count
+        return out
+
+    @property
+    def adapter_slot_loads(self) -> int:
+        """Adapters copied into a device slot so far (slot misses), over every engine."""
+        return sum(engine.adapters.loads for engine in self._adapter_engines())

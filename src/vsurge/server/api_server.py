@@ -24,6 +24,7 @@ from ..vsurge import vSurge
 from .adapters.response_store import ResponseStore
 from .app import build_app
 from .handlers import OpenAIHandlers
+from .lora_routes import adapter_metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class _EngineRegistries:
     def collect(self):
         for surge in self.server.surges.values():
             yield from surge.metrics.registry.collect()
+        if self.server.router is not None:
+            yield from self.server.router.collect()
+        yield from adapter_metrics(self.server.surges)
 
 
 class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)

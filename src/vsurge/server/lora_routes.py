@@ -1,4 +1,5 @@
-"""vLLM's runtime adapter routes: POST /v1/load_lora_adapter {lora_name, lora_path} and
+"""LoRA adapters over HTTP: their /metrics series, and vLLM's runtime adapter routes:
+POST /v1/load_lora_adapter {lora_name, lora_path} and
 POST /v1/unload_lora_adapter {lora_name}; `model` (optional) names the base model when a server has
 several (an unloaded one is loaded first, and keeps the adapter across unloads: server/router.py).
 Adapters are read in a worker thread (the event loop keeps serving)."""
@@ -23,6 +24,24 @@ class LoadLoraRequest(BaseModel):
 class UnloadLoraRequest(BaseModel):
     lora_name: str
     model: str | None = None
+
+
+def adapter_metrics(surges: dict):
+    """/metrics series of each model's adapter slots: the adapters on the device with their running requests,
+    and how many times an adapter was copied to the device (a slot miss)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    running = GaugeMetricFamily("vsurge:lora_adapter_running_requests", "requests running with each LoRA "
+                                "adapter in a device slot", labels=["model_name", "adapter"])
+    loads = CounterMetricFamily("vsurge:lora_adapter_slot_loads", "LoRA adapters copied into a device slot",
+                                labels=["model_name"])
+    serving = {name: surge for name, surge in surges.items() if surge.serves_adapters}
+    for name, surge in serving.items():
+        for adapter, count in surge.resident_adapters().items():
+            running.add_metric([name, adapter], count)
+        loads.add_metric([name], surge.adapter_slot_loads)
+    if serving:
+        yield from (running, loads)
 
 
 async def _base(server, model: str | None):

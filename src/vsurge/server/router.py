@@ -132,6 +132,23 @@ class ModelRouter:
                  "memory_bytes": e.memory_bytes, "adapters": sorted(e.adapters),
                  **({"error": e.error} if e.error else {})} for e in self.entries.values()]
 
+    def collect(self):
+        """/metrics series of the catalog: each model's state (1 for the state it is in), loads and memory."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        state = GaugeMetricFamily("vsurge:model_state", "1 for the state each model is in (loaded, loading, "
+                                  "unloaded, failed)", labels=["model_name", "state"])
+        loads = CounterMetricFamily("vsurge:model_loads", "times each model was loaded", labels=["model_name"])
+        memory = GaugeMetricFamily("vsurge:model_memory_bytes", "weights + KV pool + states a model holds when "
+                                   "loaded (as of its last load)", labels=["model_name"])
+        for e in self.entries.values():
+            for kind in (LOADED, LOADING, UNLOADED, FAILED):
+                state.add_metric([e.name, kind], float(e.state == kind))
+            loads.add_metric([e.name], e.loads)
+            if e.memory_bytes is not None:
+                memory.add_metric([e.name], e.memory_bytes)
+        yield from (state, loads, memory)
+
     # ------------------------------------------------------------ loading and unloading
     def _loop_lock(self) -> asyncio.Lock:
         if self._lock is None:

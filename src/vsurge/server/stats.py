@@ -317,7 +317,6 @@ def server_stats(server, started: float) -> ServerStats:
     models = [model_stats(name, surge, [_Replica(m) for m in surge.metrics.replica_metrics()])
               for name, surge in server.surges.items()]
     catalog = server.router.describe() if server.router is not None else []
-    adapters = {name: surge.engine.adapters.resident() for name, surge in server.surges.items()
-                if getattr(surge.engine, "adapters", None) is not None}
+    adapters = {name: surge.resident_adapters() for name, surge in server.surges.items() if surge.serves_adapters}
     return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models,
                        catalog=catalog, adapters=adapters)
