@@ -141,3 +141,30 @@ def test_weight_file_bytes(tmp_path):
     assert weight_file_bytes(str(tmp_path)) == 107
     assert weight_file_bytes(str(tmp_path / "one.gguf")) == 7
     assert weight_file_bytes(str(tmp_path / "absent")) == 0
+
+
+def test_a_model_that_failed_to_load_is_not_tried_on_every_request():
+    """Within RETRY_FAILED_AFTER its requests get its error without a new try (each try would unload a good
+    model under --max-loaded-models); POST /models/load tries at once."""
+    async def run():
+        server, router, built = make_router({"good": 1, "bad": 1}, budget_gib=8, files={"good": 1, "bad": 1})
+        router.max_loaded = 1
+        tries = []
+
+        def broken(programs, adapters):
+            tries.append(1)
+            raise OSError("bad.gguf: not a GGUF file")
+
+        router.entries["bad"].build = broken
+        await router.ensure_loaded("good")
+        for _ in range(3):
+            with pytest.raises(APIError, match="not a GGUF file") as caught:
+                await router.ensure_loaded("bad")
+            assert caught.value.status == 503
+        assert len(tries) == 1
+        await router.load("good")
+        with pytest.raises(APIError, match="not a GGUF file"):
+            await router.load("bad")  # the explicit route tries again
+        assert len(tries) == 2
+
+    asyncio.run(run())

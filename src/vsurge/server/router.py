@@ -7,7 +7,8 @@ waits while it loads (start-up from the compilation cache): first, when `--max-l
 loaded, the least recently used one with nothing in flight is stopped and dropped (waiting while
 every loaded model has requests in flight, bounded by `load_timeout`). `--sleep-idle-seconds N`
 drops a model nobody asked for in N seconds; its next request wakes it. A model that fails to load
-fails the requests waiting for it with the loader's error; the others keep serving. Below the server
+fails the requests waiting for it with the loader's error (and later ones, for RETRY_FAILED_AFTER
+seconds, without trying again; /models/load tries at once); the others keep serving. Below the server
 nothing knows there are several models: each is its own vSurge with its own engine.
 
 `--models-memory-budget GiB` bounds what the loaded models hold (weights, KV pool and recurrent
@@ -37,6 +38,7 @@ from .errors import APIError
 log = logging.getLogger(__name__)
 
 LOADED, LOADING, UNLOADED, FAILED = "loaded", "loading", "unloaded", "failed"
+RETRY_FAILED_AFTER = 30.0  # seconds a model that failed to load answers with its error before it is tried again
 DRAIN_HOLD = 0.5  # seconds a busy model refuses new requests after another model asked it to make way
 HANDOUT_GRACE = 0.5  # seconds a model handed to a request counts as busy before the request reaches its driver
 
@@ -52,6 +54,7 @@ class ModelEntry:
     last_used: float = 0.0  # monotonic time of its last request (or its load)
     handed_at: float = -1e9  # monotonic time a request handler last took it
     loaded_at: float = -1e9  # monotonic time its last load finished
+    failed_at: float = -1e9  # monotonic time its last load failed
     draining_until: float = -1e9  # another model waits for it to finish its requests: new ones wait their turn
     loads: int = 0
     load_seconds: float | None = None  # the last load's time, start to serving
@@ -168,11 +171,15 @@ class ModelRouter:
         recent = max(entry.handed_at, entry.loaded_at if making_room else -1e9)
         return surge.driver.num_live or int(now - recent < HANDOUT_GRACE)
 
-    async def ensure_loaded(self, name: str) -> None:
+    async def ensure_loaded(self, name: str, retry_failed: bool = False) -> None:
         """Return once `name` is loaded (loading it, and making room, if needed); APIError 503 when it failed
         to load or room could not be made within load_timeout. The lock is held only to decide, never while
         waiting, and the requests that waited for a load are served by it."""
         entry = self.entries[name]
+        if entry.state == FAILED and not retry_failed and time.monotonic() - entry.failed_at < RETRY_FAILED_AFTER:
+            # (not tried again on every request: under --max-loaded-models each try unloads a good model)
+            raise APIError(503, f"model {name!r} failed to load: {entry.error}", "model",
+                           {"Retry-After": str(int(RETRY_FAILED_AFTER))})
         deadline = time.monotonic() + self.load_timeout
         while True:
             if entry.state == LOADED and not self.draining(name):
@@ -233,7 +240,7 @@ class ModelRouter:
             surge = await asyncio.to_thread(entry.build, entry.programs, dict(entry.adapters))
         except BaseException as exc:  # noqa: BLE001: a model that fails to load fails only its own requests
             log.exception("model %s failed to load", entry.name)
-            entry.state, entry.error = FAILED, str(exc) or type(exc).__name__
+            entry.state, entry.error, entry.failed_at = FAILED, str(exc) or type(exc).__name__, time.monotonic()
             return
         self.server.adopt(entry.name, surge)
         entry.adapters = {n: p for n, p in entry.adapters.items() if surge.adapter(n) is not None}  # (unreadable now)
@@ -271,10 +278,10 @@ class ModelRouter:
             gc.collect()  # the weights and KV pool go with the last references
 
     async def load(self, name: str) -> None:
-        """POST /models/load."""
+        """POST /models/load (a model that failed to load is tried again at once)."""
         if name not in self.entries:
             raise APIError(404, f"The model `{name}` does not exist.", "model", code="model_not_found")
-        await self.ensure_loaded(name)
+        await self.ensure_loaded(name, retry_failed=True)
 
     async def unload(self, name: str) -> None:
         """POST /models/unload: refused (409) while it has requests in flight."""
