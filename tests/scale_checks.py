@@ -217,6 +217,7 @@ def check_families(*named_paths):
 def check_lora(base, *adapters):
     """Greedy tokens of requests for the base model and three adapters over two slots, at once: the paged
     engine at TP 2 and the dense engine on a (data 2, model 2) mesh."""
+    from lora_helpers import generate_with_adapters
     from vsurge import EngineConfig, SamplingParams
 
     model, processor = vsurge.load(base, dtype="float32", progress=False)
@@ -234,20 +235,10 @@ def check_lora(base, *adapters):
             surge.load_adapter(f"a{k}", folder)
         specs = {n: str(getattr(v[...].sharding, "spec", None)) for n, v in vars(surge.engine.model.layers[0]).items()
                  if n in ("lora_qkv_a", "lora_q_b", "lora_o_a", "lora_o_b")}
-
-        async def one(name, prompt):
-            tokens = []
-            async for samples in surge.submit(prompt, params, detokenize=False, adapter=name).updates():
-                tokens += samples[0].token_ids
-            return tokens
-
-        async def all_jobs():
-            return await asyncio.gather(*(one(name, prompt) for name, prompt in jobs))
-
         surge.compile()
         surge.start()
         try:
-            return asyncio.run(all_jobs()), specs
+            return generate_with_adapters(surge, [(prompt, params, name) for name, prompt in jobs]), specs
         finally:
             surge.stop(5)
 

@@ -18,6 +18,7 @@ from vsurge.loading import load
 from vsurge.lora import stacks
 from vsurge.lora.adapter import AdapterError, load_peft
 from vsurge.ops.lora import lora_rows
+from lora_helpers import generate_with_adapters
 from tiny_models import write_tiny_model
 
 TOL = 1e-4
@@ -222,8 +223,6 @@ def test_engine_mixes_three_adapters_and_the_base_over_two_slots(llama_adapters)
     """Eight requests (the base and three adapters, two prompts each) at once on an engine with two adapter
     slots: every request gets exactly the greedy tokens of PEFT's model for its adapter; adapters take
     turns in the slots (loaded more than twice), and pages cached under one adapter never serve another."""
-    import asyncio
-
     from vsurge import EngineConfig, SamplingParams, vSurge
 
     base_dir, adapters, torch_base = llama_adapters
@@ -238,19 +237,11 @@ def test_engine_mixes_three_adapters_and_the_base_over_two_slots(llama_adapters)
     steps = 8
     params = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True)
 
-    async def run_all():
-        async def one(name, prompt):
-            tokens = []
-            async for samples in surge.submit(prompt, params, detokenize=False, adapter=name).updates():
-                tokens += samples[0].token_ids
-            return tokens
-        return await asyncio.gather(*(one(name, prompt) for name, prompt in jobs))
-
     surge.compile()
     surge.start()
     try:
-        got = asyncio.run(run_all())
-        again = asyncio.run(run_all())  # prefixes now cached, under each adapter's own key
+        got = generate_with_adapters(surge, [(prompt, params, name) for name, prompt in jobs])
+        again = generate_with_adapters(surge, [(prompt, params, name) for name, prompt in jobs])  # cached prefixes
     finally:
         surge.stop(5)
     models = {None: torch_base, **{f"a{k}": peft for k, (_, peft) in enumerate(adapters)}}
@@ -325,8 +316,6 @@ def test_adapters_with_speculation_and_structured_outputs(llama_adapters, defaul
     """An adapter's request with n-gram drafts (a prompt that repeats itself, so drafts are proposed and
     mostly rejected) gets PEFT's greedy tokens, the verify rows running with its adapter; beside it, an
     adapter's request constrained to a choice answers one of the choices."""
-    import asyncio
-
     from vsurge import EngineConfig, SamplingParams, vSurge
 
     base_dir, adapters, _ = llama_adapters
@@ -340,19 +329,10 @@ def test_adapters_with_speculation_and_structured_outputs(llama_adapters, defaul
     speculating = SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True, speculative_tokens=3)
     choice = SamplingParams(max_tokens=8, temperature=0.0, structured={"choice": ["yes", "no", "maybe"]})
 
-    async def one(params, adapter):
-        tokens = []
-        async for samples in surge.submit(prompt, params, detokenize=False, adapter=adapter).updates():
-            tokens += samples[0].token_ids
-        return tokens
-
-    async def both():
-        return await asyncio.gather(one(speculating, "a0"), one(choice, "a1"))
-
     surge.compile()
     surge.start()
     try:
-        drafted, chosen = asyncio.run(both())
+        drafted, chosen = generate_with_adapters(surge, [(prompt, speculating, "a0"), (prompt, choice, "a1")])
     finally:
         surge.stop(5)
     assert drafted == peft_greedy(adapters[0][1], prompt, steps)

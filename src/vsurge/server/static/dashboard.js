@@ -68,6 +68,14 @@ function memoryOf(m) {
   return { total: m.weight_bytes + m.kv_cache_bytes + state, weights: m.weight_bytes, kv: m.kv_cache_bytes, state };
 }
 
+// A new element of `className`, holding `text` (as text: names on the page are the user's).
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
 // An own field only: names are the user's, and "constructor" must not find Object's.
 const own = (object, key) => (object && Object.hasOwn(object, key) ? object[key] : undefined);
 
@@ -145,15 +153,10 @@ class ModelPanel {
 
   // LoRA adapters in the engine's device slots, each with its running requests (hidden without LoRA).
   adapterListing() {
-    const box = document.createElement("div");
-    box.className = "adapters";
+    const box = element("div", "adapters");
     box.hidden = true;
-    const label = document.createElement("span");
-    label.className = "label";
-    label.textContent = "LoRA adapters on the device";
-    this.adapterList = document.createElement("span");
-    this.adapterList.className = "list";
-    box.append(label, this.adapterList);
+    this.adapterList = element("span", "list");
+    box.append(element("span", "label", "LoRA adapters on the device"), this.adapterList);
     return box;
   }
 
@@ -178,16 +181,10 @@ class ModelPanel {
   }
 
   addTile(key, label) {
-    const tile = document.createElement("div");
-    tile.className = "tile";
+    const tile = element("div", "tile");
     tile.dataset.tile = key;
-    const name = document.createElement("div");
-    name.className = "label";
-    name.textContent = label;
-    const value = document.createElement("div");
-    value.className = "value";
-    value.textContent = "–";
-    tile.append(name, value);
+    const value = element("div", "value", "–");
+    tile.append(element("div", "label", label), value);
     this.tiles.append(tile);
     this.tileValues[key] = value;
   }
