@@ -39,6 +39,7 @@ SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22
          "num_key_value_heads": 4, "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
          "tie_word_embeddings": False}
 LOADS = [("1 stream", 4, 1), ("8 concurrent", 8, 8)]  # (name, prompts, concurrency)
+PROMPT_TOKENS, PROMPT_RUNS = 2000, 3  # prompt processing: a 2000-token prompt (one token per word), 1 output token
 SLOTS, CONTEXT = 32, 2048
 
 
@@ -108,6 +109,11 @@ def measure(server: Server, input_len: int, output_len: int) -> dict:
         if summary["failed"]:
             print(f"  {summary['failed']} failed: {summary['errors']}", file=sys.stderr, flush=True)
         results[name] = summary["output_throughput"]
+        results[f"{name} TTFT"] = summary["ttft"]["median"]
+    # prompt processing: each prompt new (no cached prefix), its time to first token is its prefill
+    summary = asyncio.run(run(server.base, model, PROMPT_RUNS, PROMPT_TOKENS, 1, float("inf"), 1, None, 2, seed=7))
+    print(format_summary(f"{server.name} · {PROMPT_TOKENS}-token prompt", summary), flush=True)
+    results["prompt"] = PROMPT_TOKENS / summary["ttft"]["median"]
     results["peak RSS GiB"] = peak_rss_gib(server.proc.pid)
     return results
 
@@ -126,7 +132,8 @@ def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note
              f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
              "| measure | vsurge | llama-server | ratio |", "|---|---|---|---|"]
     for key, unit in [("peak RSS GiB", "peak RSS GiB"), ("1 stream", "1 stream tok/s"),
-                      ("8 concurrent", "8 concurrent tok/s")]:
+                      ("8 concurrent", "8 concurrent tok/s"), ("8 concurrent TTFT", "8 concurrent TTFT p50 s"),
+                      ("prompt", f"prompt tok/s ({PROMPT_TOKENS}-token prompt, median of {PROMPT_RUNS})")]:
         lines.append(f"| {unit} | {vs[key]:.2f} | {peer[key]:.2f} | {vs[key] / peer[key]:.2f}x |")
     lines += ["", f"vsurge ran `vsurge serve --model FILE --max-length {CONTEXT}"
               + (f" {vsurge_args}" if vsurge_args else "") + f"`; llama-server `-np {SLOTS} -c {SLOTS * CONTEXT}`."]
@@ -142,6 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--write-readme", action="store_true")
     p.add_argument("--readme-marker", default="gguf-memory-table")
+    p.add_argument("--skip-llama", action="store_true", help="vsurge alone (no table)")
     args = p.parse_args(argv)
     print(isa_line())
     binary = llama_server_binary()
@@ -154,6 +162,9 @@ def main(argv=None) -> int:
         vs = measure(vsurge, args.input_len, args.output_len)
     finally:
         vsurge.stop()
+    if args.skip_llama:
+        print(json.dumps({"vsurge": vs}))
+        return 0
     llama = Server("llama-server", [binary, "-m", str(file), "--host", "127.0.0.1", "--port", "{port}",
                                     "-np", str(SLOTS), "-c", str(SLOTS * CONTEXT), "-t", str(os.cpu_count() or 2)],
                    "/health")

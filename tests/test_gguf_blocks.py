@@ -4,8 +4,8 @@ A tiny Llama GGUF holds every format the kernel multiplies (q/k/v in three forma
 q/k/v is a QuantizedParts; gate and up in one, so a single block matrix), and the default model
 (Q4_1 + a Q8_0 tied embedding). The blocks must be exactly the dequantized load's weights; the
 logits differ only by the kernel's rounding of activations (8 bits per 32-element block, as
-llama.cpp's Q8 activations, plus a second pass over what that rounding left out: ops/quantized.py's
-TWO_PASS), measured here.
+llama.cpp's Q8 activations, plus a second pass over what that rounding left out for models below
+~1B parameters: ops/quantized.py's activation_passes), measured here.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ EVERY_FORMAT = {
     "ffn_down.weight": Q.Q4_K,
 }
 # Relative to the largest logit. Two-pass activations (~15 bits): measured 1.8e-4 on the default
-# model (30 layers, logits up to ~30); with one pass (VSURGE_QMATMUL_PASSES=1, llama.cpp's
+# model (30 layers, logits up to ~30); with one pass (activation_passes=1, llama.cpp's
 # rounding) it was 6.1e-2, and 1.2e-2 on the tiny random model.
 TINY_LOGIT_RTOL = 2e-3
 DEFAULT_LOGIT_RTOL = 1e-3
@@ -100,6 +100,27 @@ def test_tiny_logits_and_the_engines_step_calls_the_kernel(tiny_gguf):
     assert calls >= blocks.config.num_layers * 6, calls
     assert hlo.count('custom_call_target="vsurge_qmatmul"') >= 1
 
+
+
+def test_activation_passes_by_model_size_and_by_choice(tiny_gguf):
+    """Two passes below ~1B parameters (the tiny model), one from hidden size 1024 up; `activation_passes=1`
+    gives llama.cpp's arithmetic: logits further from float32's than two passes, within its rounding."""
+    from vsurge.ops.quantized import ONE_PASS_FROM_HIDDEN, activation_passes
+
+    path, blocks, floats, processor = tiny_gguf
+    assert blocks.activation_passes == 2 and floats.activation_passes is None
+    assert activation_passes(blocks.config) == 2
+    assert activation_passes(blocks.config.replace(hidden_size=ONE_PASS_FROM_HIDDEN)) == 1
+    one, _ = vsurge.load(path, progress=False, load_processor=False, activation_passes=1)
+    assert one.activation_passes == 1
+    assert all(w.passes == 1 for w in jax.tree.leaves(one.layers[0].wqkv[...], is_leaf=is_quantized)
+               for w in getattr(w, "parts", (w,)))
+    ids = processor.encode("Blocks kept as they are: 12 ducks swim.")
+    ref = jitted_logits(floats, ids)
+    error = {n: np.abs(jitted_logits(m, ids) - ref).max() / np.abs(ref).max() for n, m in ((1, one), (2, blocks))}
+    assert error[2] < error[1] < 5e-2, error
+    with pytest.raises(ValueError, match="activation_passes must be 1 or 2"):
+        vsurge.load(path, progress=False, load_processor=False, activation_passes=3)
 
 
 def test_a_lone_decode_row_runs_alone_where_the_kernel_multiplies(tiny_gguf):

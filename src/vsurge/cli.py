@@ -26,6 +26,10 @@ QUANTIZATION_HELP = ("blocks: keep a GGUF file's or an AWQ/GPTQ checkpoint's blo
                      "quantized at load to GGUF q4_0 / q8_0 blocks (one scale per 32 weights) for the block kernel; "
                      "int4_g64, int4_g128, int8_g64, int8_g128: one scale per 64 / 128 weights")
 
+PASSES_HELP = ("how the block kernel multiplies weights held in blocks: 2 also multiplies the activations' int8 "
+               "rounding residual (near-float logits), 1 is llama.cpp's arithmetic (about half the integer work); "
+               "default: 2 below ~1B parameters (hidden size < 1024), 1 from there")
+
 
 def _default_cache() -> str:
     return os.environ.get(COMPILATION_CACHE_ENV) or DEFAULT_COMPILATION_CACHE
@@ -38,6 +42,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
                         "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
+    p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
     p.add_argument("--lora", default=None, metavar="PATH",
                    help="generate with this LoRA adapter (a PEFT directory or a llama.cpp LoRA .gguf)")
     EngineConfig.add_flags(p, ["max_length"])
@@ -121,6 +126,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(--max-loras on the device at once, default 4)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
+    p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
@@ -243,7 +249,7 @@ def _start_engine(args):
     from .cli_engine import LocalEngine
 
     return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
-                             max_length=args.max_length, compilation_cache=args.compilation_cache,
+                             activation_passes=args.activation_passes, max_length=args.max_length, compilation_cache=args.compilation_cache,
                              tensor_parallel_size=args.tensor_parallel_size, lora=args.lora)
 
 
@@ -345,6 +351,7 @@ def _load(args):
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
         return load(args.model, dtype=args.dtype, quantization=args.quantization,
+                    activation_passes=getattr(args, "activation_passes", None),
                     expert_parallel=getattr(args, "enable_expert_parallel", False), **load_kwargs(args))
     except (ModelLoadError, ValueError) as e:
         raise _fail(str(e)) from None

@@ -97,7 +97,8 @@ class LocalEngine:
         self._runner = asyncio.Runner()
 
     @classmethod
-    def start(cls, model: str, *, dtype=None, quantization=None, max_length: int = DEFAULT_MAX_LENGTH,
+    def start(cls, model: str, *, dtype=None, quantization=None, activation_passes=None,
+              max_length: int = DEFAULT_MAX_LENGTH,
               compilation_cache: str | None = None, tensor_parallel_size: int | None = None,
               lora: str | None = None) -> "LocalEngine":
         from .errors import ModelLoadError
@@ -108,7 +109,7 @@ class LocalEngine:
         status(f"Loading {model} ...")
         try:
             path = resolve_model_path(model)
-            loaded, processor = load(path, dtype=dtype, quantization=quantization,
+            loaded, processor = load(path, dtype=dtype, quantization=quantization, activation_passes=activation_passes,
                                      **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size else {}))
         except (ModelLoadError, ValueError) as e:
             raise SystemExit(f"vsurge: error: {e}") from None
@@ -225,6 +226,9 @@ def describe_model(model) -> str:
     line = f"Weights: {model.weight_bytes / 2**20:.1f} MiB, {held}"
     if platform() == "cpu":
         line += f"; CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"
+        if model.activation_passes:
+            line += (" in two passes (activations' rounding residual too)" if model.activation_passes == 2
+                     else " in one pass (llama.cpp's arithmetic)")
     return line
 
 

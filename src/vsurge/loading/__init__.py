@@ -37,7 +37,7 @@ def resolve_model_path(path: str | Path | None = "default") -> Path:
 
 def load(path: str | Path | None = "default", dtype=None, *, quantization: str | None = None,
          progress: bool = True, load_processor: bool = True, mesh=None, tensor_parallel_size: int | None = None,
-         data_parallel_size: int | None = None, expert_parallel: bool = False):
+         data_parallel_size: int | None = None, expert_parallel: bool = False, activation_passes: int | None = None):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
     dtype: the weights' dtype; default: devices.default_dtype() (bfloat16, except on a CPU without
@@ -60,7 +60,12 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         Without either, the model goes to the default device.
     expert_parallel: a mixture of experts splits whole experts over the tensor-parallel devices
         (vLLM's --enable-expert-parallel) instead of splitting every expert's hidden units.
+    activation_passes: how the block kernel multiplies weights held in blocks: 2 (the activations'
+        int8 rounding residual too: near-float logits), 1 (llama.cpp's arithmetic: about half the
+        integer work); None: 2 below ~1B parameters, 1 above (ops/quantized.activation_passes).
     """
+    if activation_passes not in (None, 1, 2):
+        raise ValueError(f"activation_passes must be 1 or 2, got {activation_passes!r}")
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"unsupported quantization {quantization!r} (supported: {', '.join(QUANTIZATIONS)})")
     p = resolve_model_path(path)
@@ -141,6 +146,10 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
                 log.warning("%s weights without the block kernel (%s): every step dequantizes them", quantization,
                             kernels.unavailable_reason())
         model.quantize(quantization)
+    if model.block_formats():
+        from ..ops.quantized import activation_passes as passes_for
+
+        model.use_activation_passes(activation_passes or passes_for(config))
     log.info("loaded %s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p, config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)
     return model, processor

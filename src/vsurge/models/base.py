@@ -43,7 +43,7 @@ from ..kv.dense import NoCache
 from ..ops.lora import LoraStack, head_delta, lora_embedding
 from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
-from ..ops.quantized import gather_rows, held_bytes, is_quantized, quantize
+from ..ops.quantized import activation_passes, gather_rows, held_bytes, is_quantized, quantize, with_passes
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .fused import replicate_kv_groups
@@ -199,6 +199,23 @@ class CausalLM(nnx.Module):
                 out[w.format] = out.get(w.format, 0) + 1
         return out
 
+    def use_activation_passes(self, passes: int) -> "CausalLM":
+        """Have the block kernel multiply every block weight in `passes` passes (ops/quantized.py
+        `activation_passes`: 2 adds the activations' int8 rounding residual, 1 is llama.cpp's arithmetic)."""
+        for holder in (self, *self.layers):
+            for value in vars(holder).values():
+                if isinstance(value, nnx.Param) and is_quantized(value[...]):
+                    value.set_value(with_passes(value[...], passes))
+        return self
+
+    @property
+    def activation_passes(self) -> int | None:
+        """The block kernel's passes over this model's block weights (None: it holds none)."""
+        found = next((w for w in self.named_weights().values() if is_quantized(w)), None)
+        if found is None:
+            return None
+        return (found.parts[0] if hasattr(found, "parts") else found).passes
+
     def quantize(self, kind: str = "int8") -> "CausalLM":
         """Replace the declared matrices, in place: "int8" by int8 + per-channel scales (ops/linear.py);
         "fp8" by float8_e4m3fn + per-channel scales (for accelerators with fp8: ops/linear.py);
@@ -266,7 +283,7 @@ class CausalLM(nnx.Module):
         for size, count in smaller.items():
             log.info("%s in groups of %d: %d matrices' input size is not a multiple of %d, they take groups of %d",
                      fmt, group_size, count, group_size, size)
-        return self
+        return self.use_activation_passes(activation_passes(self.config))
 
     def prepare_mixed_dtypes(self) -> "CausalLM":
         """Layouts for weights whose dtype differs from the activations' (bfloat16 weights on CPU),

@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .quantized import TWO_PASS, is_quantized, qmatmul
+from .quantized import is_quantized, qmatmul
 
 INT8_ROWS_LIMIT = 64  # above this many rows, dequantize and use a float dot
 
@@ -81,7 +81,7 @@ def mixed_dot(x: jax.Array, w: jax.Array, w_contract: int) -> jax.Array:
 def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
     """x (..., K) @ w.T for w (N, K) (a tied output head) -> (..., N)."""
     if is_quantized(w):
-        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
+        return qmatmul(x, w).astype(x.dtype)
     return mixed_dot(x, w, 1)
 
 
@@ -89,7 +89,7 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
     """x (..., K) @ w (K, N) -> (..., N); w int8 or float8_e4m3fn with `scale` (N,) selects the int8
     or fp8 path, w in blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
     if is_quantized(w):
-        return qmatmul(x, w, two_pass=TWO_PASS).astype(x.dtype)
+        return qmatmul(x, w).astype(x.dtype)
     if scale is None:
         return mixed_dot(x, w, 0)
     if w.dtype == FP8:  # converted inside the dot's fusion; the scale applies per output channel after it

@@ -32,11 +32,23 @@ from vsurge import kernels
 from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, encode_gguf, repack_gguf, tile_bytes,
                                      tile_count, unpack)
 
-# Models multiply their blocks in two passes (qmatmul's two_pass): with one, the default model's
-# greedy answer to "What is the capital of France?" parts from float32's at its first token (a
-# 0.08 logit tie that the 8-bit activations tip).
-# VSURGE_QMATMUL_PASSES=1: one pass, llama.cpp's arithmetic (faster: about half the kernel's work).
-TWO_PASS = os.environ.get("VSURGE_QMATMUL_PASSES", "2") != "1"
+# How many passes the kernel makes over a weight's blocks (QuantizedWeight.passes, set per model at load:
+# `activation_passes`). Two: it also multiplies what its int8 rounding of the activations left out (~1/250
+# of the rounding error, for twice the integer work; the weights are read once). Below ~1B parameters a
+# step is bound by reading the weights, so the second pass is nearly free, and without it the default
+# model's greedy answer to "What is the capital of France?" parts from float32's at its first token (a
+# 0.08 logit tie the 8-bit activations tip). From ~1B up, prompt steps and batched decode are bound by
+# the integer work: one pass, llama.cpp's own arithmetic (its Q8 activations), nearly doubles them.
+# VSURGE_QMATMUL_PASSES=1 or 2 forces one choice for every model.
+FORCED_PASSES = int(os.environ["VSURGE_QMATMUL_PASSES"]) if os.environ.get("VSURGE_QMATMUL_PASSES") else None
+ONE_PASS_FROM_HIDDEN = 1024  # models this wide or wider multiply in one pass by default
+
+
+def activation_passes(config) -> int:
+    """The kernel's passes for a model by default: 2 below ONE_PASS_FROM_HIDDEN hidden units, else 1."""
+    if FORCED_PASSES is not None:
+        return FORCED_PASSES
+    return 1 if config.hidden_size >= ONE_PASS_FROM_HIDDEN else 2
 QUANTIZABLE = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1")  # formats `quantize` makes (gguf's quantizer)
 
 # A step's real tokens (1, N) bool while its forward pass is traced (engine/programs.py `real_rows`):
@@ -62,6 +74,7 @@ class QuantizedWeight:
     data: jax.Array  # uint8 (tiles, tile bytes): 16 output rows per tile
     format: str  # a key of FORMATS, e.g. "q4_1"
     shape: tuple[int, int]  # logical (N, K): y = x @ W^T
+    passes: int = 1  # the kernel's passes over it (a model's: activation_passes, set at load)
 
     @property
     def block_format(self) -> BlockFormat:
@@ -85,7 +98,7 @@ class QuantizedWeight:
         return f"QuantizedWeight({self.format}, shape={self.shape}, {self.nbytes} bytes)"
 
 
-jax.tree_util.register_dataclass(QuantizedWeight, data_fields=["data"], meta_fields=["format", "shape"])
+jax.tree_util.register_dataclass(QuantizedWeight, data_fields=["data"], meta_fields=["format", "shape", "passes"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,13 +263,20 @@ def _fallback_rows(rows: jax.Array, data: jax.Array, *, fmt: BlockFormat, n: int
     return jax.lax.dot_general(rows, weights, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
+def with_passes(w, passes: int):
+    """A block weight (QuantizedWeight or QuantizedParts) that the kernel multiplies in `passes` passes."""
+    if isinstance(w, QuantizedParts):
+        return dataclasses.replace(w, parts=tuple(dataclasses.replace(p, passes=passes) for p in w.parts))
+    return dataclasses.replace(w, passes=passes)
+
+
 def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bool | None = None,
-            two_pass: bool = False) -> jax.Array:
+            two_pass: bool | None = None) -> jax.Array:
     """x (..., K) float32 or bfloat16 @ W^T -> (..., N) float32. use_kernel: None = the C++ kernel
     on CPU when it is available, the dequantizing XLA path elsewhere; False = always the XLA path;
     True = the kernel (an error where it is not available). two_pass: the kernel also multiplies
-    what its int8 rounding of x left out, as extra rows of the same call (TWO_PASS, the models'
-    choice: ~1/250 of the rounding error, for twice the integer work; the weights are read once)."""
+    what its int8 rounding of x left out, as extra rows of the same call; None: as the weight says
+    (its `passes`, the model's choice: activation_passes)."""
     if isinstance(w, QuantizedParts):
         out = jnp.concatenate([qmatmul(x, p, use_kernel=use_kernel, two_pass=two_pass) for p in w.parts], axis=-1)
         return jnp.take(out, jnp.asarray(w.order, jnp.int32), axis=-1)
@@ -275,6 +295,7 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
     if not use_kernel or rows.shape[0] == 0:
         out = fallback(rows, w.data)
     else:
+        two_pass = w.passes == 2 if two_pass is None else two_pass
         passes = 2 if two_pass and k % 32 == 0 else 1
         real = _REAL_ROWS.get()
         if real is not None and real.shape == lead:  # x is the step's token stream (1, N, K)
