@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer, StateLayer
-from ..ops.attention import merge_into, merge_partials, partial_attend
+from ..ops.attention import group_queries, merge_into, merge_partials, partial_attend
 from .. import kernels as cpp_kernels
 from . import cpu_attention, kernels, quant
 from .access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
@@ -91,12 +91,13 @@ def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec,
     r, w = tables.shape
     ps = v_pages.shape[2]
     offsets = jnp.arange(ps, dtype=jnp.int32)
+    qg = group_queries(q, k_pages.shape[1])  # once for every column
 
     def column_part(column):
         ids = tables[:, column]
         k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
         keys, values = read_pages(k_pages, v_pages, ids, q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
-        return partial_attend(q, keys, values, q_pos, k_pos, spec, q_limit=q_limit)
+        return partial_attend(qg, keys, values, q_pos, k_pos, spec, q_limit=q_limit)
 
     shape = (*q.shape[:3], quant.logical_dim(v_pages.shape[-1], v_pages.dtype))  # (R, T, H, dv)
     if num_columns is None:
