@@ -33,7 +33,7 @@ LAYERS = [
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
     ["generation", "generation_defaults", "vsurge", "vinference", "seed"],  # the Python faces
     ["server"],  # HTTP
-    ["cli", "cli_engine", "cli_chat", "cli_models", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
+    ["cli", "cli_args", "cli_engine", "cli_chat", "cli_models", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
 ]
 
 
