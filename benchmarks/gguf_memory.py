@@ -67,9 +67,10 @@ def write_checkpoint(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def make_q4_k_m(binary: str) -> Path:
-    """The cached Q4_K_M file, made on first use (~5 minutes on 2 cores)."""
-    target = CACHE / "llama-1b-random-Q4_K_M.gguf"
+def make_gguf(binary: str, kind: str = "Q4_K_M") -> Path:
+    """The cached file of llama-quantize type `kind`, made on first use (~5 minutes on 2 cores; the f16
+    conversion is kept for the next type)."""
+    target = CACHE / f"llama-1b-random-{kind}.gguf"
     if target.exists():
         return target
     llama_cpp = Path(binary).parents[2]
@@ -78,16 +79,16 @@ def make_q4_k_m(binary: str) -> Path:
     if not (hf / "config.json").exists():
         print("writing the random checkpoint ...", flush=True)
         write_checkpoint(hf)
-    print("converting with convert_hf_to_gguf.py ...", flush=True)
-    env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
-    subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(f16),
-                    "--outtype", "f16"], env=env, check=True, capture_output=True)
-    print("quantizing with llama-quantize ...", flush=True)
+    if not f16.exists():
+        print("converting with convert_hf_to_gguf.py ...", flush=True)
+        env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
+        subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(f16),
+                        "--outtype", "f16"], env=env, check=True, capture_output=True)
+    print(f"quantizing to {kind} with llama-quantize ...", flush=True)
     partial = target.with_suffix(".partial")
-    subprocess.run([str(Path(binary).parent / "llama-quantize"), str(f16), str(partial), "Q4_K_M"], check=True,
+    subprocess.run([str(Path(binary).parent / "llama-quantize"), str(f16), str(partial), kind], check=True,
                    capture_output=True)
     partial.rename(target)
-    f16.unlink()
     return target
 
 
@@ -125,9 +126,9 @@ def start_line(log: str) -> str:
     return "; ".join(lines)
 
 
-def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str) -> str:
+def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str, kind: str) -> str:
     size = file.stat().st_size / 2**30
-    lines = [f"`{command}`: random weights at a ~1.1B Llama shape, Q4_K_M by llama-quantize ({size:.2f} GiB file), "
+    lines = [f"`{command}`: random weights at a ~1.1B Llama shape, {kind} by llama-quantize ({size:.2f} GiB file), "
              f"32 slots x {CONTEXT} tokens of context each, 128-word prompts, 128 output tokens; "
              f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
              "| measure | vsurge | llama-server | ratio |", "|---|---|---|---|"]
@@ -150,10 +151,11 @@ def main(argv=None) -> int:
     p.add_argument("--write-readme", action="store_true")
     p.add_argument("--readme-marker", default="gguf-memory-table")
     p.add_argument("--skip-llama", action="store_true", help="vsurge alone (no table)")
+    p.add_argument("--type", default="Q4_K_M", help="llama-quantize's type for the file (Q4_0, Q5_K_M, Q6_K, Q8_0, ...)")
     args = p.parse_args(argv)
     print(isa_line())
     binary = llama_server_binary()
-    file = make_q4_k_m(binary)
+    file = make_gguf(binary, args.type)
     print(f"{file} ({file.stat().st_size / 2**30:.2f} GiB)\n{TABLE_HEADER}", flush=True)
     vsurge = Server("vsurge", vsurge_cmd(f"--model {shlex.quote(str(file))} --max-length {CONTEXT} "
                                          f"{args.vsurge_args}"), "/readiness")
@@ -174,9 +176,9 @@ def main(argv=None) -> int:
     finally:
         llama.stop()
     print(json.dumps({"vsurge": vs, "llama-server": peer}))
-    command = "python benchmarks/gguf_memory.py" + (f" --vsurge-args {shlex.quote(args.vsurge_args)}"
-                                                    if args.vsurge_args else "")
-    text = table(vs, peer, file, command, args.vsurge_args, start_line(vsurge.log.name))
+    command = "python benchmarks/gguf_memory.py" + (f" --type {args.type}" if args.type != "Q4_K_M" else "") + (
+        f" --vsurge-args {shlex.quote(args.vsurge_args)}" if args.vsurge_args else "")
+    text = table(vs, peer, file, command, args.vsurge_args, start_line(vsurge.log.name), args.type)
     print("\n" + text)
     if args.write_readme:
         write_readme(text, args.readme_marker)
