@@ -55,10 +55,11 @@ def models():
     return {"MoE (64 experts, top 8)": make(Qwen3Moe, moe_config), "dense (same active params)": make(Qwen3, dense_config)}
 
 
-def decoding_engine(model, processor, rows: int):
-    """A paged engine with `rows` sequences prefilled: (run one decode step, its plan)."""
+def decoding_engine(model, processor, rows: int, **changes):
+    """A paged engine with `rows` sequences prefilled: (run one decode step, its plan). changes: more
+    EngineConfig settings."""
     config = EngineConfig(max_slots=rows, max_length=512, decode_steps=1, prefill_tokens=512, page_size=128,
-                          num_pages=rows * 4)
+                          num_pages=rows * 4, **changes)
     engine = vsurge.oEngine(model, processor, config=config)
     scheduler, holder = engine.new_scheduler(), {"state": engine.init_state()}
     rng = np.random.default_rng(0)
@@ -82,10 +83,12 @@ def decoding_engine(model, processor, rows: int):
     return (lambda: run(plan)), engine
 
 
-def median_step_ms(built: dict, processor, rows: int, reps: int) -> list[float]:
+def median_step_ms(built: dict, processor, rows: int, reps: int, changes: dict | None = None) -> list[float]:
     """Each model's median ms per decode step at `rows` rows, timed in alternating rounds (load from
-    elsewhere slows every model alike)."""
-    steps = {name: decoding_engine(model, processor, rows)[0] for name, model in built.items()}
+    elsewhere slows every model alike). changes: name -> more EngineConfig settings for that one."""
+    changes = changes or {}
+    steps = {name: decoding_engine(model, processor, rows, **changes.get(name, {}))[0]
+             for name, model in built.items()}
     times = {name: [] for name in steps}
     for step in steps.values():
         step()

@@ -188,6 +188,62 @@ def test_speculation_rolls_the_states_back_to_the_accepted_draft(hybrids, name, 
         np.testing.assert_allclose(got, want, atol=1e-4)
 
 
+def test_bfloat16_states_give_the_reference_within_rounding(hybrid, monkeypatch):
+    """`state_dtype="bfloat16"` (the default for 16-bit and quantized weights): states, snapshots and
+    draft states are stored in bfloat16 and computed in float32. The state memory halves, and the
+    answers stay the reference's: tokens equal, chosen-token logprobs within bfloat16 rounding, with
+    decode rows updated in place (the path Qwen3.5-sized states take) and drafts rejected, and a
+    repeated prompt resuming from its bfloat16 snapshot."""
+    from vsurge.engine import speculation
+    from vsurge.engine.pools import state_cache_bytes
+    from vsurge.kv import recurrent
+
+    monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
+    model, processor, ids, expected = hybrid
+    assert recurrent.state_dtype("auto", model) == jnp.float32
+    monkeypatch.setattr(speculation, "propose", lambda tokens, k: [1] * k)  # wrong drafts, mostly
+    config = EngineConfig(**{**CONFIG, "row_buckets": (8,)}, num_pages=3 * 8, speculative_tokens=2,
+                          state_dtype="bfloat16")
+    surge = vSurge.create_odriver(model, processor, config=config)
+    engine = surge.driver.engines[0]
+    kv = jax.eval_shape(engine._empty_state).kv
+    assert {leaf.dtype for leaf in jax.tree.leaves((kv.states, kv.snapshots, kv.drafts))} == {jnp.dtype("bfloat16")}
+    rows = engine.pool.snapshots.rows
+    assert 2 * state_cache_bytes(model, config, rows) == state_cache_bytes(
+        model, config.replace(state_dtype="float32"), rows)
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True, logprobs=0)
+    prompts = [ids[0], ids[4], ids[0]]
+    tokens, logprobs = streamed(surge, prompts, params)
+    assert tokens == [expected[0], expected[4], expected[0]]
+    assert engine.pool.snapshots.restores >= 1
+    texts = [p + a for p, a in zip(prompts, tokens)]
+    padded = np.zeros((len(texts), max(map(len, texts))), np.int32)
+    for row, text in zip(padded, texts):
+        row[:len(text)] = text
+    reference = jax.nn.log_softmax(nnx.jit(lambda m, ids: m(ids)[0])(model, jnp.asarray(padded)), -1)
+    for row, (prompt, answer, got) in enumerate(zip(prompts, tokens, logprobs)):
+        want = [float(reference[row, len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+    everything = [(g, w) for row, (p, a, got) in enumerate(zip(prompts, tokens, logprobs))
+                  for g, w in zip(got, (float(reference[row, len(p) - 1 + i, t]) for i, t in enumerate(a)))]
+    assert not np.allclose(*zip(*everything), rtol=0, atol=1e-6)  # (rounded: the states were bfloat16)
+
+
+def test_the_state_dtype_follows_the_weights_and_refuses_unknown_names(hybrid):
+    from vsurge.kv import recurrent
+
+    model = hybrid[0]
+    half = type("Weights", (), {"param_dtype": jnp.bfloat16, "quantization": None})()
+    blocks = type("Weights", (), {"param_dtype": jnp.float32, "quantization": "blocks"})()
+    assert recurrent.state_dtype(None, model) == jnp.float32
+    assert recurrent.state_dtype("auto", half) == recurrent.state_dtype("auto", blocks) == jnp.bfloat16
+    assert recurrent.state_dtype("float32", half) == jnp.float32
+    with pytest.raises(ValueError, match="--state-dtype"):
+        recurrent.state_dtype("float16", model)
+    with pytest.raises(ValueError, match="state_dtype"):
+        EngineConfig(state_dtype="int8")
+
+
 def streamed(surge, prompts, params):
     """(token ids, chosen-token logprobs) of each prompt's answer, streamed from a `surge` started
     and stopped here."""

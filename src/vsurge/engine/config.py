@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..kv import KV_CACHE_DTYPES
+from ..kv import KV_CACHE_DTYPES, STATE_DTYPES
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
@@ -165,6 +165,11 @@ class EngineConfig:
     # the model holds a recurrent state per sequence (for_model): requests speculate only when the engine
     # does (`draft_state_rows`: the states after each draft are kept, for rolling back to the accepted one)
     recurrent_state: bool = False
+    state_dtype: str = setting(  # kv/recurrent.py state_dtype
+        "auto", check=one_of(STATE_DTYPES), flag="--state-dtype",
+        help="hybrid models: how the recurrent states (and their snapshots) are stored: auto (float32 for a "
+             "float32 model, else bfloat16, as vLLM's --mamba-ssm-cache-dtype auto; half the bytes a decode step "
+             "moves), float32 (llama.cpp's choice) or bfloat16; the ops compute in float32 either way")
     state_snapshots: int | None = setting(  # None = sized from free memory (engine/pools.py)
         None, check=Check(">= 0", lambda v: v is None or (_integer(v) and v >= 0)), flag="--state-snapshots",
         help="hybrid models (recurrent layers): rows of recurrent states kept at page boundaries of prompts, so the "

@@ -176,10 +176,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return pool_dtype(self.model, self.config)
 
     def _empty_state(self) -> EngineState:
+        from ..kv.recurrent import state_dtype
+
         snapshots = getattr(self.pool, "snapshots", None)
         return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots, snapshots.rows if snapshots is not None else 0,
-                                    self.config.draft_state_rows)
+                                    self.config.draft_state_rows, state_dtype(self.config.state_dtype, self.model))
 
     def _shardings(self, signature: str, state, batch=None) -> dict:
         """jax.jit's in/out shardings of a program on the model's mesh ({} on one device). signature:

@@ -10,7 +10,7 @@ import logging
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import pool_dtype, pool_page_bytes
-from ..kv.recurrent import state_row_bytes
+from ..kv.recurrent import state_dtype, state_row_bytes
 from ..kv.slot_pages import SlotPages
 from ..kv.state_snapshots import StateSnapshots
 from .config import EngineConfig
@@ -18,20 +18,25 @@ from .config import EngineConfig
 log = logging.getLogger(__name__)
 
 
-def state_cache_bytes(model_config, config: EngineConfig, snapshots: int) -> int:
+def state_row(model, config: EngineConfig) -> int:
+    """Bytes of one sequence's recurrent states as the paged engine stores them (`--state-dtype`)."""
+    return state_row_bytes(model.config, state_dtype(config.state_dtype, model))
+
+
+def state_cache_bytes(model, config: EngineConfig, snapshots: int) -> int:
     """Bytes of a paged engine's recurrent states: a row per slot and the spare, `snapshots` snapshot
     rows and their spare, and a speculating engine's draft states (engine/programs.py empty_state);
     0 for attention-only models."""
-    drafts = config.for_model(model_config).draft_state_rows
+    drafts = config.for_model(model.config).draft_state_rows
     rows = config.max_slots + 1 + (snapshots + 1 if snapshots else 0) + (drafts + 1 if drafts else 0)
-    return rows * state_row_bytes(model_config)
+    return rows * state_row(model, config)
 
 
 def snapshot_rows(model, config: EngineConfig) -> int:
     """Rows of state snapshots for a hybrid model's prefix cache (kv/state_snapshots.py): as asked,
     else up to 4 per sequence slot within a quarter of the KV memory; 0 without recurrent layers or
     without the prefix cache."""
-    row = state_row_bytes(model.config)
+    row = state_row(model, config)
     if not row or not config.enable_prefix_caching:
         return 0
     if config.state_snapshots is not None:
@@ -62,7 +67,7 @@ def pool_size(model, config: EngineConfig, snapshots: int | None = None) -> tupl
         return every_slot, full
     if snapshots is None:
         snapshots = snapshot_rows(model, config)
-    states = state_cache_bytes(model.config, config, snapshots)
+    states = state_cache_bytes(model, config, snapshots)
     budget = max(0, available_kv_bytes(model.weight_bytes, config.hbm_utilization) - states)
     if budget // per_device >= every_slot:
         return every_slot, full + ": all the defaults can use, though the memory holds more"
@@ -77,9 +82,9 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     num_pages, why = pool_size(model, config, rows)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all: %s", num_pages,
              config.page_size, per_page / 2**20, pool_dtype(model, config), num_pages * config.page_size, why)
-    if state_row_bytes(model.config):
-        log.info("recurrent states: %.1f MiB per sequence, %d slots + %d prefix-cache snapshots",
-                 state_row_bytes(model.config) / 2**20, config.max_slots, rows)
+    if state_row(model, config):
+        log.info("recurrent states: %.1f MiB per sequence (%s), %d slots + %d prefix-cache snapshots",
+                 state_row(model, config) / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
     from .tiers import make_host_tier, make_state_tier
 
     snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None

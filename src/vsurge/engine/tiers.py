@@ -31,7 +31,7 @@ import numpy as np
 from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.quant import stored_dim
-from ..kv.recurrent import init_states, state_row_bytes
+from ..kv.recurrent import init_states, state_dtype
 from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
 from .transfer import PrefixPages
 
@@ -67,14 +67,16 @@ class PageRef:
 
 
 def fingerprint(model, config) -> str:
-    """What a disk tier's pages depend on: the model (its config and a sample of every weight), the
-    KV storage dtype (an int8 pool never reads float pages, nor the reverse) and layout, the page
+    """What a disk tier's pages depend on: the model (its config, a sample of every weight and its block
+    kernel's activation passes), the KV storage dtype (an int8 pool never reads float pages, nor the reverse) and layout, the page
     size and LAYOUT_VERSION. Another model or layout never matches."""
     from flax import nnx
 
     h = hashlib.blake2b(digest_size=16)
+    # (the block kernel's activation passes round activations differently: pages differ slightly)
     h.update(repr((LAYOUT_VERSION, repr(model.config), str(model.dtype), config.page_size,
-                   tuple(model.config.kv_layout), str(pool_dtype(model, config)))).encode())
+                   tuple(model.config.kv_layout), str(pool_dtype(model, config)),
+                   getattr(model, "activation_passes", None))).encode())
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
         if not hasattr(leaf, "shape") or not leaf.size:
             continue
@@ -112,14 +114,16 @@ def make_state_tier(model, config) -> HostTier | None:
     """The host (and disk) tier of a hybrid model's state snapshots (kv/state_snapshots.py): a
     1/STATE_SHARE part of each tier's budget, one entry per snapshot, files in a directory of their
     own (their fingerprint says "states"); None without tiers or recurrent layers."""
-    row = state_row_bytes(model.config)
+    from .pools import state_row
+
+    row, dtype = state_row(model, config), state_dtype(config.state_dtype, model)
     if not row or not _has_tiers(config):
         return None
     disk = None
     if config.kv_cache_dir:
         spec = [(leaf.shape[1:], str(leaf.dtype)) for leaf in jax.tree.leaves(
-            jax.eval_shape(lambda: init_states(model.config.state_layout, 1)))]
-        name = hashlib.blake2b((fingerprint(model, config) + ":states").encode(), digest_size=16).hexdigest()
+            jax.eval_shape(lambda: init_states(model.config.state_layout, 1, dtype)))]
+        name = hashlib.blake2b(f"{fingerprint(model, config)}:states:{dtype}".encode(), digest_size=16).hexdigest()
         disk = DiskTier(config.kv_cache_dir, name, config.kv_disk_cache_bytes // STATE_SHARE, spec)
     return HostTier(int(config.kv_host_cache_bytes // STATE_SHARE // row), disk)
 

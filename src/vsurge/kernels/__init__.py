@@ -29,7 +29,8 @@ KV_WRITE_TARGET = "vsurge_kv_write"  # kv_pages.cc: K/V vectors written into a 1
 GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit float cache read as float32
 TAKE_PAGES_TARGET = "vsurge_take_pages"  # kv_pages.cc: whole pages copied out of a cache
 PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a cache in place
-LAYOUT_VERSION = 5  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # gated_delta.cc: decode rows' DeltaNet states updated in place
+LAYOUT_VERSION = 6  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 
@@ -78,6 +79,7 @@ class _Library:
         jax.ffi.register_ffi_target(ATTENTION_TARGET, jax.ffi.pycapsule(lib.vsurge_paged_decode_ffi), platform="cpu")
         jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
         for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),
+                           (GATED_DELTA_TARGET, lib.vsurge_gated_delta_decode_ffi),
                            (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi)):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         self.lib = lib

@@ -167,17 +167,18 @@ class PagedAttentionCache:
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
              state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0, snapshot_rows: int = 0,
-             draft_rows: int = 0):
+             draft_rows: int = 0, state_dtype=jnp.float32):
         """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
         (int8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its recurrent
         layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare), and
-        `snapshot_rows` (+ a spare) of each for the prefix cache, `draft_rows` (+ a spare) for speculation."""
+        `snapshot_rows` (+ a spare) of each for the prefix cache, `draft_rows` (+ a spare) for speculation,
+        stored as `state_dtype` (kv/recurrent.py state_dtype)."""
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
         return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
                    v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
-                   states=init_states(state_layout, state_rows),
-                   snapshots=init_states(state_layout, snapshot_rows + 1) if snapshot_rows else [],
-                   drafts=init_states(state_layout, draft_rows + 1) if draft_rows else [],
+                   states=init_states(state_layout, state_rows, state_dtype),
+                   snapshots=init_states(state_layout, snapshot_rows + 1, state_dtype) if snapshot_rows else [],
+                   drafts=init_states(state_layout, draft_rows + 1, state_dtype) if draft_rows else [],
                    pages=num_pages, size=page_size)
 
     @property

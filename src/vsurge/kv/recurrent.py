@@ -11,7 +11,7 @@ nothing. A layer asks its cache to run one recurrent op over the step's tokens:
     out, cache = cache.recurrent(state_index, part, op, inputs, positions, shape)
 
 `op(inputs, state, valid) -> (out, state)` works on rows of tokens: inputs a tuple of (R, T, ...)
-arrays, state (R, ...) float32, valid (R, T) bool, True on a prefix of each row (a False token must
+arrays, state (R, ...) float32 (however the cache stores it: `state_dtype`), valid (R, T) bool, True on a prefix of each row (a False token must
 leave the state as it was); `shape` is the part's shape (the `StateLayer`'s), for caches that start
 from zeros. The cache decides which rows those are and where their states live.
 """
@@ -24,30 +24,53 @@ import jax
 import jax.numpy as jnp
 
 from ..config import StateLayer
+from . import STATE_DTYPES
 
 
-def state_row_bytes(model_config) -> int:
-    """Bytes of one sequence's recurrent states (every recurrent layer's parts, float32); 0 for a
-    model with attention layers only."""
-    return sum(4 * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
+def state_dtype(setting: str | None, model) -> jnp.dtype:
+    """How the paged engine stores recurrent states (`--state-dtype`): "auto" is float32 for a model
+    whose weights are all float32 (the exact path the tests compare), else bfloat16, as vLLM's
+    `--mamba-ssm-cache-dtype auto` (the model's dtype): a 32-row decode step of a Qwen3.5-shaped
+    model reads and writes its states once each, as many bytes as its weights in float32
+    (benchmarks/hybrid_decode.py). The ops always compute in float32; only the stored rows round."""
+    if setting not in (None, *STATE_DTYPES):
+        raise ValueError(f"state_dtype (--state-dtype) must be one of {', '.join(STATE_DTYPES)}, got {setting!r}")
+    if setting in (None, "auto"):
+        exact = jnp.dtype(model.param_dtype) == jnp.float32 and getattr(model, "quantization", None) is None
+        return jnp.dtype(jnp.float32 if exact else jnp.bfloat16)
+    return jnp.dtype(setting)
 
 
-def init_states(layout: tuple[StateLayer, ...], rows: int) -> list[dict]:
-    """Zero states of every recurrent layer for `rows` rows: per layer {part: (rows, *shape) f32}."""
-    return [{name: jnp.zeros((rows, *shape), jnp.float32) for name, shape in layer.parts} for layer in layout]
+def state_row_bytes(model_config, dtype=jnp.float32) -> int:
+    """Bytes of one sequence's recurrent states (every recurrent layer's parts, stored as `dtype`);
+    0 for a model with attention layers only."""
+    size = jnp.dtype(dtype).itemsize
+    return sum(size * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
 
 
-def by_length(chunked, step, row_by_row: bool = False):
+def init_states(layout: tuple[StateLayer, ...], rows: int, dtype=jnp.float32) -> list[dict]:
+    """Zero states of every recurrent layer for `rows` rows: per layer {part: (rows, *shape) dtype}."""
+    return [{name: jnp.zeros((rows, *shape), dtype) for name, shape in layer.parts} for layer in layout]
+
+
+def _f32(state):
+    return state.astype(jnp.float32)
+
+
+def by_length(chunked, step, row_by_row: bool = False, in_place=None):
     """One op from a prompt form `chunked(inputs, state, valid)` and a one-token form
     `step(inputs (R, ...), state, valid (R,))`: rows of one token (decode) take the step form.
     `row_by_row`: the paged engine may update large states of decode rows one row at a time in
-    place (run_packed); only for a step form measured to gain from it."""
+    place (run_packed); only for a step form measured to gain from it. `in_place(inputs (R, ...),
+    states (S+1, ...), slots (R,), fresh (R,), valid (R,)) -> (out (R, ...), states)`: the step form
+    on rows whose states live in `states` at `slots` (a row with `fresh` starts from zeros), for the
+    paged engine's decode rows; it returns None where it cannot run (a C++ kernel on CPU only)."""
     def op(inputs, state, valid):
         if inputs[0].shape[1] != 1:
             return chunked(inputs, state, valid)
         out, state = step(tuple(a[:, 0] for a in inputs), state, valid[:, 0])
         return out[:, None], state
-    op.row_by_row = row_by_row
+    op.row_by_row, op.in_place = row_by_row, in_place
     return op
 
 
@@ -61,14 +84,14 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
     """Rows of sequences held at `slots` (R,) of `states` (S+1, ...): positions (R, T), -1 = padding;
     a row whose first token is position 0 starts its sequence, from a zero state; one with a
     `restore` row (R,) >= 0 resumes a cached prefix from that row of `snaps` (kv/state_snapshots.py)."""
-    start = states[slots]
+    start = _f32(states[slots])
     fresh = positions[:, 0] == 0
     start = jnp.where(fresh.reshape(-1, *(1,) * (start.ndim - 1)), 0.0, start)
     if restore is not None:
-        taken = snaps[jnp.where(restore >= 0, restore, snaps.shape[0] - 1)]
+        taken = _f32(snaps[jnp.where(restore >= 0, restore, snaps.shape[0] - 1)])
         start = jnp.where((restore >= 0).reshape(-1, *(1,) * (start.ndim - 1)), taken, start)
     out, new = op(inputs, start, positions >= 0)
-    return out, states.at[slots].set(new), new
+    return out, states.at[slots].set(new.astype(states.dtype)), new
 
 
 # A state row at least this big, of an op that allows it (`by_length(row_by_row=True)`), is updated in
@@ -85,13 +108,13 @@ def _one_by_one(op, inputs, states, slots, positions, snaps=None, restore=None):
     a scatter of one row each cost a pass over the state). Returns (out, states, None)."""
     def one_row(states, row):
         xs, slot, position, back = row
-        start = jax.lax.dynamic_index_in_dim(states, slot, keepdims=True)  # (1, ...)
+        start = _f32(jax.lax.dynamic_index_in_dim(states, slot, keepdims=True))  # (1, ...)
         if restore is not None:
-            start = jax.lax.cond(back >= 0, lambda: jax.lax.dynamic_index_in_dim(snaps, back, keepdims=True),
+            start = jax.lax.cond(back >= 0, lambda: _f32(jax.lax.dynamic_index_in_dim(snaps, back, keepdims=True)),
                                  lambda: start)
         start = jax.lax.cond(position[0] == 0, lambda: jnp.zeros_like(start), lambda: start)
         out, new = op(tuple(a[None] for a in xs), start, (position >= 0)[None])
-        return jax.lax.dynamic_update_index_in_dim(states, new, slot, 0), out[0]
+        return jax.lax.dynamic_update_index_in_dim(states, new.astype(states.dtype), slot, 0), out[0]
 
     back = jnp.zeros_like(slots) if restore is None else restore
     states, out = jax.lax.scan(one_row, states, (inputs, slots, positions, back))
@@ -111,10 +134,10 @@ def _run_drafts(op, rows, out, states, drafts, layout):
         row, slot, start, to = draft
         real = row >= 0
         xs = tuple(jax.lax.dynamic_index_in_dim(a, jnp.maximum(row, 0), keepdims=True) for a in rows)
-        state = jnp.where(start >= 0, drafts[jnp.maximum(start, 0)], states[slot])[None]
+        state = _f32(jnp.where(start >= 0, drafts[jnp.maximum(start, 0)], states[slot]))[None]
         y, state = op(xs, state, jnp.broadcast_to(real, (1, 1)))
         out = out.at[jnp.where(real, row, d)].set(y[0], mode="drop")
-        drafts = drafts.at[jnp.where(real, to, spare)].set(state[0])
+        drafts = drafts.at[jnp.where(real, to, spare)].set(state[0].astype(drafts.dtype))
         return (out, drafts), None
 
     def run(carry):
@@ -141,7 +164,14 @@ def run_packed(op, inputs, states, layout, snaps=None, drafts=None):
         in_place = getattr(op, "row_by_row", False) and row_bytes >= ROW_BY_ROW_BYTES
         at_slots = _one_by_one if in_place else _at_slots
         restore = None if drafts is None else layout.decode_restore
-        out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos, drafts, restore)
+        fused = None
+        if restore is None and getattr(op, "in_place", None) is not None:
+            first = layout.decode_pos[:, 0]
+            fused = op.in_place(tuple(a[:, 0] for a in rows), states, layout.decode_slots, first == 0, first >= 0)
+        if fused is not None:
+            out, states = fused[0][:, None], fused[1]
+        else:
+            out, states, _ = at_slots(op, rows, states, layout.decode_slots, layout.decode_pos, drafts, restore)
         if drafts is not None and layout.draft_rows is not None and layout.draft_rows.shape[0]:
             out, drafts = _run_drafts(op, rows, out, states, drafts, layout)
         parts.append(out[:, 0])
@@ -157,7 +187,7 @@ def run_packed(op, inputs, states, layout, snaps=None, drafts=None):
             out, states, new = _at_slots(op, tuple(a[None] for a in xs), states, slot[None], positions[None],
                                          snaps, back[None] if keep else None)
             if keep:
-                snaps = snaps.at[jnp.where(to >= 0, to, snaps.shape[0] - 1)].set(new[0])
+                snaps = snaps.at[jnp.where(to >= 0, to, snaps.shape[0] - 1)].set(new[0].astype(snaps.dtype))
             return (states, snaps), out[0]
 
         xs = (rows, layout.chunk_slots, layout.chunk_pos, restore, save)

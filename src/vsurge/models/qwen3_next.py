@@ -36,7 +36,7 @@ import numpy as np
 
 from ..config import AttentionSpec, StateLayer
 from ..kv.recurrent import by_length
-from ..ops.gated_delta import gated_delta_rule, gated_delta_step, gated_rms_norm, l2_normalize
+from ..ops.gated_delta import gated_delta_in_place, gated_delta_rule, gated_delta_step, gated_rms_norm, l2_normalize
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
@@ -331,7 +331,8 @@ class Qwen3Next(CausalLM):
         a = linear(x, w["w_a"]).astype(jnp.float32) + w["dt_bias"].astype(jnp.float32)
         g = -jnp.exp(w["A_log"].astype(jnp.float32)) * jax.nn.softplus(a)  # (B, T, Hv) log decay
         delta = by_length(lambda xs, state, valid: gated_delta_rule(*xs, state, valid),
-                          lambda xs, state, valid: gated_delta_step(*xs, state, valid), row_by_row=True)
+                          lambda xs, state, valid: gated_delta_step(*xs, state, valid), row_by_row=True,
+                          in_place=gated_delta_in_place)
         out, cache = cache.recurrent(index, "ssm", delta, (q, k, v, g, beta), positions, (hv, dk, dv))
         z = linear(x, w["w_z"], w.get("w_z_scale")).reshape(b, t, hv, dv)
         out = gated_rms_norm(out.astype(x.dtype), w["gdn_norm"], z, c.rms_norm_eps)  # (B, T, Hv, dv)

@@ -297,7 +297,7 @@ def memory_fields(surge) -> dict:
     return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
                 kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
                 kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
-                state_cache_bytes=sum(state_cache_bytes(m.config, config, _snapshot_rows(p))
+                state_cache_bytes=sum(state_cache_bytes(m, config, _snapshot_rows(p))
                                       for p, m, config in pools.values()))
 
 
