@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -118,40 +120,6 @@ def test_steps_equal_chunked():
     np.testing.assert_array_equal(np.asarray(kept[1]), np.asarray(s[1]))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_in_place_decode_kernel_equals_the_step(dtype):
-    """kernels/gated_delta.cc: decode rows' states updated where they live (the paged engine's states
-    by slot) give the step's outputs and states: rows at shuffled slots, a fresh row (zero start), an
-    invalid row (its state kept bit for bit), a padding row whose slot is out of range (skipped),
-    grouped key heads; bfloat16 states round once, to the nearest, as XLA's convert."""
-    from vsurge import kernels
-    from vsurge.ops.gated_delta import gated_delta_in_place
-
-    if not kernels.available():
-        pytest.skip(f"C++ kernels not built: {kernels.unavailable_reason()}")
-    rows, slots_held = 4, 6
-    q, k, v, g, beta, _ = delta_inputs(1, seed=11)
-    q, k, v, g, beta = (np.concatenate([x, x[::-1] * 0.5])[:, 0] for x in (q, k, v, g, beta))  # 4 rows
-    states = (0.5 * np.random.default_rng(2).standard_normal((slots_held + 1, HV, DK, DV))).astype(np.float32)
-    states = np.asarray(jnp.asarray(states, dtype).astype(jnp.float32))  # representable in `dtype`
-    slots = np.array([4, 1, 0, 99], np.int32)  # (row 3: a padding row's out-of-range slot)
-    fresh = np.array([False, True, False, False])
-    valid = np.array([True, True, False, True])
-    out, new = jax.jit(gated_delta_in_place)((q, k, v, g, beta), jnp.asarray(states, dtype), slots, fresh, valid)
-    starts = np.where(fresh[:3, None, None, None], 0.0, states[slots[:3]])
-    want_out, want_states = step(q[:3], k[:3], v[:3], g[:3], beta[:3], starts, valid[:3])
-    close(out[:3], want_out, 1e-5)
-    np.testing.assert_array_equal(np.asarray(out[3]), 0.0)
-    new = np.asarray(jnp.asarray(new).astype(jnp.float32))
-    want = np.asarray(jnp.asarray(want_states).astype(dtype).astype(jnp.float32))
-    ulp = 2.0 ** -7 if dtype == "bfloat16" else 1e-6  # (a sum's order may move a value across a rounding edge)
-    for row, slot in enumerate(slots[:2]):
-        np.testing.assert_allclose(new[slot], want[row], rtol=ulp, atol=1e-6)
-    np.testing.assert_array_equal(new[0], states[0])  # invalid: kept bit for bit
-    untouched = [s for s in range(slots_held + 1) if s not in (4, 1, 0)]
-    np.testing.assert_array_equal(new[untouched], states[untouched])
-
-
 def test_gated_rms_norm_matches_reference():
     rng = np.random.default_rng(4)
     x, gate = rng.standard_normal((2, 3, 16), np.float32), rng.standard_normal((2, 3, 16), np.float32)
@@ -210,3 +178,66 @@ def test_causal_conv_split_prompt_and_padding():
     # a row with no valid token keeps its window
     _, kept = conv(x, w, b, np.asarray(whole_win), np.zeros((B, T), bool))
     np.testing.assert_array_equal(np.asarray(kept), np.asarray(whole_win))
+
+
+# The decode kernels (kernels/recurrent_decode.cc): rows at shuffled slots of the engine's state array,
+# a fresh row (zero start), an invalid row (its state kept bit for bit), a padding row whose slot is out
+# of range (skipped, output 0); bfloat16 states round once, to the nearest, as XLA's convert.
+SLOTS = np.array([4, 1, 0, 99], np.int32)
+FRESH = np.array([False, True, False, False])
+VALID = np.array([True, True, False, True])
+
+
+def held_states(shape, dtype, seed=2):
+    """(7, *shape) random states representable in `dtype` (float32 numpy), skipped without the kernels."""
+    from vsurge import kernels
+
+    if not kernels.available():
+        pytest.skip(f"C++ kernels not built: {kernels.unavailable_reason()}")
+    states = (0.5 * np.random.default_rng(seed).standard_normal((7, *shape))).astype(np.float32)
+    return np.asarray(jnp.asarray(states, dtype).astype(jnp.float32))
+
+
+def check_states(new, states, want, dtype):
+    """`new` (the kernel's, in `dtype`) against `want` (the real rows' new states, float32)."""
+    new = np.asarray(jnp.asarray(new).astype(jnp.float32))
+    want = np.asarray(jnp.asarray(want).astype(dtype).astype(jnp.float32))
+    ulp = 2.0 ** -7 if dtype == "bfloat16" else 1e-6  # (a sum's order may move a value across a rounding edge)
+    for row, slot in enumerate(SLOTS[:2]):
+        np.testing.assert_allclose(new[slot], want[row], rtol=ulp, atol=1e-6)
+    np.testing.assert_array_equal(new[SLOTS[2]], states[SLOTS[2]])  # invalid: kept bit for bit
+    untouched = [s for s in range(len(states)) if s not in SLOTS]
+    np.testing.assert_array_equal(new[untouched], states[untouched])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_in_place_delta_kernel_equals_the_step(dtype):
+    from vsurge.ops.gated_delta import gated_delta_in_place
+
+    q, k, v, g, beta, _ = delta_inputs(1, seed=11)
+    q, k, v, g, beta = (np.concatenate([x, x[::-1] * 0.5])[:, 0] for x in (q, k, v, g, beta))  # 4 rows
+    states = held_states((HV, DK, DV), dtype)
+    out, new = jax.jit(gated_delta_in_place)((q, k, v, g, beta), jnp.asarray(states, dtype), SLOTS, FRESH, VALID)
+    starts = np.where(FRESH[:3, None, None, None], 0.0, states[SLOTS[:3]])
+    want_out, want_states = step(q[:3], k[:3], v[:3], g[:3], beta[:3], starts, VALID[:3])
+    close(out[:3], want_out, 1e-5)
+    np.testing.assert_array_equal(np.asarray(out[3]), 0.0)
+    check_states(new, states, want_states, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_in_place_conv_kernel_equals_the_step(dtype, bias):
+    from vsurge.ops.short_conv import causal_conv_in_place
+
+    x, weight, b = conv_inputs(2, seed=9)
+    x = x.reshape(4, C)
+    b = b if bias else None
+    windows = held_states((K - 1, C), dtype)
+    y, new = jax.jit(partial(causal_conv_in_place, weight=weight, bias=b))((x,), jnp.asarray(windows, dtype), SLOTS,
+                                                                            FRESH, VALID)
+    starts = np.where(FRESH[:3, None, None], 0.0, windows[SLOTS[:3]])
+    want_y, want_windows = conv_step(x[:3], weight, b, starts, VALID[:3])
+    close(y[:3], want_y, 1e-5)
+    np.testing.assert_array_equal(np.asarray(y[3]), 0.0)
+    check_states(new, windows, want_windows, dtype)

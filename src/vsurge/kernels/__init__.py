@@ -29,7 +29,8 @@ KV_WRITE_TARGET = "vsurge_kv_write"  # kv_pages.cc: K/V vectors written into a 1
 GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit float cache read as float32
 TAKE_PAGES_TARGET = "vsurge_take_pages"  # kv_pages.cc: whole pages copied out of a cache
 PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a cache in place
-GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # gated_delta.cc: decode rows' DeltaNet states updated in place
+GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # recurrent_decode.cc: decode rows' DeltaNet states updated in place
+CONV_TARGET = "vsurge_conv_decode"  # recurrent_decode.cc: decode rows' short-convolution windows updated in place
 LAYOUT_VERSION = 6  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
@@ -80,6 +81,7 @@ class _Library:
         jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
         for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),
                            (GATED_DELTA_TARGET, lib.vsurge_gated_delta_decode_ffi),
+                           (CONV_TARGET, lib.vsurge_conv_decode_ffi),
                            (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi)):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         self.lib = lib
@@ -133,6 +135,20 @@ def set_variant(name: str) -> str:
     if lib.vsurge_qmatmul_set_variant(name.encode()) != 0:
         raise ValueError(f"kernel variant {name!r} does not run on this CPU (it runs {supported_variants()})")
     return previous
+
+
+def in_place_usable(states) -> bool:
+    """Whether the recurrent-state kernels (recurrent_decode.cc) run on `states` (S, ...) in the program
+    being traced: a CPU program with the kernels loaded, float32 or bfloat16 states, not split over a
+    mesh (a custom call would gather them whole)."""
+    import jax
+    import jax.numpy as jnp
+
+    if jax.default_backend() != "cpu" or not available() or \
+            states.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
+        return False
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.size == 1
 
 
 def repack(format_id: int, raw, n: int, k: int, tiles: int, tile_bytes: int):

@@ -18,10 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import ModelConfig, StateLayer
-from ..kv.recurrent import by_length
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
-from ..ops.short_conv import causal_conv, causal_conv_step
+from ..ops.short_conv import short_conv_op
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
 from .config_io import hf_fields
@@ -149,8 +148,7 @@ class Lfm2(CausalLM):
 
         bx = project("b", x) * project("x", x)  # (B, T, D)
         kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (D, K), (D,)
-        conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
-                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
+        conv = short_conv_op(kernel, bias)
         y, cache = cache.recurrent(c.state_index(i), "conv", conv, (bx,), positions,
                                    (c.conv_kernel - 1, c.hidden_size))  # (B, T, D)
         return project("out", project("c", x) * y), cache

@@ -20,7 +20,7 @@ from ..config import ModelConfig, StateLayer
 from ..errors import UnsupportedModelError
 from ..kv.recurrent import by_length
 from ..ops.linear import linear
-from ..ops.short_conv import causal_conv, causal_conv_step
+from ..ops.short_conv import short_conv_op
 from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
 from .config_io import json_float
 from .spec import Weight, tensor
@@ -124,8 +124,7 @@ def mamba2_mixer(c, i, x, w, cache, positions):
                       jnp.concatenate([jnp.full((width,), mx), jnp.full((g * n,), mb), jnp.full((g * n,), mc)]))
     z, xbc, dt = project("z", mz), project("xbc", xbc_multiplier), project("dt", mdt)  # (B,T,I), (B,T,Cv), (B,T,H)
     kernel, bias = w["conv"][:, 0, :], w.get("conv_bias")  # (Cv, K), (Cv,)
-    conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, bias, window, valid),
-                     lambda xs, window, valid: causal_conv_step(xs[0], kernel, bias, window, valid))
+    conv = short_conv_op(kernel, bias)
     xbc, cache = cache.recurrent(index, "conv", conv, (xbc,), positions, (c.mamba_conv_kernel - 1, c.conv_width))
     xbc = jax.nn.silu(xbc.astype(f32))
     xs = xbc[..., :width].reshape(b, t, h, p)  # (B, T, H, P)

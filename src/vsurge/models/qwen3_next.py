@@ -40,7 +40,7 @@ from ..ops.gated_delta import gated_delta_in_place, gated_delta_rule, gated_delt
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
-from ..ops.short_conv import causal_conv, causal_conv_step
+from ..ops.short_conv import short_conv_op
 from .base import CausalLM
 from .blocks import mlp, mlp_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
@@ -318,9 +318,7 @@ class Qwen3Next(CausalLM):
         hk, hv, dk, dv = c.linear_key_heads, c.linear_value_heads, c.linear_key_dim, c.linear_value_dim
         index = c.state_index(i)
         kernel = w["conv"][:, 0, :]  # (C, K)
-        conv = by_length(lambda xs, window, valid: causal_conv(xs[0], kernel, None, window, valid),
-                         lambda xs, window, valid: causal_conv_step(xs[0], kernel, None, window, valid),
-                         row_by_row=True)
+        conv = short_conv_op(kernel, row_by_row=True)
         mixed = linear(x, w["w_qkv"], w.get("w_qkv_scale"))  # (B, T, C)
         mixed, cache = cache.recurrent(index, "conv", conv, (mixed,), positions, (c.conv_kernel - 1, c.conv_width))
         mixed = jax.nn.silu(mixed.astype(jnp.float32))

@@ -73,18 +73,14 @@ def gated_delta_step(q, k, v, g, beta, state, valid=None):
 
 def gated_delta_in_place(inputs, states, slots, fresh, valid):
     """`gated_delta_step` on decode rows whose states live in the paged engine's `states` (S+1, Hv,
-    dk, dv) (float32 or bfloat16) at `slots` (R,), by the C++ kernel (kernels/gated_delta.cc), which
+    dk, dv) (float32 or bfloat16) at `slots` (R,), by the C++ kernel (kernels/recurrent_decode.cc), which
     reads and writes each row's state where it is, once each way: inputs (q, k, v, g, beta) of R rows
     as `gated_delta_step` takes them; fresh (R,) bool: start from a zero state; valid (R,) bool.
     Returns (out (R, Hv, dv) in v.dtype, states), or None where the kernel cannot run (not a CPU, no
     kernels, another dtype, or a mesh of several devices: the states are split over heads)."""
     from .. import kernels
 
-    if jax.default_backend() != "cpu" or not kernels.available() or \
-            states.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        return None
-    mesh = jax.sharding.get_abstract_mesh()
-    if not (mesh.empty or mesh.size == 1):
+    if not kernels.in_place_usable(states):
         return None
     q, k, v, g, beta = inputs
     g, beta = _mask_invalid(g, beta, valid)

@@ -54,3 +54,36 @@ def causal_conv_step(x, weight, bias, window, valid=None):
     if valid is not None:
         new_window = jnp.where(valid[:, None, None], new_window, window)
     return y.astype(x.dtype), new_window
+
+
+def causal_conv_in_place(inputs, windows, slots, fresh, valid, *, weight, bias=None):
+    """`causal_conv_step` on decode rows whose windows live in the paged engine's `windows` (S+1, K-1, C)
+    (float32 or bfloat16) at `slots` (R,), by the C++ kernel (kernels/recurrent_decode.cc): inputs (x,)
+    with x (R, C); fresh (R,) bool: start from a zero window; valid (R,) bool: shift x in. Returns
+    (y (R, C) in x.dtype, windows), or None where the kernel cannot run (kv/recurrent.py by_length)."""
+    from .. import kernels
+
+    if not kernels.in_place_usable(windows):
+        return None
+    (x,) = inputs
+    c = x.shape[-1]
+    taps = weight.astype(jnp.float32).T  # (K, C)
+    bias = jnp.zeros((c,), jnp.float32) if bias is None else bias.astype(jnp.float32)
+    call = jax.ffi.ffi_call(kernels.CONV_TARGET, (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+                                                  jax.ShapeDtypeStruct(windows.shape, windows.dtype)),
+                            input_output_aliases={0: 1}, vmap_method="sequential")
+    y, windows = call(windows, x.astype(jnp.float32), taps, bias, slots.astype(jnp.int32), fresh.astype(jnp.int32),
+                      valid.astype(jnp.int32))
+    return y.astype(x.dtype), windows
+
+
+def short_conv_op(weight, bias=None, row_by_row: bool = False):
+    """The cache op (kv/recurrent.py by_length) of a short convolution with `weight` (C, K) and `bias`:
+    prompts by `causal_conv`, decode rows by `causal_conv_step`, or in place where the kernel runs."""
+    from functools import partial
+
+    from ..kv.recurrent import by_length
+
+    return by_length(lambda xs, window, valid: causal_conv(xs[0], weight, bias, window, valid),
+                     lambda xs, window, valid: causal_conv_step(xs[0], weight, bias, window, valid),
+                     row_by_row=row_by_row, in_place=partial(causal_conv_in_place, weight=weight, bias=bias))
