@@ -45,8 +45,8 @@ class OptionalBuildExt(build_ext):
 qmatmul = Extension(
     "vsurge.kernels._qmatmul",
     sources=[str(KERNELS / f) for f in ("qmatmul_ffi.cc", "qmatmul_avx2.cc", "qmatmul_avx512.cc", "repack.cc",
-                                           "thread_pool.cc", "paged_attention.cc", "kv_pages.cc", "recurrent_decode.cc")],
-    depends=[str(KERNELS / f) for f in ("qmatmul.h", "qmatmul_body.h", "qmatmul_layout.h", "thread_pool.h", "half.h")],
+                                           "thread_pool.cc", "paged_attention.cc", "kv_pages.cc", "recurrent_decode.cc", "moe_experts.cc")],
+    depends=[str(KERNELS / f) for f in ("qmatmul.h", "qmatmul_body.h", "qmatmul_layout.h", "thread_pool.h", "half.h", "isa.h")],
     language="c++",
     extra_compile_args=["-std=c++17", "-O3", "-g0", "-w", "-fvisibility=hidden"],
     extra_link_args=["-pthread"],

@@ -43,7 +43,8 @@ def test_routing_equals_transformers_on_a_batch(name, tiny_checkpoints):
 @pytest.mark.parametrize("activation,biases,scale_inputs", [("silu", False, False), ("swiglu_oai", True, False),
                                                            ("silu", False, True)])
 def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, biases, scale_inputs):
-    """Both dispatches (the loop over routed experts, and ragged_dot: TPU's) against every token
+    """The dispatches (the loop over routed experts, ragged_dot: TPU's, and the C++ kernel: CPU decode's)
+    against every token
     through its k experts, computed one by one in numpy; uneven loads, an expert with no rows.
     scale_inputs: each expert's input times its weight instead of its output (Llama 4)."""
     rng = np.random.default_rng(1)
@@ -64,7 +65,10 @@ def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, 
             y = np.asarray(gated(jnp.asarray(h), activation)) @ w_d[ids[t, j]] + (b_d[ids[t, j]] if biases else 0)
             want[t] += y if scale_inputs else weights[t, j] * y
     args = [jnp.asarray(a) if a is not None else None for a in (x, ids, weights, w_gu, w_d, b_gu, b_d)]
-    for impl in ("loop", "ragged"):
+    from vsurge import kernels
+
+    cpp = ("cpp",) if kernels.available() and activation == "silu" and not biases else ()  # (its cases)
+    for impl in ("loop", "ragged", *cpp):
         got = jax.jit(lambda *a: experts(*a, activation=activation, impl=impl, scale_inputs=scale_inputs))(*args)
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=impl)
 
@@ -104,6 +108,11 @@ def test_the_engines_decode_program_multiplies_only_routed_experts(tiny_checkpoi
     expert_gate_up, all_experts = c.hidden_size * 2 * c.moe_intermediate_size, c.num_experts * c.hidden_size * \
         2 * c.moe_intermediate_size
     sizes = [s for operands in dot_operand_sizes(hlo, "moe") for s in operands]
+    from vsurge import kernels
+
+    if kernels.available():  # the C++ kernel reads each routed expert in its stack: no dot at all
+        assert kernels.MOE_TARGET in hlo and not sizes
+        return
     assert expert_gate_up in sizes  # one expert's gate/up matrix feeds a dot
     assert max(sizes) < all_experts / 2, max(sizes)  # nothing near every expert at once
 

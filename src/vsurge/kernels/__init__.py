@@ -30,6 +30,7 @@ GATHER_PAGES_TARGET = "vsurge_gather_pages"  # kv_pages.cc: pages of a 16-bit fl
 TAKE_PAGES_TARGET = "vsurge_take_pages"  # kv_pages.cc: whole pages copied out of a cache
 PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a cache in place
 GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # recurrent_decode.cc: decode rows' DeltaNet states updated in place
+MOE_TARGET = "vsurge_moe_experts"  # moe_experts.cc: routed experts of a few rows, read in place in their stacks
 CONV_TARGET = "vsurge_conv_decode"  # recurrent_decode.cc: decode rows' short-convolution windows updated in place
 LAYOUT_VERSION = 6  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
@@ -81,7 +82,7 @@ class _Library:
         jax.ffi.register_ffi_target(KV_WRITE_TARGET, jax.ffi.pycapsule(lib.vsurge_kv_write_ffi), platform="cpu")
         for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),
                            (GATED_DELTA_TARGET, lib.vsurge_gated_delta_decode_ffi),
-                           (CONV_TARGET, lib.vsurge_conv_decode_ffi),
+                           (CONV_TARGET, lib.vsurge_conv_decode_ffi), (MOE_TARGET, lib.vsurge_moe_experts_ffi),
                            (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi)):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         self.lib = lib

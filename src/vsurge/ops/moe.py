@@ -8,6 +8,8 @@ own rows only:
 - "loop" (CPU, GPU): a loop over the experts that received rows; each expert
   multiplies its rows in blocks of `block` rows, reading its weights once per
   block. No expert without rows is touched, no all-experts product is formed.
+- "cpp" (CPU, a few rows: decode): kernels/moe_experts.cc reads each used expert's weights where
+  they lie in the stack, for all of its rows (XLA's loop copied each expert's slice first).
 - "ragged" (TPU): `jax.lax.ragged_dot` over the sorted rows (a grouped matmul
   kernel there; on CPU XLA lowers it to a dense product of every expert, so it
   is never the CPU path).
@@ -27,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from .. import kernels
 from .mlp import gated
 
 MODEL_AXIS = "model"
@@ -98,13 +101,16 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     sum_k weight_k * expert_k(x), or with `scale_inputs` sum_k expert_k(weight_k * x) (Llama 4).
     Expert stacks may come as the raw uint16 bits of `weight_dtype` (models/spec.py `indexed`):
     each expert's slice is bit-cast back after it is taken."""
-    impl = impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
+    auto, impl = impl is None, impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
     bits = partial(_from_bits, dtype=weight_dtype)
     mesh = jax.sharding.get_abstract_mesh()
     tp = 1 if mesh.empty or MODEL_AXIS not in mesh.shape else mesh.shape[MODEL_AXIS]
     e, f = w_down.shape[0], w_down.shape[1]
     split = tp > 1 and ((e % tp == 0) if expert_parallel else (f % tp == 0))
     if not split:
+        if auto and impl == "loop" and (mesh.empty or mesh.size == 1) and \
+                _cpp_runs(ids, w_gate_up, w_down, b_gate_up, b_down, activation, weight_dtype):
+            impl = "cpp"
         return _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
                               impl=impl, first_expert=0, add_down_bias=True, bits=bits, scale_inputs=scale_inputs)
     if expert_parallel:  # whole experts per device: every bias travels with its expert
@@ -127,6 +133,24 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     if not expert_parallel and b_down is not None:
         out = out + _down_bias(ids, jnp.ones_like(weights) if scale_inputs else weights, b_down).astype(out.dtype)
     return out
+
+
+# Assignments (tokens x k) up to which the C++ kernel (kernels/moe_experts.cc) runs the experts on CPU:
+# decode steps and short prompts, where XLA sliced each used expert out of its stack (a copy) before a
+# dot of a few rows. Longer prompts give each expert enough rows for XLA's blocked dots.
+CPP_MAX_ASSIGNMENTS = 256
+
+
+def _cpp_runs(ids, w_gate_up, w_down, b_gate_up, b_down, activation, weight_dtype) -> bool:
+    """Whether the C++ kernel takes these experts: a CPU program with the kernels loaded, few
+    assignments, SiLU-gated experts without biases, bfloat16 (or its raw bits) or float32 stacks."""
+    if jax.default_backend() != "cpu" or not kernels.available() or ids.size > CPP_MAX_ASSIGNMENTS:
+        return False
+    if b_gate_up is not None or b_down is not None or activation not in ("silu", "swish"):
+        return False
+    kind = lambda w: "bf16" if w.dtype == jnp.bfloat16 or (  # noqa: E731
+        w.dtype == jnp.uint16 and weight_dtype is not None and jnp.dtype(weight_dtype) == jnp.bfloat16) else str(w.dtype)
+    return kind(w_gate_up) == kind(w_down) and kind(w_gate_up) in ("bf16", "float32")
 
 
 def _down_bias(ids, weights, b_down):
@@ -155,7 +179,11 @@ def _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, *, act
     rows = x[token]  # (A, D) sorted by expert
     if scale_inputs:  # the weight goes into the expert (Llama 4); its output is summed as it is
         rows, gate = (rows.astype(jnp.float32) * gate[:, None]).astype(x.dtype), mine[order].astype(jnp.float32)
-    if impl == "ragged":
+    if impl == "cpp":
+        out = jax.ffi.ffi_call(kernels.MOE_TARGET, jax.ShapeDtypeStruct(rows.shape, jnp.float32),
+                               vmap_method="sequential")(rows.astype(jnp.float32), counts.astype(jnp.int32),
+                                                         w_gate_up, w_down)
+    elif impl == "ragged":
         group_sizes = jnp.concatenate([counts, jnp.asarray([flat.shape[0] - jnp.sum(counts)])]).astype(jnp.int32)
         out = _ragged(rows, group_sizes, bits(w_gate_up), bits(w_down), b_gate_up, b_down, activation, add_down_bias)
     else:
