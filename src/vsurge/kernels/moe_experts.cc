@@ -52,36 +52,47 @@ inline __attribute__((always_inline)) void row_f32(const T* src, float* dst, int
   }
 }
 
+// out (M, N) += in (M, K) w (K, N), w of type T: four weight rows widened at a time, so each pass over
+// an output row does four multiply-adds per load and store of it.
+template <typename T>
+inline __attribute__((always_inline)) void accumulate(const float* in, int64_t m, int64_t K, const T* w, int64_t N,
+                                                      float* out, std::vector<float>& rows) {
+  rows.resize(4 * N);
+  float *w0 = rows.data(), *w1 = w0 + N, *w2 = w1 + N, *w3 = w2 + N;
+  int64_t i = 0;
+  for (; i + 4 <= K; i += 4) {
+    row_f32(w + i * N, w0, 4 * N);
+    for (int64_t r = 0; r < m; ++r) {
+      const float a0 = in[r * K + i], a1 = in[r * K + i + 1], a2 = in[r * K + i + 2], a3 = in[r * K + i + 3];
+      float* o = out + r * N;
+      for (int64_t c = 0; c < N; ++c) o[c] += a0 * w0[c] + a1 * w1[c] + a2 * w2[c] + a3 * w3[c];
+    }
+  }
+  for (; i < K; ++i) {
+    row_f32(w + i * N, w0, N);
+    for (int64_t r = 0; r < m; ++r) {
+      const float a = in[r * K + i];
+      float* o = out + r * N;
+      for (int64_t c = 0; c < N; ++c) o[c] += a * w0[c];
+    }
+  }
+}
+
 // rows x (M, D) through expert weights gu (D, 2F), dn (F, D) -> y (M, D).
 template <typename T>
 inline __attribute__((always_inline)) void one_expert(const Job& j, const float* x, int64_t m, const T* gu,
                                                       const T* dn, float* y) {
-  const int64_t D = j.D, F = j.F, F2 = 2 * F;
-  thread_local std::vector<float> h, g, w;
-  h.assign(m * F2, 0.0f);
+  const int64_t D = j.D, F = j.F;
+  thread_local std::vector<float> h, g, rows;
+  h.assign(m * 2 * F, 0.0f);
   g.resize(m * F);
-  w.resize(std::max(F2, D));
-  for (int64_t i = 0; i < D; ++i) {  // h = x gu: each weight row once, for every row of x
-    row_f32(gu + i * F2, w.data(), F2);
-    for (int64_t r = 0; r < m; ++r) {
-      const float xi = x[r * D + i];
-      float* hr = h.data() + r * F2;
-      for (int64_t c = 0; c < F2; ++c) hr[c] += xi * w[c];
-    }
-  }
+  accumulate(x, m, D, gu, 2 * F, h.data(), rows);  // h = x gu: each weight row read once, for every row
   for (int64_t r = 0; r < m * F; ++r) {  // silu(gate) * up
     const float gate = h[2 * r], up = h[2 * r + 1];
     g[r] = gate / (1.0f + std::exp(-gate)) * up;
   }
   std::fill(y, y + m * D, 0.0f);
-  for (int64_t f = 0; f < F; ++f) {  // y = g dn
-    row_f32(dn + f * D, w.data(), D);
-    for (int64_t r = 0; r < m; ++r) {
-      const float gf = g[r * F + f];
-      float* yr = y + r * D;
-      for (int64_t c = 0; c < D; ++c) yr[c] += gf * w[c];
-    }
-  }
+  accumulate(g.data(), m, F, dn, D, y, rows);  // y = g dn
 }
 
 template <typename T>
