@@ -10,17 +10,12 @@ import logging
 from ..kv.memory import available_kv_bytes
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import pool_dtype, pool_page_bytes
-from ..kv.recurrent import state_dtype, state_row_bytes
+from ..kv.recurrent import state_dtype, stored_row_bytes
 from ..kv.slot_pages import SlotPages
 from ..kv.state_snapshots import StateSnapshots
 from .config import EngineConfig
 
 log = logging.getLogger(__name__)
-
-
-def state_row(model, config: EngineConfig) -> int:
-    """Bytes of one sequence's recurrent states as the paged engine stores them (`--state-dtype`)."""
-    return state_row_bytes(model.config, state_dtype(config.state_dtype, model))
 
 
 def state_cache_bytes(model, config: EngineConfig, snapshots: int) -> int:
@@ -29,14 +24,14 @@ def state_cache_bytes(model, config: EngineConfig, snapshots: int) -> int:
     0 for attention-only models."""
     drafts = config.for_model(model.config).draft_state_rows
     rows = config.max_slots + 1 + (snapshots + 1 if snapshots else 0) + (drafts + 1 if drafts else 0)
-    return rows * state_row(model, config)
+    return rows * stored_row_bytes(model, config.state_dtype)
 
 
 def snapshot_rows(model, config: EngineConfig) -> int:
     """Rows of state snapshots for a hybrid model's prefix cache (kv/state_snapshots.py): as asked,
     else up to 4 per sequence slot within a quarter of the KV memory; 0 without recurrent layers or
     without the prefix cache."""
-    row = state_row(model, config)
+    row = stored_row_bytes(model, config.state_dtype)
     if not row or not config.enable_prefix_caching:
         return 0
     if config.state_snapshots is not None:
@@ -82,9 +77,9 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     num_pages, why = pool_size(model, config, rows)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all: %s", num_pages,
              config.page_size, per_page / 2**20, pool_dtype(model, config), num_pages * config.page_size, why)
-    if state_row(model, config):
+    if stored_row_bytes(model, config.state_dtype):
         log.info("recurrent states: %.1f MiB per sequence (%s), %d slots + %d prefix-cache snapshots",
-                 state_row(model, config) / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
+                 stored_row_bytes(model, config.state_dtype) / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
     from .tiers import make_host_tier, make_state_tier
 
     snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None

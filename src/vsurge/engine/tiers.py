@@ -31,7 +31,7 @@ import numpy as np
 from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.quant import stored_dim
-from ..kv.recurrent import init_states, state_dtype
+from ..kv.recurrent import init_states, state_dtype, stored_row_bytes
 from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
 from .transfer import PrefixPages
 
@@ -114,9 +114,7 @@ def make_state_tier(model, config) -> HostTier | None:
     """The host (and disk) tier of a hybrid model's state snapshots (kv/state_snapshots.py): a
     1/STATE_SHARE part of each tier's budget, one entry per snapshot, files in a directory of their
     own (their fingerprint says "states"); None without tiers or recurrent layers."""
-    from .pools import state_row
-
-    row, dtype = state_row(model, config), state_dtype(config.state_dtype, model)
+    row, dtype = stored_row_bytes(model, config.state_dtype), state_dtype(config.state_dtype, model)
     if not row or not _has_tiers(config):
         return None
     disk = None

@@ -48,6 +48,11 @@ def state_row_bytes(model_config, dtype=jnp.float32) -> int:
     return sum(size * math.prod(shape) for layer in model_config.state_layout for _, shape in layer.parts)
 
 
+def stored_row_bytes(model, setting: str | None) -> int:
+    """Bytes of one sequence's recurrent states as the paged engine stores them (`--state-dtype`)."""
+    return state_row_bytes(model.config, state_dtype(setting, model))
+
+
 def init_states(layout: tuple[StateLayer, ...], rows: int, dtype=jnp.float32) -> list[dict]:
     """Zero states of every recurrent layer for `rows` rows: per layer {part: (rows, *shape) dtype}."""
     return [{name: jnp.zeros((rows, *shape), dtype) for name, shape in layer.parts} for layer in layout]

@@ -13,16 +13,19 @@ Norm names are the family's own (attn_norm, mlp_norm, post_attn_norm, ...).
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 
 from ..config import ModelConfig
+from ..kv.recurrent import by_length
 from ..ops.linear import linear
 from ..ops.lora import adapted
 from ..ops.mlp import gated
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
+from ..ops.short_conv import causal_conv, causal_conv_in_place, causal_conv_step
 from .fused import split_qkv
 from .spec import FusedQKV, GateUp, Tensor, Weight, tensor
 
@@ -181,3 +184,10 @@ def pre_norm_layer(c: ModelConfig, i: int, x, w: dict, cache, ctx, activation: s
     x = x + h
     return x + mlp(rms_norm(x, w["mlp_norm"], c.rms_norm_eps), w, activation), cache
 
+
+def short_conv_op(weight, bias=None, row_by_row: bool = False):
+    """The cache op (kv/recurrent.py by_length) of a short convolution with `weight` (C, K) and `bias`:
+    prompts by `causal_conv`, decode rows by `causal_conv_step`, or in place where the kernel runs."""
+    return by_length(lambda xs, window, valid: causal_conv(xs[0], weight, bias, window, valid),
+                     lambda xs, window, valid: causal_conv_step(xs[0], weight, bias, window, valid),
+                     row_by_row=row_by_row, in_place=partial(causal_conv_in_place, weight=weight, bias=bias))

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from ..config import ModelConfig, StateLayer
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
-from ..ops.short_conv import short_conv_op
 from .base import CausalLM
-from .blocks import attention, attention_weights, mlp, norm
+from .blocks import attention, attention_weights, mlp, norm, short_conv_op
 from .config_io import hf_fields
 from .spec import GateUp, Weight, tensor
 

@@ -20,8 +20,8 @@ from ..config import ModelConfig, StateLayer
 from ..errors import UnsupportedModelError
 from ..kv.recurrent import by_length
 from ..ops.linear import linear
-from ..ops.short_conv import short_conv_op
 from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
+from .blocks import short_conv_op
 from .config_io import json_float
 from .spec import Weight, tensor
 

@@ -40,9 +40,8 @@ from ..ops.gated_delta import gated_delta_in_place, gated_delta_rule, gated_delt
 from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from ..ops.rope import apply_rope
-from ..ops.short_conv import short_conv_op
 from .base import CausalLM
-from .blocks import mlp, mlp_weights, norm
+from .blocks import mlp, mlp_weights, norm, short_conv_op
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
 from .qwen2_moe import moe_layer_flags

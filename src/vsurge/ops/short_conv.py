@@ -76,14 +76,3 @@ def causal_conv_in_place(inputs, windows, slots, fresh, valid, *, weight, bias=N
                       valid.astype(jnp.int32))
     return y.astype(x.dtype), windows
 
-
-def short_conv_op(weight, bias=None, row_by_row: bool = False):
-    """The cache op (kv/recurrent.py by_length) of a short convolution with `weight` (C, K) and `bias`:
-    prompts by `causal_conv`, decode rows by `causal_conv_step`, or in place where the kernel runs."""
-    from functools import partial
-
-    from ..kv.recurrent import by_length
-
-    return by_length(lambda xs, window, valid: causal_conv(xs[0], weight, bias, window, valid),
-                     lambda xs, window, valid: causal_conv_step(xs[0], weight, bias, window, valid),
-                     row_by_row=row_by_row, in_place=partial(causal_conv_in_place, weight=weight, bias=bias))
