@@ -175,17 +175,22 @@ def test_speculation_rolls_the_states_back_to_the_accepted_draft(hybrids, name, 
     assert kept >= 6 and drafted - kept >= 6, (drafted, kept)
     assert surge.metrics.value("vsurge:spec_decode_num_draft_tokens_total") == drafted
     assert surge.metrics.value("vsurge:spec_decode_num_accepted_tokens_total") == kept
-    # a state left after a rejected draft changes the logits even where the greedy token stays; the
-    # reference: one compiled forward of the three texts padded to one length (causal: the padding
-    # after a text changes none of its logits; run eagerly, each length compiled op by op took a minute)
-    texts = [prompt + answer for prompt, answer in zip(prompts, plain)]
+    # a state left after a rejected draft changes the logits even where the greedy token stays
+    for got, want in zip(logprobs, reference_logprobs(model, prompts, plain)):
+        np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def reference_logprobs(model, prompts, answers) -> list[list[float]]:
+    """Each answer token's logprob after its prompt and the answer before it: one compiled forward of
+    the texts padded to one length (causal: the padding after a text changes none of its logits; run
+    eagerly, each length compiled op by op took a minute)."""
+    texts = [prompt + answer for prompt, answer in zip(prompts, answers)]
     padded = np.zeros((len(texts), max(map(len, texts))), np.int32)
     for row, text in zip(padded, texts):
         row[:len(text)] = text
     reference = jax.nn.log_softmax(nnx.jit(lambda m, ids: m(ids)[0])(model, jnp.asarray(padded)), -1)
-    for row, (prompt, answer, got) in enumerate(zip(prompts, plain, logprobs)):
-        want = [float(reference[row, len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
-        np.testing.assert_allclose(got, want, atol=1e-4)
+    return [[float(reference[row, len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
+            for row, (prompt, answer) in enumerate(zip(prompts, answers))]
 
 
 def test_bfloat16_states_give_the_reference_within_rounding(hybrid, monkeypatch):
@@ -216,17 +221,11 @@ def test_bfloat16_states_give_the_reference_within_rounding(hybrid, monkeypatch)
     tokens, logprobs = streamed(surge, prompts, params)
     assert tokens == [expected[0], expected[4], expected[0]]
     assert engine.pool.snapshots.restores >= 1
-    texts = [p + a for p, a in zip(prompts, tokens)]
-    padded = np.zeros((len(texts), max(map(len, texts))), np.int32)
-    for row, text in zip(padded, texts):
-        row[:len(text)] = text
-    reference = jax.nn.log_softmax(nnx.jit(lambda m, ids: m(ids)[0])(model, jnp.asarray(padded)), -1)
-    for row, (prompt, answer, got) in enumerate(zip(prompts, tokens, logprobs)):
-        want = [float(reference[row, len(prompt) - 1 + i, t]) for i, t in enumerate(answer)]
-        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
-    everything = [(g, w) for row, (p, a, got) in enumerate(zip(prompts, tokens, logprobs))
-                  for g, w in zip(got, (float(reference[row, len(p) - 1 + i, t]) for i, t in enumerate(a)))]
-    assert not np.allclose(*zip(*everything), rtol=0, atol=1e-6)  # (rounded: the states were bfloat16)
+    want = reference_logprobs(model, prompts, tokens)
+    for got, expected_logprobs in zip(logprobs, want):
+        np.testing.assert_allclose(got, expected_logprobs, rtol=0, atol=1e-3)
+    flat = lambda rows: [v for row in rows for v in row]  # noqa: E731
+    assert not np.allclose(flat(logprobs), flat(want), rtol=0, atol=1e-6)  # (rounded: the states were bfloat16)
 
 
 def test_the_state_dtype_follows_the_weights_and_refuses_unknown_names(hybrid):
