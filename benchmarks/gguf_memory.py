@@ -9,7 +9,8 @@ Then each server runs alone with the same 32 x 2048 tokens of context:
     vsurge serve --model FILE --max-length 2048               (32 slots on this CPU; blocks kept)
     llama-server -m FILE -np 32 -c 65536 -t <cores>
 and is measured at one stream (4 requests in turn) and 8 concurrent (8 requests), 128-word prompts,
-128 greedy tokens. Peak resident memory is the server process's VmHWM (/proc/PID/status) after
+128 greedy tokens, and on new 2000- and 512-token prompts (time to first token); llama-bench's pp512
+runs on the same file too. Peak resident memory is the server process's VmHWM (/proc/PID/status) after
 the loads: weights, KV pool, compiled programs and all.
 
     python benchmarks/gguf_memory.py [--vsurge-args "--kv-cache-dtype int8"] [--write-readme]
@@ -40,6 +41,7 @@ SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22
          "tie_word_embeddings": False}
 LOADS = [("1 stream", 4, 1), ("8 concurrent", 8, 8)]  # (name, prompts, concurrency)
 PROMPT_TOKENS, PROMPT_RUNS = 2000, 3  # prompt processing: a 2000-token prompt (one token per word), 1 output token
+SHORT_PROMPT = 512  # and a 512-token one, beside llama-bench's pp512 on the same file
 SLOTS, CONTEXT = 32, 2048
 
 
@@ -112,11 +114,22 @@ def measure(server: Server, input_len: int, output_len: int) -> dict:
         results[name] = summary["output_throughput"]
         results[f"{name} TTFT"] = summary["ttft"]["median"]
     # prompt processing: each prompt new (no cached prefix), its time to first token is its prefill
-    summary = asyncio.run(run(server.base, model, PROMPT_RUNS, PROMPT_TOKENS, 1, float("inf"), 1, None, 2, seed=7))
-    print(format_summary(f"{server.name} · {PROMPT_TOKENS}-token prompt", summary), flush=True)
-    results["prompt"] = PROMPT_TOKENS / summary["ttft"]["median"]
+    for key, tokens, seed in (("prompt", PROMPT_TOKENS, 7), ("prompt 512", SHORT_PROMPT, 11)):
+        summary = asyncio.run(run(server.base, model, PROMPT_RUNS, tokens, 1, float("inf"), 1, None, 2, seed=seed))
+        print(format_summary(f"{server.name} · {tokens}-token prompt", summary), flush=True)
+        results[key] = tokens / summary["ttft"]["median"]
     results["peak RSS GiB"] = peak_rss_gib(server.proc.pid)
     return results
+
+
+def llama_bench_pp512(binary: str, file: Path) -> float | None:
+    """llama-bench's pp512 (prompt tokens/s, its median of 5) on the file, or None without llama-bench."""
+    bench = Path(binary).with_name("llama-bench")
+    if not bench.exists():
+        return None
+    out = subprocess.run([str(bench), "-m", str(file), "-p", str(SHORT_PROMPT), "-n", "0", "-t",
+                          str(os.cpu_count() or 2), "-o", "json"], capture_output=True, text=True, check=True)
+    return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
 def start_line(log: str) -> str:
@@ -134,10 +147,15 @@ def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note
              "| measure | vsurge | llama-server | ratio |", "|---|---|---|---|"]
     for key, unit in [("peak RSS GiB", "peak RSS GiB"), ("1 stream", "1 stream tok/s"),
                       ("8 concurrent", "8 concurrent tok/s"), ("8 concurrent TTFT", "8 concurrent TTFT p50 s"),
-                      ("prompt", f"prompt tok/s ({PROMPT_TOKENS}-token prompt, median of {PROMPT_RUNS})")]:
+                      ("prompt", f"prompt tok/s ({PROMPT_TOKENS}-token prompt, median of {PROMPT_RUNS})"),
+                      ("prompt 512", f"prompt tok/s ({SHORT_PROMPT}-token prompt, median of {PROMPT_RUNS})")]:
         lines.append(f"| {unit} | {vs[key]:.2f} | {peer[key]:.2f} | {vs[key] / peer[key]:.2f}x |")
     lines += ["", f"vsurge ran `vsurge serve --model FILE --max-length {CONTEXT}"
               + (f" {vsurge_args}" if vsurge_args else "") + f"`; llama-server `-np {SLOTS} -c {SLOTS * CONTEXT}`."]
+    if peer.get("pp512"):
+        lines.append(f"llama-bench on the same file, `-p {SHORT_PROMPT} -n 0 -t <cores>`: pp{SHORT_PROMPT} "
+                     f"{peer['pp512']:.1f} tok/s (vsurge's {SHORT_PROMPT}-token prompt through its server: "
+                     f"{vs['prompt 512'] / peer['pp512']:.2f}x that).")
     if note:
         lines.append(f"vsurge's start-up line: `{note}`")
     return "\n".join(lines)
@@ -175,6 +193,7 @@ def main(argv=None) -> int:
         peer = measure(llama, args.input_len, args.output_len)
     finally:
         llama.stop()
+    peer["pp512"] = llama_bench_pp512(binary, file)
     print(json.dumps({"vsurge": vs, "llama-server": peer}))
     command = "python benchmarks/gguf_memory.py" + (f" --type {args.type}" if args.type != "Q4_K_M" else "") + (
         f" --vsurge-args {shlex.quote(args.vsurge_args)}" if args.vsurge_args else "")
