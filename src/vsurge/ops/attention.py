@@ -39,8 +39,8 @@ def _visible(q_pos, k_pos, window=None, chunk=None, q_limit=None):
 def group_queries(q, kvh: int):
     """q (B, T, H, dk) -> (B, KVH, G*T, dk): each KV head's G query heads as one matrix, rows g-major, so
     the query-key and probability-value products are plain batched matmuls (no transpose inside them:
-    XLA:CPU ran the (B, T, KVH, G, dk) form of a 512-token chunk's product at 2.5x the time). Callers
-    group once and pass the result to every segment's `partial_attend`."""
+    XLA:CPU ran the (B, T, KVH, G, dk) form of a 512-token chunk's products at about twice the time,
+    measured ad hoc). Callers group once and pass the result to every segment's `partial_attend`."""
     b, t, h, dk = q.shape
     g = h // kvh
     if t == 1:

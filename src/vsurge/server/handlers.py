@@ -110,7 +110,8 @@ class OpenAIHandlers:
     async def available_inference(self):
         """GET /v1/models."""
         data = []
-        states = {e["id"]: e["state"] for e in self.router.describe()} if self.router is not None else {}
+        described = self.router.describe() if self.router is not None else []
+        states = {e["id"]: e["state"] for e in described}
         for name, surge in self.surges.items():
             data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
                          "root": name, "parent": None, "max_model_len": surge.max_length,
@@ -120,7 +121,7 @@ class OpenAIHandlers:
                 data.append({"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
                              "root": found.path if found else adapter, "parent": name,
                              "max_model_len": surge.max_length})
-        for entry in self.router.describe() if self.router is not None else []:
+        for entry in described:
             name = entry["id"]  # models the router may load on demand (llama.cpp's router lists them)
             if name not in self.surges:
                 data.append({"id": name, "object": "model", "created": self.started_at, "owned_by": "vsurge",
