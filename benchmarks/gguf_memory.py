@@ -13,7 +13,11 @@ and is measured at one stream (4 requests in turn) and 8 concurrent (8 requests)
 runs on the same file too. Peak resident memory is the server process's VmHWM (/proc/PID/status) after
 the loads: weights, KV pool, compiled programs and all.
 
-    python benchmarks/gguf_memory.py [--vsurge-args "--kv-cache-dtype int8"] [--write-readme]
+`--size 3b`: Llama 3.2 3B's shape instead (hidden 3072, 28 layers, 24 heads, 8 KV heads, MLP 8192;
+~3.1B with this vocabulary), with 8 slots each (`--max-concurrent-decodes 8`, `-np 8 -c 16384`).
+
+    python benchmarks/gguf_memory.py [--size 1b|3b] [--type Q4_K_M] [--vsurge-args "--kv-cache-dtype int8"]
+                                     [--write-readme]
 """
 
 from __future__ import annotations
@@ -36,17 +40,21 @@ from serve import Server, isa_line, llama_server_binary, vsurge_cmd, write_readm
 from vsurge.bench_serve import TABLE_HEADER, format_summary, run  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vsurge-bench"
-SHAPE = {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
-         "num_key_value_heads": 4, "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-         "tie_word_embeddings": False}
+COMMON = {"max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+# --size: TinyLlama's ~1.1B shape (the default), and Llama 3.2 3B's (~3.1B with this vocabulary)
+SHAPES = {"1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32,
+                 "num_key_value_heads": 4, **COMMON},
+          "3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
+                 "num_key_value_heads": 8, **COMMON}}
+SLOTS_OF = {"1b": 32, "3b": 8}  # the ~3B shape's KV at 32 x 2048 tokens would be 7.5 GiB a server
 LOADS = [("1 stream", 4, 1), ("8 concurrent", 8, 8)]  # (name, prompts, concurrency)
 PROMPT_TOKENS, PROMPT_RUNS = 2000, 3  # prompt processing: a 2000-token prompt (one token per word), 1 output token
 SHORT_PROMPT = 512  # and a 512-token one, beside llama-bench's pp512 on the same file
-SLOTS, CONTEXT = 32, 2048
+CONTEXT = 2048
 
 
-def write_checkpoint(out: Path) -> None:
-    """Random bfloat16 weights at SHAPE, in transformers' own layout, with the default model's tokenizer."""
+def write_checkpoint(out: Path, shape: dict) -> None:
+    """Random bfloat16 weights at `shape`, in transformers' own layout, with the default model's tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -54,7 +62,7 @@ def write_checkpoint(out: Path) -> None:
 
     tokenizer = load_processor("default")
     config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", **SHAPE)
+                         eos_token_id=tokenizer.eos_token_id, torch_dtype="bfloat16", **shape)
     torch.manual_seed(0)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -69,18 +77,18 @@ def write_checkpoint(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def make_gguf(binary: str, kind: str = "Q4_K_M") -> Path:
-    """The cached file of llama-quantize type `kind`, made on first use (~5 minutes on 2 cores; the f16
-    conversion is kept for the next type)."""
-    target = CACHE / f"llama-1b-random-{kind}.gguf"
+def make_gguf(binary: str, kind: str = "Q4_K_M", size: str = "1b") -> Path:
+    """The cached file of llama-quantize type `kind` at shape `size`, made on first use (~5 minutes on 2
+    cores at ~1B; the f16 conversion is kept for the next type)."""
+    target = CACHE / f"llama-{size}-random-{kind}.gguf"
     if target.exists():
         return target
     llama_cpp = Path(binary).parents[2]
-    hf, f16 = CACHE / "llama-1b-random-hf", CACHE / "llama-1b-random-f16.gguf"
+    hf, f16 = CACHE / f"llama-{size}-random-hf", CACHE / f"llama-{size}-random-f16.gguf"
     CACHE.mkdir(parents=True, exist_ok=True)
     if not (hf / "config.json").exists():
         print("writing the random checkpoint ...", flush=True)
-        write_checkpoint(hf)
+        write_checkpoint(hf, SHAPES[size])
     if not f16.exists():
         print("converting with convert_hf_to_gguf.py ...", flush=True)
         env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
@@ -139,10 +147,11 @@ def start_line(log: str) -> str:
     return "; ".join(lines)
 
 
-def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str, kind: str) -> str:
-    size = file.stat().st_size / 2**30
-    lines = [f"`{command}`: random weights at a ~1.1B Llama shape, {kind} by llama-quantize ({size:.2f} GiB file), "
-             f"32 slots x {CONTEXT} tokens of context each, 128-word prompts, 128 output tokens; "
+def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note: str, kind: str, size: str) -> str:
+    gib, slots = file.stat().st_size / 2**30, SLOTS_OF[size]
+    shape = "a ~1.1B Llama shape" if size == "1b" else "Llama 3.2 3B's shape (~3.1B)"
+    lines = [f"`{command}`: random weights at {shape}, {kind} by llama-quantize ({gib:.2f} GiB file), "
+             f"{slots} slots x {CONTEXT} tokens of context each, 128-word prompts, 128 output tokens; "
              f"{time.strftime('%Y-%m-%d')}, this 2-core machine ({isa_line()}), one run.", "",
              "| measure | vsurge | llama-server | ratio |", "|---|---|---|---|"]
     for key, unit in [("peak RSS GiB", "peak RSS GiB"), ("1 stream", "1 stream tok/s"),
@@ -151,7 +160,8 @@ def table(vs: dict, peer: dict, file: Path, command: str, vsurge_args: str, note
                       ("prompt 512", f"prompt tok/s ({SHORT_PROMPT}-token prompt, median of {PROMPT_RUNS})")]:
         lines.append(f"| {unit} | {vs[key]:.2f} | {peer[key]:.2f} | {vs[key] / peer[key]:.2f}x |")
     lines += ["", f"vsurge ran `vsurge serve --model FILE --max-length {CONTEXT}"
-              + (f" {vsurge_args}" if vsurge_args else "") + f"`; llama-server `-np {SLOTS} -c {SLOTS * CONTEXT}`."]
+              + (f" --max-concurrent-decodes {slots}" if slots != 32 else "")
+              + (f" {vsurge_args}" if vsurge_args else "") + f"`; llama-server `-np {slots} -c {slots * CONTEXT}`."]
     if peer.get("pp512"):
         lines.append(f"llama-bench on the same file, `-p {SHORT_PROMPT} -n 0 -t <cores>`: pp{SHORT_PROMPT} "
                      f"{peer['pp512']:.1f} tok/s (vsurge's {SHORT_PROMPT}-token prompt through its server: "
@@ -170,12 +180,15 @@ def main(argv=None) -> int:
     p.add_argument("--readme-marker", default="gguf-memory-table")
     p.add_argument("--skip-llama", action="store_true", help="vsurge alone (no table)")
     p.add_argument("--type", default="Q4_K_M", help="llama-quantize's type for the file (Q4_0, Q5_K_M, Q6_K, Q8_0, ...)")
+    p.add_argument("--size", default="1b", choices=sorted(SHAPES), help="the model's shape: ~1.1B or ~3B")
     args = p.parse_args(argv)
     print(isa_line())
     binary = llama_server_binary()
-    file = make_gguf(binary, args.type)
+    file = make_gguf(binary, args.type, args.size)
+    slots = SLOTS_OF[args.size]
     print(f"{file} ({file.stat().st_size / 2**30:.2f} GiB)\n{TABLE_HEADER}", flush=True)
-    vsurge = Server("vsurge", vsurge_cmd(f"--model {shlex.quote(str(file))} --max-length {CONTEXT} "
+    more = f"--max-concurrent-decodes {slots} " if slots != 32 else ""
+    vsurge = Server("vsurge", vsurge_cmd(f"--model {shlex.quote(str(file))} --max-length {CONTEXT} {more}"
                                          f"{args.vsurge_args}"), "/readiness")
     print(f"vsurge ready in {vsurge.wait_ready(3600):.1f} s", flush=True)
     try:
@@ -186,7 +199,7 @@ def main(argv=None) -> int:
         print(json.dumps({"vsurge": vs}))
         return 0
     llama = Server("llama-server", [binary, "-m", str(file), "--host", "127.0.0.1", "--port", "{port}",
-                                    "-np", str(SLOTS), "-c", str(SLOTS * CONTEXT), "-t", str(os.cpu_count() or 2)],
+                                    "-np", str(slots), "-c", str(slots * CONTEXT), "-t", str(os.cpu_count() or 2)],
                    "/health")
     llama.wait_ready()
     try:
@@ -196,8 +209,9 @@ def main(argv=None) -> int:
     peer["pp512"] = llama_bench_pp512(binary, file)
     print(json.dumps({"vsurge": vs, "llama-server": peer}))
     command = "python benchmarks/gguf_memory.py" + (f" --type {args.type}" if args.type != "Q4_K_M" else "") + (
+        f" --size {args.size}" if args.size != "1b" else "") + (
         f" --vsurge-args {shlex.quote(args.vsurge_args)}" if args.vsurge_args else "")
-    text = table(vs, peer, file, command, args.vsurge_args, start_line(vsurge.log.name), args.type)
+    text = table(vs, peer, file, command, args.vsurge_args, start_line(vsurge.log.name), args.type, args.size)
     print("\n" + text)
     if args.write_readme:
         write_readme(text, args.readme_marker)
