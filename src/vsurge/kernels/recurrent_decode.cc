@@ -119,7 +119,8 @@ inline __attribute__((always_inline)) void delta_items(const Job& j, int64_t beg
 
 void delta_f32(const Job& j, int64_t b, int64_t e) { delta_items<float>(j, b, e); }
 void delta_bf16(const Job& j, int64_t b, int64_t e) { delta_items<uint16_t>(j, b, e); }
-// (AVX-512: ~20% less time for a bfloat16 state than the AVX2 loops, which the widening and rounding keep busy)
+// (AVX-512: ~13% less time for bfloat16 states than the AVX2 loops in an ad hoc timing, 38 -> 33 ms for
+// 18 layers at 32 rows: the widening and rounding keep the loops busy)
 VSURGE_WIDE void delta_f32_wide(const Job& j, int64_t b, int64_t e) { delta_items<float>(j, b, e); }
 VSURGE_WIDE void delta_bf16_wide(const Job& j, int64_t b, int64_t e) { delta_items<uint16_t>(j, b, e); }
 

@@ -137,9 +137,9 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
 
 # Assignments (tokens x k) up to which the C++ kernel (kernels/moe_experts.cc) runs the experts on CPU:
 # decode steps and short prompts, where XLA sliced each used expert out of its stack (a copy) before a
-# dot of a few rows. Measured on a ~0.5B Qwen3-Next's experts (16 of 1024 x 128, bfloat16), 24 layers:
-# 512 assignments 106 ms against XLA's ~183 ms; at 2048 the kernel's 406 ms is no GEMM, so longer
-# prompts keep XLA's blocked dots.
+# dot of a few rows. An ad hoc timing (not a project benchmark) of a ~0.5B Qwen3-Next's experts (16 of
+# 1024 x 128, bfloat16), 24 layers, both paths in one run: 512 assignments 111 ms against XLA's 130 ms,
+# 1024 253 against 202; the kernel is no GEMM, so longer prompts keep XLA's blocked dots.
 CPP_MAX_ASSIGNMENTS = 512
 
 
