@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 import vsurge
+from xla_flags import at_default_level
 
 
 def _cache_dir() -> str:
@@ -28,8 +29,9 @@ def _cache_dir() -> str:
 
 CACHE_DIR = _cache_dir()
 SRC_DIR = str(Path(vsurge.__file__).resolve().parents[1])  # the vsurge under test, also in subprocesses
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "VSURGE_COMPILATION_CACHE": CACHE_DIR,
-       "PYTHONPATH": os.pathsep.join(p for p in (SRC_DIR, os.environ.get("PYTHONPATH")) if p)}
+ENV = at_default_level({**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu",
+                        "VSURGE_COMPILATION_CACHE": CACHE_DIR,
+                        "PYTHONPATH": os.pathsep.join(p for p in (SRC_DIR, os.environ.get("PYTHONPATH")) if p)})
 VSURGE = [sys.executable, "-m", "vsurge.cli"]
 
 

@@ -9,6 +9,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from xla_flags import xla_flags  # noqa: E402
+
+os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""))  # before JAX starts; children inherit it
+
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402

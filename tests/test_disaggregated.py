@@ -21,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server_process import ServerProcess, client_for
 from tiny_models import write_tiny_model
+from xla_flags import xla_flags
 
 HERE = Path(__file__).parent
-DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=6", "JAX_PLATFORMS": "cpu"}
+DEVICES = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=6"), "JAX_PLATFORMS": "cpu"}
 TP3 = dict(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=3)
 MAX_TOKENS = 8
 
@@ -171,7 +172,7 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
             "--decode-devices", "3-5", "--max-concurrent-decodes", "4", "--max-length", "128", "--prefill-lengths",
             "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
             "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "5"]
-    env = {**DEVICES, "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    env = {**DEVICES, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=3")}
     follower = ServerProcess(str(tiny_tp3), *args, "--process-id", "1", cache_dir="none", env=env)
     leader = ServerProcess(str(tiny_tp3), *args, "--process-id", "0", cache_dir="none", env=env)
     try:

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from server_process import ENV, free_port
+from xla_flags import xla_flags
 
 HERE = Path(__file__).parent
 # one checkpoint (tests/tiny_models.py) per kind of attention and cache: plain GQA, biases, QK norms,
@@ -40,7 +41,8 @@ def family_server(tiny_checkpoints):
     args = [f"{name}={tiny_checkpoints[name][0]}" for name in SERVED]
     log = open(HERE.parent / ".pytest_cache" / "family_server.log", "w") if (HERE.parent / ".pytest_cache").exists() \
         else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, str(HERE / "family_server.py"), str(port), *args], env=ENV,
+    env = {**ENV, "XLA_FLAGS": xla_flags()}  # a check script: compiles 13 engines, answers 26 requests
+    proc = subprocess.Popen([sys.executable, str(HERE / "family_server.py"), str(port), *args], env=env,
                             stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 600

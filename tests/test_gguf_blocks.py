@@ -19,6 +19,7 @@ from flax import nnx
 import vsurge
 from gguf_files import Q, write_gguf
 from test_gguf_loading import tiny_torch_model
+from xla_flags import xla_flags
 from vsurge import devices, kernels
 from vsurge.ops.quantized import QuantizedParts, QuantizedWeight, dequantize, is_quantized
 
@@ -201,7 +202,7 @@ def test_explicit_dtype_dequantizes_and_blocks_is_an_error_off_gguf(tiny_gguf, t
 
 
 def test_default_weight_dtype_follows_the_cpu(monkeypatch):
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2")
+    monkeypatch.setenv("XLA_FLAGS", xla_flags("--xla_cpu_max_isa=AVX2"))
     assert devices.default_dtype() == jnp.float32  # no native bfloat16 dots for XLA then
     monkeypatch.delenv("XLA_FLAGS")
     native = kernels.cpu_isa() in devices.NATIVE_BF16_ISAS

@@ -26,6 +26,7 @@ import pytest
 
 from server_process import free_port
 from tiny_models import write_tiny_model
+from xla_flags import xla_flags
 
 HERE = Path(__file__).parent
 PROMPTS = [f"Tell me about {topic}" for topic in ("volcanoes", "the moon", "bees", "chess", "rivers", "robots",
@@ -39,7 +40,7 @@ class Process:
 
     def __init__(self, cmd: list[str], devices: int):
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-               "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+               "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}")}
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-scale-", suffix=".log")
         self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT, text=True)
 
@@ -124,7 +125,7 @@ def test_data_parallel_2_x_tensor_parallel_2_serves_like_one_device(tiny_llama, 
 def test_cli_generate_runs_tensor_parallel(tiny_llama, reference):
     prompt = PROMPTS[0]
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+           "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=2")}
     out = subprocess.run([sys.executable, "-m", "vsurge.cli", "generate", prompt, "--raw", "--model", str(tiny_llama),
                           "--dtype", "float32", "--max-tokens", str(MAX_TOKENS), "--temperature", "0",
                           "--tensor-parallel-size", "2"],

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tiny_models import write_tiny_model
+from xla_flags import xla_flags
 
 HERE = Path(__file__).parent
 LOGIT_RTOL = 1e-4  # relative to the largest logit; measured ~3e-7 in float32
@@ -25,7 +26,8 @@ INT8_RTOL = 1e-3  # int8 activations are quantized per row: TP moves a sum acros
 
 
 def run_check(name: str, *args, devices: int = 8, timeout: int = 600) -> dict:
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "XLA_FLAGS": xla_flags(f"--xla_force_host_platform_device_count={devices}"),
+           "JAX_PLATFORMS": "cpu"}
     proc = subprocess.run([sys.executable, str(HERE / "scale_checks.py"), name, *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

@@ -1,0 +1,29 @@
+"""The XLA flags of the processes the suite starts.
+
+Tests compile thousands of small programs and run most a few times, so LLVM's optimisation passes
+cost more than they save: at level 0 XLA:CPU compiles ~30% faster (tests/test_models_vs_transformers.py:
+43 -> 30 s of compiling on a 2-core Xeon; level 1 saves nothing). The HLO passes (fusion, layout) are
+unchanged and the float arithmetic is the same (no fast-math at any level), so results do not move.
+The pytest workers and the check scripts (sharding, disaggregation, the family server) run at level 0.
+`vsurge serve` and the CLI run as users run them, at XLA's default level: they answer many requests
+(the schemathesis run over a tiny server took 92 s at level 0, 53 s at the default). Benchmarks never
+set it. VSURGE_TEST_XLA_OPTIMIZE=1 runs everything at the default level.
+"""
+
+from __future__ import annotations
+
+import os
+
+SUITE_FLAGS = "" if os.environ.get("VSURGE_TEST_XLA_OPTIMIZE") == "1" else "--xla_backend_optimization_level=0"
+
+
+def xla_flags(*extra: str) -> str:
+    """The suite's flags followed by `extra` (device counts, ISA caps)."""
+    return " ".join(flag for flag in (SUITE_FLAGS, *extra) if flag)
+
+
+def at_default_level(env: dict) -> dict:
+    """`env` with the suite's flags taken out of XLA_FLAGS (a served process or a CLI run)."""
+    flags = [f for f in env.get("XLA_FLAGS", "").split() if f not in SUITE_FLAGS.split()]
+    out = {k: v for k, v in env.items() if k != "XLA_FLAGS"}
+    return {**out, "XLA_FLAGS": " ".join(flags)} if flags else out
