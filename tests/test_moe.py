@@ -73,6 +73,18 @@ def test_loop_and_grouped_matmul_dispatch_equal_the_dense_reference(activation, 
         np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=impl)
 
 
+def test_the_cpp_dispatch_asked_for_where_it_cannot_run_names_why():
+    """impl="cpp" on experts the kernel does not take (biases, another activation) is refused by name,
+    not left to fail as an unknown custom call."""
+    e, d, f = 4, 8, 6
+    x, ids, weights = jnp.ones((3, d)), jnp.zeros((3, 2), jnp.int32), jnp.ones((3, 2))
+    w_gu, w_d = jnp.ones((e, d, 2 * f)), jnp.ones((e, f, d))
+    with pytest.raises(ValueError, match="SiLU experts without biases"):
+        experts(x, ids, weights, w_gu, w_d, jnp.zeros((e, 2 * f)), jnp.zeros((e, d)), impl="cpp")
+    with pytest.raises(ValueError, match="impl='cpp'"):
+        experts(x, ids, weights, w_gu, w_d, activation="swiglu_oai", impl="cpp")
+
+
 def dot_operand_sizes(hlo: str, scope: str) -> list[list[int]]:
     """Element counts of the operands of every dot traced under the named scope `scope` in an HLO
     module's text (operand shapes are looked up among the instructions of the dot's computation)."""

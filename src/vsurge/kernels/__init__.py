@@ -138,18 +138,31 @@ def set_variant(name: str) -> str:
     return previous
 
 
-def in_place_usable(states) -> bool:
-    """Whether the recurrent-state kernels (recurrent_decode.cc) run on `states` (S, ...) in the program
-    being traced: a CPU program with the kernels loaded, float32 or bfloat16 states, not split over a
-    mesh (a custom call would gather them whole)."""
+def unsplit() -> bool:
+    """Whether the program being traced runs on one device: a custom call would gather a sharded
+    array whole before it."""
+    import jax
+
+    mesh = jax.sharding.get_abstract_mesh()
+    return mesh.empty or mesh.size == 1
+
+
+def call_serves(dtype, dtypes) -> bool:
+    """Whether a kernel's custom call serves an array of `dtype` in the program being traced: a CPU
+    program (decided when tracing, by the default backend: under lax.platform_dependent's conditional
+    XLA could not update a pool in place), the kernels loaded, `dtype` among `dtypes`, one device."""
     import jax
     import jax.numpy as jnp
 
-    if jax.default_backend() != "cpu" or not available() or \
-            states.dtype not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16)):
-        return False
-    mesh = jax.sharding.get_abstract_mesh()
-    return mesh.empty or mesh.size == 1
+    return jax.default_backend() == "cpu" and available() and \
+        jnp.dtype(dtype) in {jnp.dtype(d) for d in dtypes} and unsplit()
+
+
+def in_place_usable(states) -> bool:
+    """Whether the recurrent-state kernels (recurrent_decode.cc) update `states` (S, ...) in place."""
+    import jax.numpy as jnp
+
+    return call_serves(states.dtype, (jnp.float32, jnp.bfloat16))
 
 
 def repack(format_id: int, raw, n: int, k: int, tiles: int, tile_bytes: int):

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
 #include "isa.h"
 #include "thread_pool.h"
 #include "xla/ffi/api/ffi.h"
@@ -38,17 +39,10 @@ struct Job {
   int64_t D, F;
 };
 
-inline float widen(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
 template <typename T>
 inline __attribute__((always_inline)) void row_f32(const T* src, float* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
-    if constexpr (sizeof(T) == 2) dst[i] = widen(src[i]); else dst[i] = src[i];
+    if constexpr (sizeof(T) == 2) dst[i] = bf16_to_f32(src[i]); else dst[i] = src[i];
   }
 }
 

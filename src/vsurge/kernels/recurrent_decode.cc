@@ -27,6 +27,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
 #include "isa.h"
 #include "thread_pool.h"
 #include "xla/ffi/api/ffi.h"
@@ -35,19 +36,6 @@ namespace ffi = xla::ffi;
 
 namespace vsurge {
 namespace {
-
-inline float widen(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t narrow(float f) {  // round to nearest even, as XLA's convert
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
-}
 
 struct Job {
   void* states;
@@ -80,7 +68,7 @@ inline __attribute__((always_inline)) void one_head(const Job& j, int64_t r, int
       const float ki = k[i], qi = q[i];
       for (int64_t c = 0; c < dv; ++c) {
         float s;
-        if constexpr (sizeof(T) == 2) s = widen(row[c]); else s = row[c];
+        if constexpr (sizeof(T) == 2) s = bf16_to_f32(row[c]); else s = row[c];
         read_k[c] += ki * s;
         read_q[c] += qi * s;
       }
@@ -96,10 +84,10 @@ inline __attribute__((always_inline)) void one_head(const Job& j, int64_t r, int
     for (int64_t c = 0; c < dv; ++c) {
       float s = 0.0f;
       if (!fresh) {
-        if constexpr (sizeof(T) == 2) s = widen(row[c]); else s = row[c];
+        if constexpr (sizeof(T) == 2) s = bf16_to_f32(row[c]); else s = row[c];
       }
       const float updated = s * decay + ki * delta[c];
-      if constexpr (sizeof(T) == 2) row[c] = narrow(updated); else row[c] = updated;
+      if constexpr (sizeof(T) == 2) row[c] = f32_to_bf16(updated); else row[c] = updated;
     }
   }
 }
@@ -175,7 +163,7 @@ inline __attribute__((always_inline)) void conv_row(const ConvJob& j, int64_t r,
       const float* tap = j.taps + t * C;
       for (int64_t c = 0; c < C; ++c) {
         float s;
-        if constexpr (sizeof(T) == 2) s = widen(row[c]); else s = row[c];
+        if constexpr (sizeof(T) == 2) s = bf16_to_f32(row[c]); else s = row[c];
         y[c] += tap[c] * s;
       }
     }
@@ -188,7 +176,7 @@ inline __attribute__((always_inline)) void conv_row(const ConvJob& j, int64_t r,
       else std::memcpy(row, w + (t + 1) * C, C * sizeof(T));
     } else {
       for (int64_t c = 0; c < C; ++c) {
-        if constexpr (sizeof(T) == 2) row[c] = narrow(x[c]); else row[c] = x[c];
+        if constexpr (sizeof(T) == 2) row[c] = f32_to_bf16(x[c]); else row[c] = x[c];
       }
     }
   }

@@ -70,11 +70,5 @@ def put_pages(cache, ids, pages):
 
 
 def _in_cpp(cache) -> bool:
-    """A 16-bit float cache of a CPU program with the kernels loaded. Decided when tracing, by the
-    default backend (as kv/kernels.py picks a backend's kernel): under lax.platform_dependent's
-    conditional XLA could not write the pool in place and copied it around every write."""
-    if jax.default_backend() != "cpu" or not kernels.available() or \
-            cache.dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
-        return False
-    mesh = jax.sharding.get_abstract_mesh()  # a sharded pool would be gathered whole before a custom call
-    return mesh.empty or mesh.size == 1
+    """A 16-bit float cache the C++ page writers update in place (kernels.call_serves)."""
+    return kernels.call_serves(cache.dtype, (jnp.bfloat16, jnp.float16))

@@ -103,12 +103,16 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     each expert's slice is bit-cast back after it is taken."""
     auto, impl = impl is None, impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
     bits = partial(_from_bits, dtype=weight_dtype)
+    if impl == "cpp" and not _cpp_runs(ids, w_gate_up, w_down, b_gate_up, b_down, activation, weight_dtype):
+        raise ValueError(f"impl='cpp' takes SiLU experts without biases, bfloat16 or float32 stacks and at most "
+                         f"{CPP_MAX_ASSIGNMENTS} assignments, in a CPU program with vsurge's kernels loaded "
+                         f"({kernels.unavailable_reason() or 'they are'})")
     mesh = jax.sharding.get_abstract_mesh()
     tp = 1 if mesh.empty or MODEL_AXIS not in mesh.shape else mesh.shape[MODEL_AXIS]
     e, f = w_down.shape[0], w_down.shape[1]
     split = tp > 1 and ((e % tp == 0) if expert_parallel else (f % tp == 0))
     if not split:
-        if auto and impl == "loop" and (mesh.empty or mesh.size == 1) and \
+        if auto and impl == "loop" and kernels.unsplit() and \
                 _cpp_runs(ids, w_gate_up, w_down, b_gate_up, b_down, activation, weight_dtype):
             impl = "cpp"
         return _local_experts(x, ids, weights, w_gate_up, w_down, b_gate_up, b_down, activation=activation,
