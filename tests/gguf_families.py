@@ -23,7 +23,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
-             "ministral3": "mistral3", "qwen3_next": "qwen3next"}
+             "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2"}
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
@@ -117,6 +117,8 @@ def _tensors(state: dict, cfg, model_type: str):
         if model_type == "qwen3_next":
             yield from _qwen3_next(name, w, cfg, layer)
             continue
+        if model_type == "lfm2" and name.endswith("conv.conv.weight"):  # LFM2Model.modify_tensors
+            w = w.squeeze(1)
         yield name, w
     for (layer, kind), by_expert in sorted(experts.items()):
         yield f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
@@ -170,9 +172,9 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_feed_forward_length(_lfm2_ffn(hparams) if model_type == "lfm2" else cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_layer_norm_rms_eps(cfg.norm_eps if model_type == "lfm2" else cfg.rms_norm_eps)  # (LFM2's converter reads norm_eps)
     if model_type == "cohere2":  # its converter writes both epsilons; the LayerNorm's is layer_norm_eps
         w.add_layer_norm_eps(cfg.layer_norm_eps)
         w.add_logit_scale(cfg.logit_scale)
@@ -203,7 +205,12 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
             w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if hparams["scoring_func"] == "sigmoid"
                                      else gguf.ExpertGatingFuncType.SOFTMAX)
         return
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    if model_type == "lfm2":  # LFM2Model.set_gguf_parameters: KV heads per layer, 0 on a convolution's
+        w.add_head_count_kv([cfg.num_key_value_heads if t != "conv" else 0 for t in cfg.layer_types])
+        w.add_vocab_size(cfg.vocab_size)
+        w.add_shortconv_l_cache(cfg.conv_L_cache)
+    else:
+        w.add_head_count_kv(cfg.num_key_value_heads)
     if hparams.get("head_dim") or model_type.startswith("gemma"):  # as the converter: only when the config says
         w.add_key_length(hd)
         w.add_value_length(hd)
@@ -240,6 +247,17 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
             w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+
+
+def _lfm2_ffn(hparams: dict) -> int:
+    """LFM2Model._add_feed_forward_length: the MLP width the converter writes."""
+    f = hparams.get("block_ff_dim") or hparams["intermediate_size"]
+    if hparams.get("block_auto_adjust_ff_dim", True):
+        f = int(2 * f / 3)
+        if hparams.get("block_ffn_dim_multiplier") is not None:
+            f = int(hparams["block_ffn_dim_multiplier"] * f)
+        f = hparams["block_multiple_of"] * ((f + hparams["block_multiple_of"] - 1) // hparams["block_multiple_of"])
+    return f
 
 
 def _phi3(w, cfg, rope: dict, hd: int) -> None:

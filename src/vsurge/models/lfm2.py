@@ -10,7 +10,9 @@ Every norm is RMSNorm with `norm_eps`; the final one is stored as `model.embeddi
 The MLP width: with block_auto_adjust_ff_dim, int(2F/3), times block_ffn_dim_multiplier, rounded up
 to block_multiple_of (as the reference computes it).
 
-HF: Lfm2ForCausalLM ("lfm2"); GGUF: not yet.
+HF: Lfm2ForCausalLM ("lfm2"). GGUF: `lfm2` as llama.cpp's converter writes it (in_proj, conv and
+out_proj under blk.N.shortconv, the convolution squeezed to (D, K), the final norm as
+token_embd_norm; which layers convolve is read from the per-layer attention.head_count_kv, 0 there).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm, short_conv_op
-from .config_io import hf_fields
-from .spec import GateUp, Weight, tensor
+from .config_io import GGUFMeta, gguf_fields, hf_fields
+from .spec import GateUp, Mapped, Weight, tensor
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class Lfm2(CausalLM):
     hf_model_types = ("lfm2",)
     hf_architectures = ("Lfm2ForCausalLM",)
     config_class = Lfm2Config
+    gguf_architectures = ("lfm2",)
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
@@ -81,50 +84,68 @@ class Lfm2(CausalLM):
             conv_kernel=int(cfg.get("conv_L_cache", 3)), conv_bias=bool(cfg.get("conv_bias", False)))
 
     @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        fields = gguf_fields(meta, cls.name)
+        n = fields["num_layers"]
+        kv = meta.key("attention.head_count_kv", required=True)  # per layer, 0 on a convolution's
+        kv = [int(h) for h in kv[:n]] if isinstance(kv, list) else [int(kv)] * n
+        conv = tuple(h == 0 for h in kv)
+        first_conv = conv.index(True) if any(conv) else 0
+        return cls.config_class(
+            **{**fields, "num_kv_heads": max(kv)}, qk_norm=True, conv_layers=conv,
+            conv_kernel=int(meta.key("shortconv.l_cache", 3)),
+            conv_bias=meta.has(f"blk.{first_conv}.shortconv.conv.bias"))
+
+    @classmethod
     def global_weights(cls, config):
         out = super().global_weights(config)
-        out["final_norm"] = norm(config.hidden_size, "model.embedding_norm.weight", None)
+        out["final_norm"] = norm(config.hidden_size, "model.embedding_norm.weight", "token_embd_norm.weight")
         return out
 
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: Lfm2Config, i: int):
-        hf, d, f = f"model.layers.{i}", c.hidden_size, c.intermediate_size
-        out = {"attn_norm": norm(d, f"{hf}.operator_norm.weight", None),
-               "mlp_norm": norm(d, f"{hf}.ffn_norm.weight", None),
+        hf, gg, d, f = f"model.layers.{i}", f"blk.{i}", c.hidden_size, c.intermediate_size
+        out = {"attn_norm": norm(d, f"{hf}.operator_norm.weight", f"{gg}.attn_norm.weight"),
+               "mlp_norm": norm(d, f"{hf}.ffn_norm.weight", f"{gg}.ffn_norm.weight"),
                "w_gate_up": Weight((d, 2 * f), ("embed", "mlp"),
                                    GateUp(tensor(f"{hf}.feed_forward.w1.weight", (f, d)),
-                                          tensor(f"{hf}.feed_forward.w3.weight", (f, d))), quantize=True),
+                                          tensor(f"{hf}.feed_forward.w3.weight", (f, d))),
+                                   GateUp(tensor(f"{gg}.ffn_gate.weight", (f, d)), tensor(f"{gg}.ffn_up.weight", (f, d))),
+                                   quantize=True),
                "w_down": Weight((f, d), ("mlp", "embed"), tensor(f"{hf}.feed_forward.w2.weight", (d, f)),
-                                quantize=True)}
+                                tensor(f"{gg}.ffn_down.weight", (d, f)), quantize=True)}
         if c.conv_layers[i]:
-            return {**out, **cls._conv_weights(c, f"{hf}.conv")}
-        attn = attention_weights(c.replace(qk_norm=False), hf=f"{hf}.self_attn", gguf=None)
+            return {**out, **cls._conv_weights(c, f"{hf}.conv", f"{gg}.shortconv")}
+        attn = attention_weights(c.replace(qk_norm=False), hf=f"{hf}.self_attn", gguf=gg)
         hd, q = c.head_dim, c.q_size
         attn["wo"] = Weight((q, d), ("heads", "embed"), tensor(f"{hf}.self_attn.out_proj.weight", (d, q)),
-                            quantize=True)
+                            tensor(f"{gg}.attn_output.weight", (d, q)), quantize=True)
         attn["q_norm"] = Weight((hd,), ("head_dim",), tensor(f"{hf}.self_attn.q_layernorm.weight", (hd,)),
-                                init="ones")
+                                tensor(f"{gg}.attn_q_norm.weight", (hd,)), init="ones")
         attn["k_norm"] = Weight((hd,), ("head_dim",), tensor(f"{hf}.self_attn.k_layernorm.weight", (hd,)),
-                                init="ones")
+                                tensor(f"{gg}.attn_k_norm.weight", (hd,)), init="ones")
         return {**out, **attn}
 
     @classmethod
-    def _conv_weights(cls, c: Lfm2Config, hf: str) -> dict[str, Weight]:
+    def _conv_weights(cls, c: Lfm2Config, hf: str, gg: str) -> dict[str, Weight]:
         d, k = c.hidden_size, c.conv_kernel
+        both = lambda name, shape, **kw: (tensor(f"{hf}.{name}", shape, **kw),  # noqa: E731
+                                          tensor(f"{gg}.{name}", shape, **kw))
         out = {}
         for j, part in enumerate(("b", "c", "x")):  # in_proj rows: B | C | x
             rows = (j * d, (j + 1) * d)
-            out[f"w_{part}"] = Weight((d, d), ("embed", None), tensor(f"{hf}.in_proj.weight", (3 * d, d), rows=rows),
+            out[f"w_{part}"] = Weight((d, d), ("embed", None), *both("in_proj.weight", (3 * d, d), rows=rows),
                                       quantize=True)
             if c.conv_bias:
-                out[f"b_{part}"] = Weight((d,), (None,), tensor(f"{hf}.in_proj.bias", (3 * d,), rows=rows),
-                                          init="zeros")
-        out["conv"] = Weight((d, 1, k), (None, None, None), tensor(f"{hf}.conv.weight", (d, 1, k), matrix=False))
-        out["w_out"] = Weight((d, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, d)), quantize=True)
+                out[f"b_{part}"] = Weight((d,), (None,), *both("in_proj.bias", (3 * d,), rows=rows), init="zeros")
+        squeezed = tensor(f"{gg}.conv.weight", (d, k), matrix=False)  # the converter's (D, K)
+        out["conv"] = Weight((d, 1, k), (None, None, None), tensor(f"{hf}.conv.weight", (d, 1, k), matrix=False),
+                             Mapped(squeezed, (d, 1, k), lambda w: w))
+        out["w_out"] = Weight((d, d), (None, "embed"), *both("out_proj.weight", (d, d)), quantize=True)
         if c.conv_bias:
-            out["conv_bias"] = Weight((d,), (None,), tensor(f"{hf}.conv.bias", (d,)), init="zeros")
-            out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
+            out["conv_bias"] = Weight((d,), (None,), *both("conv.bias", (d,)), init="zeros")
+            out["b_out"] = Weight((d,), ("embed",), *both("out_proj.bias", (d,)), init="zeros")
         return out
 
     # ------------------------------------------------------------ forward

@@ -45,7 +45,7 @@ from .blocks import mlp, mlp_weights, norm, short_conv_op
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
 from .qwen2_moe import moe_layer_flags
-from .spec import HeadRows, Weight, tensor
+from .spec import HeadRows, Mapped, Weight, tensor
 
 
 @dataclass(frozen=True)
@@ -113,23 +113,6 @@ class _Sized:
 
     def read(self, source, spans, kv_replicas: int = 1):
         return self.recipe.read(source, spans, kv_replicas)
-
-
-class _Mapped:
-    """A recipe whose whole tensor goes through `fn` (values or shape) before the slice is cut:
-    for the small vectors llama.cpp's converter stores transformed (A = -exp(A_log), the squeezed
-    convolution), which are replicated and read whole."""
-
-    def __init__(self, recipe, shape: tuple[int, ...], fn):
-        self.recipe, self.shape, self.fn = recipe, shape, fn
-
-    def tensors(self):
-        return self.recipe.tensors()
-
-    def read(self, source, spans, kv_replicas: int = 1):
-        stored = self.recipe.model_shape
-        whole = self.fn(self.recipe.read(source, [(0, n) for n in stored])).reshape(self.shape)
-        return whole[tuple(slice(a, b) for a, b in spans)]
 
 
 class Qwen3Next(CausalLM):
@@ -272,12 +255,12 @@ class Qwen3Next(CausalLM):
             "w_a": Weight((d, hv), ("embed", None), a, HeadRows(*ba_gg, hk, (r, 2 * r))),
             "conv": Weight((c.conv_width, 1, k), (None, None, None),
                            tensor(f"{hf}.conv1d.weight", (c.conv_width, 1, k), matrix=False),
-                           _Mapped(tensor(f"{gg}.ssm_conv1d.weight", (c.conv_width, k), matrix=False),
+                           Mapped(tensor(f"{gg}.ssm_conv1d.weight", (c.conv_width, k), matrix=False),
                                    (c.conv_width, 1, k), lambda w: w)),
             "dt_bias": Weight((hv,), (None,), tensor(f"{hf}.dt_bias", (hv,)), tensor(f"{gg}.ssm_dt.bias", (hv,)),
                               init="ones"),
             "A_log": Weight((hv,), (None,), tensor(f"{hf}.A_log", (hv,)),
-                            _Mapped(tensor(f"{gg}.ssm_a", (hv,)), (hv,), lambda a: np.log(-a.astype(np.float32))),
+                            Mapped(tensor(f"{gg}.ssm_a", (hv,)), (hv,), lambda a: np.log(-a.astype(np.float32))),
                             init="zeros"),
             "gdn_norm": Weight((dv,), (None,), tensor(f"{hf}.norm.weight", (dv,)), tensor(f"{gg}.ssm_norm.weight", (dv,)),
                                init="ones"),

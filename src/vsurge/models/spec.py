@@ -26,7 +26,7 @@ Recipes:
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -264,6 +264,25 @@ class HeadRows:
         block = stored.reshape(self.heads, per_head, -1)[:, self.part[0]:self.part[1]]
         out = block.reshape(-1, stored.shape[-1]).T  # (in, H * rows)
         return out[spans[0][0]:spans[0][1], spans[1][0]:spans[1][1]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapped:
+    """A recipe whose whole tensor goes through `fn` (values or shape) before the slice is cut:
+    for the small tensors llama.cpp's converter stores transformed (Qwen3-Next's A = -exp(A_log),
+    short convolutions squeezed to (C, K)), which are replicated and read whole."""
+
+    recipe: Recipe
+    shape: tuple[int, ...]
+    fn: Callable[[np.ndarray], np.ndarray]
+
+    def tensors(self):
+        return self.recipe.tensors()
+
+    def read(self, source, spans, kv_replicas: int = 1):
+        stored = self.recipe.model_shape
+        whole = self.fn(self.recipe.read(source, [(0, n) for n in stored])).reshape(self.shape)
+        return whole[tuple(slice(a, b) for a, b in spans)]
 
 
 @dataclasses.dataclass(frozen=True)
