@@ -37,12 +37,13 @@ from serve import Server, llama_server_binary  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
-            "ministral3", "qwen3_next", "lfm2")
+            "ministral3", "qwen3_next", "lfm2", "mamba2")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next takes the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
-# (no released LFM2 has them; the test suite's checkpoint does)
-OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16}, "lfm2": {"conv_bias": False}}
+# and its mamba2 no in/out projection biases (no released LFM2 / Mamba-2 has them; the suite's do)
+OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16}, "lfm2": {"conv_bias": False},
+             "mamba2": {"use_bias": False}}
 
 
 # runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring)

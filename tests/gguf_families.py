@@ -23,7 +23,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
-             "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2"}
+             "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
+             "mamba2": "mamba2"}
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 
@@ -58,7 +59,7 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
     copy_tokenizer_metadata(writer, tokenizer_source)
     names = gguf.get_tensor_name_map(MODEL_ARCH[arch], cfg.num_hidden_layers)
     for name, array in _tensors(state, cfg, model_type):
-        if name.startswith("model.") or name.startswith("lm_head"):
+        if name.startswith(("model.", "lm_head", "backbone.")):
             mapped = names.get_name(name, try_suffixes=(".weight", ".bias"))
             assert mapped is not None, f"no GGUF name for {name}"
             name = mapped
@@ -119,6 +120,9 @@ def _tensors(state: dict, cfg, model_type: str):
             continue
         if model_type == "lfm2" and name.endswith("conv.conv.weight"):  # LFM2Model.modify_tensors
             w = w.squeeze(1)
+        if model_type == "mamba2":
+            yield from _mamba2(name, w, cfg)
+            continue
         yield name, w
     for (layer, kind), by_expert in sorted(experts.items()):
         yield f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
@@ -148,6 +152,23 @@ def _qwen3_next(name: str, w: np.ndarray, cfg, layer: int | None):
         yield name, w
 
 
+def _mamba2(name: str, w: np.ndarray, cfg):
+    """The converter's Mamba2Model: dt_bias as dt_proj.bias, the convolution squeezed, A = -exp(A_log)
+    and D as (H, 1), the gated norm as (G, I / G)."""
+    if name.endswith(".dt_bias"):
+        yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", w
+    elif "conv1d.weight" in name:
+        yield name, w.squeeze()
+    elif name.endswith(".A_log"):
+        yield name, -np.exp(w).reshape(-1, 1)
+    elif name.endswith(".D"):
+        yield name, w.reshape(-1, 1)
+    elif name.endswith("mixer.norm.weight"):
+        yield name, w.reshape(cfg.n_groups, -1)
+    else:
+        yield name, w
+
+
 def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
     if leaf == "gate_up_proj":  # (E, D, 2F) interleaved -> gate, up (E, F, D)
         t = w.transpose(0, 2, 1)
@@ -168,6 +189,8 @@ LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministr
 
 
 def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
+    if model_type == "mamba2":
+        return _mamba2_metadata(w, cfg)
     hd = _head_dim(cfg)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -247,6 +270,21 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
             w.add_expert_feed_forward_length(getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size)
     if getattr(cfg, "shared_expert_intermediate_size", None):
         w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+
+
+def _mamba2_metadata(w, cfg) -> None:
+    """Mamba2Model.set_gguf_parameters: no attention keys, the mixer's ssm.* keys."""
+    w.add_context_length(2**20)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(0)
+    w.add_head_count(0)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_inner_size(cfg.num_heads * cfg.head_dim)
+    w.add_ssm_state_size(cfg.state_size)
+    w.add_ssm_time_step_rank(cfg.num_heads)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
 
 
 def _lfm2_ffn(hparams: dict) -> int:

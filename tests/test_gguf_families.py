@@ -22,7 +22,7 @@ from tiny_models import VOCAB
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2", "ministral3",
-            "qwen3_next", "lfm2")
+            "qwen3_next", "lfm2", "mamba2")
 # where transformers' GGUF reader reads these tiny configs right (it misses e.g. a head_dim that is not
 # hidden / heads, experts' own intermediate size, Gemma's soft-caps and local rotary base, LongRoPE)
 TRANSFORMERS_READS = {"llama", "mistral", "qwen2"}
@@ -80,13 +80,18 @@ def test_quantized_stacked_experts_load_by_expert(tiny_checkpoints, tmp_path, de
 HYBRID_Q8_0 = {"qwen3_next": ("attn_q.weight", "attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight", "ssm_out.weight",
                               "ffn_gate_exps.weight"),
                "lfm2": ("shortconv.in_proj.weight", "shortconv.out_proj.weight", "attn_q.weight", "attn_output.weight",
-                        "ffn_gate.weight", "ffn_down.weight")}
+                        "ffn_gate.weight", "ffn_down.weight"),
+               "mamba2": ("ssm_in.weight", "ssm_out.weight")}
+
+
+KEPT_IN_BLOCKS = {"qwen3_next": ("w_qkv", "w_z", "w_out"), "lfm2": ("w_b", "w_c", "w_x", "w_out"),
+                  "mamba2": ("w_z", "w_xbc", "w_out")}
 
 
 @pytest.mark.parametrize("name", sorted(HYBRID_Q8_0))
 def test_hybrid_matrices_in_q8_0_blocks(name, tiny_checkpoints, tmp_path, default_gguf_path):
     """A hybrid's matrices in Q8_0 (Qwen3-Next's per-head query/gate rows and DeltaNet projections,
-    LFM2's B | C | x rows of one in_proj): read as rows of the stored blocks, kept in blocks where the
+    LFM2's B | C | x rows of one in_proj, Mamba-2's z | xBC | dt rows of ssm_in): read as rows of the stored blocks, kept in blocks where the
     CPU kernel is built; logits within the format's error of the float file."""
     folder, _ = tiny_checkpoints[name]
     types = {k: Q.Q8_0 for k in HYBRID_Q8_0[name]}
@@ -97,6 +102,12 @@ def test_hybrid_matrices_in_q8_0_blocks(name, tiny_checkpoints, tmp_path, defaul
     ids = prompt(name)
     exact = logits_of(vsurge.load(tmp_path / "f32.gguf", dtype=jnp.float32, progress=False)[0], ids)
     blocks = "blocks" if kernels.available() else None  # (else dequantized: the same rows read)
-    q8 = logits_of(vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, quantization=blocks, progress=False)[0], ids)
+    model = vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, quantization=blocks, progress=False)[0]
+    if blocks:  # the recurrent layers' projections, cut from one stored tensor by rows, stay in blocks
+        from vsurge.ops.quantized import is_quantized
+
+        held = {k for k, w in model.named_weights().items() if is_quantized(w)}
+        assert all(any(k.endswith(w) for k in held) for w in KEPT_IN_BLOCKS[name]), sorted(held)
+    q8 = logits_of(model, ids)
     err = np.abs(q8 - exact).max()
     assert 0 < err < 0.02 * np.abs(exact).max()

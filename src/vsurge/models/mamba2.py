@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from ..ops.linear import linear
 from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
 from .blocks import short_conv_op
 from .config_io import json_float
-from .spec import Weight, tensor
+from .spec import Mapped, Weight, tensor
 
 
 @dataclass(frozen=True)
@@ -78,31 +79,42 @@ def mamba2_fields(cfg: dict, where: str, hidden_size: int) -> dict:
                 time_step_limit=(json_float(limit[0]), json_float(limit[1])))
 
 
-def mamba2_weights(c, hf: str) -> dict[str, Weight]:
-    """The mixer's weights under `hf` (e.g. "model.layers.3.mamba")."""
+def mamba2_weights(c, hf: str, gg: str | None = None) -> dict[str, Weight]:
+    """The mixer's weights under `hf` (e.g. "model.layers.3.mamba") and, where the family has a GGUF
+    form, `gg` ("blk.3"): llama.cpp's converter (Mamba2Model) names them ssm_*, stores the
+    convolution squeezed to (Cv, K), A as -exp(A_log) and D as (H, 1), and the norm as (G, I/G)."""
     d, h, width, cv, k = c.hidden_size, c.mamba_heads, c.mamba_width, c.conv_width, c.mamba_conv_kernel
     in_shape = (width + cv + h, d)
     spans = {"z": (0, width), "xbc": (width, width + cv), "dt": (width + cv, width + cv + h)}
+    both = lambda name, gguf_name, shape, **kw: (  # noqa: E731
+        tensor(f"{hf}.{name}", shape, **kw), gg and tensor(f"{gg}.{gguf_name}", shape, **kw))
+    stored = lambda name, shape, model_shape, fn=lambda w: w: gg and Mapped(  # noqa: E731
+        tensor(f"{gg}.{name}", shape, matrix=False), model_shape, fn)
     out = {}
     for part, (a, b) in spans.items():
-        out[f"w_{part}"] = Weight((d, b - a), ("embed", None),
-                                  tensor(f"{hf}.in_proj.weight", in_shape, rows=(a, b)), quantize=part != "dt")
+        out[f"w_{part}"] = Weight((d, b - a), ("embed", None), *both("in_proj.weight", "ssm_in.weight", in_shape,
+                                                                     rows=(a, b)), quantize=part != "dt")
         if c.mamba_proj_bias:
-            out[f"b_{part}"] = Weight((b - a,), (None,), tensor(f"{hf}.in_proj.bias", (in_shape[0],), rows=(a, b)),
-                                      init="zeros")
+            out[f"b_{part}"] = Weight((b - a,), (None,), *both("in_proj.bias", "ssm_in.bias", (in_shape[0],),
+                                                               rows=(a, b)), init="zeros")
     out.update({
-        "conv": Weight((cv, 1, k), (None, None, None), tensor(f"{hf}.conv1d.weight", (cv, 1, k), matrix=False)),
-        "dt_bias": Weight((h,), (None,), tensor(f"{hf}.dt_bias", (h,)), init="ones"),
-        "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)), init="zeros"),
-        "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), init="ones"),
-        "w_out": Weight((width, d), (None, "embed"), tensor(f"{hf}.out_proj.weight", (d, width)), quantize=True),
+        "conv": Weight((cv, 1, k), (None, None, None), tensor(f"{hf}.conv1d.weight", (cv, 1, k), matrix=False),
+                       stored("ssm_conv1d.weight", (cv, k), (cv, 1, k))),
+        "dt_bias": Weight((h,), (None,), *both("dt_bias", "ssm_dt.bias", (h,)), init="ones"),
+        "A_log": Weight((h,), (None,), tensor(f"{hf}.A_log", (h,)),
+                        stored("ssm_a", (h, 1), (h,), lambda a: np.log(-a.astype(np.float32))), init="zeros"),
+        "D": Weight((h,), (None,), tensor(f"{hf}.D", (h,)), stored("ssm_d", (h, 1), (h,)), init="ones"),
+        "w_out": Weight((width, d), (None, "embed"), *both("out_proj.weight", "ssm_out.weight", (d, width)),
+                        quantize=True),
     })
     if c.mamba_rms_norm:
-        out["mamba_norm"] = Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)), init="ones")
+        g = c.mamba_groups
+        out["mamba_norm"] = Weight((width,), (None,), tensor(f"{hf}.norm.weight", (width,)),
+                                   stored("ssm_norm.weight", (g, width // g), (width,)), init="ones")
     if c.mamba_conv_bias:
-        out["conv_bias"] = Weight((cv,), (None,), tensor(f"{hf}.conv1d.bias", (cv,)), init="zeros")
+        out["conv_bias"] = Weight((cv,), (None,), *both("conv1d.bias", "ssm_conv1d.bias", (cv,)), init="zeros")
     if c.mamba_proj_bias if c.mamba_out_bias is None else c.mamba_out_bias:
-        out["b_out"] = Weight((d,), ("embed",), tensor(f"{hf}.out_proj.bias", (d,)), init="zeros")
+        out["b_out"] = Weight((d,), ("embed",), *both("out_proj.bias", "ssm_out.bias", (d,)), init="zeros")
     return out
 
 

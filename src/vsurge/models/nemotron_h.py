@@ -17,7 +17,9 @@ backbone.norm_f).
 A plain Mamba-2 checkpoint (Mamba2ForCausalLM, "mamba2": every layer a Mamba-2 mixer, no attention, no
 KV cache at all) has the same tensors and runs here, its config.json read in Nemotron-H's terms.
 
-HF: NemotronHForCausalLM ("nemotron_h"), Mamba2ForCausalLM ("mamba2"); GGUF: not yet.
+HF: NemotronHForCausalLM ("nemotron_h"), Mamba2ForCausalLM ("mamba2"). GGUF: `mamba2` as llama.cpp's
+converter writes a plain Mamba-2 (the mixer's tensors as models/mamba2.py maps them, each layer's
+norm as attn_norm); Nemotron-H's `nemotron_h` not yet.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ..ops.linear import linear
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, norm
-from .config_io import check_activation, hf_fields, json_float
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, json_float
 from .mamba2 import Mamba2Config, mamba2_mixer, mamba2_weights
 from .spec import Weight, tensor
 
@@ -86,6 +88,7 @@ class NemotronH(CausalLM):
     hf_model_types = ("nemotron_h", "mamba2")
     hf_architectures = ("NemotronHForCausalLM", "Mamba2ForCausalLM")
     config_class = NemotronHConfig
+    gguf_architectures = ("mamba2",)
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
@@ -109,23 +112,38 @@ class NemotronH(CausalLM):
             else (float(get("time_step_min", "mamba_dt_min", 0.001)), float("inf")))
 
     @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        """A plain Mamba-2 (`mamba2`): no attention (head_count 0), the mixer from the ssm.* keys."""
+        d = int(meta.key("embedding_length", required=True))
+        fields = gguf_fields(meta, cls.name, head_dim=d)  # one placeholder head: there is no attention
+        n, width = fields["num_layers"], int(meta.key("ssm.inner_size", required=True))
+        heads = int(meta.key("ssm.time_step_rank", required=True))
+        return cls.config_class(
+            **{**fields, "num_heads": 1, "num_kv_heads": 1, "intermediate_size": 0}, kinds=("mamba2",) * n,
+            mamba_heads=heads, mamba_head_dim=width // heads, mamba_groups=int(meta.key("ssm.group_count", 1)),
+            mamba_state=int(meta.key("ssm.state_size", required=True)),
+            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has("blk.0.ssm_conv1d.bias"),
+            mamba_proj_bias=meta.has("blk.0.ssm_in.bias"), mamba_out_bias=meta.has("blk.0.ssm_out.bias"))
+
+    @classmethod
     def global_weights(cls, config):
         v, d = config.vocab_size, config.hidden_size
         out = {"embed": Weight((v, d), ("vocab", "embed"), tensor("backbone.embeddings.weight", (v, d), matrix=False),
-                               lookup=True),
-               "final_norm": norm(d, "backbone.norm_f.weight", None)}
+                               tensor("token_embd.weight", (v, d), matrix=False), lookup=True),
+               "final_norm": norm(d, "backbone.norm_f.weight", "output_norm.weight")}
         if not config.tie_word_embeddings:
-            out["lm_head"] = Weight((d, v), ("embed", "vocab"), tensor("lm_head.weight", (v, d)), quantize=True)
+            out["lm_head"] = Weight((d, v), ("embed", "vocab"), tensor("lm_head.weight", (v, d)),
+                                    tensor("output.weight", (v, d)), quantize=True)
         return out
 
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: NemotronHConfig, i: int):
-        hf, d, f = f"backbone.layers.{i}", c.hidden_size, c.intermediate_size
-        out = {"norm": norm(d, f"{hf}.norm.weight", None)}
+        hf, gg, d, f = f"backbone.layers.{i}", f"blk.{i}", c.hidden_size, c.intermediate_size
+        out = {"norm": norm(d, f"{hf}.norm.weight", f"{gg}.attn_norm.weight")}
         kind, mixer = c.kinds[i], f"{hf}.mixer"
         if kind == "mamba2":
-            return {**out, **mamba2_weights(c, mixer)}
+            return {**out, **mamba2_weights(c, mixer, gg)}
         if kind == "attention":
             return {**out, **attention_weights(c, hf=mixer, gguf=None)}
         out["w_up"] = Weight((d, f), ("embed", "mlp"), tensor(f"{mixer}.up_proj.weight", (f, d)), quantize=True)
