@@ -197,7 +197,7 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(_lfm2_ffn(hparams) if model_type == "lfm2" else cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
-    w.add_layer_norm_rms_eps(cfg.norm_eps if model_type == "lfm2" else cfg.rms_norm_eps)  # (LFM2's converter reads norm_eps)
+    w.add_layer_norm_rms_eps(cfg.norm_eps if model_type == "lfm2" else cfg.rms_norm_eps)  # (LFM2's: norm_eps)
     if model_type == "cohere2":  # its converter writes both epsilons; the LayerNorm's is layer_norm_eps
         w.add_layer_norm_eps(cfg.layer_norm_eps)
         w.add_logit_scale(cfg.logit_scale)

@@ -91,8 +91,9 @@ KEPT_IN_BLOCKS = {"qwen3_next": ("w_qkv", "w_z", "w_out"), "lfm2": ("w_b", "w_c"
 @pytest.mark.parametrize("name", sorted(HYBRID_Q8_0))
 def test_hybrid_matrices_in_q8_0_blocks(name, tiny_checkpoints, tmp_path, default_gguf_path):
     """A hybrid's matrices in Q8_0 (Qwen3-Next's per-head query/gate rows and DeltaNet projections,
-    LFM2's B | C | x rows of one in_proj, Mamba-2's z | xBC | dt rows of ssm_in): read as rows of the stored blocks, kept in blocks where the
-    CPU kernel is built; logits within the format's error of the float file."""
+    LFM2's B | C | x rows of one in_proj, Mamba-2's z | xBC | dt rows of ssm_in): read as rows of the
+    stored blocks, kept in blocks where the CPU kernel is built; logits within the format's error of
+    the float file."""
     folder, _ = tiny_checkpoints[name]
     types = {k: Q.Q8_0 for k in HYBRID_Q8_0[name]}
     write_family_gguf(tmp_path / "f32.gguf", folder, default_gguf_path)

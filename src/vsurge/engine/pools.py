@@ -77,9 +77,10 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     num_pages, why = pool_size(model, config, rows)
     log.info("paged KV cache: %d pages of %d tokens (%.1f MiB each, %s), %d tokens in all: %s", num_pages,
              config.page_size, per_page / 2**20, pool_dtype(model, config), num_pages * config.page_size, why)
-    if stored_row_bytes(model, config.state_dtype):
+    state_row = stored_row_bytes(model, config.state_dtype)
+    if state_row:
         log.info("recurrent states: %.1f MiB per sequence (%s), %d slots + %d prefix-cache snapshots",
-                 stored_row_bytes(model, config.state_dtype) / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
+                 state_row / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
     from .tiers import make_host_tier, make_state_tier
 
     snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None

@@ -25,7 +25,7 @@ from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm, short_conv_op
 from .config_io import GGUFMeta, gguf_fields, hf_fields
-from .spec import GateUp, Mapped, Weight, tensor
+from .spec import GateUp, Mapped, Weight, paired, tensor
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,8 @@ class Lfm2(CausalLM):
                "w_gate_up": Weight((d, 2 * f), ("embed", "mlp"),
                                    GateUp(tensor(f"{hf}.feed_forward.w1.weight", (f, d)),
                                           tensor(f"{hf}.feed_forward.w3.weight", (f, d))),
-                                   GateUp(tensor(f"{gg}.ffn_gate.weight", (f, d)), tensor(f"{gg}.ffn_up.weight", (f, d))),
+                                   GateUp(tensor(f"{gg}.ffn_gate.weight", (f, d)),
+                                          tensor(f"{gg}.ffn_up.weight", (f, d))),
                                    quantize=True),
                "w_down": Weight((f, d), ("mlp", "embed"), tensor(f"{hf}.feed_forward.w2.weight", (d, f)),
                                 tensor(f"{gg}.ffn_down.weight", (d, f)), quantize=True)}
@@ -130,8 +131,7 @@ class Lfm2(CausalLM):
     @classmethod
     def _conv_weights(cls, c: Lfm2Config, hf: str, gg: str) -> dict[str, Weight]:
         d, k = c.hidden_size, c.conv_kernel
-        both = lambda name, shape, **kw: (tensor(f"{hf}.{name}", shape, **kw),  # noqa: E731
-                                          tensor(f"{gg}.{name}", shape, **kw))
+        both = lambda name, shape, **kw: paired(f"{hf}.{name}", f"{gg}.{name}", shape, **kw)  # noqa: E731
         out = {}
         for j, part in enumerate(("b", "c", "x")):  # in_proj rows: B | C | x
             rows = (j * d, (j + 1) * d)

@@ -24,7 +24,7 @@ from ..ops.linear import linear
 from ..ops.ssd import grouped_gated_rms_norm, ssd_scan, ssd_step
 from .blocks import short_conv_op
 from .config_io import json_float
-from .spec import Mapped, Weight, tensor
+from .spec import Mapped, Weight, paired, tensor
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,8 @@ def mamba2_weights(c, hf: str, gg: str | None = None) -> dict[str, Weight]:
     d, h, width, cv, k = c.hidden_size, c.mamba_heads, c.mamba_width, c.conv_width, c.mamba_conv_kernel
     in_shape = (width + cv + h, d)
     spans = {"z": (0, width), "xbc": (width, width + cv), "dt": (width + cv, width + cv + h)}
-    both = lambda name, gguf_name, shape, **kw: (  # noqa: E731
-        tensor(f"{hf}.{name}", shape, **kw), gg and tensor(f"{gg}.{gguf_name}", shape, **kw))
+    both = lambda name, gguf_name, shape, **kw: paired(  # noqa: E731
+        f"{hf}.{name}", gg and f"{gg}.{gguf_name}", shape, **kw)
     stored = lambda name, shape, model_shape, fn=lambda w: w: gg and Mapped(  # noqa: E731
         tensor(f"{gg}.{name}", shape, matrix=False), model_shape, fn)
     out = {}

@@ -321,6 +321,11 @@ def tensor(name: str, shape: tuple[int, ...], *, matrix: bool = True, **kw) -> T
     return Tensor(name, tuple(shape), transpose=matrix and len(shape) >= 2, **kw)
 
 
+def paired(hf: str, gguf: str | None, shape: tuple[int, ...], **kw) -> tuple[Tensor, Tensor | None]:
+    """The `hf` and `gguf` recipes (as Weight takes them) of one tensor that both formats store alike."""
+    return tensor(hf, shape, **kw), gguf and tensor(gguf, shape, **kw)
+
+
 FP4_E2M1 = np.asarray([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
                       np.float32)
 
