@@ -37,7 +37,7 @@ from serve import Server, llama_server_binary  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
-            "ministral3", "qwen3_next", "lfm2", "mamba2")
+            "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next takes the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
@@ -134,7 +134,7 @@ def main() -> None:
     import torch
 
     import vsurge
-    from gguf_families import write_family_gguf
+    from gguf_families import AS_CONVERTED, write_family_gguf
     from tiny_models import write_tiny_model
     from vsurge.loading import default_model_path, load_processor
 
@@ -151,7 +151,7 @@ def main() -> None:
     for name in args.families.split(","):
         hf = work / name
         hf.mkdir()
-        torch_model = write_tiny_model(name, hf, tokenizer, **OVERRIDES.get(name, {}))
+        torch_model = write_tiny_model(name, hf, tokenizer, **AS_CONVERTED.get(name, {}), **OVERRIDES.get(name, {}))
         theirs = work / f"{name}.gguf"
         error = convert(llama_cpp, hf, theirs)
         if error:

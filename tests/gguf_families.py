@@ -24,9 +24,12 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
-             "mamba2": "mamba2"}
-PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # llama.cpp's "NORM" rotation from HF weights
+             "mamba2": "mamba2", "granitemoehybrid": "granitehybrid"}
+PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+# the tiny config changed to what the converter writes without loss: its Granite 4.0-H drops rotary from
+# every hybrid (the released ones have none)
+AS_CONVERTED = {"granitemoehybrid": {"position_embedding_type": "nope"}}
 
 
 def _head_dim(cfg) -> int:
@@ -123,6 +126,9 @@ def _tensors(state: dict, cfg, model_type: str):
         if model_type == "mamba2":
             yield from _mamba2(name, w, cfg)
             continue
+        if model_type == "granitemoehybrid":
+            yield from _granite_hybrid(name, w, cfg, layer)
+            continue
         yield name, w
     for (layer, kind), by_expert in sorted(experts.items()):
         yield f"blk.{layer}.ffn_{kind}_exps.weight", np.stack([by_expert[e] for e in sorted(by_expert)])
@@ -152,7 +158,7 @@ def _qwen3_next(name: str, w: np.ndarray, cfg, layer: int | None):
         yield name, w
 
 
-def _mamba2(name: str, w: np.ndarray, cfg):
+def _mamba2(name: str, w: np.ndarray, cfg, n_groups: int | None = None):
     """The converter's Mamba2Model: dt_bias as dt_proj.bias, the convolution squeezed, A = -exp(A_log)
     and D as (H, 1), the gated norm as (G, I / G)."""
     if name.endswith(".dt_bias"):
@@ -163,8 +169,29 @@ def _mamba2(name: str, w: np.ndarray, cfg):
         yield name, -np.exp(w).reshape(-1, 1)
     elif name.endswith(".D"):
         yield name, w.reshape(-1, 1)
-    elif name.endswith("mixer.norm.weight"):
-        yield name, w.reshape(cfg.n_groups, -1)
+    elif name.endswith(("mixer.norm.weight", "mamba.norm.weight")):
+        yield name, w.reshape(n_groups or cfg.n_groups, -1)
+    else:
+        yield name, w
+
+
+def _granite_hybrid(name: str, w: np.ndarray, cfg, layer: int | None):
+    """The converter's GraniteHybridModel: the Mamba-2 mixer's tensors as Mamba2Model's, the shared
+    MLP's and the experts' fused gate | up rows split (the shared MLP's as *_shexp when there are
+    experts, as the plain MLP's otherwise)."""
+    s = "_shexp" if cfg.num_local_experts else ""
+    if name.endswith("shared_mlp.input_linear.weight"):
+        gate, up = np.split(w, 2, axis=0)
+        yield f"blk.{layer}.ffn_gate{s}.weight", gate
+        yield f"blk.{layer}.ffn_up{s}.weight", up
+    elif name.endswith("shared_mlp.output_linear.weight"):
+        yield f"blk.{layer}.ffn_down{s}.weight", w
+    elif name.endswith("block_sparse_moe.input_linear.weight"):
+        gate, up = np.split(w, 2, axis=1)
+        yield f"blk.{layer}.ffn_gate_exps.weight", gate
+        yield f"blk.{layer}.ffn_up_exps.weight", up
+    elif ".mamba." in name:
+        yield from _mamba2(name, w, cfg, n_groups=cfg.mamba_n_groups)
     else:
         yield name, w
 
@@ -191,6 +218,8 @@ LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministr
 def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     if model_type == "mamba2":
         return _mamba2_metadata(w, cfg)
+    if model_type == "granitemoehybrid":
+        return _granite_hybrid_metadata(w, cfg)
     hd = _head_dim(cfg)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -285,6 +314,39 @@ def _mamba2_metadata(w, cfg) -> None:
     w.add_ssm_time_step_rank(cfg.num_heads)
     w.add_ssm_group_count(cfg.n_groups)
     w.add_layer_norm_rms_eps(cfg.layer_norm_epsilon)
+
+
+def _granite_hybrid_metadata(w, cfg) -> None:
+    """GraniteHybridModel.set_gguf_parameters: Llama's keys (the head width hidden / heads, as Granite's
+    converter drops head_dim), Granite's four scales, the ssm.* keys, KV heads per layer (0 on a
+    Mamba-2 layer), no rotary for a hybrid (rope.scaling.finetuned false, context 2^20)."""
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_rope_freq_base(float(_rope(cfg).get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if cfg.num_local_experts:
+        w.add_expert_count(cfg.num_local_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_rope_dimension_count(hd)
+    w.add_attention_scale(cfg.attention_multiplier)
+    w.add_embedding_scale(cfg.embedding_multiplier)
+    w.add_residual_scale(cfg.residual_multiplier)
+    w.add_logit_scale(cfg.logits_scaling)
+    if cfg.shared_intermediate_size:
+        w.add_expert_shared_feed_forward_length(cfg.shared_intermediate_size)
+    w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+    w.add_ssm_state_size(cfg.mamba_d_state)
+    w.add_ssm_group_count(cfg.mamba_n_groups)
+    w.add_ssm_inner_size(cfg.mamba_expand * cfg.hidden_size)
+    w.add_ssm_time_step_rank(cfg.mamba_n_heads)
+    w.add_head_count_kv([0 if t in ("mamba", "linear_attention") else cfg.num_key_value_heads
+                         for t in cfg.layer_types])
+    w.add_rope_scaling_finetuned(False)
+    w.add_context_length(2**20)
 
 
 def _lfm2_ffn(hparams: dict) -> int:

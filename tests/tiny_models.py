@@ -141,7 +141,19 @@ TINY_CONFIGS = {
 
 
 # keys the hub's checkpoints carry that transformers' config classes do not (llama.cpp's converter reads them)
-HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, "cohere2": {"rotary_pct": 1.0}}
+# config.json keys as the released checkpoints spell them (transformers 5 rewrites some on save; llama.cpp's
+# converter reads the hub's spelling): keys to set, or a function of the saved config giving the config to write
+HUB_KEYS = {"deepseek_v3": {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}, "cohere2": {"rotary_pct": 1.0},
+            "granitemoehybrid": lambda cfg: {**cfg, "layer_types": [
+                {"linear_attention": "mamba", "full_attention": "attention"}.get(t, t) for t in cfg["layer_types"]]},
+            # Nemotron-H (not Nemotron 3): a hybrid_override_pattern and no mixture-of-experts keys
+            "nemotron_h": lambda cfg: {**{k: v for k, v in cfg.items() if k not in NEMOTRON_H_MOE_KEYS},
+                                       "hybrid_override_pattern": "".join(
+                                           {"linear_attention": "M", "full_attention": "*", "mlp": "-"}[t]
+                                           for t in cfg["layers_block_type"])}}
+NEMOTRON_H_MOE_KEYS = ("num_experts_per_tok", "n_routed_experts", "n_shared_experts", "moe_intermediate_size",
+                       "moe_shared_expert_intermediate_size", "n_group", "topk_group", "norm_topk_prob",
+                       "routed_scaling_factor", "moe_latent_size", "mtp_layers_block_type")
 
 
 def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_size=None, seed: int = 0,
@@ -172,7 +184,9 @@ def write_tiny_model(name: str, folder: Path, tokenizer_dir: Path, max_shard_siz
         import json
 
         path = folder / "config.json"
-        path.write_text(json.dumps({**json.loads(path.read_text()), **HUB_KEYS[name]}, indent=2))
+        saved = json.loads(path.read_text())
+        hub = HUB_KEYS[name](saved) if callable(HUB_KEYS[name]) else {**saved, **HUB_KEYS[name]}
+        path.write_text(json.dumps(hub, indent=2))
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(tokenizer_dir / f, folder / f)
     return model

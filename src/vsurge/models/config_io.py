@@ -41,6 +41,10 @@ class GGUFMeta:
     def has(self, tensor: str) -> bool:
         return tensor in self.tensors
 
+    def has_any(self, layer_tensor: str) -> bool:
+        """Whether some layer holds `blk.<i>.<layer_tensor>` (hybrids: only the layers of one kind do)."""
+        return any(name.startswith("blk.") and name.split(".", 2)[2] == layer_tensor for name in self.tensors)
+
     def read(self, tensor: str) -> np.ndarray:
         return self._read(tensor)
 

@@ -17,7 +17,12 @@ MLP: shared_mlp.input_linear (2Fs, D) = gate | up, output_linear (D, Fs); expert
 num_local_experts > 0) block_sparse_moe.input_linear (E, 2F, D) = gate | up, output_linear
 (E, D, F), router.layer (E, D): top-k of the logits, softmax over those k.
 
-HF: GraniteMoeHybridForCausalLM ("granitemoehybrid"); GGUF: not yet.
+HF: GraniteMoeHybridForCausalLM ("granitemoehybrid"). GGUF: `granitehybrid` as llama.cpp's converter
+writes it: the mixer's ssm_* tensors (models/mamba2.py), q/k rows interleaved for llama.cpp's rotary,
+the shared MLP split into ffn_{gate,up,down}_shexp (ffn_{gate,up,down} without experts), the experts
+into ffn_{gate,up,down}_exps; which layers attend from the per-layer `attention.head_count_kv` (0 on a
+Mamba-2 layer); rotary only where `rope.scaling.finetuned` says so (the converter writes false for
+every hybrid, and llama.cpp then runs no rotary).
 """
 
 from __future__ import annotations
@@ -29,10 +34,10 @@ from ..ops.moe import Routing
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
-from .config_io import check_activation, hf_fields
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
 from .moe import MoEConfig, expert_axes, router_weights, routed
-from .spec import GateUp, Weight, tensor
+from .spec import GateUp, Weight, paired, tensor
 
 MAMBA_KINDS = ("mamba", "linear_attention")  # HF layer_types: transformers 4 / 5 spelling
 
@@ -69,6 +74,7 @@ class GraniteMoeHybrid(CausalLM):
     hf_model_types = ("granitemoehybrid",)
     hf_architectures = ("GraniteMoeHybridForCausalLM",)
     config_class = GraniteMoeHybridConfig
+    gguf_architectures = ("granitehybrid",)
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
@@ -87,26 +93,59 @@ class GraniteMoeHybrid(CausalLM):
             **{k: float(cfg.get(k) or 1.0) for k in
                ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})
 
+    @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        fields = gguf_fields(meta, cls.name)
+        n, experts = fields["num_layers"], int(meta.key("expert_count", 0) or 0)
+        kv_heads = meta.key("attention.head_count_kv", required=True)
+        kv_heads = kv_heads if isinstance(kv_heads, list) else [kv_heads] * n
+        attending = [int(h) for h in kv_heads if int(h)]
+        # the shared MLP's width: its own key with experts, else the dense MLP's tensor
+        shared = (int(meta.key("expert_shared_feed_forward_length", 0) or 0) if experts
+                  else meta.tensors["blk.0.ffn_gate.weight"][0])
+        width, heads = int(meta.key("ssm.inner_size", required=True)), int(meta.key("ssm.time_step_rank",
+                                                                                    required=True))
+        return cls.config_class(
+            **{**fields, "num_kv_heads": attending[0] if attending else fields["num_heads"]},
+            qkv_bias=meta.has_any("attn_q.bias"), o_bias=meta.has_any("attn_output.bias"),
+            num_experts=experts, num_experts_per_tok=int(meta.key("expert_used_count", 1) or 1),
+            moe_intermediate_size=fields["intermediate_size"], shared_intermediate_size=shared,
+            mamba_layers=tuple(int(h) == 0 for h in kv_heads[:n]), mamba_heads=heads, mamba_head_dim=width // heads,
+            mamba_groups=int(meta.key("ssm.group_count", 1)), mamba_state=int(meta.key("ssm.state_size", required=True)),
+            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
+            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"),
+            use_rope=bool(meta.key("rope.scaling.finetuned", True)),
+            embedding_multiplier=float(meta.key("embedding_scale", 1.0)),
+            residual_multiplier=float(meta.key("residual_scale", 1.0)),
+            attention_multiplier=float(meta.key("attention.scale", fields["head_dim"] ** -0.5)),
+            logits_scaling=float(meta.key("logit_scale", 1.0)))
+
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: GraniteMoeHybridConfig, i: int):
-        hf, d = f"model.layers.{i}", c.hidden_size
-        out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
-               "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None)}
-        out.update(mamba2_weights(c, f"{hf}.mamba") if c.mamba_layers[i]
-                   else attention_weights(c, hf=f"{hf}.self_attn", gguf=None))
-        fs, shared = c.shared_intermediate_size, f"{hf}.shared_mlp"
+        hf, gg, d = f"model.layers.{i}", f"blk.{i}", c.hidden_size
+        out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", f"{gg}.attn_norm.weight"),
+               "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", f"{gg}.ffn_norm.weight")}
+        out.update(mamba2_weights(c, f"{hf}.mamba", gg) if c.mamba_layers[i]
+                   else attention_weights(c, hf=f"{hf}.self_attn", gguf=gg, permuted_qk=True))
+        fs, shared, s = c.shared_intermediate_size, f"{hf}.shared_mlp", "_shexp" if c.num_experts else ""
         out["shared_gate_up"] = Weight((d, 2 * fs), ("embed", "mlp"),
-                                       _gate_up(f"{shared}.input_linear.weight", (2 * fs, d)), quantize=True)
-        out["shared_down"] = Weight((fs, d), ("mlp", "embed"), tensor(f"{shared}.output_linear.weight", (d, fs)),
+                                       _gate_up(f"{shared}.input_linear.weight", (2 * fs, d)),
+                                       GateUp(tensor(f"{gg}.ffn_gate{s}.weight", (fs, d)),
+                                              tensor(f"{gg}.ffn_up{s}.weight", (fs, d))), quantize=True)
+        out["shared_down"] = Weight((fs, d), ("mlp", "embed"), *paired(f"{shared}.output_linear.weight",
+                                                                       f"{gg}.ffn_down{s}.weight", (d, fs)),
                                     quantize=True)
         if c.is_moe(i):
             e, f, moe = c.num_experts, c.moe_intermediate_size, f"{hf}.block_sparse_moe"
-            out.update(router_weights(c, f"{moe}.router.layer", None))
+            out.update(router_weights(c, f"{moe}.router.layer", f"{gg}.ffn_gate_inp"))
             out["experts_gate_up"] = Weight((e, d, 2 * f), expert_axes(c, "gate_up"),
-                                            _gate_up(f"{moe}.input_linear.weight", (e, 2 * f, d)), indexed=True)
+                                            _gate_up(f"{moe}.input_linear.weight", (e, 2 * f, d)),
+                                            GateUp(tensor(f"{gg}.ffn_gate_exps.weight", (e, f, d)),
+                                                   tensor(f"{gg}.ffn_up_exps.weight", (e, f, d))), indexed=True)
             out["experts_down"] = Weight((e, f, d), expert_axes(c, "down"),
-                                         tensor(f"{moe}.output_linear.weight", (e, d, f)), indexed=True)
+                                         *paired(f"{moe}.output_linear.weight", f"{gg}.ffn_down_exps.weight",
+                                                 (e, d, f)), indexed=True)
         return out
 
     # ------------------------------------------------------------ forward
