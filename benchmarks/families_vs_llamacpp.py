@@ -37,16 +37,22 @@ from serve import Server, llama_server_binary  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
-            "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid")
+            "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h",
+            "falcon_h1")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next takes the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
-# and its mamba2 no in/out projection biases (no released LFM2 / Mamba-2 has them; the suite's do)
+# its mamba2 and nemotron_h no in/out projection biases, its falcon-h1 no out_proj bias (no released
+# LFM2 / Mamba-2 / Nemotron-H / Falcon-H1 has them; the suite's do)
 OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16}, "lfm2": {"conv_bias": False},
-             "mamba2": {"use_bias": False}}
+             "mamba2": {"use_bias": False}, "nemotron_h": {"use_bias": False},
+             "falcon_h1": {"projectors_bias": False}}
 
 
-# runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring)
+# runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring), and
+# Nemotron-H's config read from config.json: transformers 5's AutoConfig fills in the mixture-of-experts
+# keys of Nemotron 3, which turn the converter to nemotron_h_moe (with transformers 4, which needs remote
+# code for Nemotron-H, the converter falls back to config.json itself)
 RUN_CONVERTER = """
 import sys
 sys.path.insert(0, sys.argv[1])
@@ -60,6 +66,13 @@ def pre(self, tokenizer):
     except NotImplementedError:
         return "smollm"  # the test tokenizer's
 base.TextModel.get_vocab_base_pre = pre
+import json
+from pathlib import Path
+hparams = base.ModelBase.load_hparams
+def read_config(dir_model, is_mistral_format):  # Nemotron-H: config.json itself, see NEMOTRON_H_CONFIG
+    config = json.loads((Path(dir_model) / "config.json").read_text())
+    return config if config.get("model_type") == "nemotron_h" else hparams(dir_model, is_mistral_format)
+base.ModelBase.load_hparams = staticmethod(read_config)
 import convert_hf_to_gguf
 sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
 convert_hf_to_gguf.main()

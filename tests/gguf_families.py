@@ -24,12 +24,15 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "smollm3": "smollm3", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss",
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
-             "mamba2": "mamba2", "granitemoehybrid": "granitehybrid"}
-PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid"}  # llama.cpp's "NORM" rotation from HF weights
+             "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
+             "falcon_h1": "falcon-h1"}
+PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 # the tiny config changed to what the converter writes without loss: its Granite 4.0-H drops rotary from
-# every hybrid (the released ones have none)
-AS_CONVERTED = {"granitemoehybrid": {"position_embedding_type": "nope"}}
+# every hybrid (the released ones have none); its Falcon-H1 scales in_proj's bias as its rows (so none, as
+# released) and its llama.cpp normalises the mixer's output after gating (the file does not say)
+AS_CONVERTED = {"granitemoehybrid": {"position_embedding_type": "nope"},
+                "falcon_h1": {"mamba_proj_bias": False, "mamba_norm_before_gate": False}}
 
 
 def _head_dim(cfg) -> int:
@@ -123,11 +126,14 @@ def _tensors(state: dict, cfg, model_type: str):
             continue
         if model_type == "lfm2" and name.endswith("conv.conv.weight"):  # LFM2Model.modify_tensors
             w = w.squeeze(1)
-        if model_type == "mamba2":
+        if model_type in ("mamba2", "nemotron_h"):
             yield from _mamba2(name, w, cfg)
             continue
         if model_type == "granitemoehybrid":
             yield from _granite_hybrid(name, w, cfg, layer)
+            continue
+        if model_type == "falcon_h1":
+            yield from _mamba2(name, _falcon_h1_mup(name, w, cfg), cfg, n_groups=cfg.mamba_n_groups)
             continue
         yield name, w
     for (layer, kind), by_expert in sorted(experts.items()):
@@ -196,6 +202,24 @@ def _granite_hybrid(name: str, w: np.ndarray, cfg, layer: int | None):
         yield name, w
 
 
+def _falcon_h1_mup(name: str, w: np.ndarray, cfg) -> np.ndarray:
+    """FalconH1Model.modify_tensors: the muP multipliers folded into the weights (in_proj's rows
+    z | x | B | C | dt each by its own)."""
+    gate, down = cfg.mlp_multipliers
+    attn_in = cfg.attention_in_multiplier
+    for key, scale in (("down_proj", down), ("gate_proj", gate), ("k_proj", cfg.key_multiplier * attn_in),
+                       ("q_proj", attn_in), ("v_proj", attn_in), ("o_proj", cfg.attention_out_multiplier),
+                       ("out_proj", cfg.ssm_out_multiplier), ("lm_head", cfg.lm_head_multiplier),
+                       ("embed_tokens", cfg.embedding_multiplier)):
+        if key in name:
+            return w * scale
+    if "in_proj" in name:
+        i, gn = cfg.mamba_d_ssm, cfg.mamba_n_groups * cfg.mamba_d_state
+        rows = np.repeat(cfg.ssm_multipliers, [i, i, gn, gn, w.shape[0] - 2 * i - 2 * gn])
+        return w * cfg.ssm_in_multiplier * rows[:, None]
+    return w
+
+
 def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
     if leaf == "gate_up_proj":  # (E, D, 2F) interleaved -> gate, up (E, F, D)
         t = w.transpose(0, 2, 1)
@@ -220,6 +244,10 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         return _mamba2_metadata(w, cfg)
     if model_type == "granitemoehybrid":
         return _granite_hybrid_metadata(w, cfg)
+    if model_type == "nemotron_h":
+        return _nemotron_h_metadata(w, cfg, hparams)
+    if model_type == "falcon_h1":
+        return _falcon_h1_metadata(w, cfg)
     hd = _head_dim(cfg)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -347,6 +375,51 @@ def _granite_hybrid_metadata(w, cfg) -> None:
                          for t in cfg.layer_types])
     w.add_rope_scaling_finetuned(False)
     w.add_context_length(2**20)
+
+
+def _nemotron_h_metadata(w, cfg, hparams: dict) -> None:
+    """NemotronHModel.set_gguf_parameters (GraniteHybridModel's, then): KV heads and MLP widths per layer
+    (0 where the layer is not one), both epsilons, no rotary."""
+    kinds = hparams["hybrid_override_pattern"]  # M: Mamba-2, *: attention, -: MLP
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length([cfg.intermediate_size if k == "-" else 0 for k in kinds])
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv([cfg.num_key_value_heads if k == "*" else 0 for k in kinds])
+    w.add_layer_norm_rms_eps(hparams["rms_norm_eps"])
+    w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_ssm_conv_kernel(cfg.conv_kernel)
+    w.add_ssm_state_size(cfg.ssm_state_size)
+    w.add_ssm_group_count(cfg.n_groups)
+    w.add_ssm_inner_size(cfg.mamba_num_heads * cfg.mamba_head_dim)
+    w.add_ssm_time_step_rank(cfg.mamba_num_heads)
+    w.add_rope_scaling_finetuned(False)
+    w.add_context_length(2**20)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+
+
+def _falcon_h1_metadata(w, cfg) -> None:
+    """FalconH1Model.set_gguf_parameters: Mamba2Model's keys, then the attention's; no multipliers (they
+    are in the weights)."""
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_ssm_conv_kernel(cfg.mamba_d_conv)
+    w.add_ssm_inner_size(cfg.mamba_d_ssm)
+    w.add_ssm_state_size(cfg.mamba_d_state)
+    w.add_ssm_time_step_rank(cfg.mamba_d_ssm // cfg.mamba_d_head)
+    w.add_ssm_group_count(cfg.mamba_n_groups)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(float(_rope(cfg).get("rope_theta", 10000.0)))
 
 
 def _lfm2_ffn(hparams: dict) -> int:

@@ -103,7 +103,7 @@ TINY_CONFIGS = {
         num_hidden_layers=5, head_dim=16, layers_block_type=["linear_attention", "full_attention", "linear_attention",
                                                              "mlp", "linear_attention"],
         mamba_num_heads=8, mamba_head_dim=16, n_groups=2, ssm_state_size=16, conv_kernel=4, use_bias=True,
-        mlp_bias=True, layer_norm_epsilon=1e-5)),
+        mlp_bias=True, layer_norm_epsilon=1e-5, rms_norm_eps=1e-5)),  # (llama.cpp's converter writes rms_norm_eps)
     # plain Mamba-2: every layer a mixer (8 heads of 16, 2 groups), no attention and so no KV cache at all
     "mamba2": ("Mamba2Config", dict(
         num_heads=8, head_dim=16, expand=2, n_groups=2, state_size=16, conv_kernel=4, use_bias=True,

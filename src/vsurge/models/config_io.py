@@ -192,6 +192,11 @@ def gguf_rope(meta: GGUFMeta, head_dim: int) -> Rope:
     raise UnsupportedModelError(f"{meta.where}: rope scaling type {kind!r} is not supported")
 
 
+def _widest(value) -> int:
+    """A per-model or per-layer (list) GGUF width as one number: the widest layer's."""
+    return max((int(x) for x in value), default=0) if isinstance(value, list) else int(value or 0)
+
+
 def gguf_fields(meta: GGUFMeta, architecture: str, *, head_dim: int | None = None) -> dict[str, Any]:
     """ModelConfig fields every family reads the same way from GGUF metadata."""
     hidden, heads = int(meta.key("embedding_length", required=True)), int(meta.key("attention.head_count",
@@ -207,7 +212,7 @@ def gguf_fields(meta: GGUFMeta, architecture: str, *, head_dim: int | None = Non
         architecture=architecture,
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(meta.key("feed_forward_length", 0) or 0),
+        intermediate_size=_widest(meta.key("feed_forward_length", 0)),
         num_layers=int(meta.key("block_count", required=True)),
         num_heads=heads,
         num_kv_heads=int(kv if not isinstance(kv, list) else kv[0]),

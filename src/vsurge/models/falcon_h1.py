@@ -13,7 +13,11 @@ lm_head_multiplier. The key multiplier scales every score, so it is folded into 
 (keys are cached unscaled). State per sequence and layer: each layer has both a KV entry and a
 Mamba-2 state (layer kind "attention+mamba2").
 
-HF: FalconH1ForCausalLM ("falcon_h1"); GGUF: not yet.
+HF: FalconH1ForCausalLM ("falcon_h1"). GGUF: `falcon-h1` as llama.cpp's converter writes it: every muP
+multiplier folded into the weights (the embeddings, the head, q/k/v, the mixer's in_proj rows and
+out_proj, the MLP's gate and down), so the file's model runs with every multiplier 1; the mixer's
+tensors as models/mamba2.py maps them; its gated norm, where the file has one, normalises after
+gating (llama.cpp's Mamba-2; the file does not say).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from ..ops.mlp import split_gate_up
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp_weights, norm
-from .config_io import check_activation, hf_fields
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
 
 
@@ -56,6 +60,7 @@ class FalconH1(CausalLM):
     hf_model_types = ("falcon_h1",)
     hf_architectures = ("FalconH1ForCausalLM",)
     config_class = FalconH1Config
+    gguf_architectures = ("falcon-h1",)
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
@@ -75,20 +80,32 @@ class FalconH1(CausalLM):
             **{k: float(cfg[k]) if cfg.get(k) is not None else 1.0 for k in scalars})
 
     @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        fields = gguf_fields(meta, cls.name)
+        width, heads = int(meta.key("ssm.inner_size", required=True)), int(meta.key("ssm.time_step_rank",
+                                                                                    required=True))
+        return cls.config_class(
+            **fields, mamba_heads=heads, mamba_head_dim=width // heads,
+            mamba_groups=int(meta.key("ssm.group_count", 1)), mamba_state=int(meta.key("ssm.state_size", required=True)),
+            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
+            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"),
+            mamba_rms_norm=meta.has_any("ssm_norm.weight"), mamba_norm_before_gate=False)
+
+    @classmethod
     def global_weights(cls, config):
         out = super().global_weights(config)
-        out["final_norm"] = norm(config.hidden_size, "model.final_layernorm.weight", None)
+        out["final_norm"] = norm(config.hidden_size, "model.final_layernorm.weight", "output_norm.weight")
         return out
 
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: FalconH1Config, i: int):
-        hf, d = f"model.layers.{i}", c.hidden_size
-        return {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
-                "mlp_norm": norm(d, f"{hf}.pre_ff_layernorm.weight", None),
-                **attention_weights(c, hf=f"{hf}.self_attn", gguf=None),
-                **mamba2_weights(c, f"{hf}.mamba"),
-                **mlp_weights(d, c.intermediate_size, hf=f"{hf}.feed_forward", gguf=None)}
+        hf, gg, d = f"model.layers.{i}", f"blk.{i}", c.hidden_size
+        return {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", f"{gg}.attn_norm.weight"),
+                "mlp_norm": norm(d, f"{hf}.pre_ff_layernorm.weight", f"{gg}.ffn_norm"),  # (no .weight in GGUF)
+                **attention_weights(c, hf=f"{hf}.self_attn", gguf=gg),
+                **mamba2_weights(c, f"{hf}.mamba", gg),
+                **mlp_weights(d, c.intermediate_size, hf=f"{hf}.feed_forward", gguf=gg)}
 
     # ------------------------------------------------------------ forward
     @property

@@ -17,9 +17,11 @@ backbone.norm_f).
 A plain Mamba-2 checkpoint (Mamba2ForCausalLM, "mamba2": every layer a Mamba-2 mixer, no attention, no
 KV cache at all) has the same tensors and runs here, its config.json read in Nemotron-H's terms.
 
-HF: NemotronHForCausalLM ("nemotron_h"), Mamba2ForCausalLM ("mamba2"). GGUF: `mamba2` as llama.cpp's
-converter writes a plain Mamba-2 (the mixer's tensors as models/mamba2.py maps them, each layer's
-norm as attn_norm); Nemotron-H's `nemotron_h` not yet.
+HF: NemotronHForCausalLM ("nemotron_h"), Mamba2ForCausalLM ("mamba2"). GGUF: `nemotron_h` and `mamba2` as
+llama.cpp's converter writes them: the mixer's tensors as models/mamba2.py maps them, each layer's norm as
+attn_norm, q/k rows interleaved for llama.cpp's rotary (which these layers do not run), the MLP as
+ffn_up / ffn_down; the layer kinds from the per-layer `attention.head_count_kv` (attention where > 0) and
+`feed_forward_length` (an MLP where > 0). Not yet Nemotron 3's `nemotron_h_moe`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .base import CausalLM
 from .blocks import attention, attention_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, json_float
 from .mamba2 import Mamba2Config, mamba2_mixer, mamba2_weights
-from .spec import Weight, tensor
+from .spec import Weight, paired, tensor
 
 # HF layer type spellings (transformers 5, transformers 4 / remote code, hybrid_override_pattern) -> kind
 KINDS = {"linear_attention": "mamba2", "mamba": "mamba2", "M": "mamba2",
@@ -88,7 +90,7 @@ class NemotronH(CausalLM):
     hf_model_types = ("nemotron_h", "mamba2")
     hf_architectures = ("NemotronHForCausalLM", "Mamba2ForCausalLM")
     config_class = NemotronHConfig
-    gguf_architectures = ("mamba2",)
+    gguf_architectures = ("mamba2", "nemotron_h")
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
@@ -113,17 +115,26 @@ class NemotronH(CausalLM):
 
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta, where: str):
-        """A plain Mamba-2 (`mamba2`): no attention (head_count 0), the mixer from the ssm.* keys."""
-        d = int(meta.key("embedding_length", required=True))
-        fields = gguf_fields(meta, cls.name, head_dim=d)  # one placeholder head: there is no attention
+        """`nemotron_h`: the layer kinds from the per-layer KV heads and MLP widths; a plain Mamba-2
+        (`mamba2`): no attention (head_count 0); the mixer from the ssm.* keys."""
+        d, plain = int(meta.key("embedding_length", required=True)), meta.arch == "mamba2"
+        fields = gguf_fields(meta, cls.name, head_dim=d if plain else None)  # mamba2: a placeholder head
         n, width = fields["num_layers"], int(meta.key("ssm.inner_size", required=True))
+        per_layer = lambda key: [int(x) for x in meta.key(key, 0)] if isinstance(meta.key(key, 0), list) \
+            else [int(meta.key(key, 0) or 0)] * n  # noqa: E731
+        kv_heads, widths = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+        kinds = ("mamba2",) * n if plain else tuple(
+            "attention" if kv else "mlp" if f else "mamba2" for kv, f in zip(kv_heads, widths))
+        shape = (dict(num_heads=1, num_kv_heads=1, intermediate_size=0) if plain else
+                 dict(num_kv_heads=max(kv_heads) or fields["num_heads"], intermediate_size=max(widths)))
+        eps = meta.key("attention.layer_norm_rms_epsilon") or meta.key("attention.layer_norm_epsilon", 1e-5)
         heads = int(meta.key("ssm.time_step_rank", required=True))
         return cls.config_class(
-            **{**fields, "num_heads": 1, "num_kv_heads": 1, "intermediate_size": 0}, kinds=("mamba2",) * n,
+            **{**fields, **shape, "rms_norm_eps": float(eps)}, kinds=kinds, mlp_bias=meta.has_any("ffn_up.bias"),
             mamba_heads=heads, mamba_head_dim=width // heads, mamba_groups=int(meta.key("ssm.group_count", 1)),
             mamba_state=int(meta.key("ssm.state_size", required=True)),
-            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has("blk.0.ssm_conv1d.bias"),
-            mamba_proj_bias=meta.has("blk.0.ssm_in.bias"), mamba_out_bias=meta.has("blk.0.ssm_out.bias"))
+            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
+            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"))
 
     @classmethod
     def global_weights(cls, config):
@@ -145,12 +156,16 @@ class NemotronH(CausalLM):
         if kind == "mamba2":
             return {**out, **mamba2_weights(c, mixer, gg)}
         if kind == "attention":
-            return {**out, **attention_weights(c, hf=mixer, gguf=None)}
-        out["w_up"] = Weight((d, f), ("embed", "mlp"), tensor(f"{mixer}.up_proj.weight", (f, d)), quantize=True)
-        out["w_down"] = Weight((f, d), ("mlp", "embed"), tensor(f"{mixer}.down_proj.weight", (d, f)), quantize=True)
+            return {**out, **attention_weights(c, hf=mixer, gguf=gg, permuted_qk=True)}
+        out["w_up"] = Weight((d, f), ("embed", "mlp"), *paired(f"{mixer}.up_proj.weight", f"{gg}.ffn_up.weight", (f, d)),
+                             quantize=True)
+        out["w_down"] = Weight((f, d), ("mlp", "embed"), *paired(f"{mixer}.down_proj.weight", f"{gg}.ffn_down.weight",
+                                                                 (d, f)), quantize=True)
         if c.mlp_bias:
-            out["b_up"] = Weight((f,), ("mlp",), tensor(f"{mixer}.up_proj.bias", (f,)), init="zeros")
-            out["b_down"] = Weight((d,), ("embed",), tensor(f"{mixer}.down_proj.bias", (d,)), init="zeros")
+            out["b_up"] = Weight((f,), ("mlp",), *paired(f"{mixer}.up_proj.bias", f"{gg}.ffn_up.bias", (f,)),
+                                 init="zeros")
+            out["b_down"] = Weight((d,), ("embed",), *paired(f"{mixer}.down_proj.bias", f"{gg}.ffn_down.bias", (d,)),
+                                   init="zeros")
         return out
 
     # ------------------------------------------------------------ forward
