@@ -38,13 +38,18 @@ from serve import Server, llama_server_binary  # noqa: E402
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
             "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h",
-            "falcon_h1")
+            "falcon_h1", "qwen3_5", "qwen3_5_moe")
 GREEDY = 8
-# shapes llama.cpp needs beyond the tiny configs: its qwen3next takes the value heads' width from the
+# shapes llama.cpp needs beyond the tiny configs: its qwen3next and qwen35 take the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
 # its mamba2 and nemotron_h no in/out projection biases, its falcon-h1 no out_proj bias (no released
-# LFM2 / Mamba-2 / Nemotron-H / Falcon-H1 has them; the suite's do)
-OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16}, "lfm2": {"conv_bias": False},
+# LFM2 / Mamba-2 / Nemotron-H / Falcon-H1 has them; the suite's do); its qwen35 wants the multimodal
+# rotary sections to fit the rotary width (4 dims here: the converter's default [11, 11, 10] fits 64)
+QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
+               "mrope_interleaved": True}
+OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16},
+             "qwen3_5": {"linear_value_head_dim": 16, "rope_parameters": QWEN35_ROPE},
+             "qwen3_5_moe": {"linear_value_head_dim": 16, "rope_parameters": QWEN35_ROPE}, "lfm2": {"conv_bias": False},
              "mamba2": {"use_bias": False}, "nemotron_h": {"use_bias": False},
              "falcon_h1": {"projectors_bias": False}}
 
@@ -80,13 +85,13 @@ convert_hf_to_gguf.main()
 
 
 def convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str = "f32") -> str | None:
-    """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next checkpoints
+    """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next and Qwen3.5 checkpoints
     without a multi-token-prediction head need --no-mtp (it asserts one is there otherwise)."""
     import json
 
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    extra = ["--no-mtp"] if config.get("model_type") == "qwen3_next" else []
+    extra = ["--no-mtp"] if config.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) else []
     proc = subprocess.run([sys.executable, "-c", RUN_CONVERTER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
                            "--outtype", outtype, *extra], env=env, capture_output=True, text=True)
     if proc.returncode:

@@ -25,7 +25,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
              "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
-             "falcon_h1": "falcon-h1"}
+             "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
+QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 # the tiny config changed to what the converter writes without loss: its Granite 4.0-H drops rotary from
@@ -121,8 +122,9 @@ def _tensors(state: dict, cfg, model_type: str):
         if name.endswith("self_attn.sinks"):
             yield f"blk.{layer}.attn_sinks.weight", w
             continue
-        if model_type == "qwen3_next":
-            yield from _qwen3_next(name, w, cfg, layer)
+        if model_type in QWEN3_NEXT_LIKE:
+            yield from _qwen3_next(name, _tiled_value_heads(name, w, cfg) if model_type != "qwen3_next" else w,
+                                   cfg, layer)
             continue
         if model_type == "lfm2" and name.endswith("conv.conv.weight"):  # LFM2Model.modify_tensors
             w = w.squeeze(1)
@@ -162,6 +164,31 @@ def _qwen3_next(name: str, w: np.ndarray, cfg, layer: int | None):
         yield f"blk.{layer}.attn_gate.weight", flat[3].T
     else:
         yield name, w
+
+
+def _tiled_value_heads(name: str, w: np.ndarray, cfg) -> np.ndarray:
+    """Qwen3.5's converter (_LinearAttentionVReorderBase): with more value heads than key heads, every
+    DeltaNet tensor's value heads go from grouped (per key head) to tiled order."""
+    hk, hv, dk, dv = (cfg.linear_num_key_heads, cfg.linear_num_value_heads, cfg.linear_key_head_dim,
+                      cfg.linear_value_head_dim)
+    if hk == hv or "linear_attn." not in name:
+        return w
+
+    def tile(a, axis, width):  # (.., Hk * r * width, ..) -> (.., r * Hk * width, ..)
+        a = np.moveaxis(a, axis, 0)
+        a = a.reshape(hk, hv // hk, width, *a.shape[1:]).swapaxes(0, 1).reshape(a.shape)
+        return np.moveaxis(a, 0, axis)
+
+    qk = 2 * hk * dk
+    if ".in_proj_qkv." in name or ".conv1d." in name:
+        return np.concatenate([w[:qk], tile(w[qk:], 0, dv)])
+    if ".in_proj_z." in name:
+        return tile(w, 0, dv)
+    if ".in_proj_a." in name or ".in_proj_b." in name or name.endswith((".A_log", ".dt_bias")):
+        return tile(w, 0, 1)
+    if ".out_proj." in name:
+        return tile(w, 1, dv)
+    return w
 
 
 def _mamba2(name: str, w: np.ndarray, cfg, n_groups: int | None = None):
@@ -310,7 +337,10 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         w.add_logit_scale(cfg.logits_scaling)
     if model_type == "phi3":
         _phi3(w, cfg, rope, hd)
-    if model_type == "qwen3_next":  # Qwen3NextModel.set_gguf_parameters
+    if model_type != "qwen3_next" and model_type in QWEN3_NEXT_LIKE:  # the multimodal rotary's sections
+        sections = list(_rope(cfg).get("mrope_section") or [11, 11, 10])
+        w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
+    if model_type in QWEN3_NEXT_LIKE:  # Qwen3NextModel.set_gguf_parameters
         w.add_uint32(f"{w.arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
         w.add_uint32(f"{w.arch}.ssm.state_size", cfg.linear_key_head_dim)
         w.add_uint32(f"{w.arch}.ssm.group_count", cfg.linear_num_key_heads)

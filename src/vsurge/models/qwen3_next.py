@@ -22,7 +22,10 @@ of a whole Qwen3.5 / Qwen3.5-MoE checkpoint ("qwen3_5", "qwen3_5_moe": its `text
 under model.language_model; the vision tower and the multi-token-prediction head are not read).
 GGUF: `qwen3next` as llama.cpp's converter writes Qwen3-Next (q/k/v of the DeltaNet projection
 regrouped head-major as attn_qkv, z as attn_gate, A stored as -exp(A_log), the convolution squeezed
-to (C, K), every norm but the gated one stored as 1 + w); Qwen3.5's `qwen35` not yet.
+to (C, K), every norm but the gated one stored as 1 + w); Qwen3.5's `qwen35` / `qwen35moe` likewise, with b/a
+as ssm_beta / ssm_alpha, and, where there are more value heads than key heads, the value heads of every
+DeltaNet tensor "tiled" (value head j pairs with key head j mod Hk, not j // (Hv/Hk)): the model then
+tiles q and k to Hv heads (value_heads_tiled) instead of regrouping the tensors.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Qwen3NextConfig(MoEConfig):
     linear_value_dim: int = 0
     conv_kernel: int = 4
     grouped_projections: bool = True  # Qwen3-Next's per-key-head qkvz / ba layout (Qwen3.5: separate)
+    value_heads_tiled: bool = False  # llama.cpp's qwen35: value head j pairs with key head j mod Hk
     hf_prefix: str = "model"  # "model.language_model" in a whole Qwen3.5 checkpoint (vision tower beside)
 
     def layer_kind(self, layer: int) -> str:
@@ -121,7 +125,7 @@ class Qwen3Next(CausalLM):
     hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
                         "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
     config_class = Qwen3NextConfig
-    gguf_architectures = ("qwen3next",)
+    gguf_architectures = ("qwen3next", "qwen35", "qwen35moe")
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:
@@ -171,7 +175,8 @@ class Qwen3Next(CausalLM):
             moe_layers=tuple(meta.has(f"blk.{i}.ffn_gate_inp.weight") for i in range(n)), linear_layers=linear,
             linear_key_heads=hk, linear_value_heads=hv, linear_key_dim=int(meta.key("ssm.state_size", required=True)),
             linear_value_dim=int(meta.key("ssm.inner_size", required=True)) // hv,
-            conv_kernel=int(meta.key("ssm.conv_kernel", 4)))
+            conv_kernel=int(meta.key("ssm.conv_kernel", 4)), grouped_projections=meta.arch == "qwen3next",
+            value_heads_tiled=meta.arch != "qwen3next" and hv != hk)
 
     @classmethod
     def global_weights(cls, config):
@@ -243,16 +248,21 @@ class Qwen3Next(CausalLM):
             z = tensor(f"{hf}.in_proj_z.weight", (c.value_width, d))
             b, a = tensor(f"{hf}.in_proj_b.weight", (hv, d)), tensor(f"{hf}.in_proj_a.weight", (hv, d))
         k = c.conv_kernel
-        # llama.cpp's converter (Qwen3-Next): q | k | v head-major as attn_qkv, z as attn_gate, b/a as
-        # HF groups them; A = -exp(A_log); the convolution squeezed to (C, K)
-        ba_gg = (f"{gg}.ssm_ba.weight", (2 * hv, d))
+        # llama.cpp's converter: q | k | v head-major as attn_qkv, z as attn_gate, b/a as HF groups them
+        # (Qwen3-Next's ssm_ba) or apart (Qwen3.5's ssm_beta, ssm_alpha); A = -exp(A_log); the convolution
+        # squeezed to (C, K)
+        if c.grouped_projections:
+            ba_gg = (f"{gg}.ssm_ba.weight", (2 * hv, d))
+            b_gg, a_gg = HeadRows(*ba_gg, hk, (0, r)), HeadRows(*ba_gg, hk, (r, 2 * r))
+        else:
+            b_gg, a_gg = tensor(f"{gg}.ssm_beta.weight", (hv, d)), tensor(f"{gg}.ssm_alpha.weight", (hv, d))
         return {
             "w_qkv": Weight((d, c.conv_width), ("embed", None), qkv, tensor(f"{gg}.attn_qkv.weight", (c.conv_width, d)),
                             quantize=True),
             "w_z": Weight((d, c.value_width), ("embed", None), z, tensor(f"{gg}.attn_gate.weight", (c.value_width, d)),
                           quantize=True),
-            "w_b": Weight((d, hv), ("embed", None), b, HeadRows(*ba_gg, hk, (0, r))),
-            "w_a": Weight((d, hv), ("embed", None), a, HeadRows(*ba_gg, hk, (r, 2 * r))),
+            "w_b": Weight((d, hv), ("embed", None), b, b_gg),
+            "w_a": Weight((d, hv), ("embed", None), a, a_gg),
             "conv": Weight((c.conv_width, 1, k), (None, None, None),
                            tensor(f"{hf}.conv1d.weight", (c.conv_width, 1, k), matrix=False),
                            Mapped(tensor(f"{gg}.ssm_conv1d.weight", (c.conv_width, k), matrix=False),
@@ -307,6 +317,8 @@ class Qwen3Next(CausalLM):
         q = l2_normalize(mixed[..., :c.key_width].reshape(b, t, hk, dk))
         k = l2_normalize(mixed[..., c.key_width:2 * c.key_width].reshape(b, t, hk, dk))
         v = mixed[..., 2 * c.key_width:].reshape(b, t, hv, dv)
+        if c.value_heads_tiled:  # value head j reads key head j mod Hk: give each value head its own
+            q, k = jnp.tile(q, (1, 1, hv // hk, 1)), jnp.tile(k, (1, 1, hv // hk, 1))  # (B, T, Hv, dk)
         beta = jax.nn.sigmoid(linear(x, w["w_b"]).astype(jnp.float32))  # (B, T, Hv)
         a = linear(x, w["w_a"]).astype(jnp.float32) + w["dt_bias"].astype(jnp.float32)
         g = -jnp.exp(w["A_log"].astype(jnp.float32)) * jax.nn.softplus(a)  # (B, T, Hv) log decay
