@@ -38,7 +38,7 @@ from serve import Server, llama_server_binary  # noqa: E402
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
             "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h",
-            "falcon_h1", "qwen3_5", "qwen3_5_moe")
+            "falcon_h1", "qwen3_5", "qwen3_5_moe", "llama4")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next and qwen35 take the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases

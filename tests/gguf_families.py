@@ -25,14 +25,17 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "glm4": "glm4", "cohere2": "cohere2",
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
              "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
-             "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe"}
+             "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
+             "llama4_text": "llama4"}
 QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 # the tiny config changed to what the converter writes without loss: its Granite 4.0-H drops rotary from
 # every hybrid (the released ones have none); its Falcon-H1 scales in_proj's bias as its rows (so none, as
-# released) and its llama.cpp normalises the mixer's output after gating (the file does not say)
+# released) and its llama.cpp normalises the mixer's output after gating (the file does not say); its Llama 4
+# writes no chunk size, NoPE layers or temperature floor, which llama.cpp fixes at Scout's and Maverick's
 AS_CONVERTED = {"granitemoehybrid": {"position_embedding_type": "nope"},
+                "llama4": {"attention_chunk_size": 8192, "floor_scale": 8192, "no_rope_layers": [1, 1, 1, 0]},
                 "falcon_h1": {"mamba_proj_bias": False, "mamba_norm_before_gate": False}}
 
 
@@ -71,10 +74,31 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
             assert mapped is not None, f"no GGUF name for {name}"
             name = mapped
         _add(writer, name, array, types or {})
+    if _rope(cfg).get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors
+        _add(writer, "rope_freqs.weight", _llama3_rope_factors(cfg), types or {})
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _llama3_rope_factors(cfg) -> np.ndarray:
+    """Llama 3.1's rope scaling as per-frequency divisors (the converter's rope_freqs)."""
+    rope, dim = _rope(cfg), _head_dim(cfg)
+    freqs = 1.0 / (rope.get("rope_theta", 10000.0) ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * np.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, np.float32)
 
 
 def _add(writer, name: str, array: np.ndarray, types: dict) -> None:
@@ -121,6 +145,14 @@ def _tensors(state: dict, cfg, model_type: str):
             continue
         if name.endswith("self_attn.sinks"):
             yield f"blk.{layer}.attn_sinks.weight", w
+            continue
+        if model_type == "llama4_text" and ".experts." in name:  # Llama4Model.modify_tensors: (in, out) -> (out, in)
+            if name.endswith("gate_up_proj"):
+                gate, up = np.split(w.transpose(0, 2, 1), 2, axis=1)
+                yield f"blk.{layer}.ffn_gate_exps.weight", gate
+                yield f"blk.{layer}.ffn_up_exps.weight", up
+            else:
+                yield f"blk.{layer}.ffn_down_exps.weight", w.transpose(0, 2, 1)
             continue
         if model_type in QWEN3_NEXT_LIKE:
             yield from _qwen3_next(name, _tiled_value_heads(name, w, cfg) if model_type != "qwen3_next" else w,
@@ -263,7 +295,7 @@ def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
         raise ValueError(leaf)
 
 
-LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3"}  # its LlamaModel writes vocab, rope dims
+LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "llama4_text"}  # its LlamaModel writes vocab, rope dims
 
 
 def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
@@ -279,7 +311,8 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(_lfm2_ffn(hparams) if model_type == "lfm2" else cfg.intermediate_size)
+    w.add_feed_forward_length(_lfm2_ffn(hparams) if model_type == "lfm2" else
+                              cfg.intermediate_size_mlp if model_type == "llama4_text" else cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_layer_norm_rms_eps(cfg.norm_eps if model_type == "lfm2" else cfg.rms_norm_eps)  # (LFM2's: norm_eps)
     if model_type == "cohere2":  # its converter writes both epsilons; the LayerNorm's is layer_norm_eps
@@ -349,6 +382,8 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in cfg.layer_types])
         w.add_uint32(f"{w.arch}.full_attention_interval", getattr(cfg, "full_attention_interval", 4))
         w.add_rope_dimension_count(int(hd * rope.get("partial_rotary_factor", 0.25)))
+    if model_type == "llama4_text":  # Llama4Model.set_gguf_parameters (its expert width: below)
+        w.add_interleave_moe_layer_step(cfg.interleave_moe_layer_step)
     experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
     if experts:
         w.add_expert_count(experts)

@@ -14,7 +14,12 @@ experts that scales each expert's input.
 
 HF: Llama4ForCausalLM ("llama4_text"), and the text model of a whole Llama 4 checkpoint
 (Llama4ForConditionalGeneration, "llama4": its `text_config`, weights under language_model.model and
-language_model.lm_head; the vision tower and projector are not read). GGUF: not yet.
+language_model.lm_head; the vision tower and projector are not read). GGUF: `llama4` as llama.cpp's
+converter writes it (q/k as HF stores them, the experts split into ffn_{gate,up,down}_exps, the shared
+expert as *_shexp, Llama 3 rope scaling as rope_freqs); the file does not carry the chunk size, the NoPE
+layers, the temperature tuning or the q/k norm, so they are llama.cpp's: chunks of 8192, NoPE every
+fourth layer, floor_scale 8192 and attn_scale 0.1, q/k norms unless 128 experts (Maverick); a
+`sliding_window` of 0 means no chunks and rotary everywhere.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from ..ops.moe import Routing
 from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, mlp_weights, norm
-from .config_io import check_activation, hf_fields
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .moe import MoEConfig, expert_axes, routed_and_shared, router_weights
 from .spec import GateUp, Weight, tensor
 
@@ -79,6 +84,8 @@ class Llama4(CausalLM):
     hf_model_types = ("llama4_text", "llama4")
     hf_architectures = ("Llama4ForCausalLM", "Llama4ForConditionalGeneration")
     config_class = Llama4Config
+    gguf_architectures = ("llama4",)
+    gguf_config_tensors = ("rope_freqs.weight",)  # Llama 3 rope scaling, read into the config
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:
@@ -125,40 +132,58 @@ class Llama4(CausalLM):
             hf_prefix=prefix, hf_head=head)
 
     @classmethod
+    def config_from_gguf(cls, meta: GGUFMeta, where: str):
+        fields = gguf_fields(meta, cls.name)
+        n, experts = fields["num_layers"], int(meta.key("expert_count", 0) or 0)
+        chunked = meta.key("attention.sliding_window") != 0  # 0: MobileLLM's, no chunks, rotary everywhere
+        rope_layers = tuple(not chunked or (i + 1) % 4 != 0 for i in range(n))
+        shared = meta.tensors.get(next((f"blk.{i}.ffn_gate_shexp.weight" for i in range(n)
+                                        if meta.has(f"blk.{i}.ffn_gate_shexp.weight")), ""), (0,))[0]
+        return Llama4Config(
+            **fields, qkv_bias=meta.has_any("attn_q.bias"), o_bias=meta.has_any("attn_output.bias"),
+            num_experts=experts, num_experts_per_tok=int(meta.key("expert_used_count", 1) or 1),
+            moe_intermediate_size=int(meta.key("expert_feed_forward_length", 0) or 0), shared_intermediate_size=shared,
+            moe_layers=tuple(meta.has(f"blk.{i}.ffn_gate_inp.weight") for i in range(n)), rope_layers=rope_layers,
+            chunked_layers=tuple(chunked and r for r in rope_layers), attention_chunk_size=8192 if chunked else None,
+            use_qk_norm=experts != 128, temperature_tuning=chunked, floor_scale=8192.0, attn_scale=0.1)
+
+    @classmethod
     def global_weights(cls, c: Llama4Config):
         v, d = c.vocab_size, c.hidden_size
         out = super().global_weights(c)
         out["embed"] = dataclasses.replace(out["embed"], hf=tensor(f"{c.hf_prefix}.embed_tokens.weight", (v, d),
-                                                                   matrix=False), gguf=None)
-        out["final_norm"] = norm(d, f"{c.hf_prefix}.norm.weight", None)
+                                                                   matrix=False))
+        out["final_norm"] = norm(d, f"{c.hf_prefix}.norm.weight", "output_norm.weight")
         if "lm_head" in out:
-            out["lm_head"] = dataclasses.replace(out["lm_head"], hf=tensor(f"{c.hf_head}.weight", (v, d)), gguf=None)
+            out["lm_head"] = dataclasses.replace(out["lm_head"], hf=tensor(f"{c.hf_head}.weight", (v, d)))
         return out
 
     @classmethod
     def layer_weights(cls, c: Llama4Config, i: int):
-        hf, d = f"{c.hf_prefix}.layers.{i}", c.hidden_size
+        hf, gg, d = f"{c.hf_prefix}.layers.{i}", f"blk.{i}", c.hidden_size
         ff = f"{hf}.feed_forward"
         out = {
-            "attn_norm": norm(d, f"{hf}.input_layernorm.weight", None),
-            # rotary layers rotate adjacent pairs: rotate-half order at load (NoPE layers as stored)
-            **attention_weights(c, hf=f"{hf}.self_attn", gguf=None,
+            "attn_norm": norm(d, f"{hf}.input_layernorm.weight", f"{gg}.attn_norm.weight"),
+            # rotary layers rotate adjacent pairs (both formats): rotate-half order at load (NoPE layers as stored)
+            **attention_weights(c, hf=f"{hf}.self_attn", gguf=gg,
                                 interleaved_rotary=c.head_dim if c.rope_layers[i] else 0),
-            "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", None),
+            "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", f"{gg}.ffn_norm.weight"),
         }
         if not c.is_moe(i):
-            return {**out, **mlp_weights(d, c.intermediate_size, hf=ff, gguf=None)}
+            return {**out, **mlp_weights(d, c.intermediate_size, hf=ff, gguf=gg)}
         e, f = c.num_experts, c.moe_intermediate_size
         gate_up = (f"{ff}.experts.gate_up_proj", (e, d, 2 * f))
-        shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{ff}.shared_expert", gguf=None)
+        shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{ff}.shared_expert", gguf=gg, gguf_suffix="_shexp")
         return {
             **out,
-            **router_weights(c, f"{ff}.router", None),
+            **router_weights(c, f"{ff}.router", f"{gg}.ffn_gate_inp"),
             "experts_gate_up": Weight((e, d, 2 * f), expert_axes(c, "gate_up"),
                                       GateUp(_Columns(*gate_up, (0, f)), _Columns(*gate_up, (f, 2 * f))),
-                                      indexed=True),
+                                      GateUp(tensor(f"{gg}.ffn_gate_exps.weight", (e, f, d)),
+                                             tensor(f"{gg}.ffn_up_exps.weight", (e, f, d))), indexed=True),
             "experts_down": Weight((e, f, d), expert_axes(c, "down"),
-                                   tensor(f"{ff}.experts.down_proj", (e, f, d), matrix=False), indexed=True),
+                                   tensor(f"{ff}.experts.down_proj", (e, f, d), matrix=False),
+                                   tensor(f"{gg}.ffn_down_exps.weight", (e, d, f)), indexed=True),
             "shared_gate_up": shared["w_gate_up"], "shared_down": shared["w_down"],
         }
 
