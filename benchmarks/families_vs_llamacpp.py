@@ -38,20 +38,23 @@ from serve import Server, llama_server_binary  # noqa: E402
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
             "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
             "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h",
-            "falcon_h1", "qwen3_5", "qwen3_5_moe", "llama4")
+            "falcon_h1", "qwen3_5", "qwen3_5_moe", "llama4", "gemma4")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next and qwen35 take the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
 # its mamba2 and nemotron_h no in/out projection biases, its falcon-h1 no out_proj bias (no released
 # LFM2 / Mamba-2 / Nemotron-H / Falcon-H1 has them; the suite's do); its qwen35 wants the multimodal
-# rotary sections to fit the rotary width (4 dims here: the converter's default [11, 11, 10] fits 64)
+# rotary sections to fit the rotary width (4 dims here: the converter's default [11, 11, 10] fits 64); its
+# gemma4 shares the K/V of the last two computing layers, a sliding one then a global one (as Gemma 4's are)
 QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [1, 1, 0],
                "mrope_interleaved": True}
 OVERRIDES = {"qwen3_next": {"linear_value_head_dim": 16},
              "qwen3_5": {"linear_value_head_dim": 16, "rope_parameters": QWEN35_ROPE},
              "qwen3_5_moe": {"linear_value_head_dim": 16, "rope_parameters": QWEN35_ROPE}, "lfm2": {"conv_bias": False},
              "mamba2": {"use_bias": False}, "nemotron_h": {"use_bias": False},
-             "falcon_h1": {"projectors_bias": False}}
+             "falcon_h1": {"projectors_bias": False},
+             "gemma4": {"layer_types": ["sliding_attention"] * 3 + ["full_attention", "sliding_attention",
+                                                                   "full_attention"]}}
 
 
 # runs the converter with the vocabulary step of Gemma 2, Phi-3 and Qwen2 replaced (see the docstring), and
@@ -62,7 +65,7 @@ RUN_CONVERTER = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from conversion import base, gemma, glm, phi, qwen
-for cls in (gemma.Gemma2Model, phi.Phi3MiniModel, qwen.Qwen2Model, glm.Glm4Model):
+for cls in (gemma.Gemma2Model, gemma.Gemma4Model, phi.Phi3MiniModel, qwen.Qwen2Model, glm.Glm4Model):
     cls.set_vocab = lambda self: self._set_vocab_gpt2()
 known = base.TextModel.get_vocab_base_pre
 def pre(self, tokenizer):

@@ -26,7 +26,7 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
              "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
              "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "llama4_text": "llama4"}
+             "llama4_text": "llama4", "gemma4_text": "gemma4"}
 QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}  # llama.cpp's "NORM" rotation from HF weights
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
@@ -41,6 +41,13 @@ AS_CONVERTED = {"granitemoehybrid": {"position_embedding_type": "nope"},
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+def _gemma4_global(hparams: dict, key: str, global_key: str):
+    """A Gemma 4 global layer's head_dim / num_key_value_heads from config.json (as the converter reads it)."""
+    return hparams.get(global_key) or next(
+        (int(o[key]) for i, o in (hparams.get("per_layer_config") or {}).items()
+         if hparams["layer_types"][int(i)] == "full_attention" and key in o), None)
 
 
 def _rope(cfg) -> dict:
@@ -76,6 +83,10 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
         _add(writer, name, array, types or {})
     if _rope(cfg).get("rope_type") == "llama3":  # LlamaModel.generate_extra_tensors
         _add(writer, "rope_freqs.weight", _llama3_rope_factors(cfg), types or {})
+    if model_type == "gemma4_text":  # Gemma4Model.generate_extra_tensors: the global layers' unrotated pairs
+        full_hd = _gemma4_global(hparams, "head_dim", "global_head_dim")
+        pairs, rotated = full_hd // 2, int(full_hd * _rope(cfg)["partial_rotary_factor"] / 2)
+        _add(writer, "rope_freqs.weight", np.asarray([1.0] * rotated + [1e30] * (pairs - rotated), np.float32), {})
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -118,8 +129,10 @@ def _tensors(state: dict, cfg, model_type: str):
     for name, w in state.items():
         parts = name.split(".")
         layer = int(parts[2]) if name.startswith("model.layers.") else None
-        if model_type.startswith("gemma") and name.endswith("norm.weight"):
-            w = w + 1.0
+        if model_type.startswith("gemma") and model_type != "gemma4_text" and name.endswith("norm.weight"):
+            w = w + 1.0  # (Gemma 4's norms multiply by w: stored as is)
+        if model_type == "gemma4_text" and name.endswith("layer_scalar"):
+            name += ".weight"
         if model_type in PERMUTED_QK and name.endswith(("q_proj.weight", "q_proj.bias")):
             w = llama_cpp_permute(w, cfg.num_attention_heads)
         if model_type in PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
@@ -305,6 +318,8 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         return _granite_hybrid_metadata(w, cfg)
     if model_type == "nemotron_h":
         return _nemotron_h_metadata(w, cfg, hparams)
+    if model_type == "gemma4_text":
+        return _gemma4_metadata(w, cfg, hparams)
     if model_type == "falcon_h1":
         return _falcon_h1_metadata(w, cfg)
     hd = _head_dim(cfg)
@@ -464,6 +479,40 @@ def _nemotron_h_metadata(w, cfg, hparams: dict) -> None:
     w.add_context_length(2**20)
     w.add_key_length(cfg.head_dim)
     w.add_value_length(cfg.head_dim)
+
+
+def _gemma4_metadata(w, cfg, hparams: dict) -> None:
+    """(config.json's own values where transformers' config holds them per layer.) Gemma4Model.set_gguf_parameters (Gemma 3's, then): the global layers' head size as key_length and the
+    sliding layers' as key_length_swa, KV heads and MLP widths per layer, the sliding pattern, K/V
+    sharing, the per-layer input width, both rotary bases and widths."""
+    n, sliding = cfg.num_hidden_layers, [t == "sliding_attention" for t in cfg.layer_types]
+    full_hd, shared = _gemma4_global(hparams, "head_dim", "global_head_dim"), cfg.num_kv_shared_layers
+    full_kv = _gemma4_global(hparams, "num_key_value_heads", "num_global_key_value_heads")
+    w.add_block_count(n)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    f = cfg.intermediate_size
+    w.add_feed_forward_length([f * 2 if cfg.use_double_wide_mlp and i >= n - shared else f for i in range(n)]
+                              if cfg.use_double_wide_mlp else f)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv([hparams["num_key_value_heads"] if s else full_kv for s in sliding] if full_kv
+                        else hparams["num_key_value_heads"])
+    w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(full_hd)
+    w.add_value_length(full_hd)
+    if cfg.final_logit_softcapping:
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_shared_kv_layers(shared)
+    w.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
+    w.add_sliding_window_pattern(sliding)
+    w.add_key_length_swa(hparams["head_dim"])
+    w.add_value_length_swa(hparams["head_dim"])
+    w.add_rope_dimension_count(full_hd)
+    swa_rope = cfg.rope_parameters["sliding_attention"]
+    w.add_rope_dimension_count_swa(int(hparams["head_dim"] * swa_rope.get("partial_rotary_factor", 1.0)))
 
 
 def _falcon_h1_metadata(w, cfg) -> None:

@@ -27,7 +27,10 @@ HF: Gemma4ForCausalLM ("gemma4_text"), and the text model of a whole Gemma 4 che
 (Gemma4ForConditionalGeneration, "gemma4": its `text_config`, weights under model.language_model;
 the vision and audio towers and their embedders are not read). Refused at load: the MoE block
 (`enable_moe_block`), bidirectional attention over everything (`use_bidirectional_attention`
-"all"), attention biases. GGUF: not yet.
+"all"), attention biases. GGUF: `gemma4` as llama.cpp's converter writes it: norms as stored (w), the
+per-layer head sizes, KV heads and MLP widths as per-layer keys, which layers slide as
+`sliding_window_pattern`, K/V sharing as `shared_kv_layers`, values = keys where a computing layer has no
+attn_v, the proportional rotary's unrotated pairs as rope_freqs factors of 1e30 (read as infinite).
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ from ..ops.linear import linear
 from ..ops.rope import apply_rope, rope_cos_sin
 from .base import StepContext
 from .blocks import attention_weights, mlp, mlp_weights, norm, project_qkv
-from .config_io import check_activation, hf_fields, rope_from_hf
+from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, rope_from_hf
 from .gemma2 import GELU, Gemma2, GemmaConfig
-from .spec import FusedQKV, Weight, tensor
+from .spec import FusedQKV, Weight, paired, tensor
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,26 @@ def _gemma4_rope(params: dict, head_dim: int, where: str) -> Rope:
     return rope if rope.dim is not None else dataclasses.replace(rope, dim=head_dim)
 
 
+def _kv_sources(types: list[str], head_dims: list[int], kv_heads: list[int], shared: int,
+                where: str) -> list[int | None]:
+    """Per layer, the earlier layer whose K/V it attends to (the last `shared` layers share the last
+    earlier layer of their kind: Gemma4TextConfig.kv_sharing_modes), else None."""
+    n = len(types)
+    first = n - shared
+    if shared and first <= 0:
+        raise UnsupportedModelError(f"{where}: num_kv_shared_layers {shared} leaves no layer computing K/V")
+    source: list[int | None] = [None] * n
+    for i in range(first, n):
+        earlier = [j for j in range(first) if types[j] == types[i]]
+        if not earlier:
+            raise UnsupportedModelError(f"{where}: layer {i} shares the K/V of no earlier {types[i]} layer")
+        source[i] = earlier[-1]
+        if head_dims[i] != head_dims[source[i]] or kv_heads[i] != kv_heads[source[i]]:
+            raise UnsupportedModelError(f"{where}: layer {i}'s heads differ from those of layer {source[i]} "
+                                        "whose K/V it shares")
+    return source
+
+
 def _norm(x, weight, eps):
     """Gemma4RMSNorm: x * (mean(x^2) + eps)^-0.5 (times w, in float32), in x.dtype."""
     x32 = x.astype(jnp.float32)
@@ -119,7 +142,8 @@ class Gemma4(Gemma2):
     name = "gemma4"
     hf_model_types = ("gemma4_text", "gemma4")
     hf_architectures = ("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration")
-    gguf_architectures = ()
+    gguf_architectures = ("gemma4",)
+    gguf_config_tensors = ("rope_freqs.weight",)  # the global layers' proportional rotary, read into the config
     config_class = Gemma4Config
 
     @classmethod
@@ -170,20 +194,7 @@ class Gemma4(Gemma2):
             if i < n:
                 head_dims[i] = int(o.get("head_dim", hd))
                 kv_heads[i] = int(o.get("num_key_value_heads", kvh))
-        # KV sharing (Gemma4TextConfig.kv_sharing_modes)
-        shared = int(cfg.get("num_kv_shared_layers", 0) or 0)
-        first = n - shared
-        if shared and first <= 0:
-            raise UnsupportedModelError(f"{where}: num_kv_shared_layers {shared} leaves no layer computing K/V")
-        source: list[int | None] = [None] * n
-        for i in range(first, n):
-            earlier = [j for j in range(first) if types[j] == types[i]]
-            if not earlier:
-                raise UnsupportedModelError(f"{where}: layer {i} shares the K/V of no earlier {types[i]} layer")
-            source[i] = earlier[-1]
-            if head_dims[i] != head_dims[source[i]] or kv_heads[i] != kv_heads[source[i]]:
-                raise UnsupportedModelError(f"{where}: layer {i}'s heads differ from those of layer {source[i]} "
-                                            "whose K/V it shares")
+        source = _kv_sources(types, head_dims, kv_heads, int(cfg.get("num_kv_shared_layers", 0) or 0), where)
         double = bool(cfg.get("use_double_wide_mlp", False))
         width = fields["intermediate_size"]
         params = cfg.get("rope_parameters") or {
@@ -209,63 +220,99 @@ class Gemma4(Gemma2):
         return Gemma4Config(**fields)
 
     @classmethod
-    def config_from_gguf(cls, meta, where: str):
-        raise UnsupportedModelError(f"{where}: Gemma 4 GGUF files are not supported yet")
+    def config_from_gguf(cls, meta: GGUFMeta, where: str) -> ModelConfig:
+        hd_full = int(meta.key("attention.key_length", required=True))
+        hd = int(meta.key("attention.key_length_swa", hd_full))
+        fields = gguf_fields(meta, cls.name, head_dim=hd)
+        n = fields["num_layers"]
+        per_layer = lambda key, default: (list(meta.key(key)) if isinstance(meta.key(key), list)  # noqa: E731
+                                          else [int(meta.key(key, default))] * n)
+        sliding = per_layer("attention.sliding_window_pattern", True)
+        types = ["sliding_attention" if s else "full_attention" for s in sliding]
+        head_dims = [hd if s else hd_full for s in sliding]
+        kv_heads = [int(k) for k in per_layer("attention.head_count_kv", fields["num_heads"])]
+        source = _kv_sources(types, head_dims, kv_heads, int(meta.key("attention.shared_kv_layers", 0) or 0), where)
+        factors = meta.read("rope_freqs.weight").reshape(-1) if meta.has("rope_freqs.weight") else None
+        rope = Rope(theta=float(meta.key("rope.freq_base", 1_000_000.0)), dim=hd_full,
+                    freq_factors=None if factors is None else tuple(float("inf") if f > 1e29 else float(f)
+                                                                    for f in factors))
+        window, softcap = meta.key("attention.sliding_window"), meta.key("final_logit_softcapping")
+        per_layer_dim = int(meta.key("embedding_length_per_layer_input", 0) or 0)
+        fields.update(
+            num_kv_heads=kv_heads[sliding.index(True)] if True in sliding else kv_heads[0],
+            sliding_window=int(window) if window else None,
+            layer_types=tuple("sliding" if s else "full" for s in sliding), activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=1.0, attn_softcap=None, final_softcap=float(softcap) if softcap else None,
+            rope=rope, local_rope=Rope(theta=float(meta.key("rope.freq_base_swa", 10_000.0)), dim=hd), qk_norm=True,
+            head_dims=tuple(head_dims), layer_kv_heads=tuple(kv_heads),
+            k_eq_v=tuple(source[i] is None and not meta.has(f"blk.{i}.attn_v.weight") for i in range(n)),
+            kv_source=tuple(source), mlp_widths=tuple(int(f) for f in per_layer("feed_forward_length", 0)),
+            intermediate_size=int(per_layer("feed_forward_length", 0)[0]),  # (the widths before double-wide layers)
+            per_layer_dim=per_layer_dim,
+            per_layer_vocab=meta.tensors["per_layer_token_embd.weight"][0] if per_layer_dim else 0)
+        return Gemma4Config(**fields)
 
     # ---------------------------------------------------------------- weights
     @classmethod
     def global_weights(cls, c: Gemma4Config):
         v, d, p = c.vocab_size, c.hidden_size, c.hf_prefix
         out = {
-            "embed": Weight((v, d), ("vocab", "embed"), tensor(f"{p}.embed_tokens.weight", (v, d), matrix=False),
-                            None, lookup=True),
-            "final_norm": norm(d, f"{p}.norm.weight", None),
+            "embed": Weight((v, d), ("vocab", "embed"), *paired(f"{p}.embed_tokens.weight", "token_embd.weight", (v, d),
+                                                                matrix=False), lookup=True),
+            "final_norm": norm(d, f"{p}.norm.weight", "output_norm.weight"),
         }
         if not c.tie_word_embeddings:
-            out["lm_head"] = Weight((d, v), ("embed", "vocab"), tensor("lm_head.weight", (v, d)), None, quantize=True)
+            out["lm_head"] = Weight((d, v), ("embed", "vocab"), *paired("lm_head.weight", "output.weight", (v, d)),
+                                    quantize=True)
         if c.per_layer_dim:
             lp = c.num_layers * c.per_layer_dim
             out["ple_embed"] = Weight((c.per_layer_vocab, lp), (None, None),
-                                      tensor(f"{p}.embed_tokens_per_layer.weight", (c.per_layer_vocab, lp),
-                                             matrix=False), None)
+                                      *paired(f"{p}.embed_tokens_per_layer.weight", "per_layer_token_embd.weight",
+                                              (c.per_layer_vocab, lp), matrix=False))
             out["ple_model_proj"] = Weight((d, lp), ("embed", None),
-                                           tensor(f"{p}.per_layer_model_projection.weight", (lp, d)), None)
+                                           *paired(f"{p}.per_layer_model_projection.weight",
+                                                   "per_layer_model_proj.weight", (lp, d)))
             out["ple_proj_norm"] = Weight((c.per_layer_dim,), (None,),
-                                          tensor(f"{p}.per_layer_projection_norm.weight", (c.per_layer_dim,)), None,
-                                          init="ones")
+                                          *paired(f"{p}.per_layer_projection_norm.weight", "per_layer_proj_norm.weight",
+                                                  (c.per_layer_dim,)), init="ones")
         return out
 
     @classmethod
     def layer_weights(cls, c: Gemma4Config, i: int):
-        hf, d = f"{c.hf_prefix}.layers.{i}", c.hidden_size
+        hf, gg, d = f"{c.hf_prefix}.layers.{i}", f"blk.{i}", c.hidden_size
         lc = c.layer_config(i)
-        out = {name: norm(d, f"{hf}.{stored}.weight", None) for name, stored in (
-            ("attn_norm", "input_layernorm"), ("post_attn_norm", "post_attention_layernorm"),
-            ("mlp_norm", "pre_feedforward_layernorm"), ("post_mlp_norm", "post_feedforward_layernorm"))}
+        out = {name: norm(d, f"{hf}.{stored}.weight", f"{gg}.{gguf_name}.weight") for name, stored, gguf_name in (
+            ("attn_norm", "input_layernorm", "attn_norm"), ("post_attn_norm", "post_attention_layernorm",
+                                                            "post_attention_norm"),
+            ("mlp_norm", "pre_feedforward_layernorm", "ffn_norm"), ("post_mlp_norm", "post_feedforward_layernorm",
+                                                                    "post_ffw_norm"))}
         attn = f"{hf}.self_attn"
         if c.kv_source[i] is not None:  # queries only: keys and values come from the source layer
             q = lc.q_size
-            out["wq"] = Weight((d, q), ("embed", "heads"), tensor(f"{attn}.q_proj.weight", (q, d)), None,
-                               quantize=True)
-            out["q_norm"] = Weight((lc.head_dim,), ("head_dim",), tensor(f"{attn}.q_norm.weight", (lc.head_dim,)),
-                                   None, init="ones")
-            out["wo"] = Weight((q, d), ("heads", "embed"), tensor(f"{attn}.o_proj.weight", (d, q)), None,
-                               quantize=True)
+            out["wq"] = Weight((d, q), ("embed", "heads"), *paired(f"{attn}.q_proj.weight", f"{gg}.attn_q.weight",
+                                                                   (q, d)), quantize=True)
+            out["q_norm"] = Weight((lc.head_dim,), ("head_dim",), *paired(f"{attn}.q_norm.weight",
+                                                                          f"{gg}.attn_q_norm.weight", (lc.head_dim,)),
+                                   init="ones")
+            out["wo"] = Weight((q, d), ("heads", "embed"), *paired(f"{attn}.o_proj.weight", f"{gg}.attn_output.weight",
+                                                                   (d, q)), quantize=True)
         else:
-            out.update(attention_weights(lc, hf=attn, gguf=None))
-            if c.k_eq_v[i]:  # values are the key projection: the fused matrix reads k_proj twice
-                r = out["wqkv"].hf
-                out["wqkv"] = dataclasses.replace(out["wqkv"], hf=FusedQKV(r.q, r.k, r.k, r.num_heads, r.num_kv_heads,
-                                                                           r.head_dim))
-        out.update(mlp_weights(d, c.mlp_widths[i], hf=f"{hf}.mlp", gguf=None))
+            out.update(attention_weights(lc, hf=attn, gguf=gg))
+            if c.k_eq_v[i]:  # values are the key projection: the fused matrix reads k_proj / attn_k twice
+                r, g = out["wqkv"].hf, out["wqkv"].gguf
+                out["wqkv"] = dataclasses.replace(
+                    out["wqkv"], hf=FusedQKV(r.q, r.k, r.k, r.num_heads, r.num_kv_heads, r.head_dim),
+                    gguf=FusedQKV(g.q, g.k, g.k, g.num_heads, g.num_kv_heads, g.head_dim))
+        out.update(mlp_weights(d, c.mlp_widths[i], hf=f"{hf}.mlp", gguf=gg))
         if c.per_layer_dim:
             pd = c.per_layer_dim
-            out["ple_gate"] = Weight((d, pd), ("embed", None), tensor(f"{hf}.per_layer_input_gate.weight", (pd, d)),
-                                     None, quantize=True)
-            out["ple_proj"] = Weight((pd, d), (None, "embed"), tensor(f"{hf}.per_layer_projection.weight", (d, pd)),
-                                     None, quantize=True)
-            out["ple_norm"] = norm(d, f"{hf}.post_per_layer_input_norm.weight", None)
-        out["layer_scalar"] = Weight((1,), (None,), tensor(f"{hf}.layer_scalar", (1,)), None, init="ones")
+            out["ple_gate"] = Weight((d, pd), ("embed", None), *paired(f"{hf}.per_layer_input_gate.weight",
+                                                                       f"{gg}.inp_gate.weight", (pd, d)), quantize=True)
+            out["ple_proj"] = Weight((pd, d), (None, "embed"), *paired(f"{hf}.per_layer_projection.weight",
+                                                                       f"{gg}.proj.weight", (d, pd)), quantize=True)
+            out["ple_norm"] = norm(d, f"{hf}.post_per_layer_input_norm.weight", f"{gg}.post_norm.weight")
+        out["layer_scalar"] = Weight((1,), (None,), *paired(f"{hf}.layer_scalar", f"{gg}.layer_output_scale.weight",
+                                                            (1,)), init="ones")
         return out
 
     # ---------------------------------------------------------------- forward
