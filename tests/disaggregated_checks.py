@@ -3,7 +3,8 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=6 python tests/disaggregated_checks.py engines MODEL
 
 Prefill engines tensor-parallel over devices 0-2, decode engines over 3-5, dense and
-paged, against the colocated (interleaved) engine and the one-device Generator.
+paged, against the colocated (interleaved) engine and the one-device Generator; a hybrid
+model's (`hybrid MODEL`) over 0-1 and 2-3, against the one-device Generator.
 Prints one JSON line `RESULT {...}` that the test asserts on.
 """
 
@@ -102,6 +103,29 @@ def moved_prefix(prefill_replica, decode_replica):
     return exported, decode_replica.engine.receive_prefix(exported)
 
 
+def check_hybrid(path):
+    """A hybrid model (recurrent states beside KV pages): prefill over devices 0-1, decode over 2-3, both
+    engines; each sequence's states travel with its pages."""
+    model, processor = vsurge.load(path, dtype="float32", progress=False)
+    prompts = prompts_of(processor)
+    result = {"reference": [greedy_generate(model, ids, MAX_TOKENS) for ids in prompts]}
+    texts = [processor.decode(p) for p in prompts]
+    for kind in ("dense", "paged"):
+        make = vSurge.create_vdriver if kind == "dense" else vSurge.create_odriver
+        surge = make(model, processor, config=CONFIG, prefill_devices="0-1", decode_devices="2-3")
+        surge.compile()
+        surge.start()
+        out = {"tokens": generate(surge, texts), "roles": [r.role for r in surge.driver.replicas],
+               "programs": {r.role: sorted({"/".join(map(str, key[:2])) for key in r.engine._compiled
+                                            if key[0].startswith("state_")}) for r in surge.driver.replicas},
+               "transfers": surge.metrics.value("vsurge:kv_transfer_seconds_count")}
+        decode_replica = surge.driver.replicas[1]
+        surge.stop(5)
+        out["decode_state_devices"] = devices_of(decode_replica.state.kv.states)
+        result[kind] = out
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 if __name__ == "__main__":
-    checks = {"engines": check_engines}
+    checks = {"engines": check_engines, "hybrid": check_hybrid}
     checks[sys.argv[1]](*sys.argv[2:])

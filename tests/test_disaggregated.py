@@ -1,5 +1,6 @@
 """Disaggregated serving on 6 CPU devices: prefill engines tensor-parallel over devices 0-2, decode
-engines over 3-5, dense and paged; over HTTP with the real CLI and the openai client.
+engines over 3-5, dense and paged; a hybrid model's states handed over with its pages; over HTTP with
+the real CLI and the openai client.
 
 The engine checks run in a subprocess (tests/disaggregated_checks.py) with
 XLA_FLAGS=--xla_force_host_platform_device_count=6: the device count is fixed when JAX
@@ -73,6 +74,21 @@ def test_the_prefix_cache_of_the_prefill_engines_saves_prefill_steps(engines_res
     assert paged["again"] == dense["again"] == engines_result["reference"][-1]
     assert paged["prefix_hits"] == 64  # the long prompt's two full 32-token pages
     assert paged["prefill_steps_again"] < dense["prefill_steps_again"]  # the dense engine has no prefix cache
+
+
+def test_a_hybrid_models_states_travel_with_its_pages(tmp_path_factory, default_processor_dir):
+    """Qwen3-Next (DeltaNet states beside KV pages), prefill over devices 0-1 and decode over 2-3: each
+    sequence's recurrent states go from the prefill engine's slot to the decode engine's (without them
+    the decode side would continue from zero states and answer differently)."""
+    folder = tmp_path_factory.mktemp("tiny_qwen3_next")
+    write_tiny_model("qwen3_next", folder, default_processor_dir)
+    r = run_check("hybrid", folder)
+    for kind in ("dense", "paged"):
+        out = r[kind]
+        assert out["tokens"] == r["reference"], kind
+        assert out["roles"] == ["prefill", "decode"] and out["transfers"] == 6
+        assert out["programs"] == {"prefill": ["state_export/states"], "decode": ["state_import/states"]}
+        assert out["decode_state_devices"] == [2, 3]  # replicated over the decode engine's mesh
 
 
 # ---------------------------------------------------------------- over HTTP

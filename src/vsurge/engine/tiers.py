@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import threading
+from functools import partial
 
 import jax
 import numpy as np
@@ -145,21 +146,25 @@ class StateRow:
         return self.host().leaves, []
 
 
-def gather_states(state, row):
-    """Snapshot row `row` (a traced i32) of every recurrent layer's parts: the leaves of a row."""
-    return [leaf[row] for leaf in jax.tree.leaves(state.kv.snapshots)]
+def gather_states(state, row, held: str = "snapshots"):
+    """Row `row` (a traced i32) of every recurrent layer's parts in `held` ("snapshots": a snapshot row;
+    "states": a sequence slot's states): the leaves of a row."""
+    return [leaf[row] for leaf in jax.tree.leaves(getattr(state.kv, held))]
 
 
-def scatter_states(state, leaves: list, row):
-    """Write `leaves` (as gather_states returns) into snapshot row `row`."""
-    snaps = state.kv.snapshots
-    new = [leaf.at[row].set(value) for leaf, value in zip(jax.tree.leaves(snaps), leaves)]
-    kv = dataclasses.replace(state.kv, snapshots=jax.tree.unflatten(jax.tree.structure(snaps), new))
+def scatter_states(state, leaves: list, row, held: str = "snapshots"):
+    """Write `leaves` (as gather_states returns) into row `row` of `held`."""
+    rows = getattr(state.kv, held)
+    new = [leaf.at[row].set(value) for leaf, value in zip(jax.tree.leaves(rows), leaves)]
+    kv = dataclasses.replace(state.kv, **{held: jax.tree.unflatten(jax.tree.structure(rows), new)})
     return dataclasses.replace(state, kv=kv)
 
 
 def compile_state_copy(engine, key: tuple, state):
-    """The `state_export` (state, row -> leaves) or `state_import` (state, leaves, row -> state) program."""
+    """The `state_export` (state, row -> leaves) or `state_import` (state, leaves, row -> state) program;
+    key[1], where given, names the rows ("states": a sequence slot's, for a disaggregated hand-over)."""
+    held = key[1] if len(key) > 1 else "snapshots"
+    gather, scatter = partial(gather_states, held=held), partial(scatter_states, held=held)
     row = jax.ShapeDtypeStruct((), np.int32)
     export, put = {}, {}
     if engine.mesh is not None:
@@ -168,15 +173,20 @@ def compile_state_copy(engine, key: tuple, state):
         kv, rep = state_shardings(state, engine.mesh), replicated(engine.mesh)
         export, put = dict(in_shardings=(kv, rep), out_shardings=rep), dict(in_shardings=(kv, rep, rep), out_shardings=kv)
     if key[0] == "state_export":
-        return jax.jit(gather_states, **export).lower(state, row).compile()
-    leaves = jax.eval_shape(gather_states, state, row)
-    return jax.jit(scatter_states, donate_argnums=(0,), **put).lower(state, leaves, row).compile()
+        return jax.jit(gather, **export).lower(state, row).compile()
+    leaves = jax.eval_shape(gather, state, row)
+    return jax.jit(scatter, donate_argnums=(0,), **put).lower(state, leaves, row).compile()
 
 
 def state_copy_keys(engine) -> list[tuple]:
-    """The state copy programs start-up compiles: both, for a pool whose snapshots have lower tiers."""
+    """The state copy programs start-up compiles: both, for a pool whose snapshots have lower tiers; a
+    hybrid model's prefill engine exports its sequences' states and a decode engine imports them."""
     snaps = getattr(engine.pool, "snapshots", None)
-    return [("state_export",), ("state_import",)] if snaps is not None and snaps.host is not None else []
+    keys = [("state_export",), ("state_import",)] if snaps is not None and snaps.host is not None else []
+    if engine.model.config.recurrent_layers:
+        keys += {"prefill": [("state_export", "states")], "decode": [("state_import", "states")]}.get(
+            engine.config.role, [])
+    return keys
 
 
 STAGING_BYTES = 64 << 20  # host buffers that pages written back are stacked in, allocated once

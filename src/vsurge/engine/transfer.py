@@ -11,7 +11,11 @@ program each, nothing compiles while serving). Its arrays are laid out as the
 page pool (per layer keys (n, KVH, dk, page_size), values (n, KVH, page_size,
 dv)) and sharded by `prefix_destination()`: KV heads over the mesh's
 `model` axis, so on two meshes of the same size the move is a device-to-device
-copy of each shard. The sampling state needs no move: it is rebuilt from the
+copy of each shard. A hybrid model's sequence also carries its recurrent states (every recurrent
+layer's parts at its slot, after its prompt): read out of the prefill engine's slot (the
+`state_export` program on "states", engine/tiers.py), moved replicated (as the states live on a
+mesh) and written into the slot the decode engine attached, whose first decode row reads them
+(its position is past 0). The sampling state needs no move: it is rebuilt from the
 sequence (its request, seed and tokens) when the decode engine's next step
 loads its slot, and a sampled token's key depends only on the seed and the
 token's index, so the decode side samples what the prefill side would have.
@@ -20,6 +24,7 @@ token's index, so the decode side samples what the prefill side would have.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +52,7 @@ class KVPrefix:
     pages: PrefixPages
     num_pages: int  # the first num_pages of the bucket hold the sequence's K/V
     transfer_id: int | None = None  # across processes: names the pages the decode engine's owner received
+    states: list | None = None  # a hybrid model's: its slot's row of every recurrent layer's parts (leaves)
 
     @property
     def bucket(self) -> int:
@@ -86,10 +92,15 @@ class PrefixTransferAPI:
 
     @property
     def kv_signature(self) -> tuple:
-        """What a prefix's pages look like here (per-layer KV shapes, storage dtype): engines that hand
-        prefixes to each other must agree on it (an int8 pool takes no float pages)."""
-        layout = self.model.config.kv_layout
-        return (tuple((l.heads, l.k_dim, l.v_dim) for l in layout), str(self.kv_dtype))
+        """What a prefix's pages and states look like here (per-layer KV shapes, storage dtype, recurrent
+        state parts and their dtype): engines that hand prefixes to each other must agree on it (an int8
+        pool takes no float pages)."""
+        from ..kv.recurrent import state_dtype
+
+        config = self.model.config
+        states = tuple(layer.parts for layer in config.state_layout) if config.recurrent_layers else ()
+        stored = str(jnp.dtype(state_dtype(self.config.state_dtype, self.model))) if states else ""
+        return (tuple((l.heads, l.k_dim, l.v_dim) for l in config.kv_layout), str(self.kv_dtype), states, stored)
 
     def _bucket(self, pages: int) -> int:
         return next(n for n in self.config.transfer_pages if n >= pages)
@@ -119,20 +130,31 @@ class PrefixTransferAPI:
         bucket = self._bucket(max(real, 1))
         ids = np.zeros(bucket, np.int32)  # padding reads page 0: its copy is never written anywhere
         ids[:real] = seq.pages.pages[:real]
-        return KVPrefix(self._program(("export", bucket))(state, ids), real)
+        states = (self._program(("state_export", "states"))(state, np.int32(seq.slot))
+                  if self.model.config.recurrent_layers else None)
+        return KVPrefix(self._program(("export", bucket))(state, ids), real, states=states)
 
     def receive_prefix(self, prefix: KVPrefix) -> KVPrefix:
         """`prefix` moved onto this engine's devices: jax.device_put onto its prefix sharding (decode
         engine). Returns once the copy is done, so its time is the transfer's."""
         dest = self.prefix_shardings(prefix.bucket)
         moved = jax.device_put(prefix.pages, dest if dest is not None else jax.devices()[0])
-        return KVPrefix(jax.block_until_ready(moved), prefix.num_pages)
+        states = None
+        if prefix.states is not None:  # replicated, as the recurrent states are on a mesh
+            from ..sharding import replicated
+
+            states = jax.device_put(prefix.states, replicated(self.mesh) if self.mesh is not None
+                                    else jax.devices()[0])
+        return KVPrefix(jax.block_until_ready(moved), prefix.num_pages, states=jax.block_until_ready(states))
 
     def insert_prefix(self, state: EngineState, prefix: KVPrefix, seq) -> EngineState:
         """Write a received prefix into the pages `seq` attached here (decode engine)."""
         ids = np.full(prefix.bucket, self.pool.num_pages, np.int32)  # padding: dropped writes
         ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
-        return self._program(("import", prefix.bucket))(state, prefix.pages, ids)
+        state = self._program(("import", prefix.bucket))(state, prefix.pages, ids)
+        if prefix.states is not None:
+            state = self._program(("state_import", "states"))(state, prefix.states, np.int32(seq.slot))
+        return state
 
     def copy_pages(self, state: EngineState, copies: list[tuple[int, int]]) -> EngineState:
         """Copy page src's K/V into page dst for each (src, dst) (tails copied on write)."""
@@ -196,7 +218,13 @@ class PrefixTransferAPI:
         scheduler.attach(seq)
         pages = prefix_pages_needed(seq, self.pool.page_size)
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(max(pages, 1))))
-        state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages)), seq)
+        states = None
+        if self.model.config.recurrent_layers:
+            from .tiers import gather_states
+
+            rows = jax.eval_shape(partial(gather_states, held="states"), state, jax.ShapeDtypeStruct((), np.int32))
+            states = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), rows)
+        state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages, states=states)), seq)
         while scheduler.has_work:
             plan = scheduler.schedule()
             state, out = self.step(state, plan)
