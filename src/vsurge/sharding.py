@@ -142,14 +142,13 @@ def place_model(model, mesh: Mesh):
     from flax import nnx
 
     config = tensor_parallel_config(model.config, tensor_parallel_size(mesh))
-    factor = config.num_kv_heads // model.config.num_kv_heads
     axes = model.weight_axes()
     grouped = model.kv_group_weights()
     copy = nnx.merge(*nnx.split(model), copy=True)
     copy.config = config
     for name, value in model.named_weights().items():
-        if factor > 1 and name in grouped:
-            value = model.replicate_kv_groups(np.asarray(value), factor)
+        if name in grouped:
+            value = model.replicate_kv_groups(name.removesuffix("_scale"), np.asarray(value), config)
         _holder_param(copy, name).set_value(jax.device_put(value, named_sharding(mesh, axes[name], value.shape)))
     return copy
 

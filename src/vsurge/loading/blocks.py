@@ -76,8 +76,7 @@ def row_sources(reader, name: str):
     if any(reader.source.shape(t)[1] != k for t in names):
         return None
     try:
-        ids = recipe.read(_RowIds(reader.source, names), [(0, s) for s in spec.shape],
-                          reader.kv_replicas if spec.kv_groups else 1)
+        ids = recipe.read(_RowIds(reader.source, names), [(0, s) for s in spec.shape], reader.replicas(name))
     except _NotWholeRows:
         return None
     if ids.dtype.kind != "i":

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
-from ..models.spec import Range, TensorSource
+from ..models.spec import FusedQKV, Range, TensorSource
 from ..ops.quantized import is_quantized
 from .blocks import keep_blocks
 
@@ -99,8 +99,16 @@ class WeightReader:
         spec = self.specs[name]
         index = tuple(index) + (None,) * (len(spec.shape) - len(index))
         spans = [_span(i, n) for i, n in zip(index, spec.shape)]
-        array = self.recipes[name].read(self.source, spans, self.kv_replicas if spec.kv_groups else 1)
+        array = self.recipes[name].read(self.source, spans, self.replicas(name))
         return np.ascontiguousarray(array, dtype=self.np_dtype)
+
+    def replicas(self, name: str) -> int:
+        """How many copies of each stored KV head weight `name` holds: 1 unless its last axis is fused qkv
+        groups, then what its width implies (layers may differ in KV heads: Gemma 4), else the model's."""
+        spec, recipe = self.specs[name], self.recipes[name]
+        if not spec.kv_groups:
+            return 1
+        return recipe.replicas_for(spec.shape[-1]) if isinstance(recipe, FusedQKV) else self.kv_replicas
 
 
 def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, fmt: str,

@@ -342,10 +342,12 @@ class CausalLM(nnx.Module):
         names = {name for name, spec in self.weight_specs(self.config).items() if spec.kv_groups}
         return names | {name + "_scale" for name in names}
 
-    def replicate_kv_groups(self, columns, factor: int):
-        """One of `kv_group_weights`' arrays with each KV head copied to `factor` groups (fused.py):
-        sharding.place_model calls it, so sharding need not import the models' layouts."""
-        return replicate_kv_groups(columns, self.config, factor)
+    def replicate_kv_groups(self, name: str, columns, config):
+        """One of `kv_group_weights`' arrays (`name`) with each KV head copied to the groups `config` (this
+        model's config at a tensor-parallel size) has for it (fused.py): sharding.place_model calls it, so
+        sharding need not import the models' layouts. Families whose layers differ in KV heads override it."""
+        factor = config.num_kv_heads // self.config.num_kv_heads
+        return replicate_kv_groups(columns, self.config, factor) if factor > 1 else columns
 
     @property
     def weight_bytes(self) -> int:

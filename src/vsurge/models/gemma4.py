@@ -36,6 +36,7 @@ attn_v, the proportional rotary's unrotated pairs as rope_freqs factors of 1e30 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import jax
@@ -48,6 +49,7 @@ from ..ops.rope import apply_rope, rope_cos_sin
 from .base import StepContext
 from .blocks import attention_weights, mlp, mlp_weights, norm, project_qkv
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, rope_from_hf
+from .fused import replicate_kv_groups
 from .gemma2 import GELU, Gemma2, GemmaConfig
 from .spec import FusedQKV, Weight, paired, tensor
 
@@ -80,9 +82,18 @@ class Gemma4Config(GemmaConfig):
                      for i in range(self.num_layers))
 
     def for_tensor_parallel(self, tp: int) -> "ModelConfig":
-        if tp > 1:  # the per-layer KV heads would need replicating layer by layer
-            raise ValueError("Gemma 4 does not run tensor-parallel yet (tensor_parallel_size 1 only)")
-        return self
+        """Query heads and MLP units split evenly; each layer's KV heads replicated up to lcm(its KV heads,
+        tp) (the global layers' one KV head is copied to every device), which needs that many groups."""
+        if self.num_heads % tp:
+            raise ValueError(f"tensor_parallel_size {tp} must divide the model's {self.num_heads} attention heads")
+        widths = sorted({w for w in self.mlp_widths if w % tp})
+        if widths:
+            raise ValueError(f"tensor_parallel_size {tp} must divide the model's MLP widths {widths}")
+        kv = tuple(math.lcm(k, tp) for k in self.layer_kv_heads)
+        if any(self.num_heads % k for k in kv):
+            raise ValueError(f"tensor_parallel_size {tp}: the KV heads {sorted(set(self.layer_kv_heads))} would be "
+                             f"replicated to {sorted(set(kv))}, which must divide the {self.num_heads} query heads")
+        return self.replace(num_kv_heads=math.lcm(self.num_kv_heads, tp), layer_kv_heads=kv)
 
 
 def _gemma4_rope(params: dict, head_dim: int, where: str) -> Rope:
@@ -145,6 +156,12 @@ class Gemma4(Gemma2):
     gguf_architectures = ("gemma4",)
     gguf_config_tensors = ("rope_freqs.weight",)  # the global layers' proportional rotary, read into the config
     config_class = Gemma4Config
+
+    def replicate_kv_groups(self, name: str, columns, config):
+        """Layer by layer: its KV heads copied as `config` has them for that layer."""
+        i = int(name.split(".")[1])
+        factor = config.layer_kv_heads[i] // self.config.layer_kv_heads[i]
+        return replicate_kv_groups(columns, self.config.layer_config(i), factor) if factor > 1 else columns
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:

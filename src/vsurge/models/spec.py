@@ -157,6 +157,10 @@ class FusedQKV:
     def tensors(self):
         return [t for part in (self.q, self.k, self.v) for t in part.tensors()]
 
+    def replicas_for(self, width: int) -> int:
+        """The KV-head copies a fused width implies: (H + 2 * KVH * r) * hd = width."""
+        return (width // self.head_dim - self.num_heads) // (2 * self.num_kv_heads)
+
     def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
         hd, r = self.head_dim, kv_replicas
         groups = self.num_kv_heads * r
