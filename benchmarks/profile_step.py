@@ -128,7 +128,7 @@ def main(argv=None) -> int:
                    "the page columns they use (512 and less: every column of the window, unrolled)")
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--top", type=int, default=0, help="print the N op names taking the most decode time")
+    p.add_argument("--top", type=int, default=0, help="print the N op names taking the most time in each step")
     p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     all_rows = [int(r) for r in args.rows.split(",")]
@@ -175,7 +175,11 @@ def main(argv=None) -> int:
     w = next(x for x in engine.config.page_windows if x >= engine.batches.decode_window(plan))
     shape = prompt_plan.chunk_shape
     prompt_program = engine._program(("mixed", engine.config.mixed_rows(shape)[0], shape))
-    prompt = split(lambda: run(prompt_plan), prompt_program.as_text(), 1, prompt_wall)
+    if args.top:
+        print("prompt step, the ops taking the most time:", flush=True)
+    prompt = split(lambda: run(prompt_plan), prompt_program.as_text(), 1, prompt_wall, args.top)
+    if args.top:
+        print("decode step, the ops taking the most time:", flush=True)
     decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall, args.top)
     tokens = sum(c.length for c in prompt_plan.chunks)
     for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):

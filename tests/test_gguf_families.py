@@ -86,6 +86,22 @@ def test_quantized_stacked_experts_load_by_expert(tiny_checkpoints, tmp_path, de
     assert 0 < err < 0.02 * np.abs(exact).max()
 
 
+def test_quantized_experts_load_in_the_cpus_fast_dtype(tiny_checkpoints, tmp_path, default_gguf_path):
+    """Without a dtype, a Q8_0 file's expert stacks (not held in blocks) load as the CPU's default weight
+    dtype, bfloat16 where it multiplies it natively (half the bytes a decode step reads), the rest
+    float32; the logits stay within the format's error of the float32 load."""
+    from vsurge.devices import default_dtype
+
+    folder, _ = tiny_checkpoints["qwen3_moe"]
+    types = {k: Q.Q8_0 for k in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")}
+    write_family_gguf(tmp_path / "q8.gguf", folder, default_gguf_path, types=types)
+    fast = vsurge.load(tmp_path / "q8.gguf", progress=False)[0]
+    assert fast.stack_dtype == jnp.dtype(default_dtype()) and fast.param_dtype == jnp.float32
+    ids = prompt("qwen3_moe")
+    exact = logits_of(vsurge.load(tmp_path / "q8.gguf", dtype=jnp.float32, progress=False)[0], ids)
+    assert np.abs(logits_of(fast, ids) - exact).max() < 0.02 * np.abs(exact).max()
+
+
 # the hybrids' matrices that llama.cpp quantizes, as its converter stores them
 HYBRID_Q8_0 = {"qwen3_next": ("attn_q.weight", "attn_qkv.weight", "attn_gate.weight", "ssm_ba.weight", "ssm_out.weight",
                               "ffn_gate_exps.weight"),

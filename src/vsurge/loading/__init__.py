@@ -106,7 +106,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         if not hasattr(config, "expert_parallel"):
             raise ValueError(f"expert parallelism needs a mixture-of-experts model; {p} is {config.architecture}")
         config = config.replace(expert_parallel=True)
-    blocks = False
+    blocks, stack_dtype = False, None
     if (fmt == "gguf" or packed) and quantization in (None, "blocks"):
         blocks, why = keeps_blocks(explicit_dtype, quantization)
         if quantization == "blocks" and not blocks:
@@ -114,7 +114,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         kind = packed.describe() if packed else "GGUF"
         log.info("%s %s: %s", kind, "blocks kept" if blocks else "dequantized at load", why)
         if blocks and not explicit_dtype and fmt == "gguf":
-            dtype = jnp.float32  # what is not in blocks (norms, biases, float tensors) is small
+            dtype = jnp.float32  # what is not in blocks (norms, biases, float tensors) is small ...
+            stack_dtype = default_dtype()  # ... but expert stacks are not: bfloat16 where the CPU multiplies it
+            # natively, half the bytes every decode step reads (a Q8_0 weight rounds to 8 significant bits)
     elif quantization == "blocks":
         raise ValueError("quantization='blocks' keeps a GGUF file's or an AWQ/GPTQ checkpoint's blocks; "
                          "use int4 or int8 for other checkpoints")
@@ -124,8 +126,10 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     if quantization in ("blocks", "none"):
         quantization = None
     if mesh is None:
-        weights = assemble_weights(family, config, source, dtype, fmt, progress=progress, blocks=blocks)
-        model = build_model(family, config, weights, dtype, compute_dtype(dtype)).prepare_mixed_dtypes()
+        weights = assemble_weights(family, config, source, dtype, fmt, progress=progress, blocks=blocks,
+                                   stack_dtype=stack_dtype)
+        model = build_model(family, config, weights, dtype, compute_dtype(dtype),
+                            stack_dtype).prepare_mixed_dtypes()
     else:
         from ..sharding import tensor_parallel_size as tp_of
         from .sharded import load_sharded
@@ -133,8 +137,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         check_source(family, config, source, fmt)
         model_config = config.for_tensor_parallel(tp_of(mesh))
         weights = load_sharded(family, config, model_config, source, dtype, fmt, mesh, progress=progress,
-                               blocks=blocks)
-        model = build_model(family, model_config, weights, dtype, compute_dtype(dtype))
+                               blocks=blocks, stack_dtype=stack_dtype)
+        model = build_model(family, model_config, weights, dtype, compute_dtype(dtype), stack_dtype)
     if quantization:
         if quantization == "fp8" and platform() == "cpu":
             log.warning("fp8 weights on CPU are converted at every step (XLA:CPU has no fp8 arithmetic); "

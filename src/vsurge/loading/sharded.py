@@ -30,11 +30,12 @@ def _key(index: tuple) -> tuple:
 
 
 def load_sharded(family, checkpoint: ModelConfig, config: ModelConfig, source: TensorSource, dtype, fmt: str,
-                 mesh, progress: bool = True, blocks: bool = False) -> dict[str, jax.Array]:
+                 mesh, progress: bool = True, blocks: bool = False, stack_dtype=None) -> dict[str, jax.Array]:
     """name -> global jax.Array on `mesh`, built shard by shard. `checkpoint` is the file's config,
     `config` the model's (KV heads replicated for the mesh's tensor-parallel size). blocks: keep
-    the weights that can stay in the file's block formats so, replicated."""
-    reader = WeightReader(family, checkpoint, source, dtype, fmt, config)
+    the weights that can stay in the file's block formats so, replicated; stack_dtype: the expert
+    stacks' dtype, where not `dtype`."""
+    reader = WeightReader(family, checkpoint, source, dtype, fmt, config, stack_dtype=stack_dtype)
     held = {name: jax.device_put(w, replicated(mesh)) for name, w in (keep_blocks(reader) if blocks else {}).items()}
     shapes = {name: spec.shape for name, spec in reader.specs.items() if name not in held}
     devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]

@@ -86,11 +86,13 @@ class WeightReader:
     its KV heads replicated for tensor parallelism (models/fused.py)."""
 
     def __init__(self, family, checkpoint: ModelConfig, source: TensorSource, dtype, fmt: str,
-                 config: ModelConfig | None = None):
+                 config: ModelConfig | None = None, stack_dtype=None):
         self.config = config or checkpoint
         self.kv_replicas = self.config.num_kv_heads // max(1, checkpoint.num_kv_heads)
         self.source = source
         self.np_dtype = numpy_dtype(dtype)
+        # weights sliced by index (expert stacks): their own dtype where given (loading/__init__.py)
+        self.stack_dtype = numpy_dtype(stack_dtype) if stack_dtype is not None else self.np_dtype
         self.specs = family.weight_specs(self.config)
         self.recipes = recipes(family, checkpoint, fmt)
 
@@ -100,7 +102,7 @@ class WeightReader:
         index = tuple(index) + (None,) * (len(spec.shape) - len(index))
         spans = [_span(i, n) for i, n in zip(index, spec.shape)]
         array = self.recipes[name].read(self.source, spans, self.replicas(name))
-        return np.ascontiguousarray(array, dtype=self.np_dtype)
+        return np.ascontiguousarray(array, dtype=self.stack_dtype if spec.indexed else self.np_dtype)
 
     def replicas(self, name: str) -> int:
         """How many copies of each stored KV head weight `name` holds: 1 unless its last axis is fused qkv
@@ -112,11 +114,12 @@ class WeightReader:
 
 
 def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, fmt: str,
-                     progress: bool = True, blocks: bool = False) -> dict[str, np.ndarray]:
+                     progress: bool = True, blocks: bool = False, stack_dtype=None) -> dict[str, np.ndarray]:
     """Read and check every tensor. Returns model weight name -> array of the model's shape.
-    blocks: hold the weights that can stay in the file's block formats so (loading/blocks.py)."""
+    blocks: hold the weights that can stay in the file's block formats so (loading/blocks.py);
+    stack_dtype: the expert stacks' dtype, where not `dtype`."""
     check_source(family, config, source, fmt)
-    reader = WeightReader(family, config, source, dtype, fmt)
+    reader = WeightReader(family, config, source, dtype, fmt, stack_dtype=stack_dtype)
     held = keep_blocks(reader) if blocks else {}
     names = [n for n in reader.specs if n not in held]
     layers = {n for n in names if n.startswith("layers.")}
@@ -127,12 +130,16 @@ def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, f
     return {**out, **held}
 
 
-def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None):
+def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None,
+                stack_dtype=None):
     """Create the nnx module without random init, then place the given weights on the device.
 
-    dtype: the weights'; compute_dtype: the activations' (default: the weights').
+    dtype: the weights'; compute_dtype: the activations' (default: the weights'); stack_dtype: the
+    expert stacks', where not `dtype`.
     weights: name -> numpy array, or an already placed jax.Array (sharded loading)."""
     model = nnx.eval_shape(lambda: family(config, dtype=compute_dtype or dtype, param_dtype=dtype))
+    if stack_dtype is not None:
+        model.stack_dtype = jnp.dtype(stack_dtype)
     expected = family.weight_specs(config)
     if set(expected) != set(weights):
         raise ModelLoadError(f"weights {sorted(set(expected) ^ set(weights))} do not match the model")
@@ -144,6 +151,7 @@ def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dty
         if is_quantized(value):
             value = jax.device_put(value)
         elif not isinstance(value, jax.Array):
-            value = jax.device_put(jnp.asarray(value, dtype=dtype))
+            value = jax.device_put(jnp.asarray(value, dtype=stack_dtype if expected[name].indexed and stack_dtype
+                                               else dtype))
         getattr(holder, leaf).set_value(value)
     return model

@@ -163,6 +163,7 @@ class CausalLM(nnx.Module):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.param_dtype = jnp.dtype(param_dtype or dtype)
+        self.stack_dtype = self.param_dtype  # expert stacks' (a GGUF file's may differ: prepare_mixed_dtypes)
         self.layers = nnx.List([LayerWeights(self.layer_weights(config, i), self.param_dtype, rngs)
                                 for i in range(config.num_layers)])
         for name, spec in self.global_weights(config).items():
@@ -294,19 +295,18 @@ class CausalLM(nnx.Module):
         - the embedding is held as its raw bits (uint16): a bfloat16 gather inside the decode loop
           made XLA convert the whole table (hoisted out of the loop) before taking a few rows,
           ~16 ms per call at V=49k; a gather of integer rows is exact and reads only those rows."""
-        if self.param_dtype == self.dtype:
-            return self
-        if is_quantized(self.embed[...]):
-            return self  # the table and the tied head are the same blocks (no float copies)
-        if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
-            self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
-        table = self.embed[...]
-        if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
-            self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
+        if self.param_dtype != self.dtype and not is_quantized(self.embed[...]):  # (blocks: no float copies)
+            if self.config.tie_word_embeddings and not hasattr(self, "lm_head"):
+                self.lm_head = nnx.Param(jnp.asarray(self.embed[...].T))  # the embedding stays for token lookups
+            table = self.embed[...]
+            if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
+                self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
+        # (bfloat16 expert stacks beside float32 weights too: a GGUF file's, loading/__init__.py)
         for i, layer in enumerate(self.layers):  # weights sliced in loops (experts): the same, for the same reason
             for name, spec in self.layer_weights(self.config, i).items():
                 value = getattr(layer, name)[...]
                 if spec.indexed and jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize == 2:
+                    self.stack_dtype = value.dtype  # what the bits are (ops/moe.py reads them back)
                     getattr(layer, name).set_value(jax.lax.bitcast_convert_type(value, jnp.uint16))
         return self
 

@@ -124,7 +124,7 @@ def routed(model, x, w: dict, routing: Routing | None = None, correction=None):
         ids, weights = route(logits, routing, correction)
         out = experts(flat, ids, weights, w["experts_gate_up"], w["experts_down"], w.get("experts_gate_up_bias"),
                       w.get("experts_down_bias"), activation=c.activation, expert_parallel=c.expert_parallel,
-                      weight_dtype=model.param_dtype, scale_inputs=routing.scale_inputs)
+                      weight_dtype=model.stack_dtype, scale_inputs=routing.scale_inputs)
     return out.reshape(x.shape)
 
 
