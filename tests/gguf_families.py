@@ -28,7 +28,8 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
              "llama4_text": "llama4", "gemma4_text": "gemma4"}
 QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}  # llama.cpp's "NORM" rotation from HF weights
+# llama.cpp's "NORM" rotation from HF weights (the hybrids' converters permute their attention layers' too)
+PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 # the tiny config changed to what the converter writes without loss: its Granite 4.0-H drops rotary from
 # every hybrid (the released ones have none); its Falcon-H1 scales in_proj's bias as its rows (so none, as
@@ -308,7 +309,8 @@ def _gpt_oss_experts(layer: int, leaf: str, w: np.ndarray):
         raise ValueError(leaf)
 
 
-LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "llama4_text"}  # its LlamaModel writes vocab, rope dims
+# its LlamaModel writes vocab, rope dims
+LLAMA_CONVERTER = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "llama4_text"}
 
 
 def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
@@ -482,9 +484,10 @@ def _nemotron_h_metadata(w, cfg, hparams: dict) -> None:
 
 
 def _gemma4_metadata(w, cfg, hparams: dict) -> None:
-    """(config.json's own values where transformers' config holds them per layer.) Gemma4Model.set_gguf_parameters (Gemma 3's, then): the global layers' head size as key_length and the
+    """Gemma4Model.set_gguf_parameters (Gemma 3's, then): the global layers' head size as key_length and the
     sliding layers' as key_length_swa, KV heads and MLP widths per layer, the sliding pattern, K/V
-    sharing, the per-layer input width, both rotary bases and widths."""
+    sharing, the per-layer input width, both rotary bases and widths (config.json's own values where
+    transformers' config holds them per layer)."""
     n, sliding = cfg.num_hidden_layers, [t == "sliding_attention" for t in cfg.layer_types]
     full_hd, shared = _gemma4_global(hparams, "head_dim", "global_head_dim"), cfg.num_kv_shared_layers
     full_kv = _gemma4_global(hparams, "num_key_value_heads", "num_global_key_value_heads")
