@@ -38,6 +38,12 @@ class GGUFMeta:
             raise ModelLoadError(f"{self.where}: metadata key {self.arch}.{name!r} is missing")
         return value
 
+    def per_layer(self, name: str, layers: int, default=0) -> list:
+        """`<arch>.<name>` for each of `layers` layers: the key's list as written, or its one value (or
+        `default`) repeated (llama.cpp writes per-layer keys such as head_count_kv either way)."""
+        value = self.key(name, default)
+        return list(value)[:layers] if isinstance(value, list) else [value if value is not None else default] * layers
+
     def has(self, tensor: str) -> bool:
         return tensor in self.tensors
 

@@ -34,7 +34,7 @@ from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
-from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
+from .mamba2 import Mamba2Config, mamba2_fields, mamba2_gguf_fields, mamba2_mixer, mamba2_weights
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,8 @@ class FalconH1(CausalLM):
 
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta, where: str):
-        fields = gguf_fields(meta, cls.name)
-        width, heads = int(meta.key("ssm.inner_size", required=True)), int(meta.key("ssm.time_step_rank",
-                                                                                    required=True))
-        return cls.config_class(
-            **fields, mamba_heads=heads, mamba_head_dim=width // heads,
-            mamba_groups=int(meta.key("ssm.group_count", 1)), mamba_state=int(meta.key("ssm.state_size", required=True)),
-            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
-            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"),
-            mamba_rms_norm=meta.has_any("ssm_norm.weight"), mamba_norm_before_gate=False)
+        return cls.config_class(**gguf_fields(meta, cls.name), **mamba2_gguf_fields(meta),
+                                mamba_rms_norm=meta.has_any("ssm_norm.weight"), mamba_norm_before_gate=False)
 
     @classmethod
     def global_weights(cls, config):

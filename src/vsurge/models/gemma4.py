@@ -242,18 +242,17 @@ class Gemma4(Gemma2):
         hd = int(meta.key("attention.key_length_swa", hd_full))
         fields = gguf_fields(meta, cls.name, head_dim=hd)
         n = fields["num_layers"]
-        per_layer = lambda key, default: (list(meta.key(key)) if isinstance(meta.key(key), list)  # noqa: E731
-                                          else [int(meta.key(key, default))] * n)
-        sliding = per_layer("attention.sliding_window_pattern", True)
+        sliding = [bool(s) for s in meta.per_layer("attention.sliding_window_pattern", n, True)]
         types = ["sliding_attention" if s else "full_attention" for s in sliding]
         head_dims = [hd if s else hd_full for s in sliding]
-        kv_heads = [int(k) for k in per_layer("attention.head_count_kv", fields["num_heads"])]
+        kv_heads = [int(k) for k in meta.per_layer("attention.head_count_kv", n, fields["num_heads"])]
         source = _kv_sources(types, head_dims, kv_heads, int(meta.key("attention.shared_kv_layers", 0) or 0), where)
         factors = meta.read("rope_freqs.weight").reshape(-1) if meta.has("rope_freqs.weight") else None
         rope = Rope(theta=float(meta.key("rope.freq_base", 1_000_000.0)), dim=hd_full,
                     freq_factors=None if factors is None else tuple(float("inf") if f > 1e29 else float(f)
                                                                     for f in factors))
         window, softcap = meta.key("attention.sliding_window"), meta.key("final_logit_softcapping")
+        widths = [int(f) for f in meta.per_layer("feed_forward_length", n)]
         per_layer_dim = int(meta.key("embedding_length_per_layer_input", 0) or 0)
         fields.update(
             num_kv_heads=kv_heads[sliding.index(True)] if True in sliding else kv_heads[0],
@@ -263,8 +262,8 @@ class Gemma4(Gemma2):
             rope=rope, local_rope=Rope(theta=float(meta.key("rope.freq_base_swa", 10_000.0)), dim=hd), qk_norm=True,
             head_dims=tuple(head_dims), layer_kv_heads=tuple(kv_heads),
             k_eq_v=tuple(source[i] is None and not meta.has(f"blk.{i}.attn_v.weight") for i in range(n)),
-            kv_source=tuple(source), mlp_widths=tuple(int(f) for f in per_layer("feed_forward_length", 0)),
-            intermediate_size=int(per_layer("feed_forward_length", 0)[0]),  # (the widths before double-wide layers)
+            kv_source=tuple(source), mlp_widths=tuple(widths),
+            intermediate_size=widths[0],  # (the layers' before any double-wide one)
             per_layer_dim=per_layer_dim,
             per_layer_vocab=meta.tensors["per_layer_token_embd.weight"][0] if per_layer_dim else 0)
         return Gemma4Config(**fields)

@@ -35,7 +35,7 @@ from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
-from .mamba2 import Mamba2Config, mamba2_fields, mamba2_mixer, mamba2_weights
+from .mamba2 import Mamba2Config, mamba2_fields, mamba2_gguf_fields, mamba2_mixer, mamba2_weights
 from .moe import MoEConfig, expert_axes, router_weights, routed
 from .spec import GateUp, Weight, paired, tensor
 
@@ -97,23 +97,17 @@ class GraniteMoeHybrid(CausalLM):
     def config_from_gguf(cls, meta: GGUFMeta, where: str):
         fields = gguf_fields(meta, cls.name)
         n, experts = fields["num_layers"], int(meta.key("expert_count", 0) or 0)
-        kv_heads = meta.key("attention.head_count_kv", required=True)
-        kv_heads = kv_heads if isinstance(kv_heads, list) else [kv_heads] * n
-        attending = [int(h) for h in kv_heads if int(h)]
+        kv_heads = [int(h) for h in meta.per_layer("attention.head_count_kv", n)]  # 0: a Mamba-2 layer
+        attending = [h for h in kv_heads if h]
         # the shared MLP's width: its own key with experts, else the dense MLP's tensor
         shared = (int(meta.key("expert_shared_feed_forward_length", 0) or 0) if experts
                   else meta.tensors["blk.0.ffn_gate.weight"][0])
-        width, heads = int(meta.key("ssm.inner_size", required=True)), int(meta.key("ssm.time_step_rank",
-                                                                                    required=True))
         return cls.config_class(
             **{**fields, "num_kv_heads": attending[0] if attending else fields["num_heads"]},
             qkv_bias=meta.has_any("attn_q.bias"), o_bias=meta.has_any("attn_output.bias"),
             num_experts=experts, num_experts_per_tok=int(meta.key("expert_used_count", 1) or 1),
             moe_intermediate_size=fields["intermediate_size"], shared_intermediate_size=shared,
-            mamba_layers=tuple(int(h) == 0 for h in kv_heads[:n]), mamba_heads=heads, mamba_head_dim=width // heads,
-            mamba_groups=int(meta.key("ssm.group_count", 1)), mamba_state=int(meta.key("ssm.state_size", required=True)),
-            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
-            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"),
+            mamba_layers=tuple(h == 0 for h in kv_heads), **mamba2_gguf_fields(meta),
             use_rope=bool(meta.key("rope.scaling.finetuned", True)),
             embedding_multiplier=float(meta.key("embedding_scale", 1.0)),
             residual_multiplier=float(meta.key("residual_scale", 1.0)),

@@ -79,6 +79,16 @@ def mamba2_fields(cfg: dict, where: str, hidden_size: int) -> dict:
                 time_step_limit=(json_float(limit[0]), json_float(limit[1])))
 
 
+def mamba2_gguf_fields(meta) -> dict:
+    """Mamba2Config's fields from a GGUF file (llama.cpp's converter): the ssm.* keys (inner_size the
+    mixer's width, time_step_rank its heads) and which of the mixer's optional tensors it holds."""
+    width, heads = int(meta.key("ssm.inner_size", required=True)), int(meta.key("ssm.time_step_rank", required=True))
+    return dict(mamba_heads=heads, mamba_head_dim=width // heads, mamba_groups=int(meta.key("ssm.group_count", 1)),
+                mamba_state=int(meta.key("ssm.state_size", required=True)),
+                mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
+                mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"))
+
+
 def mamba2_weights(c, hf: str, gg: str | None = None) -> dict[str, Weight]:
     """The mixer's weights under `hf` (e.g. "model.layers.3.mamba") and, where the family has a GGUF
     form, `gg` ("blk.3"): llama.cpp's converter (Mamba2Model) names them ssm_*, stores the

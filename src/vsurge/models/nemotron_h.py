@@ -38,7 +38,7 @@ from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, json_float
-from .mamba2 import Mamba2Config, mamba2_mixer, mamba2_weights
+from .mamba2 import Mamba2Config, mamba2_gguf_fields, mamba2_mixer, mamba2_weights
 from .spec import Weight, paired, tensor
 
 # HF layer type spellings (transformers 5, transformers 4 / remote code, hybrid_override_pattern) -> kind
@@ -119,22 +119,16 @@ class NemotronH(CausalLM):
         (`mamba2`): no attention (head_count 0); the mixer from the ssm.* keys."""
         d, plain = int(meta.key("embedding_length", required=True)), meta.arch == "mamba2"
         fields = gguf_fields(meta, cls.name, head_dim=d if plain else None)  # mamba2: a placeholder head
-        n, width = fields["num_layers"], int(meta.key("ssm.inner_size", required=True))
-        per_layer = lambda key: [int(x) for x in meta.key(key, 0)] if isinstance(meta.key(key, 0), list) \
-            else [int(meta.key(key, 0) or 0)] * n  # noqa: E731
-        kv_heads, widths = per_layer("attention.head_count_kv"), per_layer("feed_forward_length")
+        n = fields["num_layers"]
+        kv_heads, widths = (list(map(int, meta.per_layer(key, n))) for key in ("attention.head_count_kv",
+                                                                                "feed_forward_length"))
         kinds = ("mamba2",) * n if plain else tuple(
             "attention" if kv else "mlp" if f else "mamba2" for kv, f in zip(kv_heads, widths))
         shape = (dict(num_heads=1, num_kv_heads=1, intermediate_size=0) if plain else
                  dict(num_kv_heads=max(kv_heads) or fields["num_heads"], intermediate_size=max(widths)))
         eps = meta.key("attention.layer_norm_rms_epsilon") or meta.key("attention.layer_norm_epsilon", 1e-5)
-        heads = int(meta.key("ssm.time_step_rank", required=True))
-        return cls.config_class(
-            **{**fields, **shape, "rms_norm_eps": float(eps)}, kinds=kinds, mlp_bias=meta.has_any("ffn_up.bias"),
-            mamba_heads=heads, mamba_head_dim=width // heads, mamba_groups=int(meta.key("ssm.group_count", 1)),
-            mamba_state=int(meta.key("ssm.state_size", required=True)),
-            mamba_conv_kernel=int(meta.key("ssm.conv_kernel", 4)), mamba_conv_bias=meta.has_any("ssm_conv1d.bias"),
-            mamba_proj_bias=meta.has_any("ssm_in.bias"), mamba_out_bias=meta.has_any("ssm_out.bias"))
+        return cls.config_class(**{**fields, **shape, "rms_norm_eps": float(eps)}, kinds=kinds,
+                                mlp_bias=meta.has_any("ffn_up.bias"), **mamba2_gguf_fields(meta))
 
     @classmethod
     def global_weights(cls, config):
