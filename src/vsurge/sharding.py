@@ -148,7 +148,7 @@ def place_model(model, mesh: Mesh):
     copy.config = config
     for name, value in model.named_weights().items():
         if name in grouped:
-            value = model.replicate_kv_groups(name.removesuffix("_scale"), np.asarray(value), config)
+            value = model.replicate_kv_groups(name.removesuffix("_scale"), value, config)
         _holder_param(copy, name).set_value(jax.device_put(value, named_sharding(mesh, axes[name], value.shape)))
     return copy
 

@@ -24,7 +24,6 @@ token's index, so the decode side samples what the prefill side would have.
 from __future__ import annotations
 
 import dataclasses
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -219,11 +218,8 @@ class PrefixTransferAPI:
         pages = prefix_pages_needed(seq, self.pool.page_size)
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(max(pages, 1))))
         states = None
-        if self.model.config.recurrent_layers:
-            from .tiers import gather_states
-
-            rows = jax.eval_shape(partial(gather_states, held="states"), state, jax.ShapeDtypeStruct((), np.int32))
-            states = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), rows)
+        if self.model.config.recurrent_layers:  # one slot's row of every state part (tiers.gather_states')
+            states = [np.zeros(leaf.shape[1:], leaf.dtype) for leaf in jax.tree.leaves(state.kv.states)]
         state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages, states=states)), seq)
         while scheduler.has_work:
             plan = scheduler.schedule()

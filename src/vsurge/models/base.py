@@ -347,7 +347,7 @@ class CausalLM(nnx.Module):
         model's config at a tensor-parallel size) has for it (fused.py): sharding.place_model calls it, so
         sharding need not import the models' layouts. Families whose layers differ in KV heads override it."""
         factor = config.num_kv_heads // self.config.num_kv_heads
-        return replicate_kv_groups(columns, self.config, factor) if factor > 1 else columns
+        return replicate_kv_groups(np.asarray(columns), self.config, factor) if factor > 1 else columns
 
     @property
     def weight_bytes(self) -> int:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..config import AttentionSpec, KVLayer, ModelConfig, Rope
 from ..errors import UnsupportedModelError
@@ -161,7 +162,7 @@ class Gemma4(Gemma2):
         """Layer by layer: its KV heads copied as `config` has them for that layer."""
         i = int(name.split(".")[1])
         factor = config.layer_kv_heads[i] // self.config.layer_kv_heads[i]
-        return replicate_kv_groups(columns, self.config.layer_config(i), factor) if factor > 1 else columns
+        return replicate_kv_groups(np.asarray(columns), self.config.layer_config(i), factor) if factor > 1 else columns
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:

@@ -77,6 +77,11 @@ def describe(engine) -> str:
 
 
 # ------------------------------------------------------------------ process 0
+def _tuples(value):
+    """Lists (JSON's) back into the tuples they were, nested."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 class _RemoteState:
     """The state of a remote engine lives on its owner; here it only stands for it."""
 
@@ -107,7 +112,7 @@ class RemoteDecodeEngine:
         self.mesh, self.processor = mesh, processor
         self.vocab_size, self.eos_token_ids = info["vocab_size"], info["eos_token_ids"]
         self.model_name = info["model_name"]
-        self.kv_signature = (tuple(tuple(l) for l in info["kv"][0]), info["kv"][1])
+        self.kv_signature = _tuples(info["kv"])  # (JSON made its tuples lists)
         if [d.id for d in mesh.devices.flat] != info["devices"]:
             raise ValueError(f"remote engine {index}: its owner runs it on devices {info['devices']}, this "
                              f"process expected {[d.id for d in mesh.devices.flat]} (same flags on every process)")
