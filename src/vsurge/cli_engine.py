@@ -223,6 +223,8 @@ def describe_model(model) -> str:
     listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))
     held = (f"{sum(formats.values())} matrices in GGUF blocks ({listed}), the rest {model.param_dtype.name}"
             if formats else f"{model.param_dtype.name}" + (f", {model.quantization}" if model.quantization else ""))
+    if model.stack_dtype != model.param_dtype:  # a GGUF file's expert stacks (loading/__init__.py)
+        held += f" but the expert stacks {model.stack_dtype.name}"
     line = f"Weights: {model.weight_bytes / 2**20:.1f} MiB, {held}"
     if platform() == "cpu":
         line += f"; CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"

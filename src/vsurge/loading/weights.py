@@ -138,9 +138,9 @@ def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dty
     expert stacks', where not `dtype`.
     weights: name -> numpy array, or an already placed jax.Array (sharded loading)."""
     model = nnx.eval_shape(lambda: family(config, dtype=compute_dtype or dtype, param_dtype=dtype))
-    if stack_dtype is not None:
-        model.stack_dtype = jnp.dtype(stack_dtype)
     expected = family.weight_specs(config)
+    if stack_dtype is not None and any(spec.indexed for spec in expected.values()):
+        model.stack_dtype = jnp.dtype(stack_dtype)
     if set(expected) != set(weights):
         raise ModelLoadError(f"weights {sorted(set(expected) ^ set(weights))} do not match the model")
     for name, value in weights.items():
