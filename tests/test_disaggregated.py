@@ -1,6 +1,6 @@
 """Disaggregated serving on 6 CPU devices: prefill engines tensor-parallel over devices 0-2, decode
 engines over 3-5, dense and paged; a hybrid model's states handed over with its pages; over HTTP with
-the real CLI and the openai client.
+the real CLI and the openai client; across two processes (a dense model at TP 3, a hybrid at TP 1).
 
 The engine checks run in a subprocess (tests/disaggregated_checks.py) with
 XLA_FLAGS=--xla_force_host_platform_device_count=6: the device count is fixed when JAX
@@ -207,6 +207,50 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
         stats = leader.get("/v1/stats").json()["models"][0]
         assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
         assert stats["kv_transfer"]["count"] == len(prompts) and stats["finished_total"] == len(prompts)
+    finally:
+        code = leader.stop(timeout=60)
+        follower.proc.kill()
+    assert code is not None, "the leader did not stop on SIGTERM:\n" + leader.output[-3000:]
+
+
+def test_a_hybrid_models_states_cross_from_process_0_to_process_1(tmp_path_factory, default_processor_dir):
+    """Qwen3-Next prefilled on process 0's device, decoded on process 1's: each sequence's recurrent
+    states move with its pages (a second jax.device_put), so the answers equal one process's greedy
+    ones (from zero states the decode side would answer differently)."""
+    import vsurge
+    from server_process import free_port
+    from vsurge.generation import greedy_generate
+
+    folder = tmp_path_factory.mktemp("tiny_qwen3_next_2p")
+    write_tiny_model("qwen3_next", folder, default_processor_dir)
+    model, processor = vsurge.load(folder, dtype="float32", progress=False)
+    prompts = PROMPTS[:3]
+    reference = {p: processor.decode(greedy_generate(model, processor.encode(p), MAX_TOKENS)) for p in prompts}
+    coordinator = free_port()
+    args = ["--served-model-name", "tiny", "--dtype", "float32", "--engine", "paged", "--prefill-devices", "0",
+            "--decode-devices", "1", "--max-concurrent-decodes", "4", "--max-length", "128", "--prefill-lengths",
+            "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
+            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "5"]
+    env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
+    follower = ServerProcess(str(folder), *args, "--process-id", "1", cache_dir="none", env=env)
+    leader = ServerProcess(str(folder), *args, "--process-id", "0", cache_dir="none", env=env)
+    try:
+        leader.wait_ready(timeout=400)
+        client = client_for(leader, timeout=120)
+
+        def one(prompt):
+            return prompt, client.completions.create(model="tiny", prompt=prompt, max_tokens=MAX_TOKENS,
+                                                     temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            answers = dict(pool.map(one, prompts))
+        assert answers == reference, follower.output[-3000:]
+        stats = leader.get("/v1/stats").json()["models"][0]
+        assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
+        assert stats["kv_transfer"]["count"] == len(prompts)
+    except Exception:
+        print("process 1:", follower.output[-4000:])
+        raise
     finally:
         code = leader.stop(timeout=60)
         follower.proc.kill()

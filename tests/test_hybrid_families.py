@@ -371,19 +371,6 @@ def test_vinference_gives_the_reference_text(tiny_checkpoints):
                                          for p in PROMPTS[:2]]
 
 
-def test_disaggregated_serving_across_processes_is_refused_with_the_reason(hybrid, monkeypatch):
-    """Engines of one process hand a hybrid's states over with its pages (tests/test_disaggregated.py); the
-    remote decode engine of another process moves pages only, so a multi-process job refuses the model
-    before starting anything (the job is stood in for by its process count)."""
-    import vsurge.vsurge as surge_module
-
-    model, processor, _, _ = hybrid
-    monkeypatch.setattr(surge_module, "_several_processes", lambda: True)
-    with pytest.raises(ValueError, match="recurrent layers.*remote decode engine"):
-        vSurge.from_config(model, processor, EngineConfig(**CONFIG, num_pages=3 * 8), prefill_devices="0",
-                           decode_devices="1")
-
-
 def test_a_whole_qwen3_5_checkpoint_serves_its_text_model(tmp_path, default_processor_dir):
     """A Qwen3.5 checkpoint as released holds a vision tower beside the text model (its own issue):
     the text model loads from `text_config` and model.language_model.*, and its logits equal

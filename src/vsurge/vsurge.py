@@ -134,10 +134,6 @@ class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
             def make_driver(engines, decode):
                 return Driver(engines, max_queue, decode_engines=decode, transfer_backlog=transfer_backlog)
         name = vsurge_name or (model.config.name or model.config.architecture)
-        if _across_processes(prefill_devices) and model.config.recurrent_layers:
-            raise ValueError(f"{model.config.architecture} has recurrent layers, whose per-sequence states the remote "
-                             "decode engine cannot receive yet (docs/state_cache.md): serve it with prefill and "
-                             "decode devices of one process")
         if _across_processes(prefill_devices):
             return cls._across_processes(model, processor, make_engine, config, make_driver, name, prefill_devices,
                                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size)

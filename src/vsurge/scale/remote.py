@@ -14,7 +14,9 @@ the step's tokens. A prefix moves with `jax.device_put` from the prefill mesh
 onto the decode engine's mesh: a cross-host transfer (JAX's transfer server,
 `jax_cross_host_transfer_socket_address`), in which both processes take part,
 so the owner is told first ("receive") and then writes the arrived pages
-("import"). Both meshes must have the same shape (the shards map one to one).
+("import"). Both meshes must have the same shape (the shards map one to one). A
+hybrid model's slot row of recurrent states follows its pages the same way
+(replicated), and "import" writes it into the slot process 0 scheduled.
 
 The owning process describes each of its decode engines in the store (its config,
 pool and KV layout) before process 0 builds the RemoteDecodeEngine from it, and
@@ -29,6 +31,7 @@ import itertools
 import json
 import logging
 import threading
+from functools import partial
 
 import jax
 import numpy as np
@@ -194,18 +197,25 @@ class RemoteDecodeEngine:
 
     def receive_prefix(self, prefix: KVPrefix) -> KVPrefix:
         """Tell the owner a prefix is coming, then send it: jax.device_put onto this engine's mesh."""
+        from ..sharding import replicated
+
         tid = next(self._transfers)
         source = prefix.pages.k[0].sharding.mesh
-        self._send(("receive", tid, prefix.bucket, tuple(source.devices.shape)),
+        with_states = prefix.states is not None
+        self._send(("receive", tid, prefix.bucket, tuple(source.devices.shape), with_states),
                    [np.asarray([d.id for d in source.devices.flat], np.int32)])
         dest = self.prefix_shardings(prefix.bucket)
         moved = jax.device_put(prefix.pages, jax.tree.map(lambda _: dest, prefix.pages))
-        return KVPrefix(moved, prefix.num_pages, transfer_id=tid)
+        states = None
+        if with_states:  # a hybrid's slot row of recurrent states, replicated as on the prefill mesh
+            rep = replicated(self.mesh)
+            states = jax.device_put(prefix.states, jax.tree.map(lambda _: rep, prefix.states))
+        return KVPrefix(moved, prefix.num_pages, transfer_id=tid, states=states)
 
     def insert_prefix(self, state, prefix: KVPrefix, seq):
         ids = np.full(prefix.bucket, self.pool.num_pages, np.int32)
         ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
-        self._send(("import", prefix.bucket, prefix.transfer_id), [ids])
+        self._send(("import", prefix.bucket, prefix.transfer_id, seq.slot), [ids])
         return state
 
 
@@ -293,29 +303,46 @@ def follow_engine(engine, name: str) -> None:
         return state
 
     def receive(state, key, leaves):  # take part in process 0's jax.device_put of a prefix onto our devices
-        _, tid, bucket, shape = key
-        received[tid] = _receive(engine, bucket, shape, leaves[0])
+        _, tid, bucket, shape, with_states = key
+        received[tid] = _receive(engine, bucket, shape, leaves[0], with_states)
         return state
 
-    def import_prefix(state, key, leaves):
-        _, bucket, tid = key
-        return engine._compiled[("import", bucket)](state, received.pop(tid), leaves[0])
+    def import_prefix(state, key, leaves):  # key: ("import", bucket, transfer id, the sequence's slot)
+        _, bucket, tid, slot = key
+        pages, states = received.pop(tid)
+        state = engine._compiled[("import", bucket)](state, pages, leaves[0])
+        if states is not None:
+            state = engine._compiled[("state_import", "states")](state, states, np.int32(slot))
+        return state
 
     follow_engine_calls(engine, StepChannel(prefix),
                         {"decode": decode_and_reply, "receive": receive, "import": import_prefix})
 
 
-def _receive(engine, bucket: int, shape, device_ids) -> PrefixPages:
-    from jax.sharding import Mesh, NamedSharding
+def _receive(engine, bucket: int, shape, device_ids, with_states: bool) -> tuple[PrefixPages, list | None]:
+    """This process's side of process 0's two jax.device_put calls: the prefix's pages (split over KV
+    heads) and, for a hybrid model, its slot's recurrent states (replicated)."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from ..engine.tiers import gather_states
+    from ..sharding import replicated
 
     by_id = {d.id: d for d in jax.devices()}
     source = Mesh(np.asarray([by_id[int(i)] for i in device_ids], dtype=object).reshape(shape), ("data", "model"))
+
+    def arrive(layout, src, dest):  # arrays with no local shard on the source mesh, put onto ours
+        placeholder = jax.tree.map(lambda s: jax.make_array_from_single_device_arrays(s.shape, src, [],
+                                                                                      dtype=s.dtype), layout)
+        return jax.device_put(placeholder, jax.tree.map(lambda _: dest, placeholder))
+
     dest = engine.prefix_destination()
-    src = NamedSharding(source, dest.spec)
-    layout = engine._prefix_spec(bucket)
-    placeholder = jax.tree.map(lambda s: jax.make_array_from_single_device_arrays(s.shape, src, [], dtype=s.dtype),
-                               layout)
-    return jax.device_put(placeholder, jax.tree.map(lambda _: dest, placeholder))
+    pages = arrive(engine._prefix_spec(bucket), NamedSharding(source, dest.spec), dest)
+    states = None
+    if with_states:
+        layout = jax.eval_shape(partial(gather_states, held="states"), jax.eval_shape(engine._empty_state),
+                                np.int32(0))
+        states = arrive(layout, NamedSharding(source, PartitionSpec()), replicated(engine.mesh))
+    return pages, states
 
 
 def follow(surge) -> None:
