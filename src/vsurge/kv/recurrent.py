@@ -100,14 +100,8 @@ def _at_slots(op, inputs, states, slots, positions, snaps=None, restore=None):
 
 
 def put_rows(rows, values, indices):
-    """rows (N, ...) with rows `indices` (R,) replaced by values (R, ...); a 2-byte float array as its
-    bits (see put_row)."""
-    values = values.astype(rows.dtype)
-    if rows.dtype.itemsize != 2 or not jnp.issubdtype(rows.dtype, jnp.floating):
-        return rows.at[indices].set(values)
-    bits = jax.lax.bitcast_convert_type(rows, jnp.uint16).at[indices].set(
-        jax.lax.bitcast_convert_type(values, jnp.uint16))
-    return jax.lax.bitcast_convert_type(bits, rows.dtype)
+    """rows (N, ...) with rows `indices` (R,) replaced by values (R, ...) (see put_row)."""
+    return _as_bits(lambda r, v: r.at[indices].set(v), rows, values)
 
 
 def _at_slot(op, inputs, states, slot, positions, snaps=None, restore=None):
@@ -125,14 +119,18 @@ def _at_slot(op, inputs, states, slot, positions, snaps=None, restore=None):
 
 
 def put_row(rows, value, index):
-    """rows (N, ...) with row `index` replaced by value (1, ...), in place. A 2-byte float array is
-    updated as its bits: XLA:CPU widens a bfloat16 dynamic-update-slice to float32 over the whole
-    array (convert, update, convert back) rather than writing the one row."""
-    value = value.astype(rows.dtype)
+    """rows (N, ...) with row `index` replaced by value (1, ...), in place."""
+    return _as_bits(lambda r, v: jax.lax.dynamic_update_index_in_dim(r, v, index, 0), rows, value)
+
+
+def _as_bits(update, rows, values):
+    """update(rows, values) with values cast to rows' dtype; a 2-byte float array is updated as its
+    uint16 bits: XLA:CPU widens a bfloat16 scatter or dynamic-update-slice to float32 over the whole
+    array (convert, update, convert back) rather than writing the rows."""
+    values = values.astype(rows.dtype)
     if rows.dtype.itemsize != 2 or not jnp.issubdtype(rows.dtype, jnp.floating):
-        return jax.lax.dynamic_update_index_in_dim(rows, value, index, 0)
-    bits = jax.lax.dynamic_update_index_in_dim(jax.lax.bitcast_convert_type(rows, jnp.uint16),
-                                               jax.lax.bitcast_convert_type(value, jnp.uint16), index, 0)
+        return update(rows, values)
+    bits = update(jax.lax.bitcast_convert_type(rows, jnp.uint16), jax.lax.bitcast_convert_type(values, jnp.uint16))
     return jax.lax.bitcast_convert_type(bits, rows.dtype)
 
 

@@ -301,12 +301,12 @@ class CausalLM(nnx.Module):
             table = self.embed[...]
             if jnp.issubdtype(table.dtype, jnp.floating) and table.dtype.itemsize == 2:
                 self.embed = nnx.Param(jax.lax.bitcast_convert_type(table, jnp.uint16))
-        # (bfloat16 expert stacks beside float32 weights too: a GGUF file's, loading/__init__.py)
+        # (bfloat16 expert stacks beside float32 weights too: a GGUF file's, loading/__init__.py; the bits'
+        # dtype stays in self.stack_dtype, which ops/moe.py reads them back as)
         for i, layer in enumerate(self.layers):  # weights sliced in loops (experts): the same, for the same reason
             for name, spec in self.layer_weights(self.config, i).items():
                 value = getattr(layer, name)[...]
                 if spec.indexed and jnp.issubdtype(value.dtype, jnp.floating) and value.dtype.itemsize == 2:
-                    self.stack_dtype = value.dtype  # what the bits are (ops/moe.py reads them back)
                     getattr(layer, name).set_value(jax.lax.bitcast_convert_type(value, jnp.uint16))
         return self
 

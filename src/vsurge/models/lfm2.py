@@ -87,8 +87,8 @@ class Lfm2(CausalLM):
     def config_from_gguf(cls, meta: GGUFMeta, where: str):
         fields = gguf_fields(meta, cls.name)
         n = fields["num_layers"]
-        kv = meta.key("attention.head_count_kv", required=True)  # per layer, 0 on a convolution's
-        kv = [int(h) for h in kv[:n]] if isinstance(kv, list) else [int(kv)] * n
+        meta.key("attention.head_count_kv", required=True)  # (a file without it is not LFM2's)
+        kv = [int(h) for h in meta.per_layer("attention.head_count_kv", n)]  # 0 on a convolution's layers
         conv = tuple(h == 0 for h in kv)
         first_conv = conv.index(True) if any(conv) else 0
         return cls.config_class(
