@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import io
 import json
 import os
 import statistics
@@ -35,6 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import Server, isa_line, vsurge_cmd, write_readme  # noqa: E402
+
+from vsurge.bench_serve import photo_jpeg  # noqa: E402
 
 CACHE = Path(os.environ.get("VSURGE_BENCH_CACHE", Path.home() / ".cache" / "vsurge-bench")) / "smolvlm-256m-random"
 WORDS = ("river stone garden window morning silver quiet lantern harbor meadow orchard candle thunder "
@@ -81,17 +82,8 @@ def write_checkpoint(folder: Path) -> None:
 
 
 def image(size: int, seed: int) -> str:
-    """A photo-like JPEG (smooth colour fields plus a little noise) as a data: URI."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:size, 0:size] / size
-    phase = rng.uniform(0, 6.28, 3)
-    fields = [np.sin(6 * x + phase[c]) * np.cos(4 * y - phase[c]) for c in range(3)]
-    pixels = np.stack(fields, -1) * 100 + 128 + rng.normal(0, 8, (size, size, 3))
-    buf = io.BytesIO()
-    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+    """A photo-like JPEG as a data: URI (`vsurge bench serve --images-per-request`'s images)."""
+    return "data:image/jpeg;base64," + base64.b64encode(photo_jpeg(size, size, seed)).decode()
 
 
 async def chat(client: httpx.AsyncClient, messages: list, max_tokens: int) -> dict:

@@ -6,13 +6,16 @@ images are each their API's 4xx while the server keeps serving."""
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from server_process import ServerProcess, client_for
+from server_process import ENV, ServerProcess, client_for
 from test_images import PROMPT_ONE, hf_greedy, png
 from tiny_vlm import SMOLVLM_TEMPLATE, write_tiny_idefics3
 
@@ -248,3 +251,29 @@ def test_generate_with_an_image_from_the_command_line(vlm_setup, tmp_path):
     (tmp_path / "notes.txt").write_text("not a picture")
     bad = run_cli("generate", "--model", str(folder), "--image", str(tmp_path / "notes.txt"), "--max-tokens", "2", "hi")
     assert bad.returncode != 0 and "could not be decoded" in bad.stderr
+
+
+def test_bench_serve_sends_images_in_every_wire_format(server):
+    """`vsurge bench serve --images-per-request 2`: every request's two images (each its own JPEG, so
+    the encoder cache answers none; another --seed for each run) reach the tower through chat, Responses
+    and Messages."""
+    for seed, endpoint in enumerate(("/v1/chat/completions", "/v1/responses", "/v1/messages")):
+        encoded = metric(server, "vsurge:images_encoded_total")
+        out = subprocess.run(
+            [sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", server.base, "--endpoint", endpoint,
+             "--num-prompts", "2", "--input-len", "4", "--output-len", "2", "--images-per-request", "2",
+             "--image-size", "48x40", "--seed", str(seed + 1), "--json"], capture_output=True, text=True, timeout=300, env=ENV)
+        assert out.returncode == 0, out.stdout + out.stderr
+        summary = json.loads(out.stdout)
+        assert (summary["completed"], summary["failed"], summary["output_tokens"]) == (2, 0, 4), endpoint
+        assert metric(server, "vsurge:images_encoded_total") - encoded == 4, endpoint
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--endpoint", "/v1/completions", "--images-per-request", "1"], "/v1/completions takes text only"),
+    (["--images-per-request", "1", "--image-size", "wide"], "expected WIDTHxHEIGHT"),
+    (["--images-per-request", "-1"], "must be 0 or more")])
+def test_bench_serve_refuses_an_image_load_it_cannot_send(argv, message):
+    out = subprocess.run([sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", "http://127.0.0.1:9",
+                          *argv], capture_output=True, text=True, timeout=120, env=ENV)
+    assert out.returncode != 0 and message in out.stderr, out.stderr

@@ -11,6 +11,11 @@ between content chunks) and E2E latency. Against a vsurge server it also reads
 /v1/stats before and after each load and prints where the time to first token
 went in the engine (mean queue, step wait and prefill per request).
 
+`--images-per-request N` adds N images to every request (`--image-size WxH`, photo-like JPEGs
+sent as base64, a different image for every request, so the server's encoder cache does not
+answer them; chat, Responses or Messages: /v1/completions is text only), the image load of
+`vllm bench serve --dataset-name random-mm`.
+
 `--concurrency 1,16,32` runs one load per level (that many prompts, all in flight
 at once) and `--base-url` may be given several times (`--label` names each):
 one table row per (server, level); `--plot FILE.png` draws tok/s and TTFT against
@@ -21,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import io
 import json
 import random
 import statistics
@@ -54,21 +61,68 @@ def random_prompt(rng: random.Random, approx_tokens: int) -> str:
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/messages")
 
 
-def request_body(endpoint: str, model: str, prompt: str, output_len: int) -> dict:
-    """A streamed greedy request of `output_len` tokens in the endpoint's wire format."""
+def photo_jpeg(width: int, height: int, seed: int) -> bytes:
+    """A photo-like JPEG (smooth colour fields plus a little noise: it compresses as photos do, not as
+    noise or one colour), different for every seed."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(width, height)
+    phase = rng.uniform(0, 6.28, 3)
+    fields = [np.sin(6 * x + phase[c]) * np.cos(4 * y - phase[c]) for c in range(3)]
+    pixels = np.stack(fields, -1) * 100 + 128 + rng.normal(0, 8, (height, width, 3))
+    buf = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buf, "JPEG", quality=90)
+    return buf.getvalue()
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """'640x480' -> (640, 480) (argparse type)."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        width = height = 0
+    if width < 1 or height < 1:
+        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in pixels, e.g. 512x512, got {text!r}")
+    return width, height
+
+
+def _content(endpoint: str, prompt: str, images: list[bytes]):
+    """The user turn's content: the prompt alone, or the images (base64 JPEG) then the prompt."""
+    if not images:
+        return prompt
+    b64 = [base64.b64encode(data).decode() for data in images]
+    if endpoint == "/v1/chat/completions":
+        return [*({"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{d}"}} for d in b64),
+                {"type": "text", "text": prompt}]
+    if endpoint == "/v1/responses":
+        return [*({"type": "input_image", "image_url": f"data:image/jpeg;base64,{d}"} for d in b64),
+                {"type": "input_text", "text": prompt}]
+    if endpoint == "/v1/messages":
+        return [*({"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": d}} for d in b64),
+                {"type": "text", "text": prompt}]
+    raise ValueError(f"{endpoint} takes text only: send images to /v1/chat/completions, /v1/responses or /v1/messages")
+
+
+def request_body(endpoint: str, model: str, prompt: str, output_len: int, images: list[bytes] = ()) -> dict:
+    """A streamed greedy request of `output_len` tokens in the endpoint's wire format (with `images`,
+    JPEG bytes, before the prompt in the user's turn)."""
+    if endpoint not in ENDPOINTS:
+        raise ValueError(f"unknown endpoint {endpoint!r} (known: {', '.join(ENDPOINTS)})")
+    content = _content(endpoint, prompt, list(images))
     if endpoint == "/v1/completions":
         return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
                 "stream_options": {"include_usage": True}}
     if endpoint == "/v1/chat/completions":
-        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": output_len,
+        return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": output_len,
                 "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     if endpoint == "/v1/responses":
-        return {"model": model, "input": prompt, "max_output_tokens": output_len, "temperature": 0.0, "stream": True,
+        user = content if isinstance(content, str) else [{"role": "user", "content": content}]
+        return {"model": model, "input": user, "max_output_tokens": output_len, "temperature": 0.0, "stream": True,
                 "store": False}
-    if endpoint == "/v1/messages":
-        return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": output_len,
-                "temperature": 0.0, "stream": True}
-    raise ValueError(f"unknown endpoint {endpoint!r} (known: {', '.join(ENDPOINTS)})")
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": output_len,
+            "temperature": 0.0, "stream": True}
 
 
 def chunk_content(chunk: dict) -> tuple[str, int | None]:
@@ -120,9 +174,11 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
-              shared_prefix_len: int = 0, endpoint: str = "/v1/completions") -> dict:
+              shared_prefix_len: int = 0, endpoint: str = "/v1/completions", images_per_request: int = 0,
+              image_size: tuple[int, int] = (512, 512)) -> dict:
     """shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
-    a list whose names the requests take in turn (a base model's LoRA adapters)."""
+    a list whose names the requests take in turn (a base model's LoRA adapters). images_per_request: JPEGs
+    of image_size (width, height) in every request, none the same (made before the clock starts)."""
     models = [model] if isinstance(model, str) else list(model)
     rng = random.Random(seed)
     preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""
@@ -130,15 +186,19 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
     url = base_url.rstrip("/") + endpoint
     headers = {"Authorization": f"Bearer {api_key}", "x-api-key": api_key} if api_key else {}
     limit = asyncio.Semaphore(max_concurrency or num_prompts)
+    images = [[photo_jpeg(*image_size, seed * 1_000_003 + i * 64 + j) for j in range(images_per_request)]
+              for i in range(num_prompts)]
 
     def payload(prompt, i):
-        body = request_body(endpoint, models[i % len(models)], prompt, output_len)
+        body = request_body(endpoint, models[i % len(models)], prompt, output_len, images[i])
         if eos_token_id is not None:
             body["logit_bias"] = {str(eos_token_id): -100}
         return body
 
+    # a connection per request: reusing one a server has just closed after its keep-alive time loses the
+    # request ("Server disconnected without sending a response", seen against llama-server at 1 stream)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=headers,
-                                 limits=httpx.Limits(max_connections=None)) as client:
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)) as client:
         async def limited(i, prompt, delay):
             await asyncio.sleep(delay)
             async with limit:
@@ -262,11 +322,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--request-rate and --max-concurrency)")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw output tok/s and TTFT against concurrency, one line per server (needs matplotlib)")
-    p.add_argument("--endpoint", default="/v1/completions", choices=ENDPOINTS,
-                   help="the wire format every request uses (default /v1/completions)")
+    p.add_argument("--endpoint", default=None, choices=ENDPOINTS,
+                   help="the wire format every request uses (default /v1/completions; with images "
+                        "/v1/chat/completions)")
+    p.add_argument("--images-per-request", type=int, default=0, metavar="N",
+                   help="images in every request (default 0: text only), each its own photo-like JPEG")
+    p.add_argument("--image-size", type=image_size, default=(512, 512), metavar="WxH",
+                   help="the images' size in pixels (default 512x512)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--eos-token-id", type=int, default=2, help="banned so every request makes output-len tokens "
                                                                "(-1: do not ban)")
+    p.add_argument("--seed", type=int, default=0, help="the random prompts' and images' seed (the same seed, "
+                                                       "the same requests: a server's caches may know them)")
     p.add_argument("--json", action="store_true", help="print the raw summary as JSON")
 
 
@@ -286,6 +353,12 @@ def main_from_args(args) -> int:
     if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
         raise SystemExit("vsurge: error: --concurrency sends each level's prompts all at once; "
                          "drop --request-rate and --max-concurrency")
+    if args.images_per_request < 0:
+        raise SystemExit("vsurge: error: --images-per-request must be 0 or more")
+    endpoint = args.endpoint or ("/v1/chat/completions" if args.images_per_request else "/v1/completions")
+    if args.images_per_request and endpoint == "/v1/completions":
+        raise SystemExit("vsurge: error: /v1/completions takes text only: send images with --endpoint "
+                         "/v1/chat/completions, /v1/responses or /v1/messages")
     eos = None if args.eos_token_id < 0 else args.eos_token_id
     # (row name, concurrency, num prompts, rate, max concurrency) per load on each server
     if args.concurrency:
@@ -296,13 +369,18 @@ def main_from_args(args) -> int:
     series: dict[str, list[tuple[int, dict]]] = {}
     records, failed = [], 0
     if not args.json:
+        if args.images_per_request:
+            print(f"each request: {args.images_per_request} image(s) of {args.image_size[0]} x {args.image_size[1]} "
+                  f"pixels before its prompt, {endpoint}", flush=True)
         print(TABLE_HEADER, flush=True)
     for label, url in zip(labels, urls):
         model = args.model or first_model(url, args.api_key)
         for suffix, level, num_prompts, rate, max_concurrency in loads:
             summary = asyncio.run(run(url, model, num_prompts, args.input_len, args.output_len, rate,
-                                      max_concurrency, args.api_key, eos, shared_prefix_len=args.shared_prefix_len,
-                                      endpoint=args.endpoint))
+                                      max_concurrency, args.api_key, eos, seed=args.seed,
+                                      shared_prefix_len=args.shared_prefix_len,
+                                      endpoint=endpoint, images_per_request=args.images_per_request,
+                                      image_size=args.image_size))
             series.setdefault(label, []).append((level, summary))
             records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
             failed += summary["failed"]
