@@ -43,13 +43,15 @@ CATEGORIES = ("weight matmuls", "attention", "cache writes", "output head", "sam
 
 
 def op_table(hlo_text: str) -> dict[str, tuple[str, str]]:
-    """HLO instruction name -> (opcode, op_name metadata)."""
+    """HLO instruction name -> (opcode, op_name metadata). An op XLA added (a copy, a YNNPACK dot fusion)
+    has no op_name: it is named by its opcode and shape instead, e.g. "<fusion f32[16,64,128]>"."""
     table = {}
     for line in hlo_text.splitlines():
-        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(", line)
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) ([\w\-]+)\(", line)
         if m:
             op = re.search(r'op_name="([^"]+)"', line)
-            table[m.group(1)] = (m.group(2), op.group(1) if op else "")
+            shape = re.sub(r"\{[^}]*\}", "", m.group(2))
+            table[m.group(1)] = (m.group(3), op.group(1) if op else f"<{m.group(3)} {shape}>")
     return table
 
 
