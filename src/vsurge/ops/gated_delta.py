@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 
 _HI = jax.lax.Precision.HIGHEST  # the state is carried across the whole prompt: keep full f32 matmuls
+# Chunks of a prompt row computed without a loop: XLA:CPU runs a loop's small per-head dots one
+# iteration at a time and copies what the loop carries; the paged engine's rows are one page (2 chunks)
+UNROLLED_CHUNKS = 4
 
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -176,9 +179,12 @@ def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 6
 
     per_chunk = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731  (B, Hv, N, ...) -> (N, B, Hv, ...)
     xs = tuple(map(per_chunk, (u, w, q_read, k_write, intra, chunk_decay)))
-    if N == 1:  # one chunk: no loop to compile
-        final, out = step(state.astype(jnp.float32), tuple(x[0] for x in xs))
-        out = out[None]
+    if N <= UNROLLED_CHUNKS:  # a prompt row of a few chunks (the paged engine's): no loop
+        final, outs = state.astype(jnp.float32), []
+        for i in range(N):
+            final, o = step(final, tuple(x[i] for x in xs))
+            outs.append(o)
+        out = jnp.stack(outs)  # (N, B, Hv, C, dv)
     else:
         final, out = jax.lax.scan(step, state.astype(jnp.float32), xs)  # out (N, B, Hv, C, dv)
     out = jnp.transpose(out, (1, 0, 3, 2, 4)).reshape(B, N * C, Hv, dv)[:, :T]
