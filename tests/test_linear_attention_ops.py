@@ -71,7 +71,7 @@ def test_the_chunked_rule_calls_no_lapack_kernel():
     assert "custom_call" not in hlo and "lapack" not in hlo
 
 
-@pytest.mark.parametrize("T, chunk", [(37, 16), (5, 64)])
+@pytest.mark.parametrize("T, chunk", [(37, 16), (5, 64), (80, 16)])  # 3 chunks unrolled, 1, 5 in a loop
 def test_chunked_matches_torch_chunk_and_recurrent(T, chunk):
     args = delta_inputs(T)
     out, final = rule(*map(jnp.asarray, args), chunk_size=chunk)
