@@ -187,7 +187,7 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
     args = ["--served-model-name", "tiny", "--dtype", "float32", "--engine", "paged", "--prefill-devices", "0-2",
             "--decode-devices", "3-5", "--max-concurrent-decodes", "4", "--max-length", "128", "--prefill-lengths",
             "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
-            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "5"]
+            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "20"]
     env = {**DEVICES, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=3")}
     follower = ServerProcess(str(tiny_tp3), *args, "--process-id", "1", cache_dir="none", env=env)
     leader = ServerProcess(str(tiny_tp3), *args, "--process-id", "0", cache_dir="none", env=env)
@@ -207,6 +207,9 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
         stats = leader.get("/v1/stats").json()["models"][0]
         assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
         assert stats["kv_transfer"]["count"] == len(prompts) and stats["finished_total"] == len(prompts)
+    except Exception:
+        print("process 1:", follower.output[-4000:])
+        raise
     finally:
         code = leader.stop(timeout=60)
         follower.proc.kill()
@@ -230,7 +233,7 @@ def test_a_hybrid_models_states_cross_from_process_0_to_process_1(tmp_path_facto
     args = ["--served-model-name", "tiny", "--dtype", "float32", "--engine", "paged", "--prefill-devices", "0",
             "--decode-devices", "1", "--max-concurrent-decodes", "4", "--max-length", "128", "--prefill-lengths",
             "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
-            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "5"]
+            "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "20"]
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
     follower = ServerProcess(str(folder), *args, "--process-id", "1", cache_dir="none", env=env)
     leader = ServerProcess(str(folder), *args, "--process-id", "0", cache_dir="none", env=env)
