@@ -10,6 +10,7 @@ float32: greedy tokens must equal the colocated engine's and the one-device Gene
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -189,10 +190,7 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
             "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
             "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "20"]
     env = {**DEVICES, "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=3")}
-    follower = ServerProcess(str(tiny_tp3), *args, "--process-id", "1", cache_dir="none", env=env)
-    leader = ServerProcess(str(tiny_tp3), *args, "--process-id", "0", cache_dir="none", env=env)
-    try:
-        leader.wait_ready(timeout=400)
+    with two_processes(tiny_tp3, args, env) as (leader, follower):
         assert "process 1 follows process 0" in follower.output
         assert "Paged KV cache of a decode engine" in follower.output
         client = client_for(leader, timeout=120)
@@ -207,6 +205,17 @@ def test_prefill_on_process_0_and_decode_on_process_1_answer_the_same(tiny_tp3, 
         stats = leader.get("/v1/stats").json()["models"][0]
         assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
         assert stats["kv_transfer"]["count"] == len(prompts) and stats["finished_total"] == len(prompts)
+
+
+@contextlib.contextmanager
+def two_processes(folder, args: list[str], env: dict):
+    """Process 1 (a follower) and process 0 (the leader, ready) of one job, stopped afterwards; when the
+    body fails, process 1's output is printed (a lost follower says why only there)."""
+    follower = ServerProcess(str(folder), *args, "--process-id", "1", cache_dir="none", env=env)
+    leader = ServerProcess(str(folder), *args, "--process-id", "0", cache_dir="none", env=env)
+    try:
+        leader.wait_ready(timeout=400)
+        yield leader, follower
     except Exception:
         print("process 1:", follower.output[-4000:])
         raise
@@ -235,10 +244,7 @@ def test_a_hybrid_models_states_cross_from_process_0_to_process_1(tmp_path_facto
             "32", "--prefill-tokens", "64", "--page-size", "32", "--num-pages", "16",
             "--coordinator-address", f"127.0.0.1:{coordinator}", "--num-processes", "2", "--heartbeat-timeout", "20"]
     env = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=1")}
-    follower = ServerProcess(str(folder), *args, "--process-id", "1", cache_dir="none", env=env)
-    leader = ServerProcess(str(folder), *args, "--process-id", "0", cache_dir="none", env=env)
-    try:
-        leader.wait_ready(timeout=400)
+    with two_processes(folder, args, env) as (leader, follower):
         client = client_for(leader, timeout=120)
 
         def one(prompt):
@@ -251,10 +257,3 @@ def test_a_hybrid_models_states_cross_from_process_0_to_process_1(tmp_path_facto
         stats = leader.get("/v1/stats").json()["models"][0]
         assert [(r["id"], r["role"]) for r in stats["replicas"]] == [(0, "prefill"), (1, "decode")]
         assert stats["kv_transfer"]["count"] == len(prompts)
-    except Exception:
-        print("process 1:", follower.output[-4000:])
-        raise
-    finally:
-        code = leader.stop(timeout=60)
-        follower.proc.kill()
-    assert code is not None, "the leader did not stop on SIGTERM:\n" + leader.output[-3000:]
