@@ -157,22 +157,13 @@ def _wait_until_read(pipe, timeout: float = 60) -> None:
         time.sleep(0.01)
 
 
-def _sigint_as_from_a_terminal() -> None:
-    """In the chat's process before it starts: SIGINT unblocked and at its default, as a terminal's
-    program gets it. A child inherits its parent's signal mask and ignored signals; in the full suite
-    (2 workers) the chat ignored the Ctrl-C three runs in three on a 2-core AMD EPYC (its reply ran
-    all 2000 tokens), never when this file ran alone; a pytest process with SIGINT blocked does the same."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_stops_a_reply_and_a_second_at_the_prompt_quits():
     """The race this test once lost: a Ctrl-C after the message was written but before the reply began
     (the chat still reading it, rendering the template, tokenizing: ~20 ms idle, seconds on a loaded
     machine) quit the chat with no JSON line. Now Ctrl-C stops the reply from the moment its message
     is read, and the test signals only after the chat has read it."""
     proc = popen_cli("chat", "--max-tokens", "2000", "--json", "--temperature", "0", stdin=subprocess.PIPE,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_sigint_as_from_a_terminal)
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         stdout, stderr = _Lines(proc.stdout), _Lines(proc.stderr)
         stderr.wait_for(lambda line: line.startswith("Sampling:"), timeout=600)  # compiled, warmed up

@@ -179,13 +179,7 @@ def gated_delta_rule(q, k, v, g, beta, state, valid=None, *, chunk_size: int = 6
 
     per_chunk = lambda x: jnp.moveaxis(x, 2, 0)  # noqa: E731  (B, Hv, N, ...) -> (N, B, Hv, ...)
     xs = tuple(map(per_chunk, (u, w, q_read, k_write, intra, chunk_decay)))
-    if N <= UNROLLED_CHUNKS:  # a prompt row of a few chunks (the paged engine's): no loop
-        final, outs = state.astype(jnp.float32), []
-        for i in range(N):
-            final, o = step(final, tuple(x[i] for x in xs))
-            outs.append(o)
-        out = jnp.stack(outs)  # (N, B, Hv, C, dv)
-    else:
-        final, out = jax.lax.scan(step, state.astype(jnp.float32), xs)  # out (N, B, Hv, C, dv)
+    # a prompt row of a few chunks (the paged engine's) unrolled: no loop
+    final, out = jax.lax.scan(step, state.astype(jnp.float32), xs, unroll=N <= UNROLLED_CHUNKS)  # (N, B, Hv, C, dv)
     out = jnp.transpose(out, (1, 0, 3, 2, 4)).reshape(B, N * C, Hv, dv)[:, :T]
     return out.astype(out_dtype), final

@@ -294,6 +294,7 @@ def follow_engine(engine, name: str) -> None:
     with the calls that answer or move prefixes)."""
     prefix = _prefix(name, engine.remote_index)
     store, received, replies = distributed.client(), {}, itertools.count()
+    states_layout = _states_layout(engine) if engine.model.config.recurrent_layers else None  # traced once
 
     def decode_and_reply(state, key, leaves):  # key: ("decode", rows, window, logprobs)
         state, out = replay(engine, key[:3], state, leaves)
@@ -304,7 +305,7 @@ def follow_engine(engine, name: str) -> None:
 
     def receive(state, key, leaves):  # take part in process 0's jax.device_put of a prefix onto our devices
         _, tid, bucket, shape, with_states = key
-        received[tid] = _receive(engine, bucket, shape, leaves[0], with_states)
+        received[tid] = _receive(engine, bucket, shape, leaves[0], states_layout if with_states else None)
         return state
 
     def import_prefix(state, key, leaves):  # key: ("import", bucket, transfer id, the sequence's slot)
@@ -319,12 +320,18 @@ def follow_engine(engine, name: str) -> None:
                         {"decode": decode_and_reply, "receive": receive, "import": import_prefix})
 
 
-def _receive(engine, bucket: int, shape, device_ids, with_states: bool) -> tuple[PrefixPages, list | None]:
+def _states_layout(engine) -> list:
+    """The shapes of one slot's row of every recurrent state part (what a hybrid's hand-over moves)."""
+    from ..engine.tiers import gather_states
+
+    return jax.eval_shape(partial(gather_states, held="states"), jax.eval_shape(engine._empty_state), np.int32(0))
+
+
+def _receive(engine, bucket: int, shape, device_ids, states_layout: list | None) -> tuple[PrefixPages, list | None]:
     """This process's side of process 0's two jax.device_put calls: the prefix's pages (split over KV
-    heads) and, for a hybrid model, its slot's recurrent states (replicated)."""
+    heads) and, with `states_layout` (a hybrid model's), its slot's recurrent states (replicated)."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from ..engine.tiers import gather_states
     from ..sharding import replicated
 
     by_id = {d.id: d for d in jax.devices()}
@@ -338,10 +345,8 @@ def _receive(engine, bucket: int, shape, device_ids, with_states: bool) -> tuple
     dest = engine.prefix_destination()
     pages = arrive(engine._prefix_spec(bucket), NamedSharding(source, dest.spec), dest)
     states = None
-    if with_states:
-        layout = jax.eval_shape(partial(gather_states, held="states"), jax.eval_shape(engine._empty_state),
-                                np.int32(0))
-        states = arrive(layout, NamedSharding(source, PartitionSpec()), replicated(engine.mesh))
+    if states_layout is not None:
+        states = arrive(states_layout, NamedSharding(source, PartitionSpec()), replicated(engine.mesh))
     return pages, states
 
 
