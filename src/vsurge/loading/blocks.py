@@ -126,6 +126,7 @@ def keep_blocks(reader) -> dict:
                 log.debug("%s: dequantized (stored as %s)", name, "/".join(kinds))
             continue
         out[name] = build_blocks(reader.source, *found)
+        reader.source.release()  # its rows are copied: the file's pages need not stay resident
         kept[out[name].format] += 1
         log.debug("%s: kept in blocks, %r", name, out[name])
     total = sum(w.nbytes for w in out.values())

@@ -71,6 +71,7 @@ class GGUFSource:
 
     def __init__(self, reader: GGUFFile, path: Path, config_tensors: Sequence[str] = ()):
         self.path = path
+        self._reader = reader
         # tensors the config was read from are not weights
         self._tensors = {t.name: t for t in reader.tensors if t.name not in set(config_tensors)}
 
@@ -94,6 +95,10 @@ class GGUFSource:
     def raw_rows(self, name: str) -> np.ndarray:
         """A quantized 2-D tensor's blocks as stored: uint8 (N, bytes per row), memory-mapped."""
         return self._tensors[name].data
+
+    def release(self) -> None:
+        """The tensors read so far are copied: drop the file's pages from the resident set."""
+        self._reader.drop_resident_pages()
 
     def read(self, name: str, index: Sequence[Range | None] = ()) -> np.ndarray:
         """The index range of each axis (None: all); only those rows are dequantized."""

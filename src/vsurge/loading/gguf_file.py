@@ -69,6 +69,13 @@ class GGUFFile:
         start = -(-self._pos // alignment) * alignment
         self.tensors = [self._tensor(start, *info) for info in infos]
 
+    def drop_resident_pages(self) -> None:
+        """Take the file's pages out of this process's resident set (they stay in the page cache;
+        a later read faults them back in). Loading copies every tensor into its own arrays, and
+        without this the mapped file counted in the peak beside those copies (a 1.2 GiB file's
+        load peaked at 2.7 GiB)."""
+        self._map.madvise(mmap.MADV_DONTNEED)
+
     # ------------------------------------------------------------ the layout
     def _read(self, n: int) -> bytes:
         if self._pos + n > len(self._map):

@@ -7,6 +7,7 @@ device's shard of a tensor) touches only the bytes of that slice.
 from __future__ import annotations
 
 import json
+import mmap
 import struct
 from pathlib import Path
 from typing import Sequence
@@ -112,6 +113,11 @@ class SafetensorsSource:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._mapped(name).shape)
 
+    def release(self) -> None:
+        """What was read is copied: drop the mapped files' pages from the resident set (gguf_file.py)."""
+        for data, _, _ in self._maps.values():
+            data._mmap.madvise(mmap.MADV_DONTNEED)
+
     def read(self, name: str, index: Sequence[Range | None] = ()) -> np.ndarray:
         """The index range of each axis (None: all), copied out of the file."""
         arr = self._mapped(name)
@@ -140,3 +146,6 @@ class RenamedSource:
 
     def read(self, name: str, index=()) -> np.ndarray:
         return self.source.read(self._stored[name], index)
+
+    def release(self) -> None:
+        self.source.release()

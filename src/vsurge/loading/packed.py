@@ -205,6 +205,9 @@ class PackedSource:
             self._rows = (name, self._layer(name).gguf_rows())
         return self._rows[1]
 
+    def release(self) -> None:
+        self.source.release()
+
     def read(self, name: str, index: Sequence[Range | None] = ()) -> np.ndarray:
         layer = self._layer(name)
         if layer is None:

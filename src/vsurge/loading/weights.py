@@ -124,9 +124,11 @@ def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, f
     names = [n for n in reader.specs if n not in held]
     layers = {n for n in names if n.startswith("layers.")}
     out = {name: reader.read(name) for name in names if name not in layers}
+    source.release()  # each weight is read into its own array: the mapped file need not stay resident
     for i in tqdm(range(config.num_layers), desc="Loading weights", unit="layer", disable=not progress):
         prefix = f"layers.{i}."
         out.update({name: reader.read(name) for name in names if name.startswith(prefix)})
+        source.release()
     return {**out, **held}
 
 

@@ -50,6 +50,11 @@ class TensorSource(Protocol):
         """The file a tensor lives in, for error messages."""
         ...
 
+    def release(self) -> None:
+        """Everything read so far has been copied out: let the file's mapped pages leave the
+        process's resident memory (they are read again if needed)."""
+        ...
+
 
 class Recipe(Protocol):
     def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
