@@ -1,6 +1,6 @@
 """Where one engine step's time goes: JAX's profiler over real decode and prompt steps.
 
-Prefills `rows` random 128-token prompts into the default engine (dense or paged),
+Prefills `rows` random 128-token prompts (`--prompt-len`) into the default engine (dense or paged),
 then traces decode steps at that many rows (one step per call) and one prompt step
 of `--prefill-tokens`, and splits each op's time by what it belongs to (the ops
 carry the model's `named_scope`s): weight matmuls, attention (reads of the KV
@@ -129,6 +129,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=2048, help="the serving default: decode rows loop over "
                    "the page columns they use (512 and less: every column of the window, unrolled)")
     p.add_argument("--prefill-tokens", type=int, default=512)
+    p.add_argument("--prompt-len", type=int, default=128, help="each prompt's tokens: the traced prompt step is "
+                   "the first the scheduler plans for them (12 with --rows 32: a burst of short prompts)")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--top", type=int, default=0, help="print the N op names taking the most time in each step")
     p.add_argument("--no-header", action="store_true", help=argparse.SUPPRESS)
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
     engine, processor = build(args, rows)
     scheduler, state = engine.new_scheduler(), engine.init_state()
     for _ in range(rows):
-        ids = rng.integers(100, 40000, 128).tolist()
+        ids = rng.integers(100, 40000, args.prompt_len).tolist()
         request = ActiveRequest(ids, SamplingParams(max_tokens=args.max_length - 200, temperature=0.0,
                                                     ignore_eos=True), 0, args.max_length - 200, [], ReturnChannel())
         scheduler.add(Sequence.of(request, processor))
@@ -184,7 +186,7 @@ def main(argv=None) -> int:
         print("decode step, the ops taking the most time:", flush=True)
     decode = split(lambda: run(plan), engine._program(("decode", d, w)).as_text(), 3, decode_wall, args.top)
     tokens = sum(c.length for c in prompt_plan.chunks)
-    for name, cost, made in ((f"prompt, {tokens} tokens", prompt, tokens), (f"decode, {rows} rows", decode, rows)):
+    for name, cost, made in ((f"prompt, {tokens} tokens ({shape[0]} x {shape[1]})", prompt, tokens), (f"decode, {rows} rows", decode, rows)):
         cells = " | ".join(f"{cost.get(c, 0.0):.1f}" for c in CATEGORIES)
         print(f"| {name} | {cells} | {cost['total']:.1f} | {made / cost['total'] * 1000:.0f} |", flush=True)
     return 0
