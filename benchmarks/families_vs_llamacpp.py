@@ -13,6 +13,11 @@ vocabulary step replaced by its own GPT-2 one (the tensors and the model's metad
 converter's as ever).
 
     python benchmarks/families_vs_llamacpp.py            (builds llama.cpp on first use, ~10 min)
+
+With --mmproj, the vision-language pairs instead (tests/tiny_vlm.py's SmolVLM and Gemma 3): the converter's
+text GGUF and mmproj against the test writer's (tests/mmproj_files.py), and vsurge on the converter's pair
+against vsurge on the HF directory (logits over a prompt with an image; tests/test_images.py checks the
+directory against transformers).
 """
 
 from __future__ import annotations
@@ -87,14 +92,14 @@ convert_hf_to_gguf.main()
 """
 
 
-def convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str = "f32") -> str | None:
+def convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str = "f32", *extra: str) -> str | None:
     """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next and Qwen3.5 checkpoints
     without a multi-token-prediction head need --no-mtp (it asserts one is there otherwise)."""
     import json
 
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    extra = ["--no-mtp"] if config.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) else []
+    extra = [*extra, *(["--no-mtp"] if config.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) else [])]
     proc = subprocess.run([sys.executable, "-c", RUN_CONVERTER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
                            "--outtype", outtype, *extra], env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -147,9 +152,70 @@ def llama_cpp_greedy(binary: str, gguf: Path, ids: list[int], steps: int) -> lis
         server.stop()
 
 
+def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
+    """What the converter needs of a tiny VLM that the hub's checkpoints have: SmolVLM's text_config names its
+    architecture (the converter picks the text model by it), Gemma 3's tower its vision_model (transformers 5
+    saves it without, which the converter's name map does not know)."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    if family == "idefics3":
+        path = hf_dir / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
+        path.write_text(json.dumps(cfg, indent=2))
+        return
+    for f in hf_dir.glob("*.safetensors"):
+        state = {(k.replace("vision_tower.", "vision_tower.vision_model.", 1)
+                  if k.startswith("vision_tower.") and ".vision_model." not in k else k): v
+                 for k, v in load_file(f).items()}
+        save_file(state, str(f), metadata={"format": "pt"})
+
+
+def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
+    """The vision-language pairs: the test writer's files against the converter's, vsurge on the converter's."""
+    import jax.numpy as jnp
+
+    import vsurge
+    from mmproj_files import write_pair
+    from test_images import GEMMA_ONE, PROMPT_ONE, png
+    from test_mmproj import prompt_logits
+    from tiny_vlm import write_tiny_gemma3_vlm, write_tiny_idefics3
+    from vsurge.loading import default_model_path
+
+    print("| pair | converter | test writer's text GGUF | test writer's mmproj | vsurge on the converter's pair vs "
+          "the HF directory (max abs logit diff, one image) |")
+    print("|---|---|---|---|---|")
+    for family, write, prompt in (("idefics3", write_tiny_idefics3, PROMPT_ONE),
+                                  ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE)):
+        hf = work / family
+        write(hf, tokenizer)
+        as_hub_checkpoint(family, hf)
+        text, mmproj = work / f"{family}.gguf", work / f"mmproj-{family}.gguf"
+        error = convert(llama_cpp, hf, text) or convert(llama_cpp, hf, mmproj, "f32", "--mmproj")
+        if error:
+            print(f"| {family} | cannot convert: {error} | - | - | - |", flush=True)
+            continue
+        ours_text, ours_mmproj = work / f"{family}.ours.gguf", work / f"mmproj-{family}.ours.gguf"
+        write_pair(hf, ours_text, ours_mmproj, default_model_path())
+        text_same = same_file(ours_text, text)
+        # the converter cuts Gemma 3's token_embd to the tokenizer.json's count, fewer rows than tokens here
+        # (tests/mmproj_files.py): its text file does not load, the writer's (the same otherwise) stands in
+        loadable = text if text_same == "same" else ours_text
+        model, processor = vsurge.load(loadable, dtype=jnp.float32, progress=False, mmproj=mmproj)
+        ref, ref_processor = vsurge.load(hf, dtype=jnp.float32, progress=False)
+        image = [png(50, 90, 1)]
+        diff = np.abs(prompt_logits(model, processor.images.prompt(prompt, image))
+                      - prompt_logits(ref, ref_processor.images.prompt(prompt, image))).max()
+        note = "" if loadable == text else " (the test writer's text GGUF)"
+        print(f"| {family} | ok | {text_same} | {same_file(ours_mmproj, mmproj)} | {diff:.1e}{note} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--mmproj", action="store_true", help="the vision-language pairs (text GGUF + mmproj)")
     args = parser.parse_args()
     import jax.numpy as jnp
     import torch
@@ -166,6 +232,8 @@ def main() -> None:
     load_processor("default").save_pretrained(tokenizer)
     ids = load_processor("default").encode("The river ran past the old mill where the ducks")
     print(f"llama.cpp: {llama_cpp}\n")
+    if args.mmproj:
+        return check_mmproj(llama_cpp, work, tokenizer)
     print("| family | converter | test writer vs converter | vsurge vs transformers (max abs logit diff) | "
           "greedy tokens vs llama.cpp |")
     print("|---|---|---|---|---|")

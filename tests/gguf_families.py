@@ -56,9 +56,11 @@ def _rope(cfg) -> dict:
     return params.get("full_attention", params)
 
 
-def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: dict | None = None) -> None:
+def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: dict | None = None,
+                      tokenizer=None) -> None:
     """The checkpoint in `hf_dir` (as transformers saves it) -> a GGUF file at `path`; types: GGUF
-    tensor name suffix -> quant type (default F32; vectors always F32)."""
+    tensor name suffix -> quant type (default F32; vectors always F32); tokenizer: writes the
+    tokenizer's metadata (default: the one of the GGUF file `tokenizer_source`)."""
     import json
 
     import transformers
@@ -74,7 +76,7 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{model_type}")
     _metadata(writer, cfg, hparams, model_type)
-    copy_tokenizer_metadata(writer, tokenizer_source)
+    (tokenizer or (lambda w: copy_tokenizer_metadata(w, tokenizer_source)))(writer)
     names = gguf.get_tensor_name_map(MODEL_ARCH[arch], cfg.num_hidden_layers)
     for name, array in _tensors(state, cfg, model_type):
         if name.startswith(("model.", "lm_head", "backbone.")):

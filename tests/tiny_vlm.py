@@ -120,6 +120,9 @@ def write_tiny_gemma3_vlm(folder: Path, tokenizer_dir: Path, seed: int = 0):
         for name, param in model.named_parameters():
             if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias")):
                 param.add_(0.1 * torch.randn_like(param))
+            if name.endswith("mm_input_projection_weight"):  # zeros as initialized: no image would reach the text
+                # model; float16 values, which llama.cpp's converter (it stores this one as F16) keeps exactly
+                param.copy_((1.0 * torch.randn_like(param)).half().float())
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Gemma3ImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},

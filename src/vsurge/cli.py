@@ -94,7 +94,7 @@ def _start_engine(args):
 
     return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
                              activation_passes=args.activation_passes, max_length=args.max_length, compilation_cache=args.compilation_cache,
-                             tensor_parallel_size=args.tensor_parallel_size, lora=args.lora)
+                             tensor_parallel_size=args.tensor_parallel_size, lora=args.lora, mmproj=args.mmproj)
 
 
 def _describe_sampling(params, defaults) -> str:
@@ -195,7 +195,7 @@ def _load(args):
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
     try:
         return load(args.model, dtype=args.dtype, quantization=args.quantization,
-                    activation_passes=getattr(args, "activation_passes", None),
+                    activation_passes=getattr(args, "activation_passes", None), mmproj=getattr(args, "mmproj", None),
                     expert_parallel=getattr(args, "enable_expert_parallel", False), **load_kwargs(args))
     except (ModelLoadError, ValueError) as e:
         raise _fail(str(e)) from None
@@ -225,6 +225,9 @@ def cmd_serve(args) -> int:
     except ValueError as e:
         raise _fail(str(e)) from None
     cli_models.check(args, specs, _fail)
+    if args.mmproj and cli_models.several(args, specs):
+        raise _fail("--mmproj goes with one --model; to serve several, give a model's mmproj as its \"mmproj\" "
+                    "in --models-config")
     first_name, args.model = specs[0]
     use_cache_dir(args.compilation_cache)
     parallel = (scale_flags.disaggregated_kwargs(args) if scale_flags.disaggregated(args)

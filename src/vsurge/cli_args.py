@@ -32,9 +32,14 @@ def _default_cache() -> str:
     return os.environ.get(COMPILATION_CACHE_ENV) or DEFAULT_COMPILATION_CACHE
 
 
+MMPROJ_HELP = ("llama.cpp's mmproj .gguf (a vision-language model's tower and projector) for the text model "
+               "--model's .gguf: the pair serves images (SmolVLM / Idefics3, Gemma 3)")
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--mmproj", default=None, metavar="FILE", help=MMPROJ_HELP)
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
                         "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
@@ -113,6 +118,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=None, metavar="[NAME=]PATH",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct); repeat to "
                         "serve several (the first loaded at start, the others on their first request)")
+    p.add_argument("--mmproj", default=None, metavar="FILE",
+                   help=MMPROJ_HELP + "; with several models, each its own \"mmproj\" in --models-config")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
     cli_models.add_arguments(p)
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",

@@ -100,7 +100,7 @@ class LocalEngine:
     def start(cls, model: str, *, dtype=None, quantization=None, activation_passes=None,
               max_length: int = DEFAULT_MAX_LENGTH,
               compilation_cache: str | None = None, tensor_parallel_size: int | None = None,
-              lora: str | None = None) -> "LocalEngine":
+              lora: str | None = None, mmproj: str | None = None) -> "LocalEngine":
         from .errors import ModelLoadError
         from .loading import DEFAULT_MODEL_NAME, load, resolve_model_path
         from .vsurge import vSurge
@@ -110,6 +110,7 @@ class LocalEngine:
         try:
             path = resolve_model_path(model)
             loaded, processor = load(path, dtype=dtype, quantization=quantization, activation_passes=activation_passes,
+                                     mmproj=mmproj,
                                      **({"tensor_parallel_size": tensor_parallel_size} if tensor_parallel_size else {}))
         except (ModelLoadError, ValueError) as e:
             raise SystemExit(f"vsurge: error: {e}") from None

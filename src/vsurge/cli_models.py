@@ -58,7 +58,7 @@ def model_specs(args) -> list[tuple[str | None, str]]:
 
 
 # options of a --models-config entry that are not engine flags: the model's own `vsurge serve` flags
-MODEL_OPTIONS = ("dtype", "quantization", "activation_passes", "generation_config", "pooling")
+MODEL_OPTIONS = ("dtype", "quantization", "activation_passes", "generation_config", "pooling", "mmproj")
 
 
 def models_config(args) -> dict[str, dict]:

@@ -16,6 +16,7 @@ from ..config import BLOCK_QUANTIZATIONS, QUANTIZATIONS
 from ..models.registry import family_for_gguf
 from .gguf import GGUFSource, gguf_meta, open_gguf
 from ..multimodal import image_config, image_processor_for
+from .mmproj import check_mmproj_model, load_pair
 from .hf import RenamedSource, SafetensorsSource, load_hf_config, read_hf_config
 from .packed import PackedScheme, PackedSource
 from .weights import assemble_weights, build_model, check_source
@@ -37,7 +38,8 @@ def resolve_model_path(path: str | Path | None = "default") -> Path:
 
 def load(path: str | Path | None = "default", dtype=None, *, quantization: str | None = None,
          progress: bool = True, load_processor: bool = True, mesh=None, tensor_parallel_size: int | None = None,
-         data_parallel_size: int | None = None, expert_parallel: bool = False, activation_passes: int | None = None):
+         data_parallel_size: int | None = None, expert_parallel: bool = False, activation_passes: int | None = None,
+         mmproj: str | Path | None = None):
     """Load `(model, processor)` from an HF directory, a `.gguf` file, or "default".
 
     dtype: the weights' dtype; default: devices.default_dtype() (bfloat16, except on a CPU without
@@ -63,6 +65,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     activation_passes: how the block kernel multiplies weights held in blocks: 2 (the activations'
         int8 rounding residual too: near-float logits), 1 (llama.cpp's arithmetic: about half the
         integer work); None: 2 below ~1B parameters, 1 above (ops/quantized.activation_passes).
+    mmproj: llama.cpp's mmproj GGUF (vision tower and projector) of the vision-language model whose text
+        model `path` is (a GGUF file): the pair loads as the one model (loading/mmproj.py).
     """
     if activation_passes not in (None, 1, 2):
         raise ValueError(f"activation_passes must be 1 or 2, got {activation_passes!r}")
@@ -72,6 +76,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     explicit_dtype = dtype is not None
     dtype = default_dtype() if dtype is None else dtype
     start = time.perf_counter()
+    if mmproj is not None:
+        check_mmproj_model(p)
     if p.is_dir():
         family, config = load_hf_config(p)
         source, fmt = SafetensorsSource(p), "hf"
@@ -87,15 +93,20 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
             processor.images = image_processor_for(config, p, processor)
     elif p.suffix.lower() == ".gguf" or p.is_file():
         packed = None
-        reader = open_gguf(p)
-        meta = gguf_meta(reader, p)
-        family = family_for_gguf(meta)
-        config = family.config_from_gguf(meta, meta.where)
-        source, fmt = GGUFSource(reader, p, family.gguf_config_tensors), "gguf"
+        reader, fmt = open_gguf(p), "gguf"
+        if mmproj is not None:
+            family, config, source, preprocessor = load_pair(reader, p, mmproj)
+        else:
+            meta = gguf_meta(reader, p)
+            family = family_for_gguf(meta)
+            config = family.config_from_gguf(meta, meta.where)
+            source = GGUFSource(reader, p, family.gguf_config_tensors)
         processor = None
         if load_processor:
             fields = {k: v for k, v in reader.fields.items() if k.startswith("tokenizer.")}
             processor = Processor.from_gguf_metadata(fields, name_or_path=str(p))
+            if mmproj is not None:
+                processor.images = image_processor_for(config, None, processor, preprocessor)
     else:
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
     if mesh is None and (tensor_parallel_size or data_parallel_size):
@@ -154,7 +165,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         from ..ops.quantized import activation_passes as passes_for
 
         model.use_activation_passes(activation_passes or passes_for(config))
-    log.info("loaded %s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p, config.architecture,
+    log.info("loaded %s%s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p,
+             f" with mmproj {mmproj}" if mmproj is not None else "", config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)
     return model, processor
 

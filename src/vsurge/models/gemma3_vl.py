@@ -7,7 +7,9 @@ prompt stays causal): the engine computes each image within one step and widens 
 HF: Gemma3ForConditionalGeneration (model_type "gemma3": the text model under language_model.model,
 the tower under vision_tower(.vision_model), multi_modal_projector, each with or without a "model."
 before it, as checkpoints were saved); config.json's text_config and vision_config leave out what
-Gemma3TextConfig and SiglipVisionConfig default.
+Gemma3TextConfig and SiglipVisionConfig default. llama.cpp: a `gemma3` text GGUF and an mmproj of
+projector type "gemma3" (its converter stores the projector's norm as 1 + w; the projection as HF's
+(vision width, text width) matrix).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ..ops.norm import rms_norm
 from . import siglip
 from .gemma2 import GemmaConfig
 from .gemma3 import Gemma3
+from .mmproj_config import token_id, vision_fields
 from .spec import Weight, tensor
 from .vision_lm import VisionConfig, VisionLM
 
@@ -44,7 +47,9 @@ class Gemma3VL(VisionLM, Gemma3):
     name = "gemma3_vl"
     hf_model_types = ("gemma3",)
     hf_architectures = ("Gemma3ForConditionalGeneration",)
-    gguf_architectures = ()  # (llama.cpp's split form, text GGUF + mmproj: not read yet)
+    gguf_architectures = ()  # (a text GGUF alone is a Gemma 3's; with its mmproj: config_from_mmproj)
+    mmproj_projector = "gemma3"
+    mmproj_text_architecture = "gemma3"
     config_class = Gemma3VLConfig
     # checkpoints name the parts three ways (the hub's, transformers 4.5x's, transformers 5's): read as one
     hf_renames = (("language_model.model.", "model."), ("model.language_model.", "model."),
@@ -80,14 +85,22 @@ class Gemma3VL(VisionLM, Gemma3):
             bidirectional_images=True)
 
     @classmethod
+    def config_from_mmproj(cls, text, mm, where: str):
+        base = cls.config_from_gguf(text, text.where)  # Gemma 3's reading, as a Gemma3VLConfig
+        pool = int(mm.key("vision.projector.scale_factor", 4))  # clip.cpp's default: every Gemma 3 pools 4 x 4
+        return dataclasses.replace(base, **vision_fields(mm, base.hidden_size, pool), pool=pool,
+                                   image_token_id=token_id(text, "<image_soft_token>", where),
+                                   bidirectional_images=True)
+
+    @classmethod
     def vision_weights(cls, c: Gemma3VLConfig) -> dict[str, Weight]:
         dv, pre = c.vision_hidden, "multi_modal_projector"
         return {**siglip.tower_weights(c, TOWER),
-                "mm_norm": Weight((dv,), (None,), tensor(f"{pre}.mm_soft_emb_norm.weight", (dv,), offset=1.0), None,
-                                  init="ones"),
+                "mm_norm": Weight((dv,), (None,), tensor(f"{pre}.mm_soft_emb_norm.weight", (dv,), offset=1.0),
+                                  tensor("mm.soft_emb_norm.weight", (dv,)), init="ones"),
                 "mm_proj": Weight((dv, c.hidden_size), (None, None),
                                   tensor(f"{pre}.mm_input_projection_weight", (dv, c.hidden_size), matrix=False),
-                                  None)}
+                                  tensor("mm.input_projection.weight", (dv, c.hidden_size), matrix=False))}
 
     @classmethod
     def vision_layer_weights(cls, c: Gemma3VLConfig, i: int) -> dict[str, Weight]:

@@ -6,16 +6,19 @@ downscaled whole image, multimodal/idefics3.py); each tile's patches go through 
 connector folds each 2 x 2 (scale_factor) block of patch vectors into one and projects it to the
 language model's width: `tokens_per_tile` embeddings per tile, at the tile's <image> tokens.
 The language model's weights are under model.text_model (read as a Llama's).
+llama.cpp: a `llama` text GGUF and an mmproj of projector type "idefics3" (the connector as mm.model.fc).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ..errors import UnsupportedModelError
 from ..ops import vision as ops
 from .config_io import hf_fields
 from . import siglip
+from .mmproj_config import token_id, vision_fields
 from .llama import Llama
 from .spec import Weight
 from .vision_lm import VisionConfig, VisionLM
@@ -32,7 +35,9 @@ class Idefics3(VisionLM, Llama):
     name = "idefics3"
     hf_model_types = ("idefics3", "smolvlm")
     hf_architectures = ("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration")
-    gguf_architectures = ()  # (llama.cpp's split form, text GGUF + mmproj: not read yet)
+    gguf_architectures = ()  # (a text GGUF alone is a Llama's; with its mmproj: config_from_mmproj)
+    mmproj_projector = "idefics3"
+    mmproj_text_architecture = "llama"
     config_class = Idefics3Config
     hf_renames = (("model.text_model.", "model."),)
 
@@ -66,10 +71,23 @@ class Idefics3(VisionLM, Llama):
             scale_factor=factor)
 
     @classmethod
+    def config_from_mmproj(cls, text, mm, where: str):
+        base = cls.config_from_gguf(text, text.where)  # Llama's reading, as an Idefics3Config
+        factor = int(mm.key("vision.projector.scale_factor", 2))
+        return dataclasses.replace(base, **vision_fields(mm, base.hidden_size, factor), scale_factor=factor,
+                                   image_token_id=token_id(text, "<image>", where))
+
+    @classmethod
+    def mmproj_preprocessor(cls, mm) -> dict:
+        # the first resize's longest edge (the converter's preproc_image_size; without it, one tile)
+        edge = mm.key("vision.preproc_image_size") or mm.key("vision.image_size")
+        return {"size": {"longest_edge": int(edge)}}
+
+    @classmethod
     def vision_weights(cls, c: Idefics3Config) -> dict[str, Weight]:
         return {**siglip.tower_weights(c, "model.vision_model"),
                 "projector": siglip.mat("model.connector.modality_projection.proj.weight", c.hidden_size,
-                                        c.vision_hidden * c.scale_factor ** 2)}
+                                        c.vision_hidden * c.scale_factor ** 2, gguf="mm.model.fc.weight")}
 
     @classmethod
     def vision_layer_weights(cls, c: Idefics3Config, i: int) -> dict[str, Weight]:

@@ -1,21 +1,29 @@
 """The SigLIP vision tower several vision-language families carry (Idefics3 / SmolVLM, Gemma 3): patch
 embedding, learned positions, pre-LayerNorm encoder blocks, a final LayerNorm. Its weights' declarations
-(under each family's HF prefix) and its forward pass over whole tiles (ops/vision.py's pieces)."""
+(under each family's HF prefix, and under llama.cpp's mmproj names, which its converter stores as HF
+does) and its forward pass over whole tiles (ops/vision.py's pieces)."""
 
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from ..ops import vision as ops
-from .spec import Weight, tensor
+from .spec import Weight, paired
+
+# HF name under the tower's prefix -> llama.cpp's mmproj name (the `gguf` package's MMPROJ name map)
+GGUF_TOWER = {"embeddings.patch_embedding": "v.patch_embd", "embeddings.position_embedding": "v.position_embd",
+              "post_layernorm": "v.post_ln"}
+GGUF_BLOCK = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.out_proj": "attn_out", "layer_norm1": "ln1", "layer_norm2": "ln2", "mlp.fc1": "ffn_up",
+              "mlp.fc2": "ffn_down"}
 
 
-def vec(name: str, n: int, init: str = "zeros") -> Weight:
-    return Weight((n,), (None,), tensor(name, (n,)), None, init=init)
+def vec(name: str, n: int, init: str = "zeros", gguf: str | None = None) -> Weight:
+    return Weight((n,), (None,), *paired(name, gguf, (n,)), init=init)
 
 
-def mat(name: str, n_out: int, n_in: int) -> Weight:  # HF (out, in) -> (in, out)
-    return Weight((n_in, n_out), (None, None), tensor(name, (n_out, n_in)), None)
+def mat(name: str, n_out: int, n_in: int, gguf: str | None = None) -> Weight:  # HF (out, in) -> (in, out)
+    return Weight((n_in, n_out), (None, None), *paired(name, gguf, (n_out, n_in)))
 
 
 def tower_weights(c, prefix: str) -> dict[str, Weight]:
@@ -23,28 +31,37 @@ def tower_weights(c, prefix: str) -> dict[str, Weight]:
     "vision_tower" (Gemma 3)."""
     d, p = c.vision_hidden, c.patch_size
     patches = (c.tile_size[0] // p) * (c.tile_size[1] // p)
+
+    def at(part: str, leaf: str) -> tuple[str, str]:  # (HF name, mmproj name)
+        return f"{prefix}.{part}.{leaf}", f"{GGUF_TOWER[part]}.{leaf}"
+
     return {
         "patch_w": Weight((d, 3, p, p), (None,) * 4,
-                          tensor(f"{prefix}.embeddings.patch_embedding.weight", (d, 3, p, p), matrix=False), None),
-        "patch_b": vec(f"{prefix}.embeddings.patch_embedding.bias", d),
+                          *paired(*at("embeddings.patch_embedding", "weight"), (d, 3, p, p), matrix=False)),
+        "patch_b": Weight((d,), (None,), *paired(*at("embeddings.patch_embedding", "bias"), (d,)), init="zeros"),
         "positions": Weight((patches, d), (None, None),
-                            tensor(f"{prefix}.embeddings.position_embedding.weight", (patches, d), matrix=False), None),
-        "post_ln": vec(f"{prefix}.post_layernorm.weight", d, "ones"),
-        "post_ln_b": vec(f"{prefix}.post_layernorm.bias", d),
+                            *paired(*at("embeddings.position_embedding", "weight"), (patches, d), matrix=False)),
+        "post_ln": Weight((d,), (None,), *paired(*at("post_layernorm", "weight"), (d,)), init="ones"),
+        "post_ln_b": Weight((d,), (None,), *paired(*at("post_layernorm", "bias"), (d,)), init="zeros"),
     }
 
 
 def block_weights(c, i: int, prefix: str) -> dict[str, Weight]:
     """Encoder block i's attention, norms and MLP."""
-    d, f, pre = c.vision_hidden, c.vision_intermediate, f"{prefix}.encoder.layers.{i}"
+    d, f = c.vision_hidden, c.vision_intermediate
+
+    def at(part: str, leaf: str) -> dict:  # the HF name and, as `gguf`, the mmproj name
+        return dict(name=f"{prefix}.encoder.layers.{i}.{part}.{leaf}", gguf=f"v.blk.{i}.{GGUF_BLOCK[part]}.{leaf}")
+
     out = {}
     for short, name in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")):
-        out[f"w{short}"] = mat(f"{pre}.self_attn.{name}.weight", d, d)
-        out[f"b{short}"] = vec(f"{pre}.self_attn.{name}.bias", d)
-    out.update(ln1=vec(f"{pre}.layer_norm1.weight", d, "ones"), ln1_b=vec(f"{pre}.layer_norm1.bias", d),
-               ln2=vec(f"{pre}.layer_norm2.weight", d, "ones"), ln2_b=vec(f"{pre}.layer_norm2.bias", d),
-               fc1=mat(f"{pre}.mlp.fc1.weight", f, d), fc1_b=vec(f"{pre}.mlp.fc1.bias", f),
-               fc2=mat(f"{pre}.mlp.fc2.weight", d, f), fc2_b=vec(f"{pre}.mlp.fc2.bias", d))
+        out[f"w{short}"] = mat(n_out=d, n_in=d, **at(f"self_attn.{name}", "weight"))
+        out[f"b{short}"] = vec(n=d, **at(f"self_attn.{name}", "bias"))
+    for norm in ("1", "2"):
+        out[f"ln{norm}"] = vec(n=d, init="ones", **at(f"layer_norm{norm}", "weight"))
+        out[f"ln{norm}_b"] = vec(n=d, **at(f"layer_norm{norm}", "bias"))
+    out.update(fc1=mat(n_out=f, n_in=d, **at("mlp.fc1", "weight")), fc1_b=vec(n=f, **at("mlp.fc1", "bias")),
+               fc2=mat(n_out=d, n_in=f, **at("mlp.fc2", "weight")), fc2_b=vec(n=d, **at("mlp.fc2", "bias")))
     return out
 
 

@@ -7,6 +7,8 @@ A family declares:
     vision_layer_weights(config, i)  encoder block i's weights
     encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) embeddings
 and its config (a VisionConfig) says the tile shape and how many prompt tokens each tile takes.
+A family llama.cpp serves as a pair (text GGUF + mmproj GGUF, loading/mmproj.py) also names the
+mmproj's `clip.projector_type` and the text GGUF's architecture, and reads its config from both.
 Held as `self.vision` and `self.vision_layers[i]` ("vision.<name>", "vision_layers.<i>.<name>"),
 unquantized and replicated (sharding axes None): the tower is small beside the language model.
 """
@@ -50,6 +52,19 @@ class VisionLM:
     """Mixin: put it before the language family in the bases (class Idefics3(VisionLM, Llama))."""
 
     accepts_images: ClassVar[bool] = True
+    mmproj_projector: ClassVar[str | None] = None  # llama.cpp's clip.projector_type of this family's mmproj
+    mmproj_text_architecture: ClassVar[str | None] = None  # general.architecture of its text GGUF
+
+    @classmethod
+    def config_from_mmproj(cls, text, mm, where: str):
+        """The config of the pair: text (the text GGUF's GGUFMeta), mm (the mmproj's)."""
+        raise NotImplementedError
+
+    @classmethod
+    def mmproj_preprocessor(cls, mm) -> dict:
+        """What the mmproj says of the image processor, in preprocessor_config.json's schema (the rest
+        defaults to the config's tile size and tokens per tile)."""
+        return {}
 
     @classmethod
     def vision_weights(cls, config) -> dict[str, Weight]:

@@ -43,15 +43,21 @@ def image_config(config, model_dir: Path):
     return dataclasses.replace(config, **updates) if updates else config
 
 
-def image_processor_for(config, model_dir: Path, tokenizer) -> ImageProcessor:
-    """The image processor of a vision-language model directory (by its family)."""
-    model_dir = Path(model_dir)
+def image_processor_for(config, model_dir: Path | None, tokenizer, preprocessor: dict | None = None):
+    """The image processor of a vision-language model (by its family): its settings from the model
+    directory's preprocessor_config.json / processor_config.json, or (model_dir None: llama.cpp's mmproj
+    file) from `preprocessor` in preprocessor_config.json's schema, the rest from the config."""
+    if model_dir is not None:
+        model_dir = Path(model_dir)
+        preprocessor, processor = _preprocessor(model_dir), _read(model_dir / "processor_config.json")
+    else:
+        preprocessor, processor = dict(preprocessor or {}), {}
     if config.architecture == "idefics3":
         from .idefics3 import Idefics3Images
 
-        return Idefics3Images(config, _preprocessor(model_dir), _read(model_dir / "processor_config.json"), tokenizer)
+        return Idefics3Images(config, preprocessor, processor, tokenizer)
     if config.architecture == "gemma3_vl":
         from .gemma3 import Gemma3Images
 
-        return Gemma3Images(config, _preprocessor(model_dir), _read(model_dir / "processor_config.json"), tokenizer)
+        return Gemma3Images(config, preprocessor, processor, tokenizer)
     raise ValueError(f"no image processor for {config.architecture}")
