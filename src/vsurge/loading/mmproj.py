@@ -47,6 +47,10 @@ class PairSource:
     def read(self, name: str, index=()):
         return self._part(name).read(name, index)
 
+    def release(self) -> None:
+        for part in self.parts:
+            part.release()
+
 
 def load_pair(text_reader, text_path: Path, mmproj: str | Path):
     """(family, config, source, preprocessor settings) of a text GGUF and its mmproj."""
