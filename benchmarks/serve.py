@@ -72,6 +72,14 @@ def llama_server_binary() -> str:
     return found.stdout.strip().splitlines()[-1]
 
 
+def die_with_parent() -> None:
+    """In a server's child process: end it when the benchmark ends, however it ends (a benchmark killed
+    mid-run left its vsurge server running, and its ~16% of a core skewed the next runs' numbers)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Server:
     """A server process on loopback; its output goes to a file (an unread pipe would block it)."""
 
@@ -83,7 +91,7 @@ class Server:
         self.log = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
         self.started = time.perf_counter()
         self.proc = subprocess.Popen([c.replace("{port}", str(self.port)) for c in cmd], env=ENV, stdout=self.log,
-                                     stderr=subprocess.STDOUT, text=True)
+                                     stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)
 
     def wait_ready(self, timeout: float = 1200) -> float:
         """Seconds from start to ready."""
