@@ -75,6 +75,27 @@ def test_tiles_and_tokens_equal_the_hf_processor(vlm, size, mode, fmt):
     np.testing.assert_allclose(pixels.transpose(0, 3, 1, 2), want, atol=1e-6)
 
 
+def test_low_detail_is_the_whole_image_as_transformers_without_splitting(vlm):
+    """detail "low" (OpenAI's): the image as one tile, as transformers' processor with
+    do_image_splitting=False (tokens and pixels), under its own cache key; "high" / "auto" cut it."""
+    import transformers
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    folder, _, hf_processor, model, processor = vlm
+    data = png(50, 90, seed=3)
+    unsplit = transformers.Idefics3Processor(Idefics3ImageProcessorPil.from_pretrained(folder, do_image_splitting=False),
+                                             hf_processor.tokenizer, image_seq_len=4)
+    low = processor.images.prompt(PROMPT_ONE, [data], details=["low"])
+    ref = hf_inputs(unsplit, PROMPT_ONE, [data])
+    assert low.ids == ref["input_ids"][0].tolist()
+    pixels = (low.media[0].pixels.astype(np.float32) * np.float32(model.config.rescale_factor) - np.float32(0.5)) / np.float32(0.5)
+    np.testing.assert_allclose(pixels.transpose(0, 3, 1, 2), ref["pixel_values"][0].numpy(), atol=1e-6)
+    high = processor.images.prompt(PROMPT_ONE, [data], details=["high"])
+    assert high.ids == processor.images.prompt(PROMPT_ONE, [data], details=["auto"]).ids
+    assert high.media[0].pixels.shape[0] > 1 == low.media[0].pixels.shape[0]
+    assert low.media[0].key != high.media[0].key
+
+
 def test_logits_with_one_and_two_images_equal_transformers(vlm):
     _, torch_model, hf_processor, model, processor = vlm
     images = [png(50, 90, 1), png(70, 40, 2)]

@@ -63,6 +63,9 @@ def metric(server, name: str) -> float:
 
 
 def test_an_image_reaches_the_model_through_every_sdk(server, vlm_setup):
+    import transformers
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
     _, torch_model, hf_processor = vlm_setup
     image = png(50, 90, 1)
     want_ids = hf_greedy(torch_model, hf_processor, PROMPT_ONE, [image], STEPS)
@@ -91,6 +94,21 @@ def test_an_image_reaches_the_model_through_every_sdk(server, vlm_setup):
         {"type": "text", "text": "Describe this"}]}], max_tokens=STEPS, temperature=0.0,
         extra_body={"ignore_eos": True})
     assert local.choices[0].message.content == want
+
+    # detail "low": the whole image as one tile (transformers' count without splitting), in chat and Responses
+    unsplit = transformers.Idefics3Processor(
+        Idefics3ImageProcessorPil.from_pretrained(vlm_setup[0], do_image_splitting=False), hf_processor.tokenizer,
+        image_seq_len=4)
+    low_tokens = len(unsplit(text=[PROMPT_ONE], images=[[_pil(image)]])["input_ids"][0])
+    assert low_tokens < chat.usage.prompt_tokens
+    low = client.chat.completions.create(model="vlm", max_tokens=1, messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_uri(image), "detail": "low"}},
+        {"type": "text", "text": "Describe this"}]}])
+    assert low.usage.prompt_tokens == low_tokens
+    low = client.responses.create(model="vlm", max_output_tokens=1, input=[{"role": "user", "content": [
+        {"type": "input_image", "image_url": data_uri(image), "detail": "low"},
+        {"type": "input_text", "text": "Describe this"}]}])
+    assert low.usage.input_tokens == low_tokens
 
 
 def _pil(data: bytes):

@@ -53,7 +53,9 @@ def render_text(processor, messages: list[dict], tools=None, variables: dict | N
 
 def chat_prompt(processor, messages: list[dict], images: list[bytes], params: list[str] | None = None,
                 tools=None, variables: dict | None = None) -> tuple[str, MultimodalPrompt]:
-    """(prompt text, MultimodalPrompt) of messages with image parts; `images` their bytes in order.
-    ImageError (a bad image), ChatTemplateError (the template refused the messages)."""
+    """(prompt text, MultimodalPrompt) of messages with image parts; `images` their bytes in order (each
+    part's "detail", if any, chooses its resolution). ImageError (a bad image), ChatTemplateError (the
+    template refused the messages)."""
     text = render_text(processor, messages, tools, variables)
-    return text, processor.images.prompt(text, images, params)
+    details = [part.get("detail") for part in image_parts(messages)]
+    return text, processor.images.prompt(text, images, params, details=details)

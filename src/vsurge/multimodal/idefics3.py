@@ -5,6 +5,7 @@ against). Pixels stay uint8 here; the model's vision program rescales and normal
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -64,6 +65,15 @@ class Idefics3Images(ImageProcessor):
         if self.seq_len != config.tokens_per_tile:
             raise ValueError(f"image_seq_len {self.seq_len} differs from the tower's {config.tokens_per_tile} "
                              "tokens per tile")
+
+    def for_detail(self, detail: str | None) -> ImageProcessor:
+        """"low": the whole image as one tile, not cut (as do_image_splitting=False): 1 tile's tokens and
+        tower work instead of up to rows x cols + 1."""
+        if detail != "low" or not self.split:
+            return self
+        low = copy.copy(self)
+        low.split = False
+        return low
 
     def signature(self) -> bytes:
         return f"idefics3:{self.longest_edge}:{self.tile}:{self.split}:{self.resize}:{self.resample}".encode()

@@ -32,31 +32,38 @@ class ImageProcessor:
         """The prompt text one image's placeholder becomes."""
         raise NotImplementedError
 
+    def for_detail(self, detail: str | None) -> "ImageProcessor":
+        """The processor for a request's `detail` ("low", "high", "auto" or None): a family with a choice
+        of resolutions returns its cheaper one for "low"; the rest have one resolution."""
+        return self
+
     # ---------------------------------------------------------------- shared
     def prompt(self, text: str, images: list[bytes], params: list[str] | None = None,
-               param: str = "messages") -> MultimodalPrompt:
+               param: str = "messages", details: list[str | None] | None = None) -> MultimodalPrompt:
         """`text` with one placeholder per image (in order) -> token ids and the images' items.
-        ImageError for a count mismatch or an image that cannot be decoded (naming params[i], the
-        request field of image i)."""
+        details: each image's requested detail (for_detail). ImageError for a count mismatch or an
+        image that cannot be decoded (naming params[i], the request field of image i)."""
         params = params or [param] * len(images)
+        processors = [self.for_detail(d) for d in (details or [None] * len(images))]
         if text.count(self.placeholder) != len(images):
             raise ImageError(f"the prompt has {text.count(self.placeholder)} image placeholder(s) "
                              f"{self.placeholder!r} for {len(images)} image(s)", param)
         pieces = text.split(self.placeholder)
         tiles, expanded = [], [pieces[0]]
         for i, data in enumerate(images):
-            pixels, rows, cols = self.tiles(decode_image(data, params[i]))
+            pixels, rows, cols = processors[i].tiles(decode_image(data, params[i]))
             tiles.append(pixels)
-            expanded += [self.expansion(rows, cols), pieces[i + 1]]
+            expanded += [processors[i].expansion(rows, cols), pieces[i + 1]]
         ids = list(self.tokenizer.encode("".join(expanded), add_special_tokens=False))
         at = np.flatnonzero(np.asarray(ids, np.int64) == self.image_token_id)
         needed = sum(t.shape[0] for t in tiles) * self.tokens_per_tile
         if at.shape[0] != needed:
             raise ImageError(f"the prompt holds {at.shape[0]} image tokens where its images need {needed} "
                              "(does the text contain image tokens of its own?)", param)
-        media, start, sig = [], 0, self.signature()
-        for data, pixels in zip(images, tiles):
-            n = pixels.shape[0] * self.tokens_per_tile
-            media.append(MediaItem(content_key(sig, data), at[start:start + n], np.ascontiguousarray(pixels)))
+        media, start = [], 0
+        for data, pixels, processor in zip(images, tiles, processors):
+            n = pixels.shape[0] * self.tokens_per_tile  # (another resolution: another key, another image)
+            media.append(MediaItem(content_key(processor.signature(), data), at[start:start + n],
+                                   np.ascontiguousarray(pixels)))
             start += n
         return MultimodalPrompt(ids, tuple(media))

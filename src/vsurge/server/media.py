@@ -16,11 +16,19 @@ from .errors import APIError
 NOT_SUPPORTED = "image inputs are not supported by this model"
 
 
-def image_part(url, param: str) -> dict:
-    """An image of a message's content (url: a data: URI, an http(s) URL or a file path)."""
+def image_part(url, param: str, detail: str | None = None) -> dict:
+    """An image of a message's content (url: a data: URI, an http(s) URL or a file path; detail: OpenAI's
+    "low" / "high" / "auto", which a model with a choice of resolutions honours: multimodal/processor.py)."""
     if not isinstance(url, str) or not url:
         raise ParamError(f"{param} must be a URL string (a data: URI with base64 bytes, or http(s))", param)
-    return {"type": "image", "url": url, "param": param}
+    return {"type": "image", "url": url, "param": param, "detail": detail}
+
+
+def _detail(value: dict, param: str) -> str | None:
+    detail = value.get("detail")
+    if detail is not None and detail not in ("auto", "low", "high"):
+        raise ParamError(f"{param}.detail must be auto, low or high", f"{param}.detail")
+    return detail
 
 
 def _deferred(parse):
@@ -46,10 +54,7 @@ def openai_image_part(part: dict, param: str) -> dict:
     """Chat's {"type": "image_url", "image_url": {"url", "detail"}} (or a bare URL string)."""
     value = part.get("image_url")
     if isinstance(value, dict):
-        detail = value.get("detail")
-        if detail is not None and detail not in ("auto", "low", "high"):
-            raise ParamError(f"{param}.image_url.detail must be auto, low or high", f"{param}.image_url.detail")
-        return image_part(value.get("url"), f"{param}.image_url.url")
+        return image_part(value.get("url"), f"{param}.image_url.url", _detail(value, f"{param}.image_url"))
     return image_part(value, f"{param}.image_url")
 
 
@@ -59,7 +64,7 @@ def responses_image_part(part: dict, param: str) -> dict:
     if part.get("file_id") is not None and part.get("image_url") is None:
         raise ParamError("input_image file_id is not supported (vsurge keeps no files): send image_url",
                          f"{param}.file_id")
-    return image_part(part.get("image_url"), f"{param}.image_url")
+    return image_part(part.get("image_url"), f"{param}.image_url", _detail(part, param))
 
 
 @_deferred
