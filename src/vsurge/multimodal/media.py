@@ -54,6 +54,10 @@ class MultimodalPrompt:
 
     ids: list[int]
     media: tuple[MediaItem, ...] = field(default_factory=tuple)
+    # an M-RoPE model's (Qwen2.5-VL): (3, L) int32 rotary (t, h, w) of each token, and the offset of the tokens
+    # after them (their index + rope_delta on every axis); None: every token at its index
+    rope: np.ndarray | None = None
+    rope_delta: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -32,6 +32,14 @@ class ImageProcessor:
         """The prompt text one image's placeholder becomes."""
         raise NotImplementedError
 
+    def num_tokens(self, pixels: np.ndarray) -> int:
+        """The prompt tokens (embeddings) an image of these tiles takes."""
+        return pixels.shape[0] * self.tokens_per_tile
+
+    def finish(self, prompt: MultimodalPrompt) -> MultimodalPrompt:
+        """What the family adds to a prompt once its tokens are known (M-RoPE positions: qwen2_vl.py)."""
+        return prompt
+
     # ---------------------------------------------------------------- shared
     def prompt(self, text: str, images: list[bytes], params: list[str] | None = None,
                param: str = "messages") -> MultimodalPrompt:
@@ -50,13 +58,13 @@ class ImageProcessor:
             expanded += [self.expansion(rows, cols), pieces[i + 1]]
         ids = list(self.tokenizer.encode("".join(expanded), add_special_tokens=False))
         at = np.flatnonzero(np.asarray(ids, np.int64) == self.image_token_id)
-        needed = sum(t.shape[0] for t in tiles) * self.tokens_per_tile
+        counts = [self.num_tokens(t) for t in tiles]
+        needed = sum(counts)
         if at.shape[0] != needed:
             raise ImageError(f"the prompt holds {at.shape[0]} image tokens where its images need {needed} "
                              "(does the text contain image tokens of its own?)", param)
         media, start, sig = [], 0, self.signature()
-        for data, pixels in zip(images, tiles):
-            n = pixels.shape[0] * self.tokens_per_tile
+        for data, pixels, n in zip(images, tiles, counts):
             media.append(MediaItem(content_key(sig, data), at[start:start + n], np.ascontiguousarray(pixels)))
             start += n
-        return MultimodalPrompt(ids, tuple(media))
+        return self.finish(MultimodalPrompt(ids, tuple(media)))
