@@ -50,13 +50,16 @@ class Qwen25VLConfig(VisionConfig):
     vision_start_token_id: int = -1
 
 
-def _vec(name: str, n: int, init: str = "zeros", rows=None) -> Weight:
-    return Weight((n,), (None,), tensor(name, (rows[2] if rows else n,), rows=rows and rows[:2]), init=init)
+def _vec(name: str, n: int, init: str = "zeros", part: int | None = None, parts: int = 1) -> Weight:
+    """(n,); part: which of `parts` equal slices of a fused vector it is (the qkv bias)."""
+    rows = None if part is None else (part * n, (part + 1) * n)
+    return Weight((n,), (None,), tensor(name, (n * parts,), rows=rows), init=init)
 
 
-def _mat(name: str, n_out: int, n_in: int, stored_out: int | None = None, rows=None) -> Weight:
-    """HF (out, in) -> (in, out); rows: the [start, stop) of a fused matrix's outputs (qkv)."""
-    return Weight((n_in, n_out), (None, None), tensor(name, (stored_out or n_out, n_in), rows=rows))
+def _mat(name: str, n_out: int, n_in: int, part: int | None = None, parts: int = 1) -> Weight:
+    """HF (out, in) -> (in, out); part: which of `parts` equal output slices of a fused matrix it is (qkv)."""
+    rows = None if part is None else (part * n_out, (part + 1) * n_out)
+    return Weight((n_in, n_out), (None, None), tensor(name, (n_out * parts, n_in), rows=rows))
 
 
 class Qwen25VL(VisionLM, Qwen2):
@@ -121,9 +124,8 @@ class Qwen25VL(VisionLM, Qwen2):
         out = {"ln1": _vec(f"{pre}.norm1.weight", d, init="ones"), "ln2": _vec(f"{pre}.norm2.weight", d, init="ones"),
                "wo": _mat(f"{pre}.attn.proj.weight", d, d), "bo": _vec(f"{pre}.attn.proj.bias", d)}
         for j, part in enumerate("qkv"):  # the fused qkv projection, read as three
-            rows = (j * d, (j + 1) * d)
-            out[f"w{part}"] = _mat(f"{pre}.attn.qkv.weight", d, d, stored_out=3 * d, rows=rows)
-            out[f"b{part}"] = _vec(f"{pre}.attn.qkv.bias", d, rows=(*rows, 3 * d))
+            out[f"w{part}"] = _mat(f"{pre}.attn.qkv.weight", d, d, part=j, parts=3)
+            out[f"b{part}"] = _vec(f"{pre}.attn.qkv.bias", d, part=j, parts=3)
         for name, n_out, n_in in (("gate", f, d), ("up", f, d), ("down", d, f)):
             out[name] = _mat(f"{pre}.mlp.{name}_proj.weight", n_out, n_in)
             out[f"{name}_b"] = _vec(f"{pre}.mlp.{name}_proj.bias", n_out)
@@ -143,7 +145,7 @@ class Qwen25VL(VisionLM, Qwen2):
         g = self.vision.weights()
         rows, cols = pixels.shape[1] // c.patch_size, pixels.shape[2] // c.patch_size
         kernel = g["patch_w"]
-        h = ops.dense(self.vision_patches(pixels).astype(kernel.dtype), kernel.reshape(kernel.shape[0], -1).T)
+        h = ops.dense(self.vision_patches(pixels), kernel.reshape(kernel.shape[0], -1).T)  # (T, Dv) the Conv3d
         cos, sin, windows, whole = _tower_layout(rows, cols, c.merge_size, c.window_size // c.merge_size // c.patch_size,
                                                  c.vision_hidden // c.vision_heads, c.vision_rope_theta)
         act = ops.ACTIVATIONS[c.vision_activation]
