@@ -1,8 +1,8 @@
-"""Qwen2.5-VL against transformers on a tiny random checkpoint (tower included): images at their own
-resolution (the processor's pixels, grid and tokens equal HF's), the window-attention tower and M-RoPE
-(logits with one and two images of different sizes equal Qwen2_5_VLForConditionalGeneration's), and
-the paged engine's greedy tokens equal HF's generate, prompts chunked across the images, with a
-text-only prompt beside them."""
+"""Qwen2.5-VL and Qwen3-VL against transformers on tiny random checkpoints (towers included): images at
+their own resolution (the processor's pixels, grid and tokens equal HF's), the towers (Qwen2.5-VL's
+windows, Qwen3-VL's interpolated positions and deepstack features) and M-RoPE (logits with one and two
+images of different sizes equal the HF models'), and the paged engine's greedy tokens equal HF's
+generate, prompts chunked across the images, with a text-only prompt beside them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from test_images import png, serving
-from tiny_vlm import write_tiny_qwen2_5_vl
+from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen3_vl
 from vsurge.kv.dense import NoCache
 from vsurge.loading import load
 
@@ -25,18 +25,23 @@ TWO = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>and<|vision
 TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def qwen(tmp_path_factory, default_processor_dir):
-    """(torch model, HF processor, our model, our processor)."""
+WRITERS = {"qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
+           "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor")}
+
+
+@pytest.fixture(scope="module", params=list(WRITERS))
+def qwen(request, tmp_path_factory, default_processor_dir):
+    """(torch model, HF processor, our model, our processor) of each family."""
     import transformers
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    folder = tmp_path_factory.mktemp("qwen2_5_vl")
-    torch_model = write_tiny_qwen2_5_vl(folder, default_processor_dir)
+    write, processor_class = WRITERS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch_model = write(folder, default_processor_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     # (no video processor: transformers' check of its class needs torchvision, which images do not use)
     with mock.patch.object(transformers.ProcessorMixin, "check_argument_for_proper_class", lambda *a: None):
-        hf_processor = transformers.Qwen2_5_VLProcessor(
+        hf_processor = getattr(transformers, processor_class)(
             image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tokenizer, video_processor=None)
     model, processor = load(str(folder), dtype="float32", progress=False)
     return torch_model, hf_processor, model, processor
@@ -79,12 +84,25 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
                                                                 ref["image_grid_thw"])
         np.testing.assert_array_equal(prompt.rope, positions[:, 0].numpy())
         assert prompt.rope_delta == int(delta)
-        hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
-        for item in prompt.media:
-            hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
-        out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache(),
-                                     rope_positions=jnp.asarray(prompt.rope)[:, None])
-        np.testing.assert_allclose(np.asarray(model.logits(out))[0], want, atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(our_logits(model, prompt), want, atol=1e-4, rtol=1e-4)
+
+
+def our_logits(model, prompt) -> np.ndarray:
+    """(L, V) float32: each image's embeddings at its tokens, its deepstack features (Qwen3-VL) added after
+    the first layers there, the prompt's M-RoPE positions."""
+    d, length = model.config.hidden_size, len(prompt.ids)
+    levels = model.config.feature_levels
+    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
+    extra = jnp.zeros((levels - 1, 1, length, d))  # (K, 1, L, D)
+    for item in prompt.media:
+        features = model.encode_images(jnp.asarray(item.pixels))  # (tokens, levels * D)
+        hidden = hidden.at[0, item.positions].set(features[:, :d])
+        if levels > 1:
+            extra = extra.at[:, 0, item.positions].set(features[:, d:].reshape(-1, levels - 1, d).transpose(1, 0, 2))
+    out, _ = model.decode_layers(hidden, jnp.arange(length)[None], NoCache(),
+                                 rope_positions=jnp.asarray(prompt.rope)[:, None],
+                                 layer_inputs=extra if levels > 1 else None)
+    return np.asarray(model.logits(out))[0]
 
 
 def hf_greedy(torch_model, hf_processor, text, images, steps):

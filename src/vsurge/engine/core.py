@@ -71,7 +71,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.media = MediaEncoder(self, config.image_cache_mb << 20) if accepts_images(model) else None
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence, config.draft_state_rows, self.adapters is not None,
-                                    self.media, model.config.hidden_size,
+                                    self.media, model.config.hidden_size * getattr(model.config, "feature_levels", 1),
                                     mrope=bool(getattr(model.config, "mrope_section", None)))
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}

@@ -258,13 +258,18 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
     with lora_rows(batch.adapters):
         hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
+    extra = {}
     if batch.media_embeds is not None:  # image positions take their encoder embeddings
-        hidden = jnp.where(batch.media_mask[None, :, None], batch.media_embeds[None].astype(hidden.dtype), hidden)
+        width, mask = hidden.shape[-1], batch.media_mask[:, None]
+        hidden = jnp.where(mask[None], batch.media_embeds[None, :, :width].astype(hidden.dtype), hidden)
+        if batch.media_embeds.shape[1] > width:  # deepstack features: added after the first layers
+            levels = batch.media_embeds[:, width:].reshape(mask.shape[0], -1, width).transpose(1, 0, 2)  # (K, N, D)
+            extra["layer_inputs"] = jnp.where(mask[None], levels, 0.0)[:, None]
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
     with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
         hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout),
-                                         **_rope_kwargs(batch.rope_positions))
+                                         **_rope_kwargs(batch.rope_positions), **extra)
     with lora_head_rows(None if batch.adapters is None else batch.adapters[batch.logits_index]):
         logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)

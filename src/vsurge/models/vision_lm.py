@@ -43,6 +43,9 @@ class VisionConfig(ModelConfig):
     # vision program is compiled per image size and encodes one image a call (its token count: the family's);
     # tile_size and tokens_per_tile are unused
     variable_images: bool = False
+    # embeddings per image token, each the text model's width: the first replaces the token's embedding, the
+    # others (Qwen3-VL's deepstack features) are added after the first feature_levels - 1 decoder layers
+    feature_levels: int = 1
     # an image's tokens attend to the whole image (Gemma 3), not only to those before them: the engine
     # computes each image in one step and widens its tokens' attention (kv/paged.StepLayout.chunk_limit)
     bidirectional_images: bool = False

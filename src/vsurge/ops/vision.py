@@ -194,3 +194,19 @@ def grouped_attention(x: jax.Array, w: dict, heads: int, cos, sin, groups: np.nd
     real = groups.reshape(-1) >= 0
     where[groups.reshape(-1)[real]] = np.flatnonzero(real)
     return dense(out[jnp.asarray(where)].astype(x.dtype), w["wo"], w.get("bo"))
+
+
+def interpolated_positions(rows: np.ndarray, cols: np.ndarray, grid: tuple[int, int], side: int):
+    """A learned side x side position table resampled to a grid (rows, cols patches) bilinearly with aligned
+    corners (torch's F.interpolate, as Qwen3-VL's tower does): patch rows/cols (T,) -> (indices (T, 4) into
+    the flattened table, weights (T, 4) float32)."""
+    def taps(index, size):  # (T,) -> taps (T, 2), weights (T, 2)
+        src = index.astype(np.float32) * np.float32(side - 1) / np.float32(max(size - 1, 1))
+        floor = np.floor(src)
+        near = floor[:, None] + np.arange(2)
+        weights = np.maximum(np.float32(1) - np.abs(src[:, None] - near), 0).astype(np.float32)
+        return np.clip(near, 0, side - 1).astype(np.int64), weights
+
+    (ht, hw), (wt, ww) = taps(rows, grid[0]), taps(cols, grid[1])
+    indices = (ht[:, :, None] * side + wt[:, None, :]).reshape(-1, 4)
+    return indices, (hw[:, :, None] * ww[:, None, :]).reshape(-1, 4)
