@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tiny_models import COMMON, VOCAB, add_special_tokens
 
-# model types of the checkpoints written here (tests/test_images.py compares them with transformers)
+# model types of the checkpoints written here (tests/test_images.py and test_qwen_vl.py compare them with transformers)
 VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts

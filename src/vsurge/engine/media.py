@@ -3,8 +3,9 @@ and a host cache of their embeddings by content hash (an image seen again is not
 
 Before a step with prompt chunks, `prepare(plan)` encodes every image of those chunks whose
 embeddings are not cached: all their tiles in one call per bucket of tiles (batched across
-requests), then split per image. The batch builder (batch.py) copies each chunk's share of
-them into the step's embedding rows (`fill`).
+requests), then split per image (a model whose images keep their own size: each image alone, through
+the program of its size). The batch builder (batch.py) copies each chunk's share of them into the step's
+embedding rows (`fill`), and on an M-RoPE model each token's rotary positions (`rope_positions`).
 """
 
 from __future__ import annotations

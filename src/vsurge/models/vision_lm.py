@@ -5,7 +5,7 @@ an image's tiles before their embeddings enter the prompt at its placeholder pos
 A family declares:
     vision_weights(config)        the tower's global weights (patch embedding, final norm, projector)
     vision_layer_weights(config, i)  encoder block i's weights
-    encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) embeddings
+    encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D * feature_levels) embeddings
 and its config (a VisionConfig) says the tile shape and how many prompt tokens each tile takes (or, with
 `variable_images`, that each image is encoded alone at its own size: (1, H, W, C) -> (its tokens, D)).
 A family llama.cpp serves as a pair (text GGUF + mmproj GGUF, loading/mmproj.py) also names the

@@ -37,7 +37,8 @@ class MediaItem:
 
     key: int  # content hash of its bytes and processing (the encoder cache's key)
     positions: np.ndarray  # (n,) int64 ascending prompt positions of its n embeddings
-    pixels: np.ndarray  # uint8 (tiles, H, W, C): what the vision program encodes, in order
+    pixels: np.ndarray  # uint8 (tiles, H, W, C): what the vision program encodes, in order (one image, (1, H, W, C),
+    # at its own size for a family with variable_images)
 
     @property
     def num_tokens(self) -> int:
