@@ -28,9 +28,11 @@ class BatchBuilder:
         its steps then say where each row's recurrent states come from and go (programs.DraftRows).
         adapters: the engine serves LoRA adapters: steps say each row's adapter slot.
         media: a vision-language model's MediaEncoder (media.py): prompt steps carry image embeddings
-        (media_width wide: the text width times the model's feature_levels) for their image positions, and where the model's image tokens see their whole
-        image (media.whole_images: Gemma 3), the last key each token sees (chunk_limit).
-        mrope: the model's rotary positions are 3-D (Qwen2.5-VL): steps carry each token's (media.rope_positions)."""
+        (media_width wide: the text width times the model's feature_levels) for their image positions, and
+        where the model's image tokens see their whole image (media.whole_images: Gemma 3), the last key
+        each token sees (chunk_limit).
+        mrope: the model's rotary positions are 3-D (Qwen2.5-VL, Qwen3-VL): prompt steps carry each token's
+        (media.rope_positions), decode steps each row's rope delta."""
         self.media, self.media_width, self.mrope = media, media_width, mrope
         self.draft_state_rows = draft_state_rows
         self.adapters = adapters
