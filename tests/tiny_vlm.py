@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tiny_models import COMMON, VOCAB, add_special_tokens
 
-# model types of the checkpoints written here (tests/test_images.py compares them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3")
+# model types of the checkpoints written here (tests/test_images.py and test_qwen_vl.py compare them with transformers)
+VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
@@ -131,4 +131,93 @@ def write_tiny_gemma3_vlm(folder: Path, tokenizer_dir: Path, seed: int = 0):
         "do_pan_and_scan": False}, indent=2))
     (folder / "processor_config.json").write_text(json.dumps({"image_seq_length": 4,
                                                               "processor_class": "Gemma3Processor"}))
+    return model
+
+
+# Qwen2.5-VL's chat template, cut to what the tests send: an image part becomes the vision block
+QWEN_VL_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>", "<|im_end|>"]
+# the tiny tower: 8-pixel patches merged 2 x 2 (16 pixels a token), windows of 32 pixels (2 x 2 tokens),
+# images resized to between 16 x 16 x 4 and 96 x 96 pixels
+QWEN_PATCH, QWEN_WINDOW, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 8, 32, 16 * 16 * 4, 96 * 96
+
+
+def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A Qwen2.5-VL checkpoint (Qwen2_5_VLForConditionalGeneration): a window-attention tower of 3 blocks
+    (the second attends to the whole image), 2-D rotary positions, the 2 x 2 merger to the text width; a
+    Qwen2 text model with M-RoPE (sections 2, 3, 3 of its 8 rotary frequencies). Returns the torch model
+    (float32, eval mode)."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
+    text = {**COMMON, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": ids[4],
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, window_size=QWEN_WINDOW, out_hidden_size=64,
+                  fullatt_block_indexes=[1], hidden_act="silu")
+    config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
+                                           vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
+                                           tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias")):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
+        "temporal_patch_size": 2, "merge_size": 2}, indent=2))
+    return model
+
+
+def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A Qwen3-VL checkpoint (Qwen3VLForConditionalGeneration): a LayerNorm tower of 3 blocks with learned
+    positions (a 4 x 4 table interpolated to each image's grid) and 2-D rotary, deepstack features from its
+    first two blocks added after the text model's first two layers; a Qwen3 text model with interleaved
+    M-RoPE. Same tokens, template and image sizes as write_tiny_qwen2_5_vl. Returns the torch model."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
+    text = {**COMMON, "vocab_size": VOCAB + 64, "head_dim": 16, "pad_token_id": 0, "bos_token_id": 0,
+            "eos_token_id": ids[4], "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                "mrope_interleaved": True}}
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
+                  deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh")
+    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
+                                        vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
+                                        tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", ".bias")):
+                param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
+        "temporal_patch_size": 2, "merge_size": 2}, indent=2))
     return model

@@ -15,20 +15,25 @@ from ..ops.sampling import SamplingArrays
 from .config import EOS_WIDTH
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
 from .programs import DecodeBatch, DraftRows, MixedBatch
+from .media import rope_positions
 from .plan import StepPlan
 from .sequence import Sequence
 
 
 class BatchBuilder:
     def __init__(self, vocab_size: int, num_pages: int, page_size: int, spare_slot: int, table_width: int,
-                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0):
+                 draft_state_rows: int = 0, adapters: bool = False, media=None, media_width: int = 0,
+                 mrope: bool = False):
         """draft_state_rows: a speculating hybrid model's draft-state rows (EngineConfig.draft_state_rows):
         its steps then say where each row's recurrent states come from and go (programs.DraftRows).
         adapters: the engine serves LoRA adapters: steps say each row's adapter slot.
         media: a vision-language model's MediaEncoder (media.py): prompt steps carry image embeddings
-        (media_width wide) for their image positions, and where the model's image tokens see their whole
-        image (media.whole_images: Gemma 3), the last key each token sees (chunk_limit)."""
-        self.media, self.media_width = media, media_width
+        (media_width wide: the text width times the model's feature_levels) for their image positions, and
+        where the model's image tokens see their whole image (media.whole_images: Gemma 3), the last key
+        each token sees (chunk_limit).
+        mrope: the model's rotary positions are 3-D (Qwen2.5-VL, Qwen3-VL): prompt steps carry each token's
+        (media.rope_positions), decode steps each row's rope delta."""
+        self.media, self.media_width, self.mrope = media, media_width, mrope
         self.draft_state_rows = draft_state_rows
         self.adapters = adapters
         self.vocab_size = vocab_size
@@ -72,6 +77,7 @@ class BatchBuilder:
         generated, active = np.zeros(rows, np.int32), np.zeros(rows, bool)
         eos, budget = np.full((rows, EOS_WIDTH), -1, np.int32), np.ones(rows, np.int32)
         from_device = np.zeros(rows, bool)
+        rope_delta = np.zeros(rows, np.int32) if self.mrope else None
         rows_of = [(seq, seq.tokens[-1], 0) for seq in plan.decode]
         rows_of += [(seq, token, i + 1) for seq, i, token in plan.draft_rows]  # drafts: later positions
         for i, (seq, token, ahead) in enumerate(rows_of):
@@ -82,6 +88,8 @@ class BatchBuilder:
             ids = seq.request.eos_token_ids
             eos[i, : len(ids)] = ids
             budget[i] = seq.request.max_new_tokens
+            if rope_delta is not None:
+                rope_delta[i] = seq.request.rope_delta
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         adapters = None
         if self.adapters:
@@ -90,7 +98,7 @@ class BatchBuilder:
         return DecodeBatch(tokens, positions, tables, slots, generated, active, eos, budget,
                            self._bitmasks(rows, masks, row_of), np.asarray(plan.num_steps if d else 0, np.int32),
                            from_device, None if columns is None else np.asarray(columns, np.int32),
-                           self._draft_rows(plan, rows) if self.draft_state_rows else None, adapters)
+                           self._draft_rows(plan, rows) if self.draft_state_rows else None, adapters, rope_delta)
 
     def _draft_rows(self, plan: StepPlan, rows: int) -> DraftRows:
         """Draft j of the step (plan.draft_rows order, batch row len(plan.decode) + j) writes draft-state
@@ -130,6 +138,7 @@ class BatchBuilder:
         media = self.media is not None
         embeds = np.zeros((n, self.media_width), np.float32) if media else None  # (N, D) image rows
         is_image = np.zeros(n, bool) if media else None
+        rope = np.zeros((3, n), np.int32) if self.mrope else None  # (3, N) rotary (t, h, w) of each token
         columns = 1
 
         def place(row: int, seq: Sequence, start: int, count: int, at: int) -> None:
@@ -145,6 +154,8 @@ class BatchBuilder:
             else:
                 tokens[at:at + len(known)] = known
             positions[at:at + count] = pos
+            if rope is not None:
+                rope[:, at:at + count] = rope_positions(seq.request, start, count)
             slot_mapping[at:at + count] = pages[pos // self.page_size] * self.page_size + pos % self.page_size
             logits_index[row] = at + count - 1
             slots[row], generated[row] = seq.slot, seq.num_generated
@@ -169,7 +180,7 @@ class BatchBuilder:
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         row_of.update({chunk.seq: d + j for j, chunk in enumerate(plan.chunks) if chunk.samples})
         return MixedBatch(tokens, positions, layout, logits_index, slots, generated, samples,
-                          self._bitmasks(r, masks, row_of), from_device, adapters, embeds, is_image)
+                          self._bitmasks(r, masks, row_of), from_device, adapters, embeds, is_image, rope)
 
     @staticmethod
     def _image_limits(plan: StepPlan, chunk_pos: np.ndarray) -> np.ndarray:

@@ -71,7 +71,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.media = MediaEncoder(self, config.image_cache_mb << 20) if accepts_images(model) else None
         self.batches = BatchBuilder(model.config.vocab_size, pool.num_pages, pool.page_size, config.max_slots,
                                     config.pages_per_sequence, config.draft_state_rows, self.adapters is not None,
-                                    self.media, model.config.hidden_size)
+                                    self.media, model.config.hidden_size * getattr(model.config, "feature_levels", 1),
+                                    mrope=bool(getattr(model.config, "mrope_section", None)))
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
@@ -308,6 +309,14 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         padded[:n] = pixels
         out = self._program(("vision", bucket))(self.graphstate, self.graphother, padded)
         return np.asarray(jax.device_get(out))[: n * self.model.config.tokens_per_tile]
+
+    def encode_image(self, pixels: np.ndarray) -> np.ndarray:
+        """uint8 (1, H, W, C) one image of a model with `variable_images` -> (its tokens, D) float32 (host),
+        through the vision program of its size (compiled on first use: a service sees few sizes, and the
+        window layout and rotary tables of the tower are static per size)."""
+        _, h, w, _ = pixels.shape
+        return np.asarray(jax.device_get(self._program(("vision", 1, h, w))(self.graphstate, self.graphother,
+                                                                             pixels)))
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
     def encode_step(self, pending: list) -> list[tuple]:

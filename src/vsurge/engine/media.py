@@ -3,8 +3,9 @@ and a host cache of their embeddings by content hash (an image seen again is not
 
 Before a step with prompt chunks, `prepare(plan)` encodes every image of those chunks whose
 embeddings are not cached: all their tiles in one call per bucket of tiles (batched across
-requests), then split per image. The batch builder (batch.py) copies each chunk's share of
-them into the step's embedding rows (`fill`).
+requests), then split per image (a model whose images keep their own size: each image alone, through
+the program of its size). The batch builder (batch.py) copies each chunk's share of them into the step's
+embedding rows (`fill`), and on an M-RoPE model each token's rotary positions (`rope_positions`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ def whole_images(seq, want: int) -> int:
     return want
 
 
+def rope_positions(request, start: int, count: int) -> np.ndarray:
+    """(3, count) int32 rotary (t, h, w) of `request`'s tokens [start, start + count) on an M-RoPE model:
+    the prompt's own (request.rope_positions), and past them (generated tokens, a text-only prompt) the
+    index + rope_delta on every axis."""
+    out = np.broadcast_to(np.arange(start, start + count, dtype=np.int32) + request.rope_delta, (3, count)).copy()
+    known = request.rope_positions
+    if known is not None and start < known.shape[1]:
+        k = min(count, known.shape[1] - start)
+        out[:, :k] = known[:, start:start + k]
+    return out
+
+
 def tile_buckets(limit: int = MAX_TILES_PER_CALL) -> list[int]:
     """The tile counts a vision program is compiled for: powers of two up to `limit`."""
     out, n = [], 1
@@ -67,6 +80,7 @@ class MediaEncoder:
         # the model's image tokens see their whole image: the scheduler keeps each image in one step and
         # the batch builder widens their attention (kv/paged.StepLayout.chunk_limit)
         self.whole_images = bool(getattr(core.model.config, "bidirectional_images", False))
+        self.variable_images = bool(getattr(core.model.config, "variable_images", False))
 
     def is_cached(self, key: int) -> bool:
         return key in self._cache
@@ -98,6 +112,11 @@ class MediaEncoder:
             self._encode(list(missing.values()))
 
     def _encode(self, items: list) -> None:
+        if self.variable_images:  # one image a call, each at its own size (its program compiled per size)
+            for item in items:
+                self._pinned[item.key] = self._store(item.key, self.core.encode_image(item.pixels))
+            self.encoded += len(items)
+            return
         pixels = np.concatenate([item.pixels for item in items])  # (tiles, H, W, C)
         out = []
         for start in range(0, pixels.shape[0], MAX_TILES_PER_CALL):

@@ -91,7 +91,7 @@ def _build_encode(engine, key, state, gs, go):
 
 
 def _build_vision(engine, key, state, gs, go):
-    h, w = engine.model.config.tile_size
+    h, w = key[2:] if len(key) > 2 else engine.model.config.tile_size  # ("vision", 1, H, W): one image's size
     pixels = jax.ShapeDtypeStruct((key[1], h, w, 3), np.uint8)
     fn = jax.jit(partial(programs.vision, engine.graphdef), **engine._shardings("encode", state, pixels))
     return fn.lower(gs, go, pixels).compile()

@@ -82,6 +82,9 @@ class DecodeBatch:
     # a hybrid model's speculating engine (kv/paged.py StepLayout): the first step's recurrent rows
     drafts: "DraftRows | None" = None
     adapters: np.ndarray | None = None  # (D,) i32 each row's LoRA adapter slot (-1: none); None: no adapters
+    # an M-RoPE model's (Qwen2.5-VL): (D,) i32 each row's rotary offset (its rotary position on every axis is
+    # position + rope_delta); None for every other model
+    rope_delta: np.ndarray | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -116,6 +119,12 @@ class MixedBatch:
     # a vision-language model's: (N, D) f32 embeddings fed instead of the token's at image positions (N,) bool
     media_embeds: np.ndarray | None = None
     media_mask: np.ndarray | None = None
+    rope_positions: np.ndarray | None = None  # an M-RoPE model's (3, N) i32 rotary (t, h, w) of each token
+
+
+def _rope_kwargs(rope_positions) -> dict:
+    """decode_layers' rotary positions where they are not the KV positions (M-RoPE): (3, N) -> (3, 1, N)."""
+    return {} if rope_positions is None else {"rope_positions": rope_positions[:, None]}
 
 
 @jax.tree_util.register_dataclass
@@ -216,7 +225,8 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
                 draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
         with real_rows(active if batch.drafts is None else None), lora_rows(batch.adapters):  # (padding: skipped)
             hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
-            hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout))
+            rope = None if batch.rope_delta is None else jnp.broadcast_to(positions + batch.rope_delta, (3, d))
+            hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout), **_rope_kwargs(rope))
         with lora_head_rows(batch.adapters):
             logits = model.logits(hidden[0])  # (D, V)
         new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
@@ -248,12 +258,18 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
     fed = _fed(state.slots, batch.slots[:d], batch.tokens[:d], batch.from_device)
     with lora_rows(batch.adapters):
         hidden = model.embed_tokens(jnp.concatenate([fed, batch.tokens[d:]])[None])  # (1, N, Dm)
+    extra = {}
     if batch.media_embeds is not None:  # image positions take their encoder embeddings
-        hidden = jnp.where(batch.media_mask[None, :, None], batch.media_embeds[None].astype(hidden.dtype), hidden)
+        width, mask = hidden.shape[-1], batch.media_mask[:, None]
+        hidden = jnp.where(mask[None], batch.media_embeds[None, :, :width].astype(hidden.dtype), hidden)
+        if batch.media_embeds.shape[1] > width:  # deepstack features: added after the first layers
+            levels = batch.media_embeds[:, width:].reshape(mask.shape[0], -1, width).transpose(1, 0, 2)  # (K, N, D)
+            extra["layer_inputs"] = jnp.where(mask[None], levels, 0.0)[:, None]
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
     with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
-        hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout))
+        hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout),
+                                         **_rope_kwargs(batch.rope_positions), **extra)
     with lora_head_rows(None if batch.adapters is None else batch.adapters[batch.logits_index]):
         logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
@@ -265,7 +281,8 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
 
 
 def vision(graphdef, graphstate, graphother, pixels):
-    """A vision-language model's tower: uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) f32."""
+    """A vision-language model's tower: uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) f32 (a family
+    with `variable_images`: one image (1, H, W, C) -> its tokens)."""
     model = nnx.merge(graphdef, graphstate, graphother)
     return model.encode_images(pixels).astype(jnp.float32)
 

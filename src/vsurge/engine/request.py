@@ -91,6 +91,10 @@ class ActiveRequest:
     # positions hold content-hash pseudo-tokens (negative); None: the prompt is text only
     media: tuple = ()
     cache_ids: list[int] | None = None
+    # an M-RoPE model's (Qwen2.5-VL): the prompt's (3, L) int rotary positions; tokens past them are at
+    # their index + rope_delta on every axis. None: every token at its index
+    rope_positions: Any = None
+    rope_delta: int = 0
 
     def cancel(self) -> None:
         """Ask the driver to stop this sequence; its slot is freed within one decode step."""

@@ -49,6 +49,7 @@ def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detoken
     the most new tokens allowed (default: what the context leaves). adapter: a LoRA adapter registered
     with the engine (lora/slots.py), or None."""
     media, cache_ids = tuple(getattr(prompt_ids, "media", ())), None
+    rope, rope_delta = getattr(prompt_ids, "rope", None), int(getattr(prompt_ids, "rope_delta", 0))
     if media:
         if not getattr(engine, "accepts_images", False):
             raise ParamError("image inputs are not supported by this model", "messages")
@@ -87,4 +88,5 @@ def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detoken
     if adapter is not None and getattr(engine, "adapters", None) is None:
         raise ValueError("this engine serves no LoRA adapters (start it with --max-loras or --lora)")
     return [ActiveRequest(prompt_ids, params, base + i, max_tokens, eos, channel, index=i, detokenize=detokenize,
-                          adapter=adapter, media=media, cache_ids=cache_ids) for i in range(params.n)]
+                          adapter=adapter, media=media, cache_ids=cache_ids, rope_positions=rope,
+                          rope_delta=rope_delta) for i in range(params.n)]

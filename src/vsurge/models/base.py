@@ -406,16 +406,27 @@ class CausalLM(nnx.Module):
             rows = rows * jnp.asarray(self.embed_scale, rows.dtype)
         return rows.astype(self.dtype)
 
-    def decode_layers(self, hidden, positions, cache, final_norm: bool = True):
+    def decode_layers(self, hidden, positions, cache, final_norm: bool = True, rope_positions=None,
+                      layer_inputs=None):
         """hidden: (B, T, D) -> (B, T, D) after every decoder layer and the final norm (a family with
-        another kind of final norm applies its own: final_norm=False)."""
+        another kind of final norm applies its own: final_norm=False). rope_positions: what the rotary
+        tables are built from where it is not `positions` (M-RoPE's (3, B, T): rope_tables); the KV
+        slots and masks always take `positions`. layer_inputs: (K, B, T, D) added to the hidden states
+        after each of the first K layers (Qwen3-VL's deepstack image features; zeros elsewhere)."""
         c = self.config
-        ropes = {c.layer_rope(i) for i in range(c.num_layers)} - {None}
-        ctx = StepContext(positions, {r: rope_cos_sin(positions, r, c.head_dim) for r in ropes})
+        ctx = StepContext(positions, self.rope_tables(positions if rope_positions is None else rope_positions))
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
                 hidden, cache = self.layer(i, hidden, layer.forward_weights(), cache, ctx)
+            if layer_inputs is not None and i < layer_inputs.shape[0]:
+                hidden = hidden + layer_inputs[i].astype(hidden.dtype)
         return (rms_norm(hidden, self.final_norm[...], c.rms_norm_eps) if final_norm else hidden), cache
+
+    def rope_tables(self, positions) -> dict:
+        """Rope -> (cos, sin) (B, T, rotary/2) of every rotary embedding the layers use, at positions (B, T)."""
+        c = self.config
+        ropes = {c.layer_rope(i) for i in range(c.num_layers)} - {None}
+        return {r: rope_cos_sin(positions, r, c.head_dim) for r in ropes}
 
     def layer(self, i: int, x, w: dict, cache, ctx: StepContext):
         """Layer i: x (B, T, D) -> (x, cache)."""

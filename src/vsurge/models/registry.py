@@ -41,6 +41,8 @@ FAMILIES = {
     "llama4": "Llama4",
     "idefics3": "Idefics3",
     "gemma3_vl": "Gemma3VL",
+    "qwen2_5_vl": "Qwen25VL",
+    "qwen3_vl": "Qwen3VL",
 }
 
 

@@ -5,8 +5,9 @@ an image's tiles before their embeddings enter the prompt at its placeholder pos
 A family declares:
     vision_weights(config)        the tower's global weights (patch embedding, final norm, projector)
     vision_layer_weights(config, i)  encoder block i's weights
-    encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D) embeddings
-and its config (a VisionConfig) says the tile shape and how many prompt tokens each tile takes.
+    encode_images(pixels)         uint8 (n, H, W, C) tiles -> (n * tokens_per_tile, D * feature_levels) embeddings
+and its config (a VisionConfig) says the tile shape and how many prompt tokens each tile takes (or, with
+`variable_images`, that each image is encoded alone at its own size: (1, H, W, C) -> (its tokens, D)).
 A family llama.cpp serves as a pair (text GGUF + mmproj GGUF, loading/mmproj.py) also names the
 mmproj's `clip.projector_type` and the text GGUF's architecture, and reads its config from both.
 Held as `self.vision` and `self.vision_layers[i]` ("vision.<name>", "vision_layers.<i>.<name>"),
@@ -38,6 +39,13 @@ class VisionConfig(ModelConfig):
     vision_intermediate: int = 0
     vision_eps: float = 1e-6
     vision_activation: str = "gelu_pytorch_tanh"
+    # images keep their own size (Qwen2.5-VL): an image's MediaItem holds its one resized image (1, H, W, C), the
+    # vision program is compiled per image size and encodes one image a call (its token count: the family's);
+    # tile_size and tokens_per_tile are unused
+    variable_images: bool = False
+    # embeddings per image token, each the text model's width: the first replaces the token's embedding, the
+    # others (Qwen3-VL's deepstack features) are added after the first feature_levels - 1 decoder layers
+    feature_levels: int = 1
     # an image's tokens attend to the whole image (Gemma 3), not only to those before them: the engine
     # computes each image in one step and widens its tokens' attention (kv/paged.StepLayout.chunk_limit)
     bidirectional_images: bool = False

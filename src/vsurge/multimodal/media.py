@@ -37,7 +37,8 @@ class MediaItem:
 
     key: int  # content hash of its bytes and processing (the encoder cache's key)
     positions: np.ndarray  # (n,) int64 ascending prompt positions of its n embeddings
-    pixels: np.ndarray  # uint8 (tiles, H, W, C): what the vision program encodes, in order
+    pixels: np.ndarray  # uint8 (tiles, H, W, C): what the vision program encodes, in order (one image, (1, H, W, C),
+    # at its own size for a family with variable_images)
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +55,10 @@ class MultimodalPrompt:
 
     ids: list[int]
     media: tuple[MediaItem, ...] = field(default_factory=tuple)
+    # an M-RoPE model's (Qwen2.5-VL): (3, L) int32 rotary (t, h, w) of each token, and the offset of the tokens
+    # after them (their index + rope_delta on every axis); None: every token at its index
+    rope: np.ndarray | None = None
+    rope_delta: int = 0
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -37,6 +37,14 @@ class ImageProcessor:
         of resolutions returns its cheaper one for "low"; the rest have one resolution."""
         return self
 
+    def num_tokens(self, pixels: np.ndarray) -> int:
+        """The prompt tokens (embeddings) an image of these tiles takes."""
+        return pixels.shape[0] * self.tokens_per_tile
+
+    def finish(self, prompt: MultimodalPrompt) -> MultimodalPrompt:
+        """What the family adds to a prompt once its tokens are known (M-RoPE positions: qwen2_vl.py)."""
+        return prompt
+
     # ---------------------------------------------------------------- shared
     def prompt(self, text: str, images: list[bytes], params: list[str] | None = None,
                param: str = "messages", details: list[str | None] | None = None) -> MultimodalPrompt:
@@ -56,14 +64,15 @@ class ImageProcessor:
             expanded += [processors[i].expansion(rows, cols), pieces[i + 1]]
         ids = list(self.tokenizer.encode("".join(expanded), add_special_tokens=False))
         at = np.flatnonzero(np.asarray(ids, np.int64) == self.image_token_id)
-        needed = sum(t.shape[0] for t in tiles) * self.tokens_per_tile
+        counts = [self.num_tokens(t) for t in tiles]
+        needed = sum(counts)
         if at.shape[0] != needed:
             raise ImageError(f"the prompt holds {at.shape[0]} image tokens where its images need {needed} "
                              "(does the text contain image tokens of its own?)", param)
         media, start = [], 0
-        for data, pixels, processor in zip(images, tiles, processors):
-            n = pixels.shape[0] * self.tokens_per_tile  # (another resolution: another key, another image)
+        for data, pixels, n, processor in zip(images, tiles, counts, processors):
+            # (another resolution: another key, another image)
             media.append(MediaItem(content_key(processor.signature(), data), at[start:start + n],
                                    np.ascontiguousarray(pixels)))
             start += n
-        return MultimodalPrompt(ids, tuple(media))
+        return self.finish(MultimodalPrompt(ids, tuple(media)))

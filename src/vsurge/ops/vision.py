@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .linear import mixed_dot
+from .rope import apply_rope
 
 
 def normalize_pixels(pixels: jax.Array, mean, std, rescale: float) -> jax.Array:
@@ -55,23 +57,25 @@ ACTIVATIONS = {
 }
 
 
-def _attention_blocks(q, k, v, scale: float):
+def _attention_blocks(q, k, v, scale: float, keys=None):
     """Softmax attention of every (group, query block) against its group's keys, one block at a time:
-    q (G, B, h, Q, d), k/v (G, h, T, d) -> (G, B, h, Q, d) float32. A block's scores (h x Q x T) stay in
-    the CPU's caches; all of a tile's at once (12 x 1024 x 1024) went to memory and back several times
-    (3x slower on a 2-core machine)."""
+    q (G, B, h, Q, d), k/v (G, h, T, d) -> (G, B, h, Q, d) float32; keys: (G, T) bool, the keys each
+    group's queries see (None: all). A block's scores (h x Q x T) stay in the CPU's caches; all of a
+    tile's at once (12 x 1024 x 1024) went to memory and back several times (3x slower on a 2-core machine)."""
     def group(args):
-        qg, kg, vg = args
+        qg, kg, vg, *seen = args
 
         def block(qb):
             s = jnp.einsum("hqd,hkd->hqk", qb, kg, preferred_element_type=jnp.float32) * jnp.float32(scale)
+            if seen:  # (a padded window's missing keys)
+                s = jnp.where(seen[0][None, None, :], s, -jnp.inf)
             p = jnp.exp(s - jnp.max(s, -1, keepdims=True))
             p = p / jnp.sum(p, -1, keepdims=True)
             return jnp.einsum("hqk,hkd->hqd", p.astype(vg.dtype), vg, preferred_element_type=jnp.float32)
 
         return jax.lax.map(block, qg)
 
-    return jax.lax.map(group, (q, k, v))
+    return jax.lax.map(group, (q, k, v) if keys is None else (q, k, v, keys))
 
 
 def encoder_attention(x: jax.Array, w: dict, heads: int, query_block: int = 512, heads_per_group: int = 2) -> jax.Array:
@@ -111,3 +115,98 @@ def pixel_shuffle(x: jax.Array, factor: int) -> jax.Array:
     x = x.reshape(n, side, side // factor, d * factor)
     x = x.transpose(0, 2, 1, 3).reshape(n, side // factor, side // factor, d * factor * factor)
     return x.transpose(0, 2, 1, 3).reshape(n, seq // (factor * factor), d * factor * factor)
+
+
+# ---------------------------------------------------------------- images at their own size (Qwen2.5-VL, Qwen3-VL)
+def merged_patches(image: jax.Array, patch: int, merge: int, frames: int) -> jax.Array:
+    """One image (C, H, W) -> (H/p * W/p, C * frames * p * p) patches, each flattened in the (channel, frame,
+    row, column) order a (D, C, frames, p, p) Conv3d kernel reads (a still image is `frames` equal frames),
+    in merge-block order: the merge x merge patches one output token folds are consecutive, blocks row-major
+    (the order HF's Qwen2-VL image processor writes pixel_values in)."""
+    c, h, w = image.shape
+    gh, gw = h // patch, w // patch
+    x = image.reshape(c, gh // merge, merge, patch, gw // merge, merge, patch)
+    x = x.transpose(1, 4, 2, 5, 0, 3, 6)  # (gh/m, gw/m, m, m, C, p, p)
+    x = jnp.broadcast_to(x[:, :, :, :, :, None], (*x.shape[:5], frames, patch, patch))
+    return x.reshape(gh * gw, c * frames * patch * patch)
+
+
+def merged_grid(rows: int, cols: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) (T,) of each patch of a rows x cols grid in merge-block order (merged_patches)."""
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+
+    def order(a):
+        return a.reshape(rows // merge, merge, cols // merge, merge).transpose(0, 2, 1, 3).reshape(-1)
+
+    return order(r), order(c)
+
+
+def axial_rope(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """A ViT's 2-D rotary tables: patch rows/cols (T,) -> cos, sin (T, head_dim/2) float32 whose first half
+    of frequencies turns with the row and the second with the column (ops/rope.apply_rope's layout)."""
+    quarter = head_dim // 2
+    inv = (1.0 / np.float32(theta) ** (np.arange(0, quarter, 2, dtype=np.float32) / np.float32(quarter)))
+    inv = inv.astype(np.float32)
+    angles = np.concatenate([rows[:, None].astype(np.float32) * inv, cols[:, None].astype(np.float32) * inv], -1)
+    return np.cos(angles), np.sin(angles)
+
+
+def window_groups(rows: int, cols: int, merge: int, window: int) -> np.ndarray:
+    """The patches each window attends within: (G, S) int indices into the merge-block order, windows of
+    `window` x `window` merged tokens row-major (edge windows smaller: padded with -1), tokens row-major
+    within a window. The references reorder the patches window by window and back; attending within index
+    groups in place computes the same."""
+    lh, lw = rows // merge, cols // merge
+    unit = merge * merge
+    groups = []
+    for r0 in range(0, lh, window):
+        for c0 in range(0, lw, window):
+            units = [r * lw + c for r in range(r0, min(r0 + window, lh)) for c in range(c0, min(c0 + window, lw))]
+            groups.append([u * unit + j for u in units for j in range(unit)])
+    out = np.full((len(groups), window * window * unit), -1, np.int64)
+    for g, members in enumerate(groups):
+        out[g, :len(members)] = members
+    return out
+
+
+def grouped_attention(x: jax.Array, w: dict, heads: int, cos, sin, groups: np.ndarray,
+                      query_block: int = 512) -> jax.Array:
+    """Bidirectional attention of one image's patches within groups (windows, or one group of all), with
+    2-D rotary q/k: x (T, D), w: wq/wk/wv/wo (D, D) and biases, cos/sin (T, hd/2), groups (G, S) static
+    indices (-1: none) -> (T, D)."""
+    t, d = x.shape
+    hd = d // heads
+    q, k, v = (dense(x, w[f"w{c}"], w.get(f"b{c}")).reshape(1, t, heads, hd) for c in "qkv")
+    q, k = (apply_rope(y, cos[None], sin[None])[0] for y in (q, k))  # (T, h, hd)
+    g, s = groups.shape
+    qb = min(query_block, s)
+    size = -(-s // qb) * qb  # queries in whole blocks: padded with -1
+    groups = np.pad(groups, ((0, 0), (0, size - s)), constant_values=-1)
+    at = jnp.asarray(np.maximum(groups, 0))
+
+    def gather(y):  # (T, h, hd) -> (G, h, S, hd)
+        return y[at].transpose(0, 2, 1, 3)
+
+    qg = gather(q).reshape(g, heads, size // qb, qb, hd).transpose(0, 2, 1, 3, 4)  # (G, B, h, qb, hd)
+    out = _attention_blocks(qg, gather(k), gather(v.reshape(t, heads, hd)), hd ** -0.5, jnp.asarray(groups >= 0))
+    out = out.transpose(0, 1, 3, 2, 4).reshape(g * size, heads * hd)  # (G*S, D) rows in group order
+    where = np.zeros(t, np.int64)  # each patch's row among them
+    real = groups.reshape(-1) >= 0
+    where[groups.reshape(-1)[real]] = np.flatnonzero(real)
+    return dense(out[jnp.asarray(where)].astype(x.dtype), w["wo"], w.get("bo"))
+
+
+def interpolated_positions(rows: np.ndarray, cols: np.ndarray, grid: tuple[int, int], side: int):
+    """A learned side x side position table resampled to a grid (rows, cols patches) bilinearly with aligned
+    corners (torch's F.interpolate, as Qwen3-VL's tower does): patch rows/cols (T,) -> (indices (T, 4) into
+    the flattened table, weights (T, 4) float32)."""
+    def taps(index, size):  # (T,) -> taps (T, 2), weights (T, 2)
+        src = index.astype(np.float32) * np.float32(side - 1) / np.float32(max(size - 1, 1))
+        floor = np.floor(src)
+        near = floor[:, None] + np.arange(2)
+        weights = np.maximum(np.float32(1) - np.abs(src[:, None] - near), 0).astype(np.float32)
+        return np.clip(near, 0, side - 1).astype(np.int64), weights
+
+    (ht, hw), (wt, ww) = taps(rows, grid[0]), taps(cols, grid[1])
+    indices = (ht[:, :, None] * side + wt[:, None, :]).reshape(-1, 4)
+    return indices, (hw[:, :, None] * ww[:, None, :]).reshape(-1, 4)

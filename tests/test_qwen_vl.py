@@ -1,0 +1,134 @@
+"""Qwen2.5-VL and Qwen3-VL against transformers on tiny random checkpoints (towers included): images at
+their own resolution (the processor's pixels, grid and tokens equal HF's), the towers (Qwen2.5-VL's
+windows, Qwen3-VL's interpolated positions and deepstack features) and M-RoPE (logits with one and two
+images of different sizes equal the HF models'), and the paged engine's greedy tokens equal HF's
+generate, prompts chunked across the images, with a text-only prompt beside them."""
+
+from __future__ import annotations
+
+import io
+from unittest import mock
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from test_images import png, serving
+from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen3_vl
+from vsurge.kv.dense import NoCache
+from vsurge.loading import load
+
+ONE = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this<|im_end|>\n<|im_start|>assistant\n"
+TWO = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>and<|vision_start|><|image_pad|><|vision_end|>"
+       "compare them<|im_end|>\n<|im_start|>assistant\n")
+TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+WRITERS = {"qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
+           "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor")}
+
+
+@pytest.fixture(scope="module", params=list(WRITERS))
+def qwen(request, tmp_path_factory, default_processor_dir):
+    """(torch model, HF processor, our model, our processor) of each family."""
+    import transformers
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    write, processor_class = WRITERS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    torch_model = write(folder, default_processor_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    # (no video processor: transformers' check of its class needs torchvision, which images do not use)
+    with mock.patch.object(transformers.ProcessorMixin, "check_argument_for_proper_class", lambda *a: None):
+        hf_processor = getattr(transformers, processor_class)(
+            image_processor=Qwen2VLImageProcessorPil.from_pretrained(folder), tokenizer=tokenizer, video_processor=None)
+    model, processor = load(str(folder), dtype="float32", progress=False)
+    return torch_model, hf_processor, model, processor
+
+
+def hf_inputs(hf_processor, text: str, images: list[bytes]):
+    from PIL import Image
+
+    return hf_processor(text=[text], images=[Image.open(io.BytesIO(b)) for b in images] or None, return_tensors="pt")
+
+
+@pytest.mark.parametrize("size", [(50, 90), (120, 33), (16, 16), (300, 200)])
+def test_pixels_grid_and_tokens_equal_the_hf_processor(qwen, size):
+    """Wide, tall, smaller than min_pixels and larger than max_pixels: HF's token ids (one <|image_pad|> per
+    merged block), grid and pixel_values (the patches the tower reads, in merge-block order)."""
+    _, hf_processor, model, processor = qwen
+    data = png(*size, seed=sum(size))
+    ours = processor.images.prompt(ONE, [data])
+    ref = hf_inputs(hf_processor, ONE, [data])
+    assert ours.ids == ref["input_ids"][0].tolist()
+    (_, rows, cols), = ref["image_grid_thw"].tolist()
+    item = ours.media[0]
+    p = model.config.patch_size
+    assert item.pixels.shape[1:3] == (rows * p, cols * p)
+    np.testing.assert_allclose(np.asarray(model.vision_patches(jnp.asarray(item.pixels))), ref["pixel_values"].numpy(),
+                               atol=1e-6)
+
+
+def test_logits_with_one_and_two_images_equal_transformers(qwen):
+    """Images of different sizes and aspect ratios (windows cut at the edges) and text after them: HF's
+    logits within 1e-4, M-RoPE positions and delta equal to its get_rope_index."""
+    torch_model, hf_processor, model, processor = qwen
+    images = [png(50, 90, 1), png(70, 40, 2)]
+    for text, ims in ((ONE, images[:1]), (TWO, images)):
+        prompt = processor.images.prompt(text, ims)
+        ref = hf_inputs(hf_processor, text, ims)
+        with torch.no_grad():
+            want = torch_model(**ref).logits[0].numpy()
+            positions, delta = torch_model.model.get_rope_index(ref["input_ids"], ref["mm_token_type_ids"],
+                                                                ref["image_grid_thw"])
+        np.testing.assert_array_equal(prompt.rope, positions[:, 0].numpy())
+        assert prompt.rope_delta == int(delta)
+        np.testing.assert_allclose(our_logits(model, prompt), want, atol=1e-4, rtol=1e-4)
+
+
+def our_logits(model, prompt) -> np.ndarray:
+    """(L, V) float32: each image's embeddings at its tokens, its deepstack features (Qwen3-VL) added after
+    the first layers there, the prompt's M-RoPE positions."""
+    d, length = model.config.hidden_size, len(prompt.ids)
+    levels = model.config.feature_levels
+    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
+    extra = jnp.zeros((levels - 1, 1, length, d))  # (K, 1, L, D)
+    for item in prompt.media:
+        features = model.encode_images(jnp.asarray(item.pixels))  # (tokens, levels * D)
+        hidden = hidden.at[0, item.positions].set(features[:, :d])
+        if levels > 1:
+            extra = extra.at[:, 0, item.positions].set(features[:, d:].reshape(-1, levels - 1, d).transpose(1, 0, 2))
+    out, _ = model.decode_layers(hidden, jnp.arange(length)[None], NoCache(),
+                                 rope_positions=jnp.asarray(prompt.rope)[:, None],
+                                 layer_inputs=extra if levels > 1 else None)
+    return np.asarray(model.logits(out))[0]
+
+
+def hf_greedy(torch_model, hf_processor, text, images, steps):
+    inputs = hf_inputs(hf_processor, text, images)
+    with torch.no_grad():
+        out = torch_model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def test_engine_greedy_tokens_equal_transformers(qwen):
+    """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks
+    that cut through the images (their M-RoPE positions carried per chunk), decoded at position + rope
+    delta: HF's greedy tokens. Run again: the same tokens, no image encoded again."""
+    from vsurge import EngineConfig
+
+    torch_model, hf_processor, model, processor = qwen
+    images = [png(50, 90, 1), png(70, 40, 2)]
+    jobs = [(ONE, images[:1]), (TWO, images), (TEXT, [])]
+    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:2]] + [processor.encode(TEXT, add_special_tokens=False)]
+    steps = 8
+    config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
+                          decode_steps=4)
+    with serving(model, processor, config, steps) as (surge, run):
+        got = run(prompts)
+        again = run(prompts)
+        assert surge.engine.media.encoded == 2
+    want = [hf_greedy(torch_model, hf_processor, t, ims, steps) for t, ims in jobs]
+    assert got == want
+    assert again == want
