@@ -76,7 +76,7 @@ def describe(engine) -> str:
                        "paged": isinstance(engine.pool, HBMPageManager), "vocab_size": engine.vocab_size,
                        "eos_token_ids": engine.eos_token_ids, "model_name": engine.model_name,
                        "kv": engine.kv_signature, "devices": [d.id for d in engine.mesh.devices.flat],
-                       "mesh_shape": list(engine.mesh.devices.shape)})
+                       "mesh_shape": list(engine.mesh.devices.shape), "mrope": engine.batches.mrope})
 
 
 # ------------------------------------------------------------------ process 0
@@ -109,6 +109,9 @@ class RemoteDecodeEngine:
         self.config = EngineConfig(**fields)
         if self.config.role != "decode":
             raise ValueError(f"remote engine {index} is not a decode engine (role {self.config.role!r})")
+        if info.get("mrope"):  # its decode rows need each sequence's rotary offset, which is not sent yet
+            raise ValueError(f"remote engine {index}: a model with M-RoPE (Qwen2.5-VL, Qwen3-VL) is not served "
+                             "disaggregated across processes; run its prefill and decode engines in one process")
         self.pool = (HBMPageManager(info["num_pages"], self.config.page_size, enable_prefix_caching=False)
                      if info["paged"] else SlotPages(self.config.max_slots, self.config.max_length,
                                                      self.config.page_size))
