@@ -2,7 +2,8 @@
 images fitted within the longest edge at their own aspect (the processor's pixels and [IMG] / [IMG_BREAK] /
 [IMG_END] ids equal HF's), the tower's 2-D rotary, the feature layer, the patch merger and the projector
 (logits with one and two images of different sizes equal the HF model's), and the paged engine's greedy
-tokens equal HF's generate, prompts chunked across the images, with a text-only prompt beside them."""
+tokens equal HF's generate, prompts chunked across the images, with a text-only prompt beside them; with a
+Mistral and a Ministral 3 (YaRN, query temperature) text model."""
 
 from __future__ import annotations
 
@@ -26,14 +27,14 @@ TWO = "[INST][IMG]and[IMG]compare them[/INST]"
 TEXT = "[INST]What is the capital of France?[/INST]"
 
 
-@pytest.fixture(scope="module")
-def mistral3(tmp_path_factory, default_processor_dir):
-    """(torch model, HF processor, our model, our processor)."""
+@pytest.fixture(scope="module", params=["mistral", "ministral3"])
+def mistral3(request, tmp_path_factory, default_processor_dir):
+    """(torch model, HF processor, our model, our processor) with each text model type."""
     import transformers
     from transformers.models.pixtral import image_processing_pil_pixtral as pil
 
-    folder = tmp_path_factory.mktemp("mistral3")
-    torch_model = write_tiny_mistral3(folder, default_processor_dir)
+    folder = tmp_path_factory.mktemp(f"mistral3_{request.param}")
+    torch_model = write_tiny_mistral3(folder, default_processor_dir, text_type=request.param)
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     # PixtralProcessor's module imports the torchvision image processor (for a function the PIL one has too), and
     # transformers' check of the image processor's class wants that backend: the PIL one is the reference here

@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from tiny_models import COMMON, VOCAB, add_special_tokens
+from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
 
 # model types of the checkpoints written here (tests/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
 # compare them with transformers)
@@ -235,18 +235,20 @@ MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]", "</
 MISTRAL3_PATCH, MISTRAL3_LONGEST_EDGE = 8, 64
 
 
-def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0):
+def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_type: str = "mistral"):
     """A Mistral 3 checkpoint (Mistral3ForConditionalGeneration): a Pixtral tower of 3 blocks (SiLU-gated MLPs,
     2-D rotary) whose second block's output the projector reads (vision_feature_layer -2), the 2 x 2 patch
-    merger and a biased GELU MLP; a Mistral text model. Returns the torch model (float32, eval mode)."""
+    merger and a biased GELU MLP; a Mistral text model, or (text_type "ministral3") Ministral 3's with YaRN and
+    its query temperature. Returns the torch model (float32, eval mode)."""
     import torch
     import transformers
 
     folder = Path(folder)
     ids = write_tokenizer(folder, tokenizer_dir, MISTRAL3_TOKENS, "</s>", MISTRAL3_TEMPLATE)
-    text = {**COMMON, "model_type": "mistral", "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0,
-            "eos_token_id": ids[5], "tie_word_embeddings": False, "sliding_window": None,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    rope = ({"rope_type": "default", "rope_theta": 10000.0} if text_type == "mistral"
+            else TINY_CONFIGS["ministral3"][1]["rope_parameters"])
+    text = {**COMMON, "model_type": text_type, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0,
+            "eos_token_id": ids[5], "tie_word_embeddings": False, "sliding_window": None, "rope_parameters": rope}
     vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                   num_attention_heads=2, patch_size=MISTRAL3_PATCH, image_size=MISTRAL3_LONGEST_EDGE,
                   hidden_act="silu", rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
