@@ -108,7 +108,8 @@ def test_engine_greedy_tokens_equal_transformers(mistral3):
     torch_model, hf_processor, model, processor = mistral3
     images = [png(50, 90, 1), png(70, 40, 2)]
     jobs = [(ONE, images[:1]), (TWO, images), (TEXT, [])]
-    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:2]] + [processor.encode(TEXT, add_special_tokens=False)]
+    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:2]]
+    prompts.append(processor.encode(TEXT, add_special_tokens=False))
     steps = 8
     config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
                           decode_steps=4)

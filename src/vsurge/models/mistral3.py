@@ -66,7 +66,8 @@ class Mistral3(VisionLM, Ministral3):
         if text.get("model_type", "mistral") not in TEXT_MODEL_TYPES:
             raise UnsupportedModelError(f"{where}: a Mistral 3 text model of type {text.get('model_type')!r} is not "
                                         f"supported (supported: {', '.join(TEXT_MODEL_TYPES)})")
-        # transformers 5 ties by the top-level flag (and unties where the checkpoint holds both tensors)
+        # transformers 5 ties by the top-level flag (and unties where the checkpoint holds both tensors); with the
+        # flag at neither level, untied: a checkpoint without lm_head.weight then stops at load, naming it
         text["tie_word_embeddings"] = cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
         text["eos_token_id"] = cfg.get("eos_token_id", text.get("eos_token_id"))
         text["_name_or_path"] = cfg.get("_name_or_path", "")
