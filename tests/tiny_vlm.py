@@ -7,10 +7,11 @@ import json
 import shutil
 from pathlib import Path
 
-from tiny_models import COMMON, VOCAB, add_special_tokens
+from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
 
-# model types of the checkpoints written here (tests/test_images.py and test_qwen_vl.py compare them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl")
+# model types of the checkpoints written here (tests/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
+# compare them with transformers)
+VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl", "mistral3")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
@@ -220,4 +221,59 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
         "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
         "temporal_patch_size": 2, "merge_size": 2}, indent=2))
+    return model
+
+
+# Mistral's chat template, cut to what the tests send: an image part becomes [IMG]
+MISTRAL3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}[INST]{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}[IMG]"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}[/INST]"
+    "{% else %}{{ message['content'] }}</s>{% endif %}{% endfor %}")
+MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]", "</s>"]
+# the tiny tower: 8-pixel patches merged 2 x 2 (16 pixels a token), images fitted within 64 pixels a side
+MISTRAL3_PATCH, MISTRAL3_LONGEST_EDGE = 8, 64
+
+
+def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_type: str = "mistral"):
+    """A Mistral 3 checkpoint (Mistral3ForConditionalGeneration): a Pixtral tower of 3 blocks (SiLU-gated MLPs,
+    2-D rotary) whose second block's output the projector reads (vision_feature_layer -2), the 2 x 2 patch
+    merger and a biased GELU MLP; a Mistral text model, or (text_type "ministral3") Ministral 3's with YaRN and
+    its query temperature. Returns the torch model (float32, eval mode)."""
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    ids = write_tokenizer(folder, tokenizer_dir, MISTRAL3_TOKENS, "</s>", MISTRAL3_TEMPLATE)
+    rope = ({"rope_type": "default", "rope_theta": 10000.0} if text_type == "mistral"
+            else TINY_CONFIGS["ministral3"][1]["rope_parameters"])
+    text = {**COMMON, "model_type": text_type, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0,
+            "eos_token_id": ids[5], "tie_word_embeddings": False, "sliding_window": None, "rope_parameters": rope}
+    vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                  num_attention_heads=2, patch_size=MISTRAL3_PATCH, image_size=MISTRAL3_LONGEST_EDGE,
+                  hidden_act="silu", rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
+    config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=ids[0],
+                                         spatial_merge_size=2, vision_feature_layer=-2,
+                                         multimodal_projector_bias=True, tie_word_embeddings=False)
+    config._attn_implementation = "eager"
+    config.text_config._attn_implementation = "eager"
+    config.vision_config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = transformers.Mistral3ForConditionalGeneration(config).eval()
+    with torch.no_grad():  # norms default to 1 and biases to 0: randomize them so they are tested
+        for name, param in model.named_parameters():
+            if name.endswith(("norm.weight", "ln_pre.weight", ".bias")):
+                param.add_(0.1 * torch.randn_like(param))
+            if "vision_tower" in name and name.endswith("_proj.weight"):  # peaked attention, blocks that change
+                param.normal_(0.0, 0.2)  # their input: else the rotary and the feature layer hardly show
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "PixtralImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "size": {"longest_edge": MISTRAL3_LONGEST_EDGE},
+        "patch_size": {"height": MISTRAL3_PATCH, "width": MISTRAL3_PATCH}}, indent=2))
+    (folder / "processor_config.json").write_text(json.dumps({
+        "processor_class": "PixtralProcessor", "patch_size": MISTRAL3_PATCH, "spatial_merge_size": 2,
+        "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"}))
     return model

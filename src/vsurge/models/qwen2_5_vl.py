@@ -78,15 +78,9 @@ class Qwen25VL(QwenVisionLM, Qwen2):
         h = self.patch_embeddings(pixels)  # (T, Dv)
         cos, sin, windows, whole = _tower_layout(rows, cols, c.merge_size, c.window_size // c.merge_size // c.patch_size,
                                                  c.vision_hidden // c.vision_heads, c.vision_rope_theta)
-        act = ops.ACTIVATIONS[c.vision_activation]
         for i, layer in enumerate(self.vision_layers):
-            w = layer.weights()
-            groups = whole if i in c.fullatt_blocks else windows
-            h = h + ops.grouped_attention(rms_norm(h, w["ln1"], c.vision_eps), w, c.vision_heads, jnp.asarray(cos),
-                                          jnp.asarray(sin), groups)
-            x = rms_norm(h, w["ln2"], c.vision_eps)
-            h = h + ops.dense(act(ops.dense(x, w["gate"], w["gate_b"])) * ops.dense(x, w["up"], w["up_b"]),
-                              w["down"], w["down_b"])
+            h = ops.rms_block(h, layer.weights(), c.vision_heads, c.vision_eps, c.vision_activation, jnp.asarray(cos),
+                              jnp.asarray(sin), whole if i in c.fullatt_blocks else windows)
         x = rms_norm(h, g["merge_norm"], 1e-6).reshape(h.shape[0] // c.merge_size ** 2, -1)  # (tokens, Dv * m^2)
         x = ops.ACTIVATIONS["gelu"](ops.dense(x, g["merge_fc1"], g["merge_fc1_b"]))
         return ops.dense(x, g["merge_fc2"], g["merge_fc2_b"]).astype(self.dtype)  # (tokens, D)

@@ -43,6 +43,7 @@ FAMILIES = {
     "gemma3_vl": "Gemma3VL",
     "qwen2_5_vl": "Qwen25VL",
     "qwen3_vl": "Qwen3VL",
+    "mistral3": "Mistral3",
 }
 
 

@@ -64,4 +64,8 @@ def image_processor_for(config, model_dir: Path | None, tokenizer, preprocessor:
         from .qwen2_vl import QwenVLImages
 
         return QwenVLImages(config, preprocessor, processor, tokenizer)
+    if config.architecture == "mistral3":
+        from .pixtral import PixtralImages
+
+        return PixtralImages(config, preprocessor, processor, tokenizer)
     raise ValueError(f"no image processor for {config.architecture}")

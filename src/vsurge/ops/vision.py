@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .linear import mixed_dot
+from .norm import rms_norm
 from .rope import apply_rope
 
 
@@ -117,7 +118,7 @@ def pixel_shuffle(x: jax.Array, factor: int) -> jax.Array:
     return x.transpose(0, 2, 1, 3).reshape(n, seq // (factor * factor), d * factor * factor)
 
 
-# ---------------------------------------------------------------- images at their own size (Qwen2.5-VL, Qwen3-VL)
+# ---------------------------------------------------------------- images at their own size (Qwen-VL, Mistral 3)
 def merged_patches(image: jax.Array, patch: int, merge: int, frames: int) -> jax.Array:
     """One image (C, H, W) -> (H/p * W/p, C * frames * p * p) patches, each flattened in the (channel, frame,
     row, column) order a (D, C, frames, p, p) Conv3d kernel reads (a still image is `frames` equal frames),
@@ -141,14 +142,31 @@ def merged_grid(rows: int, cols: int, merge: int) -> tuple[np.ndarray, np.ndarra
     return order(r), order(c)
 
 
-def axial_rope(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
-    """A ViT's 2-D rotary tables: patch rows/cols (T,) -> cos, sin (T, head_dim/2) float32 whose first half
-    of frequencies turns with the row and the second with the column (ops/rope.apply_rope's layout)."""
-    quarter = head_dim // 2
-    inv = (1.0 / np.float32(theta) ** (np.arange(0, quarter, 2, dtype=np.float32) / np.float32(quarter)))
-    inv = inv.astype(np.float32)
-    angles = np.concatenate([rows[:, None].astype(np.float32) * inv, cols[:, None].astype(np.float32) * inv], -1)
+def _inverse_frequencies(dim: int, theta: float) -> np.ndarray:
+    """(dim/2,) float32 1 / theta^(2i / dim), as the references compute them in float32."""
+    return (1.0 / np.float32(theta) ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))).astype(np.float32)
+
+
+def _axial_tables(rows: np.ndarray, cols: np.ndarray, inv_rows: np.ndarray, inv_cols: np.ndarray):
+    """Patch rows/cols (T,) -> cos, sin (T, len(inv_rows) + len(inv_cols)) float32: the first frequencies
+    turn with the row, the rest with the column (ops/rope.apply_rope's layout)."""
+    angles = np.concatenate([rows[:, None].astype(np.float32) * inv_rows,
+                             cols[:, None].astype(np.float32) * inv_cols], -1)
     return np.cos(angles), np.sin(angles)
+
+
+def axial_rope(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """A ViT's 2-D rotary tables (Qwen-VL): patch rows/cols (T,) -> cos, sin (T, head_dim/2) float32, rows and
+    columns turning the same head_dim/4 frequencies (those of a head_dim/2 rotary)."""
+    inv = _inverse_frequencies(head_dim // 2, theta)
+    return _axial_tables(rows, cols, inv, inv)
+
+
+def pixtral_rope(rows: np.ndarray, cols: np.ndarray, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """Pixtral's 2-D rotary tables: patch rows/cols (T,) -> cos, sin (T, head_dim/2) float32, the head_dim/2
+    frequencies of a 1-D rotary split alternately: the even ones turn with the row, the odd with the column."""
+    inv = _inverse_frequencies(head_dim, theta)
+    return _axial_tables(rows, cols, inv[0::2], inv[1::2])
 
 
 def window_groups(rows: int, cols: int, merge: int, window: int) -> np.ndarray:
@@ -194,6 +212,24 @@ def grouped_attention(x: jax.Array, w: dict, heads: int, cos, sin, groups: np.nd
     real = groups.reshape(-1) >= 0
     where[groups.reshape(-1)[real]] = np.flatnonzero(real)
     return dense(out[jnp.asarray(where)].astype(x.dtype), w["wo"], w.get("bo"))
+
+
+def rms_block(h: jax.Array, w: dict, heads: int, eps: float, activation: str, cos, sin,
+              groups: np.ndarray) -> jax.Array:
+    """A pre-RMSNorm ViT block with 2-D rotary attention within `groups` and a gated MLP (Qwen2.5-VL, Pixtral):
+    h (T, D), w: ln1, ln2, attention (grouped_attention) and gate/up/down with optional biases -> (T, D)."""
+    h = h + grouped_attention(rms_norm(h, w["ln1"], eps), w, heads, cos, sin, groups)
+    x = rms_norm(h, w["ln2"], eps)
+    gated = ACTIVATIONS[activation](dense(x, w["gate"], w.get("gate_b"))) * dense(x, w["up"], w.get("up_b"))
+    return h + dense(gated, w["down"], w.get("down_b"))
+
+
+def unfold_blocks(x: jax.Array, rows: int, cols: int, merge: int) -> jax.Array:
+    """torch's unfold of a patch grid into merge x merge blocks (Mistral 3's patch merger): x (rows * cols, D)
+    row-major -> (rows/m * cols/m, D * m * m), blocks row-major, each flattened channel-major (d, i, j)."""
+    d = x.shape[-1]
+    x = x.reshape(rows // merge, merge, cols // merge, merge, d)
+    return x.transpose(0, 2, 4, 1, 3).reshape((rows // merge) * (cols // merge), d * merge * merge)
 
 
 def interpolated_positions(rows: np.ndarray, cols: np.ndarray, grid: tuple[int, int], side: int):
