@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from test_images import png, serving
+from test_images import png
 from tiny_vlm import write_tiny_mistral3
-from vsurge.kv.dense import NoCache
+from vlm_checks import IMAGES, engine_matches_transformers, hf_generate, logits_with_images
 from vsurge.loading import load
 from vsurge.ops.vision import normalize_pixels
 
@@ -70,15 +70,6 @@ def test_pixels_and_tokens_equal_the_hf_processor(mistral3, size):
     np.testing.assert_allclose(np.asarray(pixels), ref["pixel_values"].numpy(), atol=1e-6)
 
 
-def our_logits(model, prompt) -> np.ndarray:
-    """(L, V) float32: each image's embeddings at its [IMG] tokens."""
-    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
-    for item in prompt.media:
-        hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
-    out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache())
-    return np.asarray(model.logits(out))[0]
-
-
 def test_logits_with_one_and_two_images_equal_transformers(mistral3):
     """Images of different sizes and aspects (HF pads them into one batch and masks each to itself) and text
     after them: HF's logits within 1e-4."""
@@ -90,33 +81,13 @@ def test_logits_with_one_and_two_images_equal_transformers(mistral3):
         assert prompt.ids == ref["input_ids"][0].tolist()
         with torch.no_grad():
             want = torch_model(**ref).logits[0].numpy()
-        np.testing.assert_allclose(our_logits(model, prompt), want, atol=1e-4, rtol=1e-4)
-
-
-def hf_greedy(torch_model, hf_processor, text, images, steps):
-    inputs = hf_inputs(hf_processor, text, images)
-    with torch.no_grad():
-        out = torch_model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
+        np.testing.assert_allclose(logits_with_images(model, prompt), want, atol=1e-4, rtol=1e-4)
 
 
 def test_engine_greedy_tokens_equal_transformers(mistral3):
     """One image, two images of different sizes and a text-only prompt at once, prefilled in 8-token chunks that
     cut through the images' rows: HF's greedy tokens. Run again: the same tokens, no image encoded again."""
-    from vsurge import EngineConfig
-
     torch_model, hf_processor, model, processor = mistral3
-    images = [png(50, 90, 1), png(70, 40, 2)]
-    jobs = [(ONE, images[:1]), (TWO, images), (TEXT, [])]
-    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:2]]
-    prompts.append(processor.encode(TEXT, add_special_tokens=False))
-    steps = 8
-    config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
-                          decode_steps=4)
-    with serving(model, processor, config, steps) as (surge, run):
-        got = run(prompts)
-        again = run(prompts)
-        assert surge.engine.media.encoded == 2
-    want = [hf_greedy(torch_model, hf_processor, t, ims, steps) for t, ims in jobs]
-    assert got == want
-    assert again == want
+    jobs = [(ONE, list(IMAGES[:1])), (TWO, list(IMAGES)), (TEXT, [])]
+    engine_matches_transformers(model, processor, jobs,
+                                lambda t, ims: hf_generate(torch_model, hf_inputs(hf_processor, t, ims), 8))

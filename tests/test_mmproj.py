@@ -16,11 +16,11 @@ import gguf
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 
 from mmproj_files import write_pair
 from test_images import GEMMA_ONE, GEMMA_TWO, PROMPT_ONE, PROMPT_TWO, gemma_reference, hf_greedy, png, serving
 from tiny_vlm import write_tiny_gemma3_vlm, write_tiny_idefics3
+from vlm_checks import logits_with_images
 from vsurge.errors import ModelLoadError, UnsupportedModelError
 from vsurge.kv.dense import NoCache
 from vsurge.loading import load
@@ -51,15 +51,6 @@ def pair(request, tmp_path_factory, default_processor_dir, default_gguf_path):
                 load(text, dtype="float32", progress=False, mmproj=mmproj))
 
 
-def prompt_logits(model, prompt) -> np.ndarray:
-    """Float32 logits of a whole prompt, images' embeddings at their tokens (causal attention throughout)."""
-    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
-    for item in prompt.media:
-        hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
-    out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache())
-    return np.asarray(model.logits(out))[0]
-
-
 def _same(a, b) -> bool:
     """Equal, floats to float32's precision (GGUF stores them as float32)."""
     if isinstance(a, float) and isinstance(b, float):
@@ -86,9 +77,9 @@ def test_the_pair_is_the_hf_directorys_model(pair):
     for text, ims in ((one, images[:1]), (two, images)):
         want, got = hf_proc.images.prompt(text, ims), our_proc.images.prompt(text, ims)
         assert got.ids == want.ids
-        np.testing.assert_allclose(prompt_logits(ours, got), prompt_logits(hf, want), atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(logits_with_images(ours, got), logits_with_images(hf, want), atol=1e-4, rtol=1e-4)
     first, other = (our_proc.images.prompt(one, [image]) for image in (images[0], png(50, 90, 7)))
-    assert np.abs(prompt_logits(ours, other) - prompt_logits(ours, first)).max() > 1e-3
+    assert np.abs(logits_with_images(ours, other) - logits_with_images(ours, first)).max() > 1e-3
 
 
 def test_engine_greedy_tokens_equal_transformers(pair):

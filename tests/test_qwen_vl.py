@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from test_images import png, serving
+from test_images import png
 from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen3_vl
+from vlm_checks import IMAGES, engine_matches_transformers, hf_generate
 from vsurge.kv.dense import NoCache
 from vsurge.loading import load
 
@@ -105,30 +106,11 @@ def our_logits(model, prompt) -> np.ndarray:
     return np.asarray(model.logits(out))[0]
 
 
-def hf_greedy(torch_model, hf_processor, text, images, steps):
-    inputs = hf_inputs(hf_processor, text, images)
-    with torch.no_grad():
-        out = torch_model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, inputs["input_ids"].shape[1]:].tolist()
-
-
 def test_engine_greedy_tokens_equal_transformers(qwen):
     """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks
     that cut through the images (their M-RoPE positions carried per chunk), decoded at position + rope
     delta: HF's greedy tokens. Run again: the same tokens, no image encoded again."""
-    from vsurge import EngineConfig
-
     torch_model, hf_processor, model, processor = qwen
-    images = [png(50, 90, 1), png(70, 40, 2)]
-    jobs = [(ONE, images[:1]), (TWO, images), (TEXT, [])]
-    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:2]] + [processor.encode(TEXT, add_special_tokens=False)]
-    steps = 8
-    config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
-                          decode_steps=4)
-    with serving(model, processor, config, steps) as (surge, run):
-        got = run(prompts)
-        again = run(prompts)
-        assert surge.engine.media.encoded == 2
-    want = [hf_greedy(torch_model, hf_processor, t, ims, steps) for t, ims in jobs]
-    assert got == want
-    assert again == want
+    jobs = [(ONE, list(IMAGES[:1])), (TWO, list(IMAGES)), (TEXT, [])]
+    engine_matches_transformers(model, processor, jobs,
+                                lambda t, ims: hf_generate(torch_model, hf_inputs(hf_processor, t, ims), 8))

@@ -29,6 +29,25 @@ IDEFICS3_TOKENS = (["<fake_token_around_image>", "<image>", "<global-img>", "<en
 TILE, PATCH, LONGEST_EDGE = 32, 8, 64
 
 
+def random_model(model_class, config, seed: int, noisy: tuple[str, ...], tweak=None):
+    """transformers' `model_class` of `config` with eager attention throughout, seeded. Parameters whose
+    names end in `noisy` (norms at 1 and biases at 0 as initialized) get noise so that they are tested;
+    tweak(name, param), if given, then changes any parameter in place (under no_grad)."""
+    import torch
+
+    for c in (config, config.text_config, config.vision_config):
+        c._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(noisy):
+                param.add_(0.1 * torch.randn_like(param))
+            if tweak is not None:
+                tweak(name, param)
+    return model
+
+
 def write_tokenizer(folder: Path, tokenizer_dir: Path, tokens: list[str], eos: str, template: str) -> list[int]:
     """The default model's tokenizer plus a family's special tokens, its end token and chat template, into
     `folder`: -> the tokens' ids (in order; the model's vocabulary must cover them)."""
@@ -51,7 +70,6 @@ def write_idefics3_tokenizer(folder: Path, tokenizer_dir: Path) -> list[int]:
 def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_type: str = "idefics3"):
     """An Idefics3 (SmolVLM) checkpoint: SigLIP-style tower, pixel-shuffle connector, Llama text model.
     Returns the torch model (float32, eval mode)."""
-    import torch
     import transformers
 
     folder = Path(folder)
@@ -61,15 +79,8 @@ def write_tiny_idefics3(folder: Path, tokenizer_dir: Path, seed: int = 0, model_
                   image_size=TILE, patch_size=PATCH, layer_norm_eps=1e-6)
     config = transformers.Idefics3Config(text_config=text, vision_config=vision, scale_factor=2,
                                          image_token_id=ids[1], tie_word_embeddings=False)
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.Idefics3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # norms default to 1 and biases to 0: randomize them so they are tested
-        for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias")):
-                param.add_(0.1 * torch.randn_like(param))
+    model = random_model(transformers.Idefics3ForConditionalGeneration, config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias"))
     model.save_pretrained(folder)
     if model_type != "idefics3":
         path = folder / "config.json"
@@ -112,18 +123,14 @@ def write_tiny_gemma3_vlm(folder: Path, tokenizer_dir: Path, seed: int = 0):
                   patch_size=8, vision_use_head=False)
     config = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                        boi_token_index=ids[0], eoi_token_index=ids[1], image_token_index=ids[2])
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.Gemma3ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias")):
-                param.add_(0.1 * torch.randn_like(param))
-            if name.endswith("mm_input_projection_weight"):  # zeros as initialized: no image would reach the text
-                # model; float16 values, which llama.cpp's converter (it stores this one as F16) keeps exactly
-                param.copy_((1.0 * torch.randn_like(param)).half().float())
+
+    def tweak(name, param):
+        if name.endswith("mm_input_projection_weight"):  # zeros as initialized: no image would reach the text
+            # model; float16 values, which llama.cpp's converter (it stores this one as F16) keeps exactly
+            param.copy_((1.0 * torch.randn_like(param)).half().float())
+
+    model = random_model(transformers.Gemma3ForConditionalGeneration, config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", "layernorm.weight", ".bias"), tweak)
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Gemma3ImageProcessor", "do_resize": True, "size": {"height": 32, "width": 32},
@@ -152,7 +159,6 @@ def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     (the second attends to the whole image), 2-D rotary positions, the 2 x 2 merger to the text width; a
     Qwen2 text model with M-RoPE (sections 2, 3, 3 of its 8 rotary frequencies). Returns the torch model
     (float32, eval mode)."""
-    import torch
     import transformers
 
     folder = Path(folder)
@@ -166,15 +172,8 @@ def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
                                            vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
                                            tie_word_embeddings=False)
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.Qwen2_5_VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias")):
-                param.add_(0.1 * torch.randn_like(param))
+    model = random_model(transformers.Qwen2_5_VLForConditionalGeneration, config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"))
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
@@ -190,7 +189,6 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     positions (a 4 x 4 table interpolated to each image's grid) and 2-D rotary, deepstack features from its
     first two blocks added after the text model's first two layers; a Qwen3 text model with interleaved
     M-RoPE. Same tokens, template and image sizes as write_tiny_qwen2_5_vl. Returns the torch model."""
-    import torch
     import transformers
 
     folder = Path(folder)
@@ -205,15 +203,8 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
                                         vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
                                         tie_word_embeddings=False)
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", ".bias")):
-                param.add_(0.1 * torch.randn_like(param))
+    model = random_model(transformers.Qwen3VLForConditionalGeneration, config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", ".bias"))
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
@@ -240,7 +231,6 @@ def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_t
     2-D rotary) whose second block's output the projector reads (vision_feature_layer -2), the 2 x 2 patch
     merger and a biased GELU MLP; a Mistral text model, or (text_type "ministral3") Ministral 3's with YaRN and
     its query temperature. Returns the torch model (float32, eval mode)."""
-    import torch
     import transformers
 
     folder = Path(folder)
@@ -255,17 +245,13 @@ def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_t
     config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=ids[0],
                                          spatial_merge_size=2, vision_feature_layer=-2,
                                          multimodal_projector_bias=True, tie_word_embeddings=False)
-    config._attn_implementation = "eager"
-    config.text_config._attn_implementation = "eager"
-    config.vision_config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.Mistral3ForConditionalGeneration(config).eval()
-    with torch.no_grad():  # norms default to 1 and biases to 0: randomize them so they are tested
-        for name, param in model.named_parameters():
-            if name.endswith(("norm.weight", "ln_pre.weight", ".bias")):
-                param.add_(0.1 * torch.randn_like(param))
-            if "vision_tower" in name and name.endswith("_proj.weight"):  # peaked attention, blocks that change
-                param.normal_(0.0, 0.2)  # their input: else the rotary and the feature layer hardly show
+
+    def tweak(name, param):
+        if "vision_tower" in name and name.endswith("_proj.weight"):  # peaked attention, blocks that change
+            param.normal_(0.0, 0.2)  # their input: else the rotary and the feature layer hardly show
+
+    model = random_model(transformers.Mistral3ForConditionalGeneration, config, seed,
+                         ("norm.weight", "ln_pre.weight", ".bias"), tweak)
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "PixtralImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,

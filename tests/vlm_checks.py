@@ -1,0 +1,50 @@
+"""Checks the vision-language families' tests share: a prompt's float32 logits with its images' embeddings
+fed at their tokens, transformers' greedy tokens, and the engine run twice over prompts with and without
+images (the second run encodes no image again)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from test_images import png, serving
+from vsurge.kv.dense import NoCache
+
+IMAGES = (png(50, 90, 1), png(70, 40, 2))  # two images of different sizes (a wide one, a tall one)
+
+
+def logits_with_images(model, prompt) -> np.ndarray:
+    """(L, V) float32 logits of a whole prompt, each image's embeddings at its tokens (causal throughout)."""
+    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
+    for item in prompt.media:
+        hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
+    out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache())
+    return np.asarray(model.logits(out))[0]
+
+
+def hf_generate(torch_model, inputs, steps: int) -> list[int]:
+    """transformers' greedy tokens after the processor's `inputs` (no end token)."""
+    with torch.no_grad():
+        out = torch_model.generate(**inputs, max_new_tokens=steps, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+def engine_matches_transformers(model, processor, jobs, want_of, steps: int = 8) -> None:
+    """jobs: (text, images) pairs, the last one text only (given as token ids). Prefilled in 8-token chunks
+    that cut through the images, then run again: both runs give want_of(text, images) for each job, and the
+    second encodes no image."""
+    from vsurge import EngineConfig
+
+    prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:-1]]
+    prompts.append(processor.encode(jobs[-1][0], add_special_tokens=False))
+    config = EngineConfig(max_slots=4, max_length=128, prefill_tokens=16, chunk_lengths=(8,), page_size=8,
+                          decode_steps=4)
+    images = {item.key for p in prompts[:-1] for item in p.media}
+    with serving(model, processor, config, steps) as (surge, run):
+        got = run(prompts)
+        again = run(prompts)
+        assert surge.engine.media.encoded == len(images)
+    want = [want_of(t, ims) for t, ims in jobs]
+    assert got == want
+    assert again == want
