@@ -54,6 +54,7 @@ def hf_inputs(hf_processor, text: str, images: list[bytes]):
     return hf_processor(text=[text], images=[Image.open(io.BytesIO(b)) for b in images] or None, return_tensors="pt")
 
 
+@pytest.mark.parametrize("mistral3", ["mistral"], indirect=True)  # (the processor is the text model's either way)
 @pytest.mark.parametrize("size", [(50, 90), (120, 33), (20, 20)])
 def test_pixels_and_tokens_equal_the_hf_processor(mistral3, size):
     """Wide and tall (scaled down to the longest edge), and small (rounded up to whole blocks, not scaled):
@@ -84,6 +85,7 @@ def test_logits_with_one_and_two_images_equal_transformers(mistral3):
         np.testing.assert_allclose(logits_with_images(model, prompt), want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("mistral3", ["ministral3"], indirect=True)  # (the logits test covers both text models)
 def test_engine_greedy_tokens_equal_transformers(mistral3):
     """One image, two images of different sizes and a text-only prompt at once, prefilled in 8-token chunks that
     cut through the images' rows: HF's greedy tokens. Run again: the same tokens, no image encoded again."""
