@@ -59,6 +59,7 @@ class Idefics3Images(ImageProcessor):
             raise ValueError(f"max_image_size {self.tile} differs from the vision tower's image_size "
                              f"{config.tile_size[0]}")
         self.split = bool(preprocessor.get("do_image_splitting", True))
+        self._low: Idefics3Images | None = None  # for_detail("low")
         self.resize = bool(preprocessor.get("do_resize", True))
         self.resample = int(preprocessor.get("resample", 1))  # PIL's LANCZOS
         self.seq_len = int(processor.get("image_seq_len", config.tokens_per_tile))
@@ -71,9 +72,10 @@ class Idefics3Images(ImageProcessor):
         tower work instead of up to rows x cols + 1."""
         if detail != "low" or not self.split:
             return self
-        low = copy.copy(self)
-        low.split = False
-        return low
+        if self._low is None:  # made once: one processor serves every request
+            self._low = copy.copy(self)
+            self._low.split = False
+        return self._low
 
     def signature(self) -> bytes:
         return f"idefics3:{self.longest_edge}:{self.tile}:{self.split}:{self.resize}:{self.resample}".encode()
