@@ -76,6 +76,19 @@ inline void legacy_group(const uint8_t* g, int hr, const Activations& a, int64_t
   }
 }
 
+// How far ahead of the group being multiplied the kernel asks for weights (8 KiB: 2-16 KiB measured
+// alike on Zen 5 at 1-16 rows; none read a 16-row two-pass call at half the speed).
+constexpr int64_t kPrefetchAhead = 8192;
+
+// The prefetch for part j of 8 of a group: a K-quant super-block (2-3 KiB) asked for in one burst
+// of ~40 lines outran the core's miss buffers (one core read Q4_K at 12 GB/s, Q4_0 at 20).
+template <int F>
+inline void prefetch_part(const uint8_t* g, int j) {
+  constexpr int64_t part = (kGroupBytes[F] / 8 + 63) / 64 * 64;
+  const uint8_t* p = g + kPrefetchAhead + j * part;
+  for (int64_t o = 0; o < part; o += 64) __builtin_prefetch(p + o);
+}
+
 // Q4_K / Q5_K: eight 32-weight blocks, each with its own uint8 scale and min under the super-block's
 // float16 d and dmin: w = d * sc * code - dmin * mn.
 template <class S, int F, int MR>
@@ -88,6 +101,7 @@ inline void k45_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
   const VF d = S::load_f16(g + q4_k::D + 2 * hr);
   const VF dmin = S::load_f16(g + q4_k::DMIN + 2 * hr);
   for (int j = 0; j < 8; ++j) {
+    prefetch_part<F>(g, j);
     VI w[8];
     const uint8_t* sub = g + q4_k::SUB + j * sub_bytes;
     unpack4<S>(sub, hr, w);
@@ -113,6 +127,7 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
   using VF = typename S::VF;
   const VF d = S::load_f16(g + q6_k::D + 2 * hr);
   for (int j = 0; j < 8; ++j) {
+    prefetch_part<kQ6_K>(g, j);
     VI w[8];
     const uint8_t* sub = g + q6_k::SUB + j * q6_k::SUB_BYTES;
     unpack4<S>(sub, hr, w);
@@ -141,9 +156,6 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
   }
 }
 
-// How far ahead of the group being multiplied the kernel asks for weights (8 KiB: 2-16 KiB measured
-// alike on Zen 5 at 1-16 rows; none read a 16-row two-pass call at half the speed).
-constexpr int64_t kPrefetchAhead = 8192;
 
 // MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
 template <class S, int F, int MR>
@@ -159,7 +171,8 @@ void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, fl
     // with a few rows' work per byte the hardware prefetcher falls behind (a 16-row call read its
     // weights at 8 GB/s): ask for the bytes kPrefetchAhead on, which past the tile's end are the next
     // tile's (stored right after it; a prefetch past the matrix's end is harmless)
-    for (int64_t o = 0; o < gb; o += 64) __builtin_prefetch(g + kPrefetchAhead + o);
+    if constexpr (kGroupWeights[F] == kBlock)
+      for (int64_t o = 0; o < gb; o += 64) __builtin_prefetch(g + kPrefetchAhead + o);
     if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR>(g, hr, a, m0, 8 * i, blocks, acc);
     else if constexpr (F == kQ6_K) q6k_group<S, MR>(g, hr, a, m0, 8 * i, blocks, acc);
     else legacy_group<S, F, MR>(g, hr, a, m0, i, blocks, acc);
