@@ -27,6 +27,7 @@ struct MatmulArgs {
   int64_t tile_bytes;
   Activations a;
   float* y;            // (M, N)
+  const int32_t* out_rows = nullptr;  // activation row m's products go to y's row out_rows[m] (null: row m)
 };
 
 // The weight-code offset an ISA's dot product subtracts through Activations::c.

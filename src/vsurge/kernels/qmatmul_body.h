@@ -159,7 +159,8 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
 
 // MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
 template <class S, int F, int MR>
-void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid) {
+void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid,
+               const int32_t* out_rows) {
   typename S::VF acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = S::zero();
   const int64_t blocks = a.k / kBlock;
@@ -177,7 +178,7 @@ void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, fl
     else if constexpr (F == kQ6_K) q6k_group<S, MR>(g, hr, a, m0, 8 * i, blocks, acc);
     else legacy_group<S, F, MR>(g, hr, a, m0, i, blocks, acc);
   }
-  for (int r = 0; r < MR; ++r) S::store(y + (m0 + r) * ldy, acc[r], nvalid);
+  for (int r = 0; r < MR; ++r) S::store(y + (out_rows != nullptr ? out_rows[m0 + r] : m0 + r) * ldy, acc[r], nvalid);
 }
 
 template <class S, int F>
@@ -192,12 +193,12 @@ void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0
       int64_t m = m0;
       constexpr int mr = S::kMaxRows;  // a power of two
       static_assert(mr >= 1 && mr <= 16 && (mr & (mr - 1)) == 0);
-      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr>(tile, hr, args.a, m, y, args.n, nvalid);
+      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
       // the remainder (< mr) in powers of two: each pass re-reads the (cached) tile
-      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8>(tile, hr, args.a, m, y, args.n, nvalid); m += 8; }
-      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid); m += 4; }
-      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid); m += 2; }
-      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid);
+      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 8; }
+      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 4; }
+      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 2; }
+      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
     }
   }
 }
