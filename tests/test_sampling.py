@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vsurge.ops.sampling import SamplingArrays, _filter, _filter_sorted, apply_penalties, sample, seed_key_data
+from vsurge.ops.sampling import (SamplingArrays, _filter, _filter_sorted, apply_penalties, inverse_cdf, sample,
+                                 seed_key_data)
 from vsurge.sampling_params import SamplingParams
 
 V = 12
@@ -123,6 +124,23 @@ def test_sampled_frequencies_follow_the_filtered_softmax():
     freq = np.bincount(tokens, minlength=V) / draws
     assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(keep))
     np.testing.assert_allclose(freq, probs, atol=0.025)  # ~4 sigma at 6000 draws
+
+
+def test_inverse_cdf_across_blocks_with_empty_tokens_and_blocks():
+    """The two-level draw over a vocabulary of several 256-token blocks, not a multiple of 256, with
+    the mass on block edges and one whole block empty: frequencies follow the probabilities, a
+    zero-probability token is never drawn, and u at 0 / just under 1 gives the first / last kept one."""
+    v, rows = 900, 20000
+    probs = np.zeros(v)
+    probs[[0, 255, 512, 767, 899]] = [0.1, 0.25, 0.3, 0.05, 0.3]  # block 1 (256-511) empty
+    logits = np.where(probs > 0, np.log(np.maximum(probs, 1e-30)), -np.inf).astype(np.float32)
+    u = np.random.default_rng(0).random(rows, dtype=np.float32)
+    tokens = np.asarray(jax.jit(inverse_cdf)(jnp.broadcast_to(jnp.asarray(logits), (rows, v)), jnp.asarray(u)))
+    freq = np.bincount(tokens, minlength=v) / rows
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(probs))
+    np.testing.assert_allclose(freq, probs, atol=0.015)  # ~4.5 sigma at 20000 draws
+    edges = np.asarray(inverse_cdf(jnp.asarray(np.stack([logits, logits])), jnp.asarray([0.0, 1.0 - 2**-24])))
+    assert edges.tolist() == [0, 899]
 
 
 def test_seeds_are_reproducible_and_per_row():
