@@ -139,6 +139,9 @@ def test_a_lone_decode_row_runs_alone_where_the_kernel_multiplies(tiny_gguf):
     assert alone.driver.engines[0].config.decode_rows == [1, 2]
     float_engine = vSurge.create_odriver(floats, processor, config=EngineConfig(**common)).driver.engines[0]
     assert float_engine.config.decode_rows == [2]
+    # the ladders at 32 slots: every power of 4 where the kernel skips padding rows, of 2 otherwise
+    assert EngineConfig(max_slots=32, one_row_decode=True).decode_rows == [1, 4, 16, 32]
+    assert EngineConfig(max_slots=32).decode_rows == [2, 4, 8, 16, 32]
     padded = vSurge.create_odriver(blocks, processor, config=EngineConfig(**common, row_buckets=(2,)))
     params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
     tokens = {}
