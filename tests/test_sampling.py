@@ -88,6 +88,17 @@ def test_filters_keep_exactly_the_reference_set(top_k, top_p, min_p, candidates)
     np.testing.assert_array_equal(np.isfinite(np.asarray(filtered)), np_keep_mask(scaled, top_k, top_p, min_p))
 
 
+def test_exact_filter_keeps_ties_with_the_last_kept_token():
+    """The whole-vocabulary filter cuts at a value: tokens tied with the last one kept stay too."""
+    scaled = np.full((3, V), -4.0, np.float32)
+    scaled[:, :5] = [5.0, 3.0, 3.0, 1.0, 1.0]
+    p = arrays(top_k=[2, 0, 0], top_p=[1.0, 0.8, 1.0], min_p=[0.0, 0.0, np.exp(-2.0) * 0.999])
+    kept = np.isfinite(np.asarray(_filter_sorted(jnp.asarray(scaled), p)))
+    # top-k 2 reaches the first 3; top-p 0.8 needs the first 3 (5 alone is ~0.79 of the mass);
+    # min-p keeps logits >= 5 - 2
+    assert [np.flatnonzero(row).tolist() for row in kept] == [[0, 1, 2], [0, 1, 2], [0, 1, 2]]
+
+
 @pytest.mark.parametrize("scale", [4.0, 0.05])  # peaked: decided on the candidates; flat: full-sort fallback
 def test_partial_sort_filter_on_a_real_sized_vocabulary(scale):
     rng = np.random.default_rng(1)
