@@ -290,8 +290,9 @@ def test_bench_serve_sends_images_in_every_wire_format(server):
 @pytest.mark.parametrize("argv,message", [
     (["--endpoint", "/v1/completions", "--images-per-request", "1"], "/v1/completions takes text only"),
     (["--images-per-request", "1", "--image-size", "wide"], "expected WIDTHxHEIGHT"),
-    (["--images-per-request", "-1"], "must be 0 or more")])
-def test_bench_serve_refuses_an_image_load_it_cannot_send(argv, message):
+    (["--images-per-request", "-1"], "must be 0 or more"),
+    (["--temperature", "-0.5"], "--temperature must be 0 or more")])
+def test_bench_serve_refuses_a_load_it_cannot_send(argv, message):
     out = subprocess.run([sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", "http://127.0.0.1:9",
                           *argv], capture_output=True, text=True, timeout=120, env=ENV)
     assert out.returncode != 0 and message in out.stderr, out.stderr

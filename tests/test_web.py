@@ -571,7 +571,8 @@ def test_bench_serve_levels_servers_and_plot(server, tmp_path):
 def test_bench_serve_speaks_each_wire_format(server, endpoint):
     out = subprocess.run(
         [sys.executable, "-m", "vsurge.cli", "bench", "serve", "--base-url", server.base, "--endpoint", endpoint,
-         "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--api-key", API_KEY, "--json"],
+         "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--temperature", "0.8", "--api-key", API_KEY,
+         "--json"],
         capture_output=True, text=True, timeout=300, env=ENV)
     assert out.returncode == 0, out.stdout + out.stderr
     summary = json.loads(out.stdout)

@@ -175,8 +175,8 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
               shared_prefix_len: int = 0, endpoint: str = "/v1/completions", images_per_request: int = 0,
-              image_size: tuple[int, int] = (512, 512)) -> dict:
-    """shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
+              image_size: tuple[int, int] = (512, 512), temperature: float = 0.0) -> dict:
+    """temperature: every request's (0: greedy, the default). shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
     a list whose names the requests take in turn (a base model's LoRA adapters). images_per_request: JPEGs
     of image_size (width, height) in every request, none the same (made before the clock starts)."""
     models = [model] if isinstance(model, str) else list(model)
@@ -193,6 +193,7 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
         body = request_body(endpoint, models[i % len(models)], prompt, output_len, images[i])
         if eos_token_id is not None:
             body["logit_bias"] = {str(eos_token_id): -100}
+        body["temperature"] = temperature
         return body
 
     # a connection per request: reusing one a server has just closed after its keep-alive time loses the
@@ -329,6 +330,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="images in every request (default 0: text only), each its own photo-like JPEG")
     p.add_argument("--image-size", type=image_size, default=(512, 512), metavar="WxH",
                    help="the images' size in pixels (default 512x512)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="every request's sampling temperature (default 0: greedy; most chat clients send ~0.7-1)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--eos-token-id", type=int, default=2, help="banned so every request makes output-len tokens "
                                                                "(-1: do not ban)")
@@ -353,6 +356,8 @@ def main_from_args(args) -> int:
     if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
         raise SystemExit("vsurge: error: --concurrency sends each level's prompts all at once; "
                          "drop --request-rate and --max-concurrency")
+    if args.temperature < 0:
+        raise SystemExit("vsurge: error: --temperature must be 0 or more")
     if args.images_per_request < 0:
         raise SystemExit("vsurge: error: --images-per-request must be 0 or more")
     endpoint = args.endpoint or ("/v1/chat/completions" if args.images_per_request else "/v1/completions")
@@ -380,7 +385,7 @@ def main_from_args(args) -> int:
                                       max_concurrency, args.api_key, eos, seed=args.seed,
                                       shared_prefix_len=args.shared_prefix_len,
                                       endpoint=endpoint, images_per_request=args.images_per_request,
-                                      image_size=args.image_size))
+                                      image_size=args.image_size, temperature=args.temperature))
             series.setdefault(label, []).append((level, summary))
             records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
             failed += summary["failed"]
