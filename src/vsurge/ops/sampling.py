@@ -81,52 +81,13 @@ def _threshold(desc, keep):
     return jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
 
 
-def _ordered(x):
-    """float32 -> uint32 keys in the floats' order (negative floats: all bits flipped; others: the
-    sign bit set)."""
-    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
-    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def _largest_key(lo, hi, holds):
-    """Per row, the largest uint32 key in [lo, hi] where `holds(key (B,)) -> (B,) bool` is true, for
-    a predicate true at lo and monotone (true, then false): 32 halvings of the range."""
-    def step(_, bounds):
-        lo, hi = bounds
-        gap = hi - lo
-        mid = lo + (gap >> 1) + (gap & 1)  # the upper middle, without overflow
-        ok = holds(mid)
-        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid - 1)
-
-    return jax.lax.fori_loop(0, 32, step, (lo, hi))[0]
-
-
 def _filter_sorted(scaled, p: SamplingArrays):
-    """Exact filter over the whole vocabulary, without sorting it (XLA:CPU's sort of 32 x 49k
-    values took ~300 ms): each cut-off is the largest logit value at which its condition still
-    holds, found by halving the range of the values' ordered bit patterns. top-k: at least k values
-    at or above it; top-p: the (top-k limited) probability mass at or above it reaches top_p;
-    min-p: logit >= best + log(min_p). Tokens at or above the highest cut-off are kept (ties with
-    the last kept token too, as the sorted cut-off did)."""
-    keys = _ordered(scaled)  # (B, V)
-    vocab = scaled.shape[-1]
-    best = jnp.max(scaled, axis=-1)  # (B,)
-    lo, hi = jnp.min(keys, axis=-1), jnp.max(keys, axis=-1)
-    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, vocab), vocab)
-    kth = jax.lax.cond(jnp.any(p.top_k > 0),  # (B,) the k-th value's key (no top-k: the least value's)
-                       lambda: _largest_key(lo, hi, lambda t: jnp.sum(keys >= t[:, None], axis=-1) >= k),
-                       lambda: lo)
-    # the top-k normalizer: the values above the k-th, and the k-th value as often as k leaves room for
-    above = keys > kth[:, None]
-    kth_value = jnp.max(jnp.where(keys <= kth[:, None], scaled, -jnp.inf), axis=-1)
-    weights = jnp.exp(scaled - best[:, None])  # (B, V)
-    total = (jnp.sum(jnp.where(above, weights, 0.0), axis=-1)
-             + (k - jnp.sum(above, axis=-1)) * jnp.exp(kth_value - best))
-    mass_at = lambda t: jnp.sum(jnp.where(keys >= t[:, None], weights, 0.0), axis=-1)  # noqa: E731
-    cut_p = _largest_key(kth, hi, lambda t: (t <= kth) | (mass_at(t) >= p.top_p * total))
-    cut_min_p = _ordered(jnp.where(p.min_p > 0, best + jnp.log(jnp.maximum(p.min_p, 1e-38)), -jnp.inf))
-    cut = jnp.maximum(jnp.maximum(kth, cut_p), cut_min_p)
-    return jnp.where(keys >= cut[:, None], scaled, _NEG_INF)
+    """Exact filter over the fully sorted vocabulary (slow on CPU: the fallback path)."""
+    desc = -jnp.sort(-scaled, axis=-1)  # (B, V)
+    k = jnp.where(p.top_k > 0, jnp.minimum(p.top_k, desc.shape[-1]), desc.shape[-1])
+    limited = jnp.where(jnp.arange(desc.shape[-1])[None, :] < k[:, None], desc, _NEG_INF)
+    keep, _ = _keep_from_sorted(desc, p, jax.nn.logsumexp(limited, axis=-1))
+    return jnp.where(scaled >= _threshold(desc, keep), scaled, _NEG_INF)
 
 
 def _filter(scaled, p: SamplingArrays, candidates: int = CANDIDATES):
