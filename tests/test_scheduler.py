@@ -394,12 +394,16 @@ def test_a_prefix_wait_is_bounded():
 class CachedImages:
     """The engine's MediaEncoder as the scheduler sees it: which images are encoded already."""
 
-    def __init__(self, keys=()):
+    def __init__(self, keys=(), compiling=()):
         self.keys = set(keys)
+        self.compiling = set(compiling)  # images whose vision program is not compiled yet
         self.whole_images = False
 
     def is_cached(self, key):
         return key in self.keys
+
+    def ready(self, item):
+        return item.key not in self.compiling
 
 
 def image_seq(prompt_len: int, images: list[tuple[int, int, int]], first: int = 1) -> Sequence:
@@ -411,6 +415,25 @@ def image_seq(prompt_len: int, images: list[tuple[int, int, int]], first: int = 
     request = ActiveRequest(prompt, SamplingParams(max_tokens=2, temperature=0.0), 0, 2, [0], ReturnChannel(),
                             media=media)
     return Sequence.of(request, Letters())
+
+
+def test_an_image_whose_program_compiles_waits_and_others_go_on():
+    """An image of a size whose vision program is still compiling: its prompt stops before it (or
+    waits whole when it begins there) while another prompt is prefilled; once compiled it goes on."""
+    scheduler = make(pages=64, page_size=4, prefill_tokens=16, chunk_lengths=(4, 16))
+    scheduler.media = CachedImages(compiling={1, 2})
+    a = image_seq(12, [(1, 4, 4)], first=100)  # text first, then the image
+    b = image_seq(12, [(2, 0, 4)], first=200)  # the image first
+    c = image_seq(8, [], first=300)
+    for seq in (a, b, c):
+        scheduler.add(seq)
+    plan = scheduler.schedule()
+    spans = lambda seq: [(ch.start, ch.length) for ch in plan.chunks if ch.seq is seq]  # noqa: E731
+    assert (spans(a), spans(b), spans(c)) == ([(0, 4)], [], [(0, 4), (4, 4)])
+    scheduler.postprocess(plan, Out(plan))
+    scheduler.media.compiling.clear()  # the programs are compiled
+    plan = scheduler.schedule()
+    assert spans(a)[0] == (4, 4) and spans(b)[0] == (0, 4)
 
 
 def test_a_step_encodes_images_up_to_its_prompt_token_budget():

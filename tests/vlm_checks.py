@@ -33,7 +33,8 @@ def hf_generate(torch_model, inputs, steps: int) -> list[int]:
 def engine_matches_transformers(model, processor, jobs, want_of, steps: int = 8) -> None:
     """jobs: (text, images) pairs, the last one text only (given as token ids). Prefilled in 8-token chunks
     that cut through the images, then run again: both runs give want_of(text, images) for each job, and the
-    second encodes no image."""
+    second encodes no image. A model whose images keep their own size compiles each size's vision program
+    on the engine's background thread (the image waits; the engine goes on with the rest)."""
     from vsurge import EngineConfig
 
     prompts = [processor.images.prompt(t, ims) for t, ims in jobs[:-1]]
@@ -45,6 +46,9 @@ def engine_matches_transformers(model, processor, jobs, want_of, steps: int = 8)
         got = run(prompts)
         again = run(prompts)
         assert surge.engine.media.encoded == len(images)
+        if model.config.variable_images:
+            vision = {key for key in surge.engine._compiled if key[0] == "vision"}
+            assert vision and set(surge.engine.background_compiles) == vision
     want = [want_of(t, ims) for t, ims in jobs]
     assert got == want
     assert again == want

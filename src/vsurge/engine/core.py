@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
@@ -76,6 +77,10 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self._rng = np.random.default_rng(config.seed)
         self._compiled: dict[Any, Any] = {}
         self._compile_lock = threading.Lock()
+        self._building: dict[Any, Future] = {}  # key -> the program being built (callers wait for it)
+        self._background = None  # one thread compiling what `program_ready` asked for (made on first use)
+        self._background_failed: set = set()  # keys whose background build raised: built (and raised) inline
+        self.background_compiles: list = []  # keys compiled on that thread, in order
         self.compile_seconds = 0.0
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
         # publishes the call to the followers first (scale/multihost.py)
@@ -161,13 +166,65 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.compile_seconds += time.perf_counter() - start
 
     def _program(self, key: tuple):
-        with self._compile_lock:
-            if key not in self._compiled:
-                start = time.perf_counter()
-                self._compiled[key] = self._build(key)
-                self.compile_seconds += time.perf_counter() - start
-            program = self._compiled[key]
+        program = self._built(key)
         return program if self.on_call is None else partial(self.on_call, key, program)
+
+    def _built(self, key: tuple):
+        """The compiled program of `key`, built once: a caller asking for one another thread is building
+        waits for it, and the lock is not held while compiling (the engine's thread may need another
+        program meanwhile)."""
+        with self._compile_lock:
+            if key in self._compiled:
+                return self._compiled[key]
+            future, owner = self._building.get(key), False
+            if future is None:
+                future, owner = self._building.setdefault(key, Future()), True
+        if not owner:
+            return future.result()
+        return self._run_build(key, future, background=False)
+
+    def _run_build(self, key: tuple, future: Future, background: bool):
+        """Compile `key`, store it and resolve `future`. A failure is raised (inline), or logged and
+        remembered (on the background thread: the engine's thread then meets it again)."""
+        start = time.perf_counter()
+        try:
+            program = self._build(key)
+        except BaseException as exc:
+            with self._compile_lock:
+                del self._building[key]
+                if background:
+                    self._background_failed.add(key)
+            future.set_exception(exc)
+            if not background:
+                raise
+            log.warning("compiling %s in the background failed: %r", key, exc)
+            return None
+        with self._compile_lock:
+            self._compiled[key] = program
+            del self._building[key]
+            self.compile_seconds += time.perf_counter() - start
+            if background:
+                self.background_compiles.append(key)
+        future.set_result(program)
+        return program
+
+    def program_ready(self, key: tuple) -> bool:
+        """Whether `key`'s program is compiled; if not, its compile starts on a background thread (once)
+        and the caller goes on: the scheduler holds back the work that needs it (an image of a size not
+        seen before) while the engine serves everyone else. A background build that failed counts as
+        ready, so the engine's thread builds it again and the request fails with the real error."""
+        with self._compile_lock:
+            if key in self._compiled or key in self._background_failed:
+                return True
+            if key in self._building:
+                return False
+            if self._background is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._background = ThreadPoolExecutor(1, thread_name_prefix="vsurge-compile")
+            self._building[key] = future = Future()
+        self._background.submit(self._run_build, key, future, True)
+        return False
 
     @property
     def kv_dtype(self):

@@ -22,17 +22,31 @@ def within_image_budget(seq, want: int, budget: list[int], step_budget: int, enc
     encoding would pass the step's budget of image embeddings (`budget[0]` left of `step_budget`, the
     prompt-token budget, as vLLM's encoder budget): a step encodes what its prompt tokens could hold, so
     the tower's work spreads over steps and decode rows are not held up by many images at once. A step's
-    first image always goes (however large); images `encoder` holds already cost nothing. The
-    scheduler calls it (pure Python)."""
+    first image always goes (however large); images `encoder` holds already cost nothing. An image
+    whose vision program is still compiling (a size not seen before) waits, the chunk cut before it.
+    The scheduler calls it (pure Python)."""
     start, end = seq.num_computed, seq.num_computed + want
     for item in seq.request.media:
         first = int(item.positions[0])
         if first < start or first >= end or (encoder is not None and encoder.is_cached(item.key)):
             continue
+        if encoder is not None and not encoder.ready(item):
+            return first - start
         if item.num_tokens > budget[0] and budget[0] < step_budget:
             return first - start
         budget[0] -= item.num_tokens
     return want
+
+
+def waits_for_program(seq, encoder) -> bool:
+    """Whether `seq`'s next image to prefill waits for its vision program to compile (the scheduler
+    does not count such a sequence as blocked on pages)."""
+    if encoder is None or not seq.request.media:
+        return False
+    for item in seq.request.media:
+        if int(item.positions[-1]) >= seq.num_computed and not encoder.is_cached(item.key):
+            return not encoder.ready(item)
+    return False
 
 
 def whole_images(seq, want: int) -> int:
@@ -84,6 +98,15 @@ class MediaEncoder:
 
     def is_cached(self, key: int) -> bool:
         return key in self._cache
+
+    def ready(self, item) -> bool:
+        """Whether `item` can be encoded now. An image of a model whose images keep their own size needs
+        the vision program of that size: a new size compiles on a background thread (seconds on a real
+        tower), and until it is done the image waits while the engine serves everyone else."""
+        if not self.variable_images:
+            return True
+        _, h, w, _ = item.pixels.shape
+        return self.core.program_ready(("vision", 1, h, w))
 
     def embeddings(self, item) -> np.ndarray:
         """(tokens, D) of an image `prepare` made ready."""

@@ -42,7 +42,7 @@ from typing import Sequence as Seq
 from . import speculation
 from .config import EngineConfig
 from .decode_budget import DecodeBudget
-from .media import whole_images, within_image_budget
+from .media import waits_for_program, whole_images, within_image_budget
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
 from ..kv.state_snapshots import chain_to
@@ -225,7 +225,9 @@ class Scheduler:
         if self.config.prefill_first and plan.chunks:
             plan.decode = []  # decode rows wait until every admitted prompt is prefilled
         # (a prefill engine's sequences waiting for hand-over free their pages without help)
-        blocked = [s for s in self.running if self.role != "prefill" or s.remaining > 1]
+        # (a prompt whose image waits for its vision program to compile is not blocked on pages)
+        blocked = [s for s in self.running if (self.role != "prefill" or s.remaining > 1)
+                   and not waits_for_program(s, self.media)]
         if plan.empty and len(blocked) > 1:
             # every running prompt waits for pages the others hold: recompute the newest later
             self._preempt(max(blocked, key=self._rank) if self.by_priority else blocked[-1])
