@@ -176,9 +176,10 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
               shared_prefix_len: int = 0, endpoint: str = "/v1/completions", images_per_request: int = 0,
               image_size: tuple[int, int] = (512, 512), temperature: float = 0.0) -> dict:
-    """temperature: every request's (0: greedy, the default). shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
+    """shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
     a list whose names the requests take in turn (a base model's LoRA adapters). images_per_request: JPEGs
-    of image_size (width, height) in every request, none the same (made before the clock starts)."""
+    of image_size (width, height) in every request, none the same (made before the clock starts). temperature:
+    every request's (0: greedy, the default)."""
     models = [model] if isinstance(model, str) else list(model)
     rng = random.Random(seed)
     preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""

@@ -344,8 +344,9 @@ class EngineConfig:
         """Row counts of decode programs: 2, 4, 8, ... and max_slots (one row runs as two: a one-row
         bfloat16 dot is slow on XLA:CPU, and the spare slot makes the padding free). With
         `one_row_decode` (weights in blocks) 1, 4, 16, ... and max_slots: the kernel skips padding
-        rows, so a coarser ladder costs little, and each program held ~25-35 MiB (two fewer: the ~1B
-        Q8_0 file's peak RSS 1.22x -> 1.20x llama-server's, 8 concurrent no slower)."""
+        rows, so a coarser ladder costs little, and each program held ~25-35 MiB (two fewer, with the
+        kernel's row map: the ~1B Q8_0 file's peak RSS 1.24x -> 1.20x llama-server's, 8 concurrent
+        no slower)."""
         if self.row_buckets:
             return sorted(self.row_buckets)
         least = 1 if self.one_row_decode else 2

@@ -225,10 +225,11 @@ class Scheduler:
         if self.config.prefill_first and plan.chunks:
             plan.decode = []  # decode rows wait until every admitted prompt is prefilled
         # (a prefill engine's sequences waiting for hand-over free their pages without help)
-        # (a prompt whose image waits for its vision program to compile is not blocked on pages)
+        # (a prompt whose image waits for its vision program to compile is not blocked on pages; looked
+        # at only when the step is empty)
         blocked = [s for s in self.running if (self.role != "prefill" or s.remaining > 1)
-                   and not waits_for_program(s, self.media)]
-        if plan.empty and len(blocked) > 1:
+                   and not waits_for_program(s, self.media)] if plan.empty else []
+        if len(blocked) > 1:
             # every running prompt waits for pages the others hold: recompute the newest later
             self._preempt(max(blocked, key=self._rank) if self.by_priority else blocked[-1])
             return self._plan()

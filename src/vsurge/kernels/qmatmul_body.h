@@ -156,7 +156,6 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
   }
 }
 
-
 // MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
 template <class S, int F, int MR>
 void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid,
