@@ -436,6 +436,21 @@ def test_an_image_whose_program_compiles_waits_and_others_go_on():
     assert spans(a)[0] == (4, 4) and spans(b)[0] == (0, 4)
 
 
+def test_prompts_waiting_for_vision_programs_are_not_preempted_as_blocked():
+    """Two admitted prompts that both begin with an image still compiling leave the step empty: that is
+    not a page deadlock, so neither is preempted (it used to preempt and re-plan without end)."""
+    scheduler = make(pages=64, page_size=4, prefill_tokens=16, chunk_lengths=(4, 16))
+    scheduler.media = CachedImages(compiling={1, 2})
+    a, b = image_seq(12, [(1, 0, 4)], first=100), image_seq(12, [(2, 0, 4)], first=200)
+    scheduler.add(a)
+    scheduler.add(b)
+    for _ in range(3):
+        assert scheduler.schedule().empty
+    assert scheduler.num_preemptions == 0 and {a.status, b.status} == {Status.RUNNING}
+    scheduler.media.compiling.clear()
+    assert {ch.seq.request.prompt_ids[0] for ch in scheduler.schedule().chunks} == {100, 200}
+
+
 def test_a_step_encodes_images_up_to_its_prompt_token_budget():
     """Prompt budget 16: a prompt's 8-token image goes, its next (10 tokens, 8 left) waits for the next
     step: the chunk stops before it though the row has room. A step's first image goes whatever its

@@ -123,8 +123,8 @@ def inverse_cdf(scaled, u):
     """The token whose cumulative probability first exceeds u, per row: scaled (B, V) f32 logits
     (-inf for filtered tokens), u (B,) in [0, 1) -> (B,) i32. Two levels, blocks of CDF_BLOCK tokens
     then the tokens of one block, each a cumulative sum by a triangular matmul (XLA:CPU's cumsum over
-    the vocabulary is slow). Gumbel-max drew a random number and two logs per vocabulary entry: 32
-    rows of a 49k vocabulary took ~20 ms a step for the noise alone, this ~0.7 ms."""
+    the vocabulary is slow). Gumbel-max drew a random number and two logs per vocabulary entry:
+    `benchmarks/sampling.py`, 32 rows of a 49k vocabulary at temperature 1, 25.2 -> 5.3 ms a call."""
     b, v = scaled.shape
     nb = -(-v // CDF_BLOCK)
     e = jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True))
