@@ -31,6 +31,7 @@ from vsurge.ops.quantized import QUANTIZABLE, QuantizedWeight, dequantize, from_
 N, K = 45, 512  # 45 rows: two full tiles and one of 13 (an AVX2 half of 8 and one of 5); K = 2 super-blocks
 ROWS = (1, 2, 7, 32, 64, 130)  # 130: three 64-row chunks, the last of 2
 ACTIVATION_ERROR = 0.012  # bound on ||kernel - float|| / ||float|| from int8 activations (measured ~0.005)
+TWO_PASS_ERROR = 1e-4  # the same with the rounding residual multiplied too
 
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason=f"no kernel: {kernels.unavailable_reason()}")
 
@@ -63,8 +64,16 @@ def int8_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.astype(np.float64), d.astype(np.float64)
 
 
-def emulated(x: np.ndarray, w_ref: np.ndarray) -> np.ndarray:
+def emulated(x: np.ndarray, w_ref: np.ndarray, two_pass: bool = False) -> np.ndarray:
+    """The kernel's product in float64 from its activation codes; two passes add the rounding
+    residual's codes at d / 256 (kernels/qmatmul.h), held to +-127."""
     q, d = int8_activations(x)
+    if two_pass:
+        b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+        d32 = d.astype(np.float32)[..., None]
+        residual = b - q.astype(np.float32) * d32
+        up = np.divide(np.float32(256), d32, out=np.zeros_like(d32), where=d32 > 0)
+        q = q + np.clip(np.rint(residual * up), -127, 127) / 256
     return np.einsum("mbk,nbk,mb->mn", q, w_ref.reshape(w_ref.shape[0], -1, 32), d)
 
 
@@ -97,22 +106,24 @@ def test_kernel_is_built_where_it_can_be():
 
 @needs_kernel
 @pytest.mark.parametrize("variant", ["avx2", "avx512", "avx512_vnni"])
-def test_kernel_matches_the_reference(case, variant):
+@pytest.mark.parametrize("two_pass", [False, True])
+def test_kernel_matches_the_reference(case, variant, two_pass):
     if variant not in kernels.supported_variants():
         pytest.skip(f"this CPU does not run {variant}")
     fmt, _, w, w_ref = case
     previous = kernels.set_variant(variant)
     try:
-        program = jax.jit(qmatmul)
+        program = jax.jit(lambda x, w: qmatmul(x, w, two_pass=two_pass))
         rng = np.random.default_rng(1)
         for m in ROWS:
             x = rng.normal(0, 1, (m, K)).astype(np.float32)
             x[0, :32] = 0  # an all-zero block has scale 0
             y = np.asarray(program(jnp.asarray(x), w))
             assert y.shape == (m, N) and y.dtype == np.float32
-            want = emulated(x, w_ref)
+            want = emulated(x, w_ref, two_pass)
             np.testing.assert_allclose(y, want, rtol=0, atol=2e-5 * np.abs(want).max(), err_msg=f"{fmt} M={m}")
-            assert rel(y, x.astype(np.float64) @ w_ref.T) < ACTIVATION_ERROR, (fmt, m)
+            exact = x.astype(np.float64) @ w_ref.T
+            assert rel(y, exact) < (TWO_PASS_ERROR if two_pass else ACTIVATION_ERROR), (fmt, m)
     finally:
         kernels.set_variant(previous)
 

@@ -104,8 +104,14 @@ struct Avx2 {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
   }
+  static void store_codes(const __m256i* qi, int8_t* q) {  // 32 int32 (in range) -> 32 int8
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+  }
+  // sums: the codes' sums over the block's two halves, then (q2 set) the residual codes' sums
   template <class T>
-  static void quantize_block(const T* x, int8_t* q, float* d, int32_t* sums) {
+  static void quantize_block(const T* x, int8_t* q, int8_t* q2, float* d, int32_t* sums) {
     __m256 v[4];
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 m = _mm256_setzero_ps();
@@ -118,16 +124,28 @@ struct Avx2 {
     h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
     const float amax = _mm_cvtss_f32(h);
     const float scale = amax / 127.0f;
-    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 1.0f / scale : 0.0f);
+    const float inv = amax > 0.0f ? 1.0f / scale : 0.0f;
     __m256i qi[4];
-    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
     sums[0] = hsum(_mm256_add_epi32(qi[0], qi[1]));
     sums[1] = hsum(_mm256_add_epi32(qi[2], qi[3]));
-    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-    const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+    store_codes(qi, q);
     *d = scale;
+    if (q2 == nullptr) return;
+    // the residual at d / 256: |x - q d| <= d / 2 gives codes up to 128, held to 127
+    const __m256 up = _mm256_set1_ps(256.0f * inv);
+    const __m256i lim = _mm256_set1_epi32(127);
+    __m256i ri[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256 r = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(qi[i]), _mm256_set1_ps(scale), v[i]);
+      ri[i] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(r, up)), lim),
+                               _mm256_sub_epi32(_mm256_setzero_si256(), lim));
+    }
+    sums[2] = hsum(_mm256_add_epi32(ri[0], ri[1]));
+    sums[3] = hsum(_mm256_add_epi32(ri[2], ri[3]));
+    store_codes(ri, q2);
   }
+  static VI shl8_add(VI hi, VI lo) { return _mm256_add_epi32(_mm256_slli_epi32(hi, 8), lo); }
 };
 
 namespace avx2 {

@@ -65,8 +65,9 @@ struct Avx512Common {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
+  // sums: the codes' sums over the block's two halves, then (q2 set) the residual codes' sums
   template <class T>
-  static void quantize_block(const T* x, int8_t* q, float* d, int32_t* sums) {
+  static void quantize_block(const T* x, int8_t* q, int8_t* q2, float* d, int32_t* sums) {
     const __m512 a = load16(x), b = load16(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     const float scale = amax / 127.0f;
@@ -78,7 +79,20 @@ struct Avx512Common {
     sums[0] = _mm512_reduce_add_epi32(qa);
     sums[1] = _mm512_reduce_add_epi32(qb);
     *d = scale;
+    if (q2 == nullptr) return;
+    // the residual at d / 256: |x - q d| <= d / 2 gives codes up to 128, held to 127
+    const __m512 up = _mm512_set1_ps(256.0f * inv), vs = _mm512_set1_ps(scale);
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    const __m512i ra = _mm512_max_epi32(_mm512_min_epi32(
+        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(_mm512_cvtepi32_ps(qa), vs, a), up)), hi), lo);
+    const __m512i rb = _mm512_max_epi32(_mm512_min_epi32(
+        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_fnmadd_ps(_mm512_cvtepi32_ps(qb), vs, b), up)), hi), lo);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q2), _mm512_cvtsepi32_epi8(ra));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q2 + 16), _mm512_cvtsepi32_epi8(rb));
+    sums[2] = _mm512_reduce_add_epi32(ra);
+    sums[3] = _mm512_reduce_add_epi32(rb);
   }
+  static VI shl8_add(VI hi, VI lo) { return _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo); }
 };
 
 // Without VNNI: pairs of uint8 x int8 products in int16 (vpmaddubsw), as many summed in int16 as

@@ -7,7 +7,8 @@
 // load (R * 4 bytes), nib_lo / nib_hi, add_bit4 (a 5th-bit mask), bits45<i>, flip_sign,
 // dot<QMAX, N> (N code vectors with N broadcast 4-byte activation groups; QMAX < 0: signed codes),
 // sub_bcast, cvt, fma, fnma, mul, set1, zero, load_f16 / load_u8 / load_i8 (R scales),
-// store (the first n of R floats), quantize_block<T> (32 activations).
+// store (the first n of R floats), quantize_block<T> (32 activations, and their residual's codes),
+// shl8_add (256 * a + b, int32 lanes).
 //
 // A tile of 16 rows is processed as 16 / R register rows ("halves"); a field of a group holds its
 // 16 rows in order, so half h of a field with B bytes per row starts at h * R * B.
@@ -27,22 +28,30 @@ inline void add_bits4(const uint8_t* masks, int hr, typename S::VI* w) {
   for (int g = 0; g < 8; ++g) w[g] = S::add_bit4(w[g], masks + 8 * g + hr / 2);
 }
 
+// N code vectors' dot products with one activation row's codes from element `at` on; with two
+// passes the row's residual codes too, combined as 256 * dot(q) + dot(q2) (qmatmul.h, Activations).
+template <class S, int QMAX, int N, bool TWO>
+inline typename S::VI dot_row(const typename S::VI* w, const Activations& a, int64_t at) {
+  typename S::VI s = S::template dot<QMAX, N>(w, a.q + at);
+  if constexpr (TWO) s = S::shl8_add(s, S::template dot<QMAX, N>(w, a.q2 + at));
+  return s;
+}
+
 // Per activation row: the block's int32 dot products, corrected by the code offset, scaled by
 // d_w * d_x, plus min * d_x * sum(q) where the format has a min.
-template <class S, int QMAX, bool OFFSET, bool MIN, int MR>
+template <class S, int QMAX, bool OFFSET, bool MIN, int MR, bool TWO>
 inline void rows_block(const typename S::VI* w, typename S::VF dw, typename S::VF mw, const Activations& a,
                        int64_t m0, int64_t b, int64_t blocks, typename S::VF* acc) {
   for (int r = 0; r < MR; ++r) {
     const int64_t idx = (m0 + r) * blocks + b;
-    const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
-    typename S::VI s = S::template dot<QMAX, 8>(w, x);
+    typename S::VI s = dot_row<S, QMAX, 8, TWO>(w, a, (m0 + r) * a.k + 32 * b);
     if (OFFSET) s = S::sub_bcast(s, a.c[2 * idx]);
     acc[r] = S::fma(S::cvt(s), S::mul(dw, S::set1(a.d[idx])), acc[r]);
     if (MIN) acc[r] = S::fma(mw, S::set1(a.s[idx]), acc[r]);
   }
 }
 
-template <class S, int F, int MR>
+template <class S, int F, int MR, bool TWO>
 inline void legacy_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b, int64_t blocks,
                          typename S::VF* acc) {
   using VI = typename S::VI;
@@ -55,24 +64,24 @@ inline void legacy_group(const uint8_t* g, int hr, const Activations& a, int64_t
       if constexpr (S::kVnni) w[i] = S::flip_sign(w[i]);  // int8 -> uint8 code + 128 for vpdpbusd
     }
     VF dw = S::load_f16(g + q8_0::D + 2 * hr);
-    if constexpr (S::kVnni) rows_block<S, 255, true, false, MR>(w, dw, mw, a, m0, b, blocks, acc);
-    else rows_block<S, -1, false, false, MR>(w, dw, mw, a, m0, b, blocks, acc);
+    if constexpr (S::kVnni) rows_block<S, 255, true, false, MR, TWO>(w, dw, mw, a, m0, b, blocks, acc);
+    else rows_block<S, -1, false, false, MR, TWO>(w, dw, mw, a, m0, b, blocks, acc);
   } else if constexpr (F == kQ4_0) {
     unpack4<S>(g + q4_0::P, hr, w);
-    rows_block<S, 15, true, false, MR>(w, S::load_f16(g + q4_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
+    rows_block<S, 15, true, false, MR, TWO>(w, S::load_f16(g + q4_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
   } else if constexpr (F == kQ4_1) {
     unpack4<S>(g + q4_1::P, hr, w);
     mw = S::load_f16(g + q4_1::M + 2 * hr);
-    rows_block<S, 15, false, true, MR>(w, S::load_f16(g + q4_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
+    rows_block<S, 15, false, true, MR, TWO>(w, S::load_f16(g + q4_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
   } else if constexpr (F == kQ5_0) {
     unpack4<S>(g + q5_0::P, hr, w);
     add_bits4<S>(g + q5_0::H, hr, w);
-    rows_block<S, 31, true, false, MR>(w, S::load_f16(g + q5_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
+    rows_block<S, 31, true, false, MR, TWO>(w, S::load_f16(g + q5_0::D + 2 * hr), mw, a, m0, b, blocks, acc);
   } else if constexpr (F == kQ5_1) {
     unpack4<S>(g + q5_1::P, hr, w);
     add_bits4<S>(g + q5_1::H, hr, w);
     mw = S::load_f16(g + q5_1::M + 2 * hr);
-    rows_block<S, 31, false, true, MR>(w, S::load_f16(g + q5_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
+    rows_block<S, 31, false, true, MR, TWO>(w, S::load_f16(g + q5_1::D + 2 * hr), mw, a, m0, b, blocks, acc);
   }
 }
 
@@ -91,7 +100,7 @@ inline void prefetch_part(const uint8_t* g, int j) {
 
 // Q4_K / Q5_K: eight 32-weight blocks, each with its own uint8 scale and min under the super-block's
 // float16 d and dmin: w = d * sc * code - dmin * mn.
-template <class S, int F, int MR>
+template <class S, int F, int MR, bool TWO>
 inline void k45_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b0, int64_t blocks,
                       typename S::VF* acc) {
   using VI = typename S::VI;
@@ -111,8 +120,7 @@ inline void k45_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
     const int64_t b = b0 + j;
     for (int r = 0; r < MR; ++r) {
       const int64_t idx = (m0 + r) * blocks + b;
-      const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
-      typename S::VI s = S::template dot<five ? 31 : 15, 8>(w, x);
+      typename S::VI s = dot_row<S, five ? 31 : 15, 8, TWO>(w, a, (m0 + r) * a.k + 32 * b);
       acc[r] = S::fma(S::cvt(s), S::mul(dw, S::set1(a.d[idx])), acc[r]);
       acc[r] = S::fnma(mw, S::set1(a.s[idx]), acc[r]);
     }
@@ -120,7 +128,7 @@ inline void k45_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
 }
 
 // Q6_K: sixteen 16-weight sub-blocks with int8 scales under a float16 d: w = d * sc * (code - 32).
-template <class S, int MR>
+template <class S, int MR, bool TWO>
 inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0, int64_t b0, int64_t blocks,
                       typename S::VF* acc) {
   using VI = typename S::VI;
@@ -146,9 +154,9 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
     const int64_t b = b0 + j;
     for (int r = 0; r < MR; ++r) {
       const int64_t idx = (m0 + r) * blocks + b;
-      const int8_t* x = a.q + (m0 + r) * a.k + 32 * b;
-      VI slo = S::sub_bcast(S::template dot<63, 4>(w, x), a.c[2 * idx]);
-      VI shi = S::sub_bcast(S::template dot<63, 4>(w + 4, x + 16), a.c[2 * idx + 1]);
+      const int64_t at = (m0 + r) * a.k + 32 * b;
+      VI slo = S::sub_bcast(dot_row<S, 63, 4, TWO>(w, a, at), a.c[2 * idx]);
+      VI shi = S::sub_bcast(dot_row<S, 63, 4, TWO>(w + 4, a, at + 16), a.c[2 * idx + 1]);
       const VF dx = S::set1(a.d[idx]);
       acc[r] = S::fma(S::cvt(slo), S::mul(dlo, dx), acc[r]);
       acc[r] = S::fma(S::cvt(shi), S::mul(dhi, dx), acc[r]);
@@ -157,7 +165,7 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
 }
 
 // MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
-template <class S, int F, int MR>
+template <class S, int F, int MR, bool TWO>
 void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid,
                const int32_t* out_rows) {
   typename S::VF acc[MR];
@@ -173,14 +181,14 @@ void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, fl
     // tile's (stored right after it; a prefetch past the matrix's end is harmless)
     if constexpr (kGroupWeights[F] == kBlock)
       for (int64_t o = 0; o < gb; o += 64) __builtin_prefetch(g + kPrefetchAhead + o);
-    if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR>(g, hr, a, m0, 8 * i, blocks, acc);
-    else if constexpr (F == kQ6_K) q6k_group<S, MR>(g, hr, a, m0, 8 * i, blocks, acc);
-    else legacy_group<S, F, MR>(g, hr, a, m0, i, blocks, acc);
+    if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc);
+    else if constexpr (F == kQ6_K) q6k_group<S, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc);
+    else legacy_group<S, F, MR, TWO>(g, hr, a, m0, i, blocks, acc);
   }
   for (int r = 0; r < MR; ++r) S::store(y + (out_rows != nullptr ? out_rows[m0 + r] : m0 + r) * ldy, acc[r], nvalid);
 }
 
-template <class S, int F>
+template <class S, int F, bool TWO>
 void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = args.w + t * args.tile_bytes;
@@ -192,39 +200,50 @@ void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0
       int64_t m = m0;
       constexpr int mr = S::kMaxRows;  // a power of two
       static_assert(mr >= 1 && mr <= 16 && (mr & (mr - 1)) == 0);
-      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
+      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
       // the remainder (< mr) in powers of two: each pass re-reads the (cached) tile
-      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 8; }
-      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 4; }
-      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 2; }
-      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
+      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 8; }
+      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 4; }
+      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 2; }
+      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
     }
   }
 }
 
-void matmul_tiles(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
+template <bool TWO>
+void matmul_tiles_two(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
   switch (args.format) {
-    case kQ8_0: return matmul_tiles_fmt<Isa, kQ8_0>(args, t0, t1, m0, m1);
-    case kQ4_0: return matmul_tiles_fmt<Isa, kQ4_0>(args, t0, t1, m0, m1);
-    case kQ4_1: return matmul_tiles_fmt<Isa, kQ4_1>(args, t0, t1, m0, m1);
-    case kQ5_0: return matmul_tiles_fmt<Isa, kQ5_0>(args, t0, t1, m0, m1);
-    case kQ5_1: return matmul_tiles_fmt<Isa, kQ5_1>(args, t0, t1, m0, m1);
-    case kQ4_K: return matmul_tiles_fmt<Isa, kQ4_K>(args, t0, t1, m0, m1);
-    case kQ5_K: return matmul_tiles_fmt<Isa, kQ5_K>(args, t0, t1, m0, m1);
-    case kQ6_K: return matmul_tiles_fmt<Isa, kQ6_K>(args, t0, t1, m0, m1);
+    case kQ8_0: return matmul_tiles_fmt<Isa, kQ8_0, TWO>(args, t0, t1, m0, m1);
+    case kQ4_0: return matmul_tiles_fmt<Isa, kQ4_0, TWO>(args, t0, t1, m0, m1);
+    case kQ4_1: return matmul_tiles_fmt<Isa, kQ4_1, TWO>(args, t0, t1, m0, m1);
+    case kQ5_0: return matmul_tiles_fmt<Isa, kQ5_0, TWO>(args, t0, t1, m0, m1);
+    case kQ5_1: return matmul_tiles_fmt<Isa, kQ5_1, TWO>(args, t0, t1, m0, m1);
+    case kQ4_K: return matmul_tiles_fmt<Isa, kQ4_K, TWO>(args, t0, t1, m0, m1);
+    case kQ5_K: return matmul_tiles_fmt<Isa, kQ5_K, TWO>(args, t0, t1, m0, m1);
+    case kQ6_K: return matmul_tiles_fmt<Isa, kQ6_K, TWO>(args, t0, t1, m0, m1);
     default: return;
   }
 }
 
+void matmul_tiles(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
+  if (args.a.q2 != nullptr) matmul_tiles_two<true>(args, t0, t1, m0, m1);
+  else matmul_tiles_two<false>(args, t0, t1, m0, m1);
+}
+
 template <class T>
-void quantize_rows_t(const T* x, int64_t r0, int64_t r1, int64_t k, int offset, bool halves, int8_t* q, float* d,
-                     float* s, int32_t* c) {
+void quantize_rows_t(const T* x, int64_t r0, int64_t r1, int64_t k, int offset, bool halves, int8_t* q, int8_t* q2,
+                     float* d, float* s, int32_t* c) {
   const int64_t blocks = k / kBlock;
   for (int64_t r = r0; r < r1; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t idx = r * blocks + b;
-      int32_t sums[2];
-      Isa::quantize_block(x + r * k + 32 * b, q + r * k + 32 * b, &d[idx], sums);
+      const int64_t idx = r * blocks + b, at = r * k + 32 * b;
+      int32_t sums[4];
+      Isa::quantize_block(x + at, q + at, q2 != nullptr ? q2 + at : nullptr, &d[idx], sums);
+      if (q2 != nullptr) {  // the combined codes 256 q + q2 at d / 256 (qmatmul.h, Activations)
+        sums[0] = 256 * sums[0] + sums[2];
+        sums[1] = 256 * sums[1] + sums[3];
+        d[idx] *= 1.0f / 256.0f;
+      }
       s[idx] = d[idx] * static_cast<float>(sums[0] + sums[1]);
       c[2 * idx] = halves ? offset * sums[0] : offset * (sums[0] + sums[1]);
       c[2 * idx + 1] = halves ? offset * sums[1] : 0;
@@ -233,7 +252,7 @@ void quantize_rows_t(const T* x, int64_t r0, int64_t r1, int64_t k, int offset, 
 }
 
 void quantize_rows(const void* x, bool bf16, int64_t r0, int64_t r1, int64_t k, int offset, bool halves, int8_t* q,
-                   float* d, float* s, int32_t* c) {
-  if (bf16) quantize_rows_t(static_cast<const uint16_t*>(x), r0, r1, k, offset, halves, q, d, s, c);
-  else quantize_rows_t(static_cast<const float*>(x), r0, r1, k, offset, halves, q, d, s, c);
+                   int8_t* q2, float* d, float* s, int32_t* c) {
+  if (bf16) quantize_rows_t(static_cast<const uint16_t*>(x), r0, r1, k, offset, halves, q, q2, d, s, c);
+  else quantize_rows_t(static_cast<const float*>(x), r0, r1, k, offset, halves, q, q2, d, s, c);
 }

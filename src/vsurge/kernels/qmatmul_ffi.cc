@@ -80,7 +80,7 @@ std::atomic<const IsaKernels*>& variant() {
 }
 
 struct Scratch {
-  std::vector<int8_t> q;
+  std::vector<int8_t> q, q2;  // (q2: the residual's codes, two passes)
   std::vector<float> d, s;
   std::vector<int32_t> c;
 };
@@ -92,8 +92,8 @@ struct QuantizeJob {
   int64_t k;
   int offset;
   bool halves;
+  bool two;  // two passes: the residual's codes too
   Scratch* scratch;
-  int64_t first;  // where its rows go in the scratch (M for the second pass)
   const int32_t* src = nullptr;  // scratch row r holds x's row src[r] (the real rows only); null: row r
 };
 
@@ -105,17 +105,18 @@ const void* shifted(const void* x, bool bf16, int64_t rows, int64_t k) {
 
 void quantize_items(void* ctx, int64_t r0, int64_t r1) {
   auto* j = static_cast<QuantizeJob*>(ctx);
-  const int64_t f = j->first;
   Scratch* s = j->scratch;
+  int8_t* q2 = j->two ? s->q2.data() : nullptr;
   if (j->src == nullptr) {
-    // the ISA's quantize_rows indexes rows from the start of x and of the scratch alike: shift both
-    j->isa->quantize_rows(shifted(j->x, j->bf16, -f, j->k), j->bf16, f + r0, f + r1, j->k, j->offset, j->halves,
-                          s->q.data(), s->d.data(), s->s.data(), s->c.data());
+    j->isa->quantize_rows(j->x, j->bf16, r0, r1, j->k, j->offset, j->halves, s->q.data(), q2, s->d.data(),
+                          s->s.data(), s->c.data());
     return;
   }
-  for (int64_t r = r0; r < r1; ++r)  // one row at a time: x's row src[r] into the scratch's row f + r
-    j->isa->quantize_rows(shifted(j->x, j->bf16, j->src[r] - f - r, j->k), j->bf16, f + r, f + r + 1, j->k,
-                          j->offset, j->halves, s->q.data(), s->d.data(), s->s.data(), s->c.data());
+  // one row at a time: x's row src[r] into the scratch's row r (the ISA's quantize_rows indexes rows
+  // from the start of x and of the scratch alike: x is shifted)
+  for (int64_t r = r0; r < r1; ++r)
+    j->isa->quantize_rows(shifted(j->x, j->bf16, j->src[r] - r, j->k), j->bf16, r, r + 1, j->k, j->offset,
+                          j->halves, s->q.data(), q2, s->d.data(), s->s.data(), s->c.data());
 }
 
 struct MatmulJob {
@@ -132,61 +133,8 @@ void matmul_items(void* ctx, int64_t i0, int64_t i1) {  // item = (tile, row chu
   }
 }
 
-// out's row dst[r] (row r when dst is null) = a's row r + b's row r (a row's two passes)
-struct AddJob {
-  const float* a;
-  const float* b;
-  float* out;
-  int64_t n;
-  const int32_t* dst = nullptr;
-};
-
-void add_items(void* ctx, int64_t r0, int64_t r1) {
-  const auto* j = static_cast<const AddJob*>(ctx);
-  for (int64_t r = r0; r < r1; ++r) {
-    const float* a = j->a + r * j->n;
-    float* out = j->out + (j->dst != nullptr ? j->dst[r] : r) * j->n;
-    const float* b = j->b + r * j->n;
-    for (int64_t i = 0; i < j->n; ++i) out[i] = a[i] + b[i];
-  }
-}
-
-// x - Q8(x), float32, from the codes and scales just made: what one pass's rounding left out.
-struct ResidualJob {
-  const void* x;
-  bool bf16;
-  int64_t k;
-  const Scratch* scratch;
-  float* out;
-  const int32_t* src = nullptr;  // as QuantizeJob's
-};
-
-void residual_items(void* ctx, int64_t r0, int64_t r1) {
-  const auto* j = static_cast<const ResidualJob*>(ctx);
-  const int8_t* q = j->scratch->q.data();
-  const float* d = j->scratch->d.data();
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t from = (j->src != nullptr ? j->src[r] - r : 0) * j->k;  // x's row, relative to r's
-    for (int64_t b = 0; b < j->k / kBlock; ++b) {
-      const int64_t at = r * j->k + b * kBlock;
-      const float scale = d[at / kBlock];
-      float x[kBlock];
-      if (j->bf16) {
-        const uint16_t* src = static_cast<const uint16_t*>(j->x) + from + at;
-        for (int t = 0; t < kBlock; ++t) {
-          const uint32_t bits = static_cast<uint32_t>(src[t]) << 16;
-          std::memcpy(x + t, &bits, 4);
-        }
-      } else {
-        std::memcpy(x, static_cast<const float*>(j->x) + from + at, sizeof(x));
-      }
-      for (int t = 0; t < kBlock; ++t) j->out[at + t] = x[t] - static_cast<float>(q[at + t]) * scale;
-    }
-  }
-}
-
-// passes 2: x's rounding residual is quantized too and multiplied as M more rows of the same call
-// (the weights are read once), and each row's two results are added: x keeps ~15 bits, not 8.
+// passes 2: x's rounding residual is quantized too and multiplied in the same pass over the weights,
+// the two dot products combined as integers (qmatmul.h, Activations): x keeps ~15 bits, not 8.
 // real: null, or (M,) int32, nonzero for the rows to multiply: the others (a step's padding) are not
 // computed and come out 0.
 ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t* real, ffi::ResultBuffer<ffi::F32> y,
@@ -214,7 +162,6 @@ ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t*
 
   ThreadPool& pool = kernel_pool();
   thread_local Scratch scratch;
-  thread_local std::vector<float> residual, both;
   thread_local std::vector<int32_t> src;  // the real rows, in order
   const int32_t* map = nullptr;
   const int64_t m_all = m;
@@ -230,41 +177,27 @@ ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t*
       m = static_cast<int64_t>(src.size());
     }
   }
-  const int64_t blocks = k / kBlock, rows = passes * m;
-  scratch.q.resize(rows * k);
-  scratch.d.resize(rows * blocks);
-  scratch.s.resize(rows * blocks);
-  scratch.c.resize(2 * rows * blocks);
+  const int64_t blocks = k / kBlock;
+  const bool two = passes == 2;
+  scratch.q.resize(m * k);
+  if (two) scratch.q2.resize(m * k);
+  scratch.d.resize(m * blocks);
+  scratch.s.resize(m * blocks);
+  scratch.c.resize(2 * m * blocks);
   const int offset = code_offset(format, isa->vnni);
   // rows of x are cheap to quantize: only many rows are worth the pool's hand-off
   const int64_t rows_per_task = m * k >= (1 << 16) ? std::max<int64_t>(1, m / (2 * pool.threads())) : m;
-  QuantizeJob qj{isa, x.untyped_data(), bf16, k, offset, format == kQ6_K, &scratch, 0, map};
+  QuantizeJob qj{isa, x.untyped_data(), bf16, k, offset, format == kQ6_K, two, &scratch, map};
   pool.parallel_for(m, rows_per_task, quantize_items, &qj);
-  if (passes == 2) {
-    residual.resize(m * k);
-    ResidualJob res{x.untyped_data(), bf16, k, &scratch, residual.data(), map};
-    pool.parallel_for(m, rows_per_task, residual_items, &res);
-    QuantizeJob rj{isa, residual.data(), false, k, offset, format == kQ6_K, &scratch, m};  // (residual: compact)
-    pool.parallel_for(m, rows_per_task, quantize_items, &rj);
-  }
-  // two passes: both rows' products go to a compact buffer, then their sums to y's rows; one pass
-  // stores each real row's products straight into its row of y (a compact buffer per calling thread
-  // held ~20 MB per thread after a 512-token step)
-  if (passes == 2) both.resize(rows * n);
-  float* out = passes == 2 ? both.data() : y->typed_data();
+  // each real row's products go straight into its row of y
   MatmulJob mj{isa,
                {static_cast<int>(format), w.typed_data(), n, k, tile_bytes,
-                {scratch.q.data(), scratch.d.data(), scratch.s.data(), scratch.c.data(), k}, out,
-                passes == 2 ? nullptr : map},
-               rows, (rows + kRowChunk - 1) / kRowChunk};
+                {scratch.q.data(), two ? scratch.q2.data() : nullptr, scratch.d.data(), scratch.s.data(),
+                 scratch.c.data(), k},
+                y->typed_data(), map},
+               m, (m + kRowChunk - 1) / kRowChunk};
   const int64_t items = tiles * mj.row_chunks;
   pool.parallel_for(items, std::max<int64_t>(1, items / (4 * pool.threads())), matmul_items, &mj);
-  if (passes == 2) {
-    AddJob aj{both.data(), both.data() + m * n, y->typed_data(), n, map};
-    // (tasks of at least 4096 values, as many as the pool has threads x 4 at most)
-    pool.parallel_for(m, std::max<int64_t>(1, std::max<int64_t>(4096, m * n / (4 * pool.threads())) / n), add_items,
-                      &aj);
-  }
   return ffi::Error::Success();
 }
 

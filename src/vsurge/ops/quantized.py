@@ -247,8 +247,9 @@ def _check(x: jax.Array, w: QuantizedWeight) -> None:
 def _kernel_rows(rows: jax.Array, data: jax.Array, real: jax.Array | None = None, *, fmt: BlockFormat, n: int,
                  passes: int = 1) -> jax.Array:
     """The kernel on rows (M, K). passes 2: it also multiplies what its int8 rounding of each
-    32-value block left out, rows - Q8(rows), as M more rows of the same call (the weights read
-    once) and adds the two halves: x @ W^T with x kept to ~15 bits instead of 8. real (M,) bool:
+    32-value block left out, rows - Q8(rows), at 1/256 of the block's scale, in the same pass over
+    the weights, the two dot products combined as integers (kernels/qmatmul.h): x @ W^T with x kept
+    to ~15 bits instead of 8. real (M,) bool:
     only those rows are multiplied, the others come out 0."""
     out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
     if real is None:
@@ -275,7 +276,7 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
     """x (..., K) float32 or bfloat16 @ W^T -> (..., N) float32. use_kernel: None = the C++ kernel
     on CPU when it is available, the dequantizing XLA path elsewhere; False = always the XLA path;
     True = the kernel (an error where it is not available). two_pass: the kernel also multiplies
-    what its int8 rounding of x left out, as extra rows of the same call; None: as the weight says
+    what its int8 rounding of x left out, in the same call; None: as the weight says
     (its `passes`, the model's choice: activation_passes)."""
     if isinstance(w, QuantizedParts):
         out = jnp.concatenate([qmatmul(x, p, use_kernel=use_kernel, two_pass=two_pass) for p in w.parts], axis=-1)
