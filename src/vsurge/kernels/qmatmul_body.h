@@ -164,12 +164,15 @@ inline void q6k_group(const uint8_t* g, int hr, const Activations& a, int64_t m0
   }
 }
 
-// MR activation rows [m0, m0 + MR) against one register row-half of one tile, over all of K.
-template <class S, int F, int MR, bool TWO>
-void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, float* y, int64_t ldy, int nvalid,
-               const int32_t* out_rows) {
-  typename S::VF acc[MR];
-  for (int r = 0; r < MR; ++r) acc[r] = S::zero();
+// MR activation rows [m0, m0 + MR) against H register row-halves of one tile (from row hr0), over all
+// of K. H = 2 (AVX2's two halves of a tile at once) reads each group once where H = 1 reads the tile
+// twice, the second time from cache while memory idles: the few-row calls that memory bounds.
+template <class S, int F, int MR, bool TWO, int H>
+void tile_rows(const uint8_t* tile, int hr0, const Activations& a, int64_t m0, float* y, int64_t ldy,
+               const int* nvalid, const int32_t* out_rows) {
+  typename S::VF acc[H][MR];
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < MR; ++r) acc[h][r] = S::zero();
   const int64_t blocks = a.k / kBlock;
   constexpr int64_t gw = kGroupWeights[F];
   constexpr int64_t gb = kGroupBytes[F];
@@ -181,31 +184,50 @@ void tile_rows(const uint8_t* tile, int hr, const Activations& a, int64_t m0, fl
     // tile's (stored right after it; a prefetch past the matrix's end is harmless)
     if constexpr (kGroupWeights[F] == kBlock)
       for (int64_t o = 0; o < gb; o += 64) __builtin_prefetch(g + kPrefetchAhead + o);
-    if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc);
-    else if constexpr (F == kQ6_K) q6k_group<S, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc);
-    else legacy_group<S, F, MR, TWO>(g, hr, a, m0, i, blocks, acc);
+    for (int h = 0; h < H; ++h) {
+      const int hr = hr0 + h * S::R;
+      if constexpr (F == kQ4_K || F == kQ5_K) k45_group<S, F, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc[h]);
+      else if constexpr (F == kQ6_K) q6k_group<S, MR, TWO>(g, hr, a, m0, 8 * i, blocks, acc[h]);
+      else legacy_group<S, F, MR, TWO>(g, hr, a, m0, i, blocks, acc[h]);
+    }
   }
-  for (int r = 0; r < MR; ++r) S::store(y + (out_rows != nullptr ? out_rows[m0 + r] : m0 + r) * ldy, acc[r], nvalid);
+  for (int h = 0; h < H; ++h) {
+    if (nvalid[h] <= 0) continue;
+    for (int r = 0; r < MR; ++r)
+      S::store(y + h * S::R + (out_rows != nullptr ? out_rows[m0 + r] : m0 + r) * ldy, acc[h][r], nvalid[h]);
+  }
 }
 
 template <class S, int F, bool TWO>
 void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0, int64_t m1) {
+  constexpr int halves = kTileRows / S::R;
   for (int64_t t = t0; t < t1; ++t) {
     const uint8_t* tile = args.w + t * args.tile_bytes;
-    for (int hr = 0; hr < kTileRows; hr += S::R) {
-      const int64_t row = t * kTileRows + hr;
-      const int nvalid = static_cast<int>(std::min<int64_t>(S::R, args.n - row));
-      if (nvalid <= 0) break;
-      float* y = args.y + row;
+    int nvalid[halves];
+    for (int h = 0; h < halves; ++h)
+      nvalid[h] = static_cast<int>(std::clamp<int64_t>(args.n - t * kTileRows - h * S::R, 0, S::R));
+    float* y = args.y + t * kTileRows;
+    if constexpr (halves == 2) {
+      if (m1 - m0 <= 2) {  // both halves in one pass over the tile (tile_rows)
+        if (m1 - m0 == 2) tile_rows<S, F, 2, TWO, 2>(tile, 0, args.a, m0, y, args.n, nvalid, args.out_rows);
+        else tile_rows<S, F, 1, TWO, 2>(tile, 0, args.a, m0, y, args.n, nvalid, args.out_rows);
+        continue;
+      }
+    }
+    for (int h = 0; h < halves; ++h) {
+      if (nvalid[h] <= 0) break;
+      const int hr = h * S::R;
+      float* yh = y + hr;
+      const int* nv = nvalid + h;
       int64_t m = m0;
       constexpr int mr = S::kMaxRows;  // a power of two
       static_assert(mr >= 1 && mr <= 16 && (mr & (mr - 1)) == 0);
-      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
+      for (; m + mr <= m1; m += mr) tile_rows<S, F, mr, TWO, 1>(tile, hr, args.a, m, yh, args.n, nv, args.out_rows);
       // the remainder (< mr) in powers of two: each pass re-reads the (cached) tile
-      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 8; }
-      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 4; }
-      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows); m += 2; }
-      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1, TWO>(tile, hr, args.a, m, y, args.n, nvalid, args.out_rows);
+      if constexpr (mr > 8) if (m + 8 <= m1) { tile_rows<S, F, 8, TWO, 1>(tile, hr, args.a, m, yh, args.n, nv, args.out_rows); m += 8; }
+      if constexpr (mr > 4) if (m + 4 <= m1) { tile_rows<S, F, 4, TWO, 1>(tile, hr, args.a, m, yh, args.n, nv, args.out_rows); m += 4; }
+      if constexpr (mr > 2) if (m + 2 <= m1) { tile_rows<S, F, 2, TWO, 1>(tile, hr, args.a, m, yh, args.n, nv, args.out_rows); m += 2; }
+      if constexpr (mr > 1) if (m < m1) tile_rows<S, F, 1, TWO, 1>(tile, hr, args.a, m, yh, args.n, nv, args.out_rows);
     }
   }
 }
