@@ -19,9 +19,10 @@ namespace {
 
 struct Avx2 {
   static constexpr int R = 8;
-  // activation rows per pass over a tile: 8 code registers + 4 accumulators of the 16 ymm
-  // (single thread, 3072 x 576 Q4_1, 32 rows: 2 rows 68, 4 rows 77 GMAC/s)
-  static constexpr int kMaxRows = 4;
+  // activation rows per pass over a tile: 8 accumulators beside the 8 code registers spill some of
+  // them, yet read the tile half as often as 4 (kernel_rows.py, 2 threads, 128 rows one pass, 5632 x
+  // 2048: Q4_K 10.1-10.4 -> 8.7 ms, Q4_1 9.8 -> 8.6-8.9; 16 rows: no faster)
+  static constexpr int kMaxRows = 8;
   static constexpr bool kVnni = false;
   using VI = __m256i;
   using VF = __m256;

@@ -207,7 +207,8 @@ void matmul_tiles_fmt(const MatmulArgs& args, int64_t t0, int64_t t1, int64_t m0
     for (int h = 0; h < halves; ++h)
       nvalid[h] = static_cast<int>(std::clamp<int64_t>(args.n - t * kTileRows - h * S::R, 0, S::R));
     float* y = args.y + t * kTileRows;
-    if constexpr (halves == 2) {
+    // (K-quant groups are prefetched in parts as they are read, and measured no faster this way)
+    if constexpr (halves == 2 && kGroupWeights[F] == kBlock) {
       if (m1 - m0 <= 2) {  // both halves in one pass over the tile (tile_rows)
         if (m1 - m0 == 2) tile_rows<S, F, 2, TWO, 2>(tile, 0, args.a, m0, y, args.n, nvalid, args.out_rows);
         else tile_rows<S, F, 1, TWO, 2>(tile, 0, args.a, m0, y, args.n, nvalid, args.out_rows);
