@@ -165,6 +165,12 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         from ..ops.quantized import activation_passes as passes_for
 
         model.use_activation_passes(activation_passes or passes_for(config))
+    if platform() == "cpu":
+        from flax import nnx
+
+        from .huge_pages import use_huge_pages
+
+        use_huge_pages(nnx.state(model))  # decode streams the weights: fewer TLB misses
     log.info("loaded %s%s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p,
              f" with mmproj {mmproj}" if mmproj is not None else "", config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)

@@ -1,0 +1,50 @@
+"""Large CPU arrays onto 2 MiB pages (loading/huge_pages.py): what moves, that the values stay, the
+switch, and that small arrays and a refusing kernel leave everything as it was."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vsurge.loading import huge_pages
+from vsurge.loading.huge_pages import HUGE_PAGE, MIN_BYTES, use_huge_pages
+
+
+def thp_available() -> bool:
+    mode = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    return mode.exists() and "[never]" not in mode.read_text() and huge_pages.enabled()
+
+
+def anon_huge_kib() -> int:
+    text = Path("/proc/self/smaps_rollup").read_text()
+    return int(re.search(r"AnonHugePages:\s+(\d+) kB", text).group(1))
+
+
+@pytest.mark.skipif(not thp_available(), reason="no transparent huge pages here")
+def test_a_large_array_moves_onto_huge_pages_with_its_values():
+    values = np.random.default_rng(0).integers(0, 255, 24 << 20, dtype=np.uint8)
+    array = jnp.asarray(values) + 0  # an XLA buffer of its own
+    before = anon_huge_kib()
+    moved = use_huge_pages({"w": array, "small": jnp.zeros(1024)})
+    if moved == 0:
+        pytest.skip("the kernel refused MADV_COLLAPSE (Linux < 6.1 or no free huge pages)")
+    assert moved % HUGE_PAGE == 0 and 20 << 20 <= moved <= 24 << 20  # the 2 MiB-aligned interior
+    assert anon_huge_kib() - before >= (moved >> 10) // 2  # (other threads may free some meanwhile)
+    np.testing.assert_array_equal(np.asarray(array), values + 0)
+
+
+def test_small_arrays_and_the_switch_leave_everything(monkeypatch):
+    assert use_huge_pages({"small": jnp.zeros(MIN_BYTES // 4 - 1, jnp.float32)}) == 0
+    monkeypatch.setenv("VSURGE_HUGE_PAGES", "0")
+    assert not huge_pages.enabled()
+    assert use_huge_pages({"w": jnp.zeros(16 << 20, jnp.uint8) + 1}) == 0
+
+
+def test_a_refused_call_moves_nothing(monkeypatch):
+    monkeypatch.setattr(huge_pages, "_madvise", lambda: (lambda address, length, advice: -1))
+    assert huge_pages.advise_range(0, 64 << 20) == 0
+    assert huge_pages.advise_range(HUGE_PAGE + 1, HUGE_PAGE) == 0  # no whole huge page inside
