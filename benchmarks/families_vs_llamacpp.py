@@ -17,7 +17,8 @@ converter's as ever).
 With --mmproj, the vision-language pairs instead (tests/tiny_vlm.py's SmolVLM and Gemma 3): the converter's
 text GGUF and mmproj against the test writer's (tests/mmproj_files.py), and vsurge on the converter's pair
 against vsurge on the HF directory (logits over a prompt with an image; tests/test_images.py checks the
-directory against transformers).
+directory against transformers), and greedy tokens with an image: vsurge's engine on the pair against
+llama-server `--mmproj` on the converter's pair (the same prompt, the image as llama.cpp's media marker).
 """
 
 from __future__ import annotations
@@ -152,6 +153,47 @@ def llama_cpp_greedy(binary: str, gguf: Path, ids: list[int], steps: int) -> lis
         server.stop()
 
 
+# Each pair's image and where llama-server's media marker goes in the prompt for the same tokens as vsurge's
+# processor makes (transformers'): Gemma 3's processor writes "\n\n" around <start_of_image> ... <end_of_image>,
+# which llama.cpp's mtmd writes around the marker; SmolVLM's whole tile grid is mtmd's own for the marker.
+# Images at the towers' own sizes where that is one resize-free tile (Gemma 3: 32 x 32); SmolVLM's at its
+# longest edge (64 x 64: four exact 32-pixel tiles, and the global image, which both sides downscale).
+# (llama-server draws its marker at random per process: /props says which)
+MMPROJ_GREEDY = {"gemma3": ((32, 32), lambda p, m: p.replace("<start_of_image>", f"\n\n{m}\n\n")),
+                 "idefics3": ((64, 64), lambda p, m: p.replace("<image>", m))}
+
+
+def greedy_with_image(binary: str, text: Path, mmproj: Path, model, processor, prompt: str, image: bytes,
+                      family: str) -> str:
+    """vsurge's engine on (model, processor) against llama-server on (text, mmproj): greedy tokens, one image."""
+    import base64
+
+    from test_images import serving
+    from vsurge import EngineConfig
+
+    config = EngineConfig(max_slots=2, max_length=256, prefill_tokens=64, chunk_lengths=(16,), page_size=16)
+    our_prompt = processor.images.prompt(prompt, [image])
+    with serving(model, processor, config, GREEDY) as (_, run):
+        ours = run([our_prompt])[0]
+    server = Server("llama-server", [binary, "-m", str(text), "--mmproj", str(mmproj), "--port", "{port}", "-c", "512",
+                                     "-np", "1", "-t", "2", "--no-warmup"], "/health")
+    try:
+        server.wait_ready(120)
+        marker = httpx.get(server.base + "/props", timeout=30).json()["media_marker"]
+        body = {"prompt": {"prompt_string": MMPROJ_GREEDY[family][1](prompt, marker),
+                           "multimodal_data": [base64.b64encode(image).decode()]},
+                "n_predict": GREEDY, "temperature": 0.0, "top_k": 1, "cache_prompt": False, "return_tokens": True,
+                "ignore_eos": True, "samplers": ["top_k"]}
+        reply = httpx.post(server.base + "/completion", json=body, timeout=120).json()
+    finally:
+        server.stop()
+    if "tokens" not in reply:
+        raise RuntimeError(f"llama-server answered {str(reply)[:300]}")
+    theirs, counted = reply["tokens"], reply.get("tokens_evaluated")
+    prompt_note = f"prompt {len(our_prompt.ids)} / {counted} tokens"
+    return (f"equal ({prompt_note})" if theirs == ours else f"differ: {ours} vs {theirs} ({prompt_note})")
+
+
 def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
     """What the converter needs of a tiny VLM that the hub's checkpoints have: SmolVLM's text_config names its
     architecture (the converter picks the text model by it), Gemma 3's tower its vision_model (transformers 5
@@ -180,13 +222,14 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
     import vsurge
     from mmproj_files import write_pair
     from test_images import GEMMA_ONE, PROMPT_ONE, png
-    from test_mmproj import prompt_logits
+    from vlm_checks import logits_with_images as prompt_logits
     from tiny_vlm import write_tiny_gemma3_vlm, write_tiny_idefics3
     from vsurge.loading import default_model_path
 
+    binary = llama_server_binary()
     print("| pair | converter | test writer's text GGUF | test writer's mmproj | vsurge on the converter's pair vs "
-          "the HF directory (max abs logit diff, one image) |")
-    print("|---|---|---|---|---|")
+          "the HF directory (max abs logit diff, one image) | greedy tokens with an image vs llama-server --mmproj |")
+    print("|---|---|---|---|---|---|")
     for family, write, prompt in (("idefics3", write_tiny_idefics3, PROMPT_ONE),
                                   ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE)):
         hf = work / family
@@ -195,7 +238,7 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
         text, mmproj = work / f"{family}.gguf", work / f"mmproj-{family}.gguf"
         error = convert(llama_cpp, hf, text) or convert(llama_cpp, hf, mmproj, "f32", "--mmproj")
         if error:
-            print(f"| {family} | cannot convert: {error} | - | - | - |", flush=True)
+            print(f"| {family} | cannot convert: {error} | - | - | - | - |", flush=True)
             continue
         ours_text, ours_mmproj = work / f"{family}.ours.gguf", work / f"mmproj-{family}.ours.gguf"
         write_pair(hf, ours_text, ours_mmproj, default_model_path())
@@ -209,7 +252,13 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
         diff = np.abs(prompt_logits(model, processor.images.prompt(prompt, image))
                       - prompt_logits(ref, ref_processor.images.prompt(prompt, image))).max()
         note = "" if loadable == text else " (the test writer's text GGUF)"
-        print(f"| {family} | ok | {text_same} | {same_file(ours_mmproj, mmproj)} | {diff:.1e}{note} |", flush=True)
+        size = MMPROJ_GREEDY[family][0]
+        try:
+            greedy = greedy_with_image(binary, loadable, mmproj, model, processor, prompt, png(*size, 3), family)
+        except RuntimeError as e:  # llama-server could not load the pair
+            greedy = "llama-server cannot load it: " + str(e).strip().splitlines()[-1][:120]
+        print(f"| {family} | ok | {text_same} | {same_file(ours_mmproj, mmproj)} | {diff:.1e}{note} | {greedy} |",
+              flush=True)
 
 
 def main() -> None:

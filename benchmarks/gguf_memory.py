@@ -113,9 +113,11 @@ def peak_rss_gib(pid: int) -> float:
 def measure(server: Server, input_len: int, output_len: int) -> dict:
     model = server.model()
     results = {}
-    for name, prompts, concurrency in LOADS:
+    for index, (name, prompts, concurrency) in enumerate(LOADS):
+        # each load its own prompts: a load that began with the last one's would find them in both servers'
+        # prompt caches (until 2026-12-06 the 8-concurrent load's first 4 were the 1-stream load's)
         summary = asyncio.run(run(server.base, model, prompts, input_len, output_len, float("inf"), concurrency,
-                                  None, 2))
+                                  None, 2, seed=101 + index))
         print(format_summary(f"{server.name} · {name}", summary), flush=True)
         if summary["failed"]:
             print(f"  {summary['failed']} failed: {summary['errors']}", file=sys.stderr, flush=True)
