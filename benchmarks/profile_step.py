@@ -123,6 +123,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="default", help="a GGUF file or checkpoint (default: the default model)")
     p.add_argument("--rows", default="1,16,32")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="every row's (the default model's served default is 1.2: its penalty path)")
     p.add_argument("--engine", default="paged", choices=["paged", "dense"])
     p.add_argument("--quantization", default=None)
     p.add_argument("--kv-cache-dtype", default=None, help="as `vsurge serve --kv-cache-dtype` (default: auto)")
@@ -155,8 +157,9 @@ def main(argv=None) -> int:
     scheduler, state = engine.new_scheduler(), engine.init_state()
     for _ in range(rows):
         ids = rng.integers(100, 40000, args.prompt_len).tolist()
-        request = ActiveRequest(ids, SamplingParams(max_tokens=args.max_length - 200, temperature=0.0,
-                                                    ignore_eos=True), 0, args.max_length - 200, [], ReturnChannel())
+        params = SamplingParams(max_tokens=args.max_length - 200, temperature=0.0, ignore_eos=True,
+                                repetition_penalty=args.repetition_penalty)
+        request = ActiveRequest(ids, params, 0, args.max_length - 200, [], ReturnChannel())
         scheduler.add(Sequence.of(request, processor))
     prompt_plan = scheduler.schedule()
     engine.compile(progress=False)
