@@ -208,3 +208,21 @@ def test_invalid_values_raise_clear_errors(kwargs, message):
 def test_top_k_minus_one_means_off_and_stop_string_is_listified():
     p = SamplingParams(top_k=-1, stop="END")
     assert p.top_k == 0 and p.stop == ["END"]
+
+
+def test_greedy_tokens_is_argmax_with_ties_and_masked_rows():
+    """The two-reduction argmax (ops/sampling.greedy_tokens) picks what jnp.argmax picks: the first of tied
+    maxima, index 0 of an all -inf row; a row with a NaN still gets a token of the vocabulary."""
+    from vsurge.ops.sampling import greedy_tokens
+
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 3, (6, 1000)).astype(np.float32)
+    logits[1, [7, 300, 999]] = 50.0  # ties: the first
+    logits[2] = -np.inf  # everything masked
+    logits[3, 999] = 60.0  # the last entry
+    logits[4, :] = logits[4, 0]  # a flat row
+    want = np.argmax(logits, axis=-1)
+    np.testing.assert_array_equal(np.asarray(jax.jit(greedy_tokens)(jnp.asarray(logits))), want)
+    assert want[1] == 7 and want[2] == 0 and want[3] == 999
+    logits[5, 10] = np.nan
+    assert 0 <= int(greedy_tokens(jnp.asarray(logits))[5]) < 1000

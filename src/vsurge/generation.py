@@ -19,6 +19,7 @@ from flax import nnx
 
 from .engine.config import DEFAULT_MAX_LENGTH
 from .kv.dense import DenseKVCache
+from .ops.sampling import greedy_tokens
 from .kv.quant import storage_dtype
 from .sharding import create_state, mesh_of
 
@@ -33,7 +34,7 @@ def bucket_length(n: int, minimum: int = 16) -> int:
 
 def _pick(logits: jax.Array, key: jax.Array, temperature: jax.Array) -> jax.Array:
     """logits (B, V) -> (B,) int32; temperature 0 is exactly argmax."""
-    greedy = jnp.argmax(logits, axis=-1)
+    greedy = greedy_tokens(logits)
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
     sampled = jax.random.categorical(key, scaled, axis=-1)
     return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)
