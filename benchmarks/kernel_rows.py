@@ -43,16 +43,11 @@ def main(argv=None) -> int:
     if args.compare_huge_pages:
         return compare_huge_pages(args)
 
-    import jax
-    import jax.numpy as jnp
-
-    from vsurge import kernels
-    from vsurge.ops.quantized import from_gguf, qmatmul
+    from vsurge.ops.quantized import from_gguf
 
     n, k = (int(v) for v in args.shape.split(","))
     rng = np.random.default_rng(0)
-    print(f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant()}, {kernels.threads()} threads; "
-          f"{args.copies} matrices of {n} x {k} chained; median of {args.reps} calls\n")
+    print_machine(args, n, k, "")
     print("| format | rows | passes | ms per matrix | GB/s |")
     print("|---|---|---|---|---|")
     for fmt in args.formats.split(","):
@@ -60,69 +55,74 @@ def main(argv=None) -> int:
         nbytes = sum(w.data.nbytes for w in weights)
         for m in (int(r) for r in args.rows.split(",")):
             for passes in (1, 2):
-                def chain(x, weights, two_pass=passes == 2):
-                    for w in weights:  # (M, N) -> the next call's (M, K)
-                        y = qmatmul(x, w, two_pass=two_pass)
-                        x = x + 1e-3 * jnp.tile(y, (1, -(-k // n)))[:, :k]
-                    return x
-
-                program = jax.jit(chain)
-                x = jnp.asarray(rng.normal(0, 1, (m, k)).astype(np.float32))
-                program(x, weights).block_until_ready()
-                times = []
-                for _ in range(args.reps):
-                    start = time.perf_counter()
-                    program(x, weights).block_until_ready()
-                    times.append(time.perf_counter() - start)
-                t = statistics.median(times)
+                program = chained(n, k, passes == 2)
+                x = rng.normal(0, 1, (m, k)).astype(np.float32)
+                t = statistics.median(timed(program, x, {"w": weights}, args.reps)["w"])
                 print(f"| {fmt} | {m} | {passes} | {t / args.copies * 1e3:.3f} | {nbytes / t / 1e9:.1f} |", flush=True)
     return 0
 
 
-def compare_huge_pages(args) -> int:
+def print_machine(args, n: int, k: int, how: str) -> None:
+    from vsurge import kernels
+
+    print(f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant()}, {kernels.threads()} threads; "
+          f"{args.copies} matrices of {n} x {k} chained{how}; median of {args.reps} calls\n")
+
+
+def chained(n: int, k: int, two_pass: bool):
+    """A jitted program multiplying x (M, K) by each weight of a list in turn, each call's input made
+    from the last one's output (so the weights come from memory, not from the cache)."""
     import jax
     import jax.numpy as jnp
 
-    from vsurge import kernels
+    from vsurge.ops.quantized import qmatmul
+
+    def chain(x, weights):
+        for w in weights:  # (M, N) -> the next call's (M, K)
+            y = qmatmul(x, w, two_pass=two_pass)
+            x = x + 1e-3 * jnp.tile(y, (1, -(-k // n)))[:, :k]
+        return x
+
+    return jax.jit(chain)
+
+
+def timed(program, x: np.ndarray, sets: dict, reps: int) -> dict[str, list[float]]:
+    """Seconds per call of `program(x, weights)` for each named set of weights, the sets in turns."""
+    import jax.numpy as jnp
+
+    x = jnp.asarray(x)
+    for weights in sets.values():
+        program(x, weights).block_until_ready()
+    times = {name: [] for name in sets}
+    for _ in range(reps):
+        for name, weights in sets.items():
+            start = time.perf_counter()
+            program(x, weights).block_until_ready()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def compare_huge_pages(args) -> int:
     from vsurge.loading.huge_pages import use_huge_pages
-    from vsurge.ops.quantized import from_gguf, qmatmul
+    from vsurge.ops.quantized import from_gguf
 
     n, k = (int(v) for v in args.shape.split(","))
     rng = np.random.default_rng(0)
-    print(f"CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant()}, {kernels.threads()} threads; "
-          f"{args.copies} matrices of {n} x {k} chained, one pass; median of {args.reps} calls, in turns\n")
+    print_machine(args, n, k, ", one pass, in turns")
     print("| format | rows | ms per matrix, 4 KiB pages | on 2 MiB pages | ratio |")
     print("|---|---|---|---|---|")
+    program = chained(n, k, False)
     for fmt in args.formats.split(","):
-        sets = {}
-        for pages in ("4k", "2m"):
-            sets[pages] = [from_gguf(random_gguf_blocks(n, k, fmt, rng), fmt) for _ in range(args.copies)]
-        moved = use_huge_pages([w.data for w in sets["2m"]])
-        if not moved:
+        sets = {pages: [from_gguf(random_gguf_blocks(n, k, fmt, rng), fmt) for _ in range(args.copies)]
+                for pages in ("4k", "2m")}
+        if not use_huge_pages([w.data for w in sets["2m"]]):
             print(f"{fmt}: this kernel gave no huge pages (VSURGE_HUGE_PAGES=0, Linux < 6.1, or THP off)")
             return 1
-
-        def chain(x, weights):
-            for w in weights:
-                y = qmatmul(x, w, two_pass=False)
-                x = x + 1e-3 * jnp.tile(y, (1, -(-k // n)))[:, :k]
-            return x
-
-        program = jax.jit(chain)
         for m in (int(r) for r in args.rows.split(",")):
-            x = jnp.asarray(rng.normal(0, 1, (m, k)).astype(np.float32))
-            times = {pages: [] for pages in sets}
-            for pages in sets:
-                program(x, sets[pages]).block_until_ready()
-            for _ in range(args.reps):
-                for pages, weights in sets.items():
-                    start = time.perf_counter()
-                    program(x, weights).block_until_ready()
-                    times[pages].append(time.perf_counter() - start)
+            times = timed(program, rng.normal(0, 1, (m, k)).astype(np.float32), sets, args.reps)
             small, huge = (statistics.median(times[p]) / args.copies * 1e3 for p in ("4k", "2m"))
             print(f"| {fmt} | {m} | {small:.3f} | {huge:.3f} | {huge / small:.2f}x |", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
