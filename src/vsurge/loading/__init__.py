@@ -168,9 +168,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     if platform() == "cpu":
         from flax import nnx
 
-        from .huge_pages import use_huge_pages
+        from . import huge_pages
 
-        use_huge_pages(nnx.state(model))  # decode streams the weights: fewer TLB misses
+        huge_pages.in_background(nnx.state(model))  # decode streams the weights: fewer TLB misses
     log.info("loaded %s%s (%s, %.1fM params, %.1f MiB of weights) in %.1fs", p,
              f" with mmproj {mmproj}" if mmproj is not None else "", config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)
