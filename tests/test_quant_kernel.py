@@ -165,18 +165,16 @@ def test_compiled_program_calls_the_kernel():
     assert "vsurge_qmatmul" not in without
 
 
-def test_accelerators_get_the_xla_path():
-    """Lowered for GPU or TPU (jax.export lowers for a platform without its device), the program
-    dequantizes and dots: the CPU custom call is only in the CPU lowering."""
+def test_accelerators_get_the_xla_path(monkeypatch):
+    """The path is chosen when tracing, by the default backend (kernels.tracing_for_cpu): a GPU or TPU
+    program dequantizes and dots, and only a CPU program holds the custom call."""
     w = from_gguf(gguf_blocks("q4_1", N, K), "q4_1")
     x = jnp.zeros((2, K), jnp.float32)
-    allow = [jax.export.DisabledSafetyCheck.custom_call(kernels.FFI_TARGET)]
-    for platform in ("cuda", "tpu"):
-        module = jax.export.export(jax.jit(qmatmul), platforms=[platform], disabled_checks=allow)(x, w).mlir_module()
-        assert "vsurge_qmatmul" not in module and "dot_general" in module
     if kernels.available():
-        module = jax.export.export(jax.jit(qmatmul), platforms=["cpu"], disabled_checks=allow)(x, w).mlir_module()
-        assert "vsurge_qmatmul" in module
+        assert "vsurge_qmatmul" in jax.jit(qmatmul).lower(x, w).as_text()
+    monkeypatch.setattr(kernels, "tracing_for_cpu", lambda: False)
+    module = jax.jit(lambda a, b: qmatmul(a, b)).lower(x, w).as_text()  # (a new function: traced anew)
+    assert "vsurge_qmatmul" not in module and "dot_general" in module
 
 
 def test_leading_dims_and_empty_rows():

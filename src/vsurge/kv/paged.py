@@ -77,11 +77,8 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
                                                        v_pages.shape[3], spec, sinks)
     if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py); float pages only
         return kernels.decode(kernel, q, k_pages, v_pages, tables, q_pos, spec)
-    if cpu_attention.usable(q, k_pages, v_pages, spec):  # decode rows on CPU: one C++ call (kv/cpu_attention.py)
-        return jax.lax.platform_dependent(
-            q, k_pages, v_pages, tables, q_pos,
-            cpu=lambda *a: cpu_attention.decode(*a, spec, sinks),
-            default=lambda *a: xla_paged_attention(*a, spec, sinks, num_columns))
+    if cpu_attention.usable(q, k_pages, v_pages, spec) and cpp_kernels.tracing_for_cpu():
+        return cpu_attention.decode(q, k_pages, v_pages, tables, q_pos, spec, sinks)  # one C++ call on CPU
     return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns)
 
 

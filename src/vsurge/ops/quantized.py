@@ -288,13 +288,12 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
     if rows.dtype not in (jnp.float32, jnp.bfloat16):
         rows = rows.astype(jnp.float32)
     fmt = w.block_format
-    fallback = lambda r, d: _fallback_rows(r, d, fmt=fmt, n=n, k=k)  # noqa: E731
     if use_kernel is None:
         use_kernel = kernels.available()
     elif use_kernel and not kernels.available():
         raise RuntimeError(f"vsurge CPU kernels not available: {kernels.unavailable_reason()}")
-    if not use_kernel or rows.shape[0] == 0:
-        out = fallback(rows, w.data)
+    if not use_kernel or rows.shape[0] == 0 or not kernels.tracing_for_cpu():
+        out = _fallback_rows(rows, w.data, fmt=fmt, n=n, k=k)
     else:
         two_pass = w.passes == 2 if two_pass is None else two_pass
         passes = 2 if two_pass and k % 32 == 0 else 1
@@ -303,6 +302,5 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
             real = real.reshape(-1)
         else:  # (any other rows: an expert's tokens, the sampled rows' head)
             real = None
-        kernel = lambda r, d: _kernel_rows(r, d, real, fmt=fmt, n=n, passes=passes)  # noqa: E731
-        out = jax.lax.platform_dependent(rows, w.data, cpu=kernel, default=fallback)
+        out = _kernel_rows(rows, w.data, real, fmt=fmt, n=n, passes=passes)
     return out.reshape(*lead, n)
