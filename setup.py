@@ -45,7 +45,8 @@ class OptionalBuildExt(build_ext):
 qmatmul = Extension(
     "vsurge.kernels._qmatmul",
     sources=[str(KERNELS / f) for f in ("qmatmul_ffi.cc", "qmatmul_avx2.cc", "qmatmul_avx512.cc", "repack.cc",
-                                           "thread_pool.cc", "paged_attention.cc", "kv_pages.cc", "recurrent_decode.cc", "moe_experts.cc")],
+                                           "thread_pool.cc", "paged_attention.cc", "kv_pages.cc", "recurrent_decode.cc", "moe_experts.cc",
+                                           "sampling.cc")],
     depends=[str(KERNELS / f) for f in ("qmatmul.h", "qmatmul_body.h", "qmatmul_layout.h", "thread_pool.h", "half.h",
                                          "bf16.h", "isa.h")],
     language="c++",

@@ -226,3 +226,41 @@ def test_greedy_tokens_is_argmax_with_ties_and_masked_rows():
     assert want[1] == 7 and want[2] == 0 and want[3] == 999
     logits[5, 10] = np.nan
     assert 0 <= int(greedy_tokens(jnp.asarray(logits))[5]) < 1000
+
+
+def test_the_one_pass_greedy_kernel_equals_the_xla_stages(monkeypatch):
+    """ops/sampling.penalized_greedy on CPU (kernels/sampling.cc) gives what the XLA stages give (mask,
+    penalties, then greedy_tokens), over slots in any order, a vocabulary of no whole 8-lane vector, tied
+    maxima across lanes, +inf, an all-masked row, a NaN row (some token of the vocabulary either way:
+    XLA's max may or may not carry the NaN), and the neutral values that leave the logits as they were."""
+    from vsurge import kernels
+    from vsurge.ops.sampling import greedy_tokens, penalized_greedy
+    from vsurge.structured.bitmask import apply_token_bitmask
+
+    if not kernels.available():
+        pytest.skip(kernels.unavailable_reason())
+    rng = np.random.default_rng(3)
+    rows, slots, vocab = 8, 5, 1003
+    logits = rng.normal(0, 3, (rows, vocab)).astype(np.float32)
+    logits[1, [5, 13, 998]] = 40.0  # tied: lanes 5 and 5 of two vectors, and the tail
+    logits[2, [6, 3]] = 45.0  # tied in different lanes, the later lane first in the row
+    logits[3, 500] = np.inf
+    logits[5, 77] = np.nan
+    counts = rng.integers(0, 3, (slots, vocab)).astype(np.int32) * (rng.random((slots, vocab)) < 0.1)
+    prompt_mask = rng.random((slots, vocab)) < 0.05
+    slot_of = np.array([4, 0, 2, 2, 1, 3, 0, 4], np.int32)
+    bitmask = np.full((rows, -(-vocab // 32)), -1, np.int32)
+    bitmask[4] = 0  # everything masked
+    bitmask[6, :4] = rng.integers(-2**31, 2**31 - 1, 4, dtype=np.int64).astype(np.int32)
+    p = arrays(repetition_penalty=[1.3, 1.0, 1.0], frequency_penalty=[0.5, 0.0, 0.0],
+               presence_penalty=[0.2, 0.0, 0.0])
+    p = jax.tree.map(lambda a: jnp.asarray(np.concatenate([a, a, a[:2]])), p)  # 8 rows: penalized, neutral x2
+    args = tuple(jnp.asarray(a) for a in (logits, counts, prompt_mask, slot_of)) + (p, jnp.asarray(bitmask))
+    got = np.asarray(jax.jit(penalized_greedy)(*args))
+    monkeypatch.setattr(kernels, "call_serves", lambda *a: False)
+    want = np.asarray(jax.jit(lambda *a: penalized_greedy(*a))(*args))  # (a new function: traced anew)
+    others = np.arange(rows) != 5
+    np.testing.assert_array_equal(got[others], want[others])
+    assert got[4] == 0 and got[3] == 500 and 0 <= got[5] < vocab and 0 <= want[5] < vocab
+    plain = np.asarray(greedy_tokens(apply_token_bitmask(jnp.asarray(logits), jnp.asarray(bitmask))))
+    assert got[1] == plain[1] == 5 and got[2] == plain[2] == 3  # neutral rows: the first of the tied maxima

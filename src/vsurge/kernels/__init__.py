@@ -32,7 +32,8 @@ PUT_PAGES_TARGET = "vsurge_put_pages"  # kv_pages.cc: whole pages written into a
 GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # recurrent_decode.cc: decode rows' DeltaNet states updated in place
 MOE_TARGET = "vsurge_moe_experts"  # moe_experts.cc: routed experts of a few rows, read in place in their stacks
 CONV_TARGET = "vsurge_conv_decode"  # recurrent_decode.cc: decode rows' short-convolution windows updated in place
-LAYOUT_VERSION = 6  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+GREEDY_TARGET = "vsurge_greedy"  # sampling.cc: greedy tokens after the mask and the penalties, in one pass
+LAYOUT_VERSION = 7  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 
@@ -83,7 +84,8 @@ class _Library:
         for target, fn in ((GATHER_PAGES_TARGET, lib.vsurge_gather_pages_ffi),
                            (GATED_DELTA_TARGET, lib.vsurge_gated_delta_decode_ffi),
                            (CONV_TARGET, lib.vsurge_conv_decode_ffi), (MOE_TARGET, lib.vsurge_moe_experts_ffi),
-                           (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi)):
+                           (TAKE_PAGES_TARGET, lib.vsurge_take_pages_ffi), (PUT_PAGES_TARGET, lib.vsurge_put_pages_ffi),
+                           (GREEDY_TARGET, lib.vsurge_greedy_ffi)):
             jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn), platform="cpu")
         self.lib = lib
 

@@ -240,7 +240,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_real_rows_ffi, vsurge::qmatmul_real
 // For ctypes (src/vsurge/kernels/__init__.py).
 extern "C" {
 
-int vsurge_qmatmul_layout_version() { return 6; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages; 5: real rows; 6: vsurge_gated_delta_decode, vsurge_conv_decode, vsurge_moe_experts
+int vsurge_qmatmul_layout_version() { return 7; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages; 5: real rows; 6: vsurge_gated_delta_decode, vsurge_conv_decode, vsurge_moe_experts; 7: vsurge_greedy
 
 const char* vsurge_qmatmul_variant() {
   const vsurge::IsaKernels* k = vsurge::variant().load();

@@ -156,6 +156,22 @@ def greedy_tokens(logits) -> jax.Array:
     return jnp.where(first < v, first, 0).astype(jnp.int32)
 
 
+def penalized_greedy(logits, counts, prompt_mask, rows, p: SamplingArrays, bitmask) -> jax.Array:
+    """Greedy tokens after the allowed-token mask and the penalties: logits (R, V) f32; counts (S, V) i32
+    and prompt_mask (S, V) bool of every slot; rows (R,) i32 each row's slot; p the rows' arrays;
+    bitmask (R, ceil(V/32)) i32 -> (R,) i32. On CPU one C++ pass over each row (kernels/sampling.cc),
+    elsewhere the same stages in XLA."""
+    from .. import kernels
+    from ..structured.bitmask import apply_token_bitmask
+
+    if kernels.call_serves(logits.dtype, (jnp.float32,)):
+        call = jax.ffi.ffi_call(kernels.GREEDY_TARGET, jax.ShapeDtypeStruct(rows.shape, jnp.int32),
+                                vmap_method="sequential")
+        f32 = [a.astype(jnp.float32) for a in (p.repetition_penalty, p.frequency_penalty, p.presence_penalty)]
+        return call(logits, counts, prompt_mask, rows.astype(jnp.int32), *f32, bitmask.astype(jnp.int32))
+    return greedy_tokens(apply_penalties(apply_token_bitmask(logits, bitmask), counts[rows], prompt_mask[rows], p))
+
+
 def draw_tokens(logits, p: SamplingArrays, steps):
     """Pick one token per row from (already biased / penalized) logits (B, V) f32.
 
