@@ -14,7 +14,7 @@ converter's as ever).
 
     python benchmarks/families_vs_llamacpp.py            (builds llama.cpp on first use, ~10 min)
 
-With --mmproj, the vision-language pairs instead (tests/tiny_vlm.py's SmolVLM and Gemma 3): the converter's
+With --mmproj, the vision-language pairs instead (tests/tiny_vlm.py's SmolVLM, Gemma 3, Mistral 3, Qwen2.5-VL and Qwen3-VL): the converter's
 text GGUF and mmproj against the test writer's (tests/mmproj_files.py), and vsurge on the converter's pair
 against vsurge on the HF directory (logits over a prompt with an image; tests/test_images.py checks the
 directory against transformers), and greedy tokens with an image: vsurge's engine on the pair against
@@ -160,7 +160,14 @@ def llama_cpp_greedy(binary: str, gguf: Path, ids: list[int], steps: int) -> lis
 # longest edge (64 x 64: four exact 32-pixel tiles, and the global image, which both sides downscale).
 # (llama-server draws its marker at random per process: /props says which)
 MMPROJ_GREEDY = {"gemma3": ((32, 32), lambda p, m: p.replace("<start_of_image>", f"\n\n{m}\n\n")),
-                 "idefics3": ((64, 64), lambda p, m: p.replace("<image>", m))}
+                 "idefics3": ((64, 64), lambda p, m: p.replace("<image>", m)),
+                 # Mistral 3: 64 x 64 is 4 x 4 merged blocks within both sides' limits (HF's longest edge, clip.cpp's
+                 # 8 to 1024 tokens), so neither resizes; mtmd writes the [IMG_BREAK]s and [IMG_END] itself
+                 "mistral3": ((64, 64), lambda p, m: p.replace("[IMG]", m)),
+                 # Qwen-VL: 64 x 64 is 4 x 4 tokens within both sides' limits (the tiny processor's, clip.cpp's 8 to
+                 # 4096 tokens), so neither resizes; mtmd writes <|vision_start|> and <|vision_end|> itself
+                 **{family: ((64, 64), lambda p, m: p.replace("<|vision_start|><|image_pad|><|vision_end|>", m))
+                    for family in ("qwen2_5_vl", "qwen3_vl")}}
 
 
 def greedy_with_image(binary: str, text: Path, mmproj: Path, model, processor, prompt: str, image: bytes,
@@ -197,7 +204,8 @@ def greedy_with_image(binary: str, text: Path, mmproj: Path, model, processor, p
 def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
     """What the converter needs of a tiny VLM that the hub's checkpoints have: SmolVLM's text_config names its
     architecture (the converter picks the text model by it), Gemma 3's tower its vision_model (transformers 5
-    saves it without, which the converter's name map does not know)."""
+    saves it without, which the converter's name map does not know), Qwen2.5-VL's windows the hub's 112 pixels
+    (which clip.cpp assumes)."""
     import json
 
     from safetensors.numpy import load_file, save_file
@@ -208,6 +216,13 @@ def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
         cfg["text_config"]["architectures"] = ["VLlama3ForCausalLM"]
         path.write_text(json.dumps(cfg, indent=2))
         return
+    if family == "qwen2_5_vl":  # clip.cpp reads no window for it: the hub's 112 pixels (the tiny tower's are 32)
+        path = hf_dir / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg["vision_config"]["window_size"] = 112
+        path.write_text(json.dumps(cfg, indent=2))
+    if family != "gemma3":  # (Mistral 3, Qwen-VL: transformers 5 saves the hub's names)
+        return
     for f in hf_dir.glob("*.safetensors"):
         state = {(k.replace("vision_tower.", "vision_tower.vision_model.", 1)
                   if k.startswith("vision_tower.") and ".vision_model." not in k else k): v
@@ -217,21 +232,30 @@ def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
 
 def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
     """The vision-language pairs: the test writer's files against the converter's, vsurge on the converter's."""
+    from functools import partial
+
+    import gguf
     import jax.numpy as jnp
 
     import vsurge
-    from mmproj_files import write_pair
+    from mmproj_files import with_img_break, write_pair
     from test_images import GEMMA_ONE, PROMPT_ONE, png
+    from test_mistral3_vl import ONE as MISTRAL_ONE
+    from test_qwen_vl import ONE as QWEN_ONE
     from vlm_checks import logits_with_images as prompt_logits
-    from tiny_vlm import write_tiny_gemma3_vlm, write_tiny_idefics3
+    from tiny_vlm import (write_tiny_gemma3_vlm, write_tiny_idefics3, write_tiny_mistral3, write_tiny_qwen2_5_vl,
+                          write_tiny_qwen3_vl)
     from vsurge.loading import default_model_path
 
     binary = llama_server_binary()
     print("| pair | converter | test writer's text GGUF | test writer's mmproj | vsurge on the converter's pair vs "
           "the HF directory (max abs logit diff, one image) | greedy tokens with an image vs llama-server --mmproj |")
     print("|---|---|---|---|---|---|")
+    # (Mistral 3 reading the last tower block's features: the converter writes no vision_feature_layer)
     for family, write, prompt in (("idefics3", write_tiny_idefics3, PROMPT_ONE),
-                                  ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE)):
+                                  ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE),
+                                  ("mistral3", partial(write_tiny_mistral3, feature_layer=-1), MISTRAL_ONE),
+                                  ("qwen2_5_vl", write_tiny_qwen2_5_vl, QWEN_ONE), ("qwen3_vl", write_tiny_qwen3_vl, QWEN_ONE)):
         hf = work / family
         write(hf, tokenizer)
         as_hub_checkpoint(family, hf)
@@ -253,8 +277,12 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
                       - prompt_logits(ref, ref_processor.images.prompt(prompt, image))).max()
         note = "" if loadable == text else " (the test writer's text GGUF)"
         size = MMPROJ_GREEDY[family][0]
+        served = mmproj
+        if family == "mistral3" and "v.token_embd.img_break" not in {t.name for t in gguf.GGUFReader(mmproj).tensors}:
+            served = with_img_break(mmproj, loadable, work / f"mmproj-{family}.img_break.gguf")
+            note += " (llama-server: the converter's mmproj plus v.token_embd.img_break: mmproj_files.with_img_break)"
         try:
-            greedy = greedy_with_image(binary, loadable, mmproj, model, processor, prompt, png(*size, 3), family)
+            greedy = greedy_with_image(binary, loadable, served, model, processor, prompt, png(*size, 3), family)
         except RuntimeError as e:  # llama-server could not load the pair
             greedy = "llama-server cannot load it: " + str(e).strip().splitlines()[-1][:120]
         print(f"| {family} | ok | {text_same} | {same_file(ours_mmproj, mmproj)} | {diff:.1e}{note} | {greedy} |",

@@ -26,8 +26,9 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
              "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
              "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "llama4_text": "llama4", "gemma4_text": "gemma4"}
+             "llama4_text": "llama4", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2vl", "qwen3_vl_text": "qwen3vl"}
 QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+MROPE_TEXT = ("qwen2_5_vl_text", "qwen3_vl_text")  # the Qwen-VL text models: M-RoPE sections in the file
 # llama.cpp's "NORM" rotation from HF weights (the hybrids' converters permute their attention layers' too)
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
@@ -57,10 +58,11 @@ def _rope(cfg) -> dict:
 
 
 def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: dict | None = None,
-                      tokenizer=None) -> None:
+                      tokenizer=None, arch: str | None = None) -> None:
     """The checkpoint in `hf_dir` (as transformers saves it) -> a GGUF file at `path`; types: GGUF
     tensor name suffix -> quant type (default F32; vectors always F32); tokenizer: writes the
-    tokenizer's metadata (default: the one of the GGUF file `tokenizer_source`)."""
+    tokenizer's metadata (default: the one of the GGUF file `tokenizer_source`); arch: the GGUF
+    architecture where the converter names it by more than the model type (default: GGUF_ARCH's)."""
     import json
 
     import transformers
@@ -72,7 +74,7 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
     for f in sorted(Path(hf_dir).glob("*.safetensors")):
         state.update({k: v.astype(np.float32) for k, v in load_file(f).items()})
     model_type = cfg.model_type
-    arch = GGUF_ARCH[model_type]
+    arch = arch or GGUF_ARCH[model_type]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{model_type}")
     _metadata(writer, cfg, hparams, model_type)
@@ -389,9 +391,11 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
         w.add_logit_scale(cfg.logits_scaling)
     if model_type == "phi3":
         _phi3(w, cfg, rope, hd)
-    if model_type != "qwen3_next" and model_type in QWEN3_NEXT_LIKE:  # the multimodal rotary's sections
+    if model_type != "qwen3_next" and model_type in QWEN3_NEXT_LIKE + MROPE_TEXT:  # the multimodal rotary's sections
         sections = list(_rope(cfg).get("mrope_section") or [11, 11, 10])
         w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
+    if model_type == "qwen3_vl_text":  # Qwen3VLTextModel.set_gguf_parameters (the VLM's config: deepstack_layers)
+        w.add_num_deepstack_layers(int(hparams.get("deepstack_layers", 0)))
     if model_type in QWEN3_NEXT_LIKE:  # Qwen3NextModel.set_gguf_parameters
         w.add_uint32(f"{w.arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)
         w.add_uint32(f"{w.arch}.ssm.state_size", cfg.linear_key_head_dim)

@@ -11,6 +11,7 @@ with what is wrong."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import gguf
 import jax.numpy as jnp
@@ -19,14 +20,25 @@ import pytest
 
 from mmproj_files import write_pair
 from test_images import GEMMA_ONE, GEMMA_TWO, PROMPT_ONE, PROMPT_TWO, gemma_reference, hf_greedy, png, serving
-from tiny_vlm import write_tiny_gemma3_vlm, write_tiny_idefics3
+from test_mistral3_vl import ONE as MISTRAL_ONE, TWO as MISTRAL_TWO
+from test_qwen_vl import ONE as QWEN_ONE, TWO as QWEN_TWO
+from tiny_vlm import (write_tiny_gemma3_vlm, write_tiny_idefics3, write_tiny_mistral3, write_tiny_qwen2_5_vl,
+                      write_tiny_qwen3_vl)
 from vlm_checks import logits_with_images
 from vsurge.errors import ModelLoadError, UnsupportedModelError
 from vsurge.kv.dense import NoCache
 from vsurge.loading import load
 
-PROMPTS = {"idefics3": (PROMPT_ONE, PROMPT_TWO), "gemma3": (GEMMA_ONE, GEMMA_TWO)}
-WRITERS = {"idefics3": write_tiny_idefics3, "gemma3": write_tiny_gemma3_vlm}
+PROMPTS = {"idefics3": (PROMPT_ONE, PROMPT_TWO), "gemma3": (GEMMA_ONE, GEMMA_TWO), "qwen2_5_vl": (QWEN_ONE, QWEN_TWO),
+           "qwen3_vl": (QWEN_ONE, QWEN_TWO), "mistral3": (MISTRAL_ONE, MISTRAL_TWO)}
+# (Mistral 3 with Mistral Small's text model and the last tower block's features: llama.cpp's pair holds no
+# vision_feature_layer, its converter keeps every block)
+WRITERS = {"idefics3": write_tiny_idefics3, "gemma3": write_tiny_gemma3_vlm, "qwen2_5_vl": write_tiny_qwen2_5_vl,
+           "qwen3_vl": write_tiny_qwen3_vl, "mistral3": functools.partial(write_tiny_mistral3, feature_layer=-1)}
+# the pair's image processor takes clip.cpp's limits where the mmproj says none (Qwen-VL: 8 to 4096 image
+# tokens), not the tiny HF processor's own; the test's images fit both, so their tokens still agree
+CLIP_LIMITS = {"qwen2_5_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
+               "qwen3_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16}}
 
 
 @dataclasses.dataclass
@@ -71,7 +83,10 @@ def test_the_pair_is_the_hf_directorys_model(pair):
     differ = {f.name for f in dataclasses.fields(hf.config) if f.name not in skip
               and not _same(getattr(hf.config, f.name), getattr(ours.config, f.name))}
     assert not differ, {k: (getattr(hf.config, k), getattr(ours.config, k)) for k in differ}
-    assert our_proc.images.signature() == hf_proc.images.signature()
+    if pair.family in CLIP_LIMITS:
+        assert {k: getattr(our_proc.images, k) for k in CLIP_LIMITS[pair.family]} == CLIP_LIMITS[pair.family]
+    else:
+        assert our_proc.images.signature() == hf_proc.images.signature()
     images = [png(50, 90, 1), png(70, 40, 2)]
     one, two = PROMPTS[pair.family]
     for text, ims in ((one, images[:1]), (two, images)):
@@ -82,6 +97,8 @@ def test_the_pair_is_the_hf_directorys_model(pair):
     assert np.abs(logits_with_images(ours, other) - logits_with_images(ours, first)).max() > 1e-3
 
 
+# (the engine runs a pair's model as its HF directory's, which the families' own tests run through it)
+@pytest.mark.parametrize("pair", ["gemma3", "idefics3"], indirect=True)
 def test_engine_greedy_tokens_equal_transformers(pair):
     """The pair through the paged engine (prompts chunked across the images): transformers' greedy tokens
     on the HF checkpoint (Gemma 3's with its images attending both ways)."""
@@ -127,6 +144,25 @@ def test_the_text_gguf_alone_is_the_text_model(pair):
     np.testing.assert_allclose(logits(model), logits(hf), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("pair", ["mistral3"], indirect=True)
+def test_mistral_smalls_older_pair_is_the_same_model(pair, tmp_path, default_gguf_path, monkeypatch):
+    """Mistral Small 3.1 / 3.2 as older converters wrote it (and today's from Mistral's own format): a `llama`
+    text GGUF, and an mmproj with clip.cpp's copy of [IMG_BREAK]'s embedding: the same model."""
+    import mmproj_files
+
+    monkeypatch.setitem(mmproj_files.TEXT_ARCH, "mistral3", "llama")
+    text, mmproj = tmp_path / "llama.gguf", tmp_path / "mmproj-img-break.gguf"
+    mmproj_files.write_text_half(pair.folder, text, default_gguf_path)
+    mmproj_files.with_img_break(pair.mmproj, text, mmproj)
+    assert gguf.GGUFReader(text).fields["general.architecture"].contents() == "llama"
+    model, _ = load(text, dtype="float32", progress=False, mmproj=mmproj)
+    assert model.config == pair.ours[0].config
+    weights, want = model.named_weights(), pair.ours[0].named_weights()
+    assert set(weights) == set(want)
+    for name, value in weights.items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(want[name]), err_msg=name)
+
+
 def _gguf(path, arch: str, **fields) -> None:
     """A GGUF file of only metadata (what the pair's checks read before any tensor)."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -152,6 +188,11 @@ def test_wrong_pairs_are_refused_with_their_problem(pair, tmp_path, default_gguf
     _gguf(other, "clip", **{"clip.has_vision_encoder": True, "clip.projector_type": "qwen2vl"})
     with pytest.raises(UnsupportedModelError, match="projector type 'qwen2vl' is not supported; supported: gemma3"):
         load(pair.text, mmproj=other, progress=False)
+    # Pixtral 12B's mmproj (its text half a `llama` too): no patch merger, not Mistral 3's
+    pixtral = tmp_path / "mmproj-pixtral.gguf"
+    _gguf(pixtral, "clip", **{"clip.has_vision_encoder": True, "clip.projector_type": "pixtral"})
+    with pytest.raises(UnsupportedModelError, match="without the patch merger .* is Pixtral 12B's"):
+        load(pair.text, mmproj=pixtral, progress=False)
     # the default model is a Llama too, but 576 wide: not this mmproj's other half
     with pytest.raises(ModelLoadError, match="projects images to width 64, but the text model's width is 576"):
         load(default_gguf_path, mmproj=pair.mmproj, progress=False)

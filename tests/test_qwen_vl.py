@@ -16,8 +16,7 @@ import torch
 
 from test_images import png
 from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen3_vl
-from vlm_checks import IMAGES, engine_matches_transformers, hf_generate
-from vsurge.kv.dense import NoCache
+from vlm_checks import IMAGES, engine_matches_transformers, hf_generate, logits_with_images
 from vsurge.loading import load
 
 ONE = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe this<|im_end|>\n<|im_start|>assistant\n"
@@ -85,25 +84,7 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
                                                                 ref["image_grid_thw"])
         np.testing.assert_array_equal(prompt.rope, positions[:, 0].numpy())
         assert prompt.rope_delta == int(delta)
-        np.testing.assert_allclose(our_logits(model, prompt), want, atol=1e-4, rtol=1e-4)
-
-
-def our_logits(model, prompt) -> np.ndarray:
-    """(L, V) float32: each image's embeddings at its tokens, its deepstack features (Qwen3-VL) added after
-    the first layers there, the prompt's M-RoPE positions."""
-    d, length = model.config.hidden_size, len(prompt.ids)
-    levels = model.config.feature_levels
-    hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
-    extra = jnp.zeros((levels - 1, 1, length, d))  # (K, 1, L, D)
-    for item in prompt.media:
-        features = model.encode_images(jnp.asarray(item.pixels))  # (tokens, levels * D)
-        hidden = hidden.at[0, item.positions].set(features[:, :d])
-        if levels > 1:
-            extra = extra.at[:, 0, item.positions].set(features[:, d:].reshape(-1, levels - 1, d).transpose(1, 0, 2))
-    out, _ = model.decode_layers(hidden, jnp.arange(length)[None], NoCache(),
-                                 rope_positions=jnp.asarray(prompt.rope)[:, None],
-                                 layer_inputs=extra if levels > 1 else None)
-    return np.asarray(model.logits(out))[0]
+        np.testing.assert_allclose(logits_with_images(model, prompt), want, atol=1e-4, rtol=1e-4)
 
 
 def test_engine_greedy_tokens_equal_transformers(qwen):

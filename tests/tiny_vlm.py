@@ -226,11 +226,13 @@ MISTRAL3_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]", "[INST]", "[/INST]", "</
 MISTRAL3_PATCH, MISTRAL3_LONGEST_EDGE = 8, 64
 
 
-def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_type: str = "mistral"):
+def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_type: str = "mistral",
+                        feature_layer: int = -2):
     """A Mistral 3 checkpoint (Mistral3ForConditionalGeneration): a Pixtral tower of 3 blocks (SiLU-gated MLPs,
-    2-D rotary) whose second block's output the projector reads (vision_feature_layer -2), the 2 x 2 patch
-    merger and a biased GELU MLP; a Mistral text model, or (text_type "ministral3") Ministral 3's with YaRN and
-    its query temperature. Returns the torch model (float32, eval mode)."""
+    2-D rotary) whose second block's output the projector reads (vision_feature_layer -2; -1, the released
+    checkpoints' and the only one llama.cpp's pair holds: the last's), the 2 x 2 patch merger and a biased
+    GELU MLP; a Mistral text model, or (text_type "ministral3") Ministral 3's with YaRN and its query
+    temperature. Returns the torch model (float32, eval mode)."""
     import transformers
 
     folder = Path(folder)
@@ -243,7 +245,7 @@ def write_tiny_mistral3(folder: Path, tokenizer_dir: Path, seed: int = 0, text_t
                   num_attention_heads=2, patch_size=MISTRAL3_PATCH, image_size=MISTRAL3_LONGEST_EDGE,
                   hidden_act="silu", rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})
     config = transformers.Mistral3Config(text_config=text, vision_config=vision, image_token_index=ids[0],
-                                         spatial_merge_size=2, vision_feature_layer=-2,
+                                         spatial_merge_size=2, vision_feature_layer=feature_layer,
                                          multimodal_projector_bias=True, tie_word_embeddings=False)
 
     def tweak(name, param):

@@ -15,11 +15,21 @@ IMAGES = (png(50, 90, 1), png(70, 40, 2))  # two images of different sizes (a wi
 
 
 def logits_with_images(model, prompt) -> np.ndarray:
-    """(L, V) float32 logits of a whole prompt, each image's embeddings at its tokens (causal throughout)."""
+    """(L, V) float32 logits of a whole prompt (causal throughout): each image's embeddings at its tokens, its
+    deepstack features (Qwen3-VL) added after the first layers there, at the prompt's M-RoPE positions where
+    it has them (Qwen-VL)."""
+    d, length = model.config.hidden_size, len(prompt.ids)
+    levels = getattr(model.config, "feature_levels", 1)
     hidden = model.embed_tokens(jnp.asarray(prompt.ids)[None])
+    extra = jnp.zeros((levels - 1, 1, length, d))  # (K, 1, L, D)
     for item in prompt.media:
-        hidden = hidden.at[0, item.positions].set(model.encode_images(jnp.asarray(item.pixels)))
-    out, _ = model.decode_layers(hidden, jnp.arange(len(prompt.ids))[None], NoCache())
+        features = model.encode_images(jnp.asarray(item.pixels))  # (tokens, levels * D)
+        hidden = hidden.at[0, item.positions].set(features[:, :d])
+        if levels > 1:
+            extra = extra.at[:, 0, item.positions].set(features[:, d:].reshape(-1, levels - 1, d).transpose(1, 0, 2))
+    kw = {} if prompt.rope is None else {"rope_positions": jnp.asarray(prompt.rope)[:, None]}
+    out, _ = model.decode_layers(hidden, jnp.arange(length)[None], NoCache(),
+                                 layer_inputs=extra if levels > 1 else None, **kw)
     return np.asarray(model.logits(out))[0]
 
 

@@ -42,7 +42,8 @@ class Ministral3(Llama):
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta, where: str) -> ModelConfig:
         fields = gguf_fields(meta, cls.name)
-        return Ministral3Config(**fields, temperature_beta=float(meta.key("attention.temperature_scale", 0.0) or 0.0),
+        # (the family's config class: Mistral 3's pair reads its text half here)
+        return cls.config_class(**fields, temperature_beta=float(meta.key("attention.temperature_scale", 0.0) or 0.0),
                                 temperature_length=int(fields["rope"].original_max_position_embeddings or 1))
 
     def layer(self, i, x, w, cache, ctx):

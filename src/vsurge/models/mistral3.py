@@ -12,6 +12,11 @@ HF: Mistral3ForConditionalGeneration (model_type "mistral3"): the text model und
 language_model.model., the hub's older layout), the tower under (model.)vision_tower., the projector under
 (model.)multi_modal_projector.; text_config's model_type "mistral" or "ministral3" (Ministral 3's layer reads
 both: without llama_4_scaling_beta it is Mistral's).
+llama.cpp: a `mistral3` text GGUF (or `llama`: Mistral Small 3.1 / 3.2 as the converter's --mistral-format and
+its older versions write them) and an mmproj of projector type "pixtral" (tower q / k rows permuted for
+llama.cpp's rotary, as its text models'). The converter writes no vision_feature_layer: llama.cpp runs every
+tower block, as the released checkpoints' -1 does. [IMG_BREAK]'s embedding, which clip.cpp takes from the
+mmproj (v.token_embd.img_break), is the text model's own here.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from ..errors import UnsupportedModelError
 from ..ops import vision as ops
 from ..ops.norm import rms_norm
 from .ministral3 import Ministral3, Ministral3Config
+from .mmproj_config import activation, token_id, tower_fields
 from .siglip import mat, vec
-from .spec import Weight, tensor
+from .spec import Weight, paired, tensor
 from .vision_lm import VisionConfig, VisionLM
 
 TOWER, PROJECTOR = "vision_tower", "multi_modal_projector"
@@ -37,6 +43,11 @@ TEXT_MODEL_TYPES = ("mistral", "ministral3")
 VISION_DEFAULTS = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                        patch_size=16, hidden_act="gelu")
 TOWER_EPS = 1e-5  # Pixtral's norms (fixed, not in the config)
+ROPE_THETA = 10000.0  # the tower's rotary base: every Pixtral's, and fixed in clip.cpp (an mmproj does not say it)
+# the HF name under the tower's block prefix -> the mmproj's under v.blk.<i> (the `gguf` package's MMPROJ map)
+GGUF_BLOCK = {"attention_norm": "ln1", "ffn_norm": "ln2", "attention.q_proj": "attn_q", "attention.k_proj": "attn_k",
+              "attention.v_proj": "attn_v", "attention.o_proj": "attn_out", "feed_forward.gate_proj": "ffn_gate",
+              "feed_forward.up_proj": "ffn_up", "feed_forward.down_proj": "ffn_down"}
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,9 @@ class Mistral3(VisionLM, Ministral3):
     hf_model_types = ("mistral3",)
     hf_architectures = ("Mistral3ForConditionalGeneration",)
     gguf_architectures = ()  # (`mistral3` GGUFs are Ministral 3's text model: ministral3.py)
+    mmproj_projector = "pixtral"
+    mmproj_text_architecture = "mistral3"
+    mmproj_other_text_architectures = ("llama",)
     config_class = Mistral3VLConfig
     hf_renames = (("language_model.model.", "model."), ("model.language_model.", "model."),
                   ("language_model.lm_head.", "lm_head."), ("model.vision_tower.", f"{TOWER}."),
@@ -74,9 +88,7 @@ class Mistral3(VisionLM, Ministral3):
         vision = {**VISION_DEFAULTS, **(cfg.get("vision_config") or {})}
         base = super().config_from_hf(text, where)
         layers, heads, width = (int(vision[k]) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size"))
-        if width % heads or (width // heads) % 4:
-            raise UnsupportedModelError(f"{where}: the tower's head size {width / heads} is not a multiple of 4 "
-                                        "(a quarter of it turns with each image axis)")
+        _check_heads(width, heads, where)
         feature = cfg.get("vision_feature_layer", -1)
         feature = feature[0] if isinstance(feature, list) and len(feature) == 1 else feature
         if not isinstance(feature, int) or not -layers - 1 <= feature <= layers:
@@ -92,32 +104,75 @@ class Mistral3(VisionLM, Ministral3):
             vision_intermediate=int(vision["intermediate_size"]), vision_eps=TOWER_EPS,
             vision_activation=vision["hidden_act"], patch_size=int(vision["patch_size"]),
             merge_size=int(cfg.get("spatial_merge_size", 2)),
-            vision_rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", 10000.0))),
+            vision_rope_theta=float(rope.get("rope_theta", vision.get("rope_theta", ROPE_THETA))),
             tower_blocks=feature % (layers + 1),  # hidden_states[0] is the input of block 0
             projector_bias=bool(cfg.get("multimodal_projector_bias", False)),
             projector_activation=cfg.get("projector_hidden_act", "gelu"))
 
     @classmethod
+    def ignores_tensor(cls, name: str, config) -> bool:
+        # clip.cpp's copy of [IMG_BREAK]'s embedding row (mmproj files llama-server loads hold it: clip.cpp
+        # requires it): the text model's own embeds that token here
+        return super().ignores_tensor(name, config) or name == "v.token_embd.img_break"
+
+    @classmethod
+    def config_from_mmproj(cls, text, mm, where: str):
+        base = cls.config_from_gguf(text, text.where)  # Ministral 3's reading (of a `llama` file too)
+        merge = int(mm.key("vision.spatial_merge_size", 1))  # (clip.cpp's default: Pixtral 12B merges none)
+        if merge < 2 or not mm.has("mm.patch_merger.weight"):
+            raise UnsupportedModelError(f"{mm.where}: a pixtral mmproj without the patch merger "
+                                        "(clip.vision.spatial_merge_size, mm.patch_merger.weight) is Pixtral 12B's, "
+                                        "which is not supported (Mistral 3's tower only)")
+        fields = tower_fields(mm, base.hidden_size)
+        _check_heads(fields["vision_hidden"], fields["vision_heads"], mm.where)
+        for token in ("[IMG_BREAK]", "[IMG_END]"):  # the processor's row and image ends
+            token_id(text, token, where)
+        return dataclasses.replace(
+            base, **fields, image_token_id=token_id(text, "[IMG]", where), variable_images=True,
+            vision_activation=activation(mm), patch_size=int(mm.key("vision.patch_size", required=True)),
+            merge_size=merge, vision_rope_theta=ROPE_THETA,
+            tower_blocks=fields["vision_layers"],  # (no vision_feature_layer in the file: the last, as llama.cpp)
+            projector_bias=mm.has("mm.1.bias"), projector_activation="gelu")  # (clip.cpp's projector: always GELU)
+
+    @classmethod
+    def mmproj_preprocessor(cls, mm) -> dict:
+        # the converter's image_size is the tower's vision_config.image_size, which Mistral 3's processors take as
+        # their longest edge (llama.cpp instead fits images within 8 to 1024 image tokens)
+        return {"size": {"longest_edge": int(mm.key("vision.image_size", required=True))}}
+
+    @classmethod
     def vision_weights(cls, c: Mistral3VLConfig) -> dict[str, Weight]:
         dv, d, p, m = c.vision_hidden, c.hidden_size, c.patch_size, c.merge_size
         out = {"patch_w": Weight((dv, 3, p, p), (None,) * 4,
-                                 tensor(f"{TOWER}.patch_conv.weight", (dv, 3, p, p), matrix=False)),
-               "ln_pre": vec(f"{TOWER}.ln_pre.weight", dv, init="ones"),
-               "mm_norm": vec(f"{PROJECTOR}.norm.weight", dv, init="ones"),
-               "merge": mat(f"{PROJECTOR}.patch_merger.merging_layer.weight", dv, dv * m * m),
-               "fc1": mat(f"{PROJECTOR}.linear_1.weight", d, dv), "fc2": mat(f"{PROJECTOR}.linear_2.weight", d, d)}
+                                 *paired(f"{TOWER}.patch_conv.weight", "v.patch_embd.weight", (dv, 3, p, p),
+                                         matrix=False)),
+               "ln_pre": vec(f"{TOWER}.ln_pre.weight", dv, init="ones", gguf="v.pre_ln.weight"),
+               "mm_norm": vec(f"{PROJECTOR}.norm.weight", dv, init="ones", gguf="mm.input_norm.weight"),
+               "merge": mat(f"{PROJECTOR}.patch_merger.merging_layer.weight", dv, dv * m * m,
+                            gguf="mm.patch_merger.weight"),
+               "fc1": mat(f"{PROJECTOR}.linear_1.weight", d, dv, gguf="mm.1.weight"),
+               "fc2": mat(f"{PROJECTOR}.linear_2.weight", d, d, gguf="mm.2.weight")}
         if c.projector_bias:
-            out.update(fc1_b=vec(f"{PROJECTOR}.linear_1.bias", d), fc2_b=vec(f"{PROJECTOR}.linear_2.bias", d))
+            out.update(fc1_b=vec(f"{PROJECTOR}.linear_1.bias", d, gguf="mm.1.bias"),
+                       fc2_b=vec(f"{PROJECTOR}.linear_2.bias", d, gguf="mm.2.bias"))
         return out
 
     @classmethod
     def vision_layer_weights(cls, c: Mistral3VLConfig, i: int) -> dict[str, Weight]:
         d, f, pre = c.vision_hidden, c.vision_intermediate, f"{TOWER}.transformer.layers.{i}"
-        out = {"ln1": vec(f"{pre}.attention_norm.weight", d, init="ones"),
-               "ln2": vec(f"{pre}.ffn_norm.weight", d, init="ones")}
-        out.update({f"w{x}": mat(f"{pre}.attention.{x}_proj.weight", d, d) for x in "qkvo"})
+
+        def at(part: str) -> dict:  # the HF name and, as `gguf`, the mmproj's
+            return dict(name=f"{pre}.{part}.weight", gguf=f"v.blk.{i}.{GGUF_BLOCK[part]}.weight")
+
+        out = {"ln1": vec(n=d, init="ones", **at("attention_norm")), "ln2": vec(n=d, init="ones", **at("ffn_norm"))}
+        for x in "qkvo":
+            names = at(f"attention.{x}_proj")
+            # the converter stores each head's q / k rows as interleaved pairs (llama.cpp's rotary), as for text
+            permuted = dict(permuted_heads=c.vision_heads) if x in "qk" else {}
+            out[f"w{x}"] = Weight((d, d), (None, None), tensor(names["name"], (d, d)),
+                                  tensor(names["gguf"], (d, d), **permuted))
         for name, n_out, n_in in (("gate", f, d), ("up", f, d), ("down", d, f)):
-            out[name] = mat(f"{pre}.feed_forward.{name}_proj.weight", n_out, n_in)
+            out[name] = mat(n_out=n_out, n_in=n_in, **at(f"feed_forward.{name}_proj"))
         return out
 
     def encode_images(self, pixels):
@@ -137,6 +192,12 @@ class Mistral3(VisionLM, Ministral3):
         x = ops.unfold_blocks(rms_norm(h, g["mm_norm"], c.rms_norm_eps), rows, cols, c.merge_size)  # (tokens, Dv*m*m)
         x = ops.ACTIVATIONS[c.projector_activation](ops.dense(ops.dense(x, g["merge"]), g["fc1"], g.get("fc1_b")))
         return ops.dense(x, g["fc2"], g.get("fc2_b")).astype(self.dtype)  # (tokens, D)
+
+
+def _check_heads(width: int, heads: int, where: str) -> None:
+    if width % heads or (width // heads) % 4:
+        raise UnsupportedModelError(f"{where}: the tower's head size {width / heads} is not a multiple of 4 "
+                                    "(a quarter of it turns with each image axis)")
 
 
 @lru_cache(maxsize=32)

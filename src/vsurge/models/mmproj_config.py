@@ -38,10 +38,9 @@ def token_id(text: GGUFMeta, token: str, where: str) -> int:
                              "to?)") from None
 
 
-def vision_fields(mm: GGUFMeta, text_hidden: int, merge: int) -> dict[str, Any]:
-    """The tower's VisionConfig fields (and `patch_size`) from clip.vision.*, its tiles' patches merged
-    `merge` x `merge` into one token (clip.vision.projector.scale_factor, whose default is the family's);
-    its projection must reach the text model's width."""
+def tower_fields(mm: GGUFMeta, text_hidden: int) -> dict[str, Any]:
+    """The VisionConfig fields every mmproj states alike (clip.vision.*): the tower's widths, depth, heads,
+    norm epsilon and pixel normalization; its projection must reach the text model's width."""
     def key(name: str):
         return mm.key(f"vision.{name}", required=True)
 
@@ -49,17 +48,32 @@ def vision_fields(mm: GGUFMeta, text_hidden: int, merge: int) -> dict[str, Any]:
     if width is not None and int(width) != text_hidden:
         raise ModelLoadError(f"{mm.where}: the mmproj projects images to width {int(width)}, but the text "
                              f"model's width is {text_hidden}: the two files are not one model's halves")
-    if not mm.key("use_gelu", False):
-        raise UnsupportedModelError(f"{mm.where}: a vision tower without GELU (clip.use_gelu) is not supported")
-    tile, patch = int(key("image_size")), int(key("patch_size"))
+    return dict(vision_hidden=int(key("embedding_length")), vision_layers=int(key("block_count")),
+                vision_heads=int(key("attention.head_count")), vision_intermediate=int(key("feed_forward_length")),
+                vision_eps=float(mm.key("vision.attention.layer_norm_epsilon", 1e-6)),
+                image_mean=tuple(float(v) for v in key("image_mean")),
+                image_std=tuple(float(v) for v in key("image_std")), rescale_factor=1 / 255)
+
+
+def activation(mm: GGUFMeta) -> str:
+    """The tower's MLP activation as clip.cpp picks it (clip.use_silu, clip.use_gelu: the tanh GELU)."""
+    if mm.key("use_silu", False):
+        return "silu"
+    if mm.key("use_gelu", False):
+        return "gelu_pytorch_tanh"
+    raise UnsupportedModelError(f"{mm.where}: a vision tower with neither SiLU nor GELU (clip.use_silu, "
+                                "clip.use_gelu) is not supported")
+
+
+def vision_fields(mm: GGUFMeta, text_hidden: int, merge: int) -> dict[str, Any]:
+    """A SigLIP tower's VisionConfig fields (and `patch_size`) from clip.vision.*, its tiles' patches merged
+    `merge` x `merge` into one token (clip.vision.projector.scale_factor, whose default is the family's)."""
+    fields = tower_fields(mm, text_hidden)
+    if activation(mm) != "gelu_pytorch_tanh":
+        raise UnsupportedModelError(f"{mm.where}: a SigLIP tower without GELU (clip.use_gelu) is not supported")
+    tile, patch = int(mm.key("vision.image_size", required=True)), int(mm.key("vision.patch_size", required=True))
     if tile % patch or (tile // patch) % merge:
         raise UnsupportedModelError(f"{mm.where}: image_size {tile} is not a whole number of {patch}-pixel patches "
                                     f"divisible by the projector's scale_factor {merge}")
-    return dict(tile_size=(tile, tile), patch_size=patch, tokens_per_tile=(tile // patch // merge) ** 2,
-                vision_hidden=int(key("embedding_length")),
-                vision_layers=int(key("block_count")), vision_heads=int(key("attention.head_count")),
-                vision_intermediate=int(key("feed_forward_length")),
-                vision_eps=float(mm.key("vision.attention.layer_norm_epsilon", 1e-6)),
-                vision_activation="gelu_pytorch_tanh",  # clip.cpp's GELU is the tanh approximation
-                image_mean=tuple(float(v) for v in key("image_mean")),
-                image_std=tuple(float(v) for v in key("image_std")), rescale_factor=1 / 255)
+    return dict(fields, tile_size=(tile, tile), patch_size=patch, tokens_per_tile=(tile // patch // merge) ** 2,
+                vision_activation="gelu_pytorch_tanh")

@@ -9,7 +9,9 @@ merger folds each 2 x 2 block into one token at the text model's width.
 
 HF: Qwen2_5_VLForConditionalGeneration (model_type "qwen2_5_vl"): the text model under model. (the hub's
 layout) or model.language_model., the tower under visual. or model.visual.; config.json flat (the hub's)
-or with text_config (transformers 5).
+or with text_config (transformers 5). llama.cpp: a `qwen2vl` text GGUF and an mmproj of projector type
+"qwen2.5vl_merger" (its converter splits the qkv and the Conv3d's two frames; the window layout as
+clip.n_wa_pattern: every n-th block attends to the whole image).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ import numpy as np
 from ..ops import vision as ops
 from ..ops.norm import rms_norm
 from .qwen2 import Qwen2
-from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, vec
-from .spec import Weight, tensor
+from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, patch_weight, vec
+from .spec import Weight
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,9 @@ class Qwen25VL(QwenVisionLM, Qwen2):
     name = "qwen2_5_vl"
     hf_model_types = ("qwen2_5_vl",)
     hf_architectures = ("Qwen2_5_VLForConditionalGeneration",)
-    gguf_architectures = ()
+    gguf_architectures = ()  # (a text GGUF alone is a Qwen2's; with its mmproj: config_from_mmproj)
+    mmproj_projector = "qwen2.5vl_merger"
+    mmproj_text_architecture = "qwen2vl"
     config_class = Qwen25VLConfig
 
     @classmethod
@@ -47,27 +51,35 @@ class Qwen25VL(QwenVisionLM, Qwen2):
                     fullatt_blocks=tuple(int(i) for i in vision.get("fullatt_block_indexes", (7, 15, 23, 31))))
 
     @classmethod
+    def mmproj_fields(cls, mm) -> dict:
+        pattern = int(mm.key("vision.n_wa_pattern", required=True))
+        layers = int(mm.key("vision.block_count", required=True))
+        # (clip.cpp reads no window for this projector: every released Qwen2.5-VL's is 112 pixels)
+        return dict(fullatt_blocks=tuple(i for i in range(layers) if (i + 1) % pattern == 0),
+                    window_size=int(mm.key("vision.window_size", 112)))
+
+    @classmethod
     def vision_weights(cls, c: Qwen25VLConfig) -> dict[str, Weight]:
-        dv, p, t = c.vision_hidden, c.patch_size, c.temporal_patch_size
+        dv, pre = c.vision_hidden, f"{TOWER}.merger"
         folded = dv * c.merge_size ** 2
-        pre = f"{TOWER}.merger"
         return {
-            "patch_w": Weight((dv, 3, t, p, p), (None,) * 5,
-                              tensor(f"{TOWER}.patch_embed.proj.weight", (dv, 3, t, p, p), matrix=False)),
-            "merge_norm": vec(f"{pre}.ln_q.weight", dv, init="ones"),
-            "merge_fc1": mat(f"{pre}.mlp.0.weight", folded, folded), "merge_fc1_b": vec(f"{pre}.mlp.0.bias", folded),
-            "merge_fc2": mat(f"{pre}.mlp.2.weight", c.hidden_size, folded),
-            "merge_fc2_b": vec(f"{pre}.mlp.2.bias", c.hidden_size),
+            "patch_w": patch_weight(c),
+            "merge_norm": vec(f"{pre}.ln_q.weight", dv, init="ones", gguf="v.post_ln.weight"),
+            "merge_fc1": mat(f"{pre}.mlp.0.weight", folded, folded, gguf="mm.0.weight"),
+            "merge_fc1_b": vec(f"{pre}.mlp.0.bias", folded, gguf="mm.0.bias"),
+            "merge_fc2": mat(f"{pre}.mlp.2.weight", c.hidden_size, folded, gguf="mm.2.weight"),
+            "merge_fc2_b": vec(f"{pre}.mlp.2.bias", c.hidden_size, gguf="mm.2.bias"),
         }
 
     @classmethod
     def vision_layer_weights(cls, c: Qwen25VLConfig, i: int) -> dict[str, Weight]:
-        d, f, pre = c.vision_hidden, c.vision_intermediate, f"{TOWER}.blocks.{i}"
-        out = {"ln1": vec(f"{pre}.norm1.weight", d, init="ones"), "ln2": vec(f"{pre}.norm2.weight", d, init="ones"),
-               **attention_weights(pre, d)}
+        d, f, pre, gg = c.vision_hidden, c.vision_intermediate, f"{TOWER}.blocks.{i}", f"v.blk.{i}"
+        out = {"ln1": vec(f"{pre}.norm1.weight", d, init="ones", gguf=f"{gg}.ln1.weight"),
+               "ln2": vec(f"{pre}.norm2.weight", d, init="ones", gguf=f"{gg}.ln2.weight"),
+               **attention_weights(pre, d, gg, split_qkv=True)}
         for name, n_out, n_in in (("gate", f, d), ("up", f, d), ("down", d, f)):
-            out[name] = mat(f"{pre}.mlp.{name}_proj.weight", n_out, n_in)
-            out[f"{name}_b"] = vec(f"{pre}.mlp.{name}_proj.bias", n_out)
+            out[name] = mat(f"{pre}.mlp.{name}_proj.weight", n_out, n_in, gguf=f"{gg}.ffn_{name}.weight")
+            out[f"{name}_b"] = vec(f"{pre}.mlp.{name}_proj.bias", n_out, gguf=f"{gg}.ffn_{name}.bias")
         return out
 
     def encode_images(self, pixels):

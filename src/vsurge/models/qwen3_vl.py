@@ -5,6 +5,8 @@ last block's, are added to the image tokens' hidden states after the first text 
 feature_levels). The text model is Qwen3's (q/k norms); its M-RoPE frequencies are interleaved.
 
 HF: Qwen3VLForConditionalGeneration (model_type "qwen3_vl"): model.language_model., model.visual.
+llama.cpp: a `qwen3vl` text GGUF and an mmproj of projector type "qwen3vl_merger" (the merger as mm.0 / mm.2
+after v.post_ln, a deepstack merger under its tower block's index: v.deepstack.<block>.*).
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ import numpy as np
 
 from ..ops import vision as ops
 from .qwen3 import Qwen3
-from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, vec
-from .spec import Weight, tensor
+from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, patch_weight, vec
+from .spec import Weight, paired
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,16 @@ class Qwen3VLConfig(QwenVLConfig):
     deepstack_blocks: tuple[int, ...] = ()  # tower blocks whose features go to the first text layers
 
 
-def _merger(pre: str, dv: int, folded: int, d: int, post_shuffle: bool) -> dict[str, Weight]:
+def _merger(pre: str, dv: int, folded: int, d: int, post_shuffle: bool, gguf: dict[str, str]) -> dict[str, Weight]:
+    """gguf: the mmproj's name of each part ("norm", "fc1", "fc2")."""
     n = folded if post_shuffle else dv
-    return {"norm": vec(f"{pre}.norm.weight", n, init="ones"), "norm_b": vec(f"{pre}.norm.bias", n),
-            "fc1": mat(f"{pre}.linear_fc1.weight", folded, folded), "fc1_b": vec(f"{pre}.linear_fc1.bias", folded),
-            "fc2": mat(f"{pre}.linear_fc2.weight", d, folded), "fc2_b": vec(f"{pre}.linear_fc2.bias", d)}
+    out = {}
+    for part, n_out, n_in in (("norm", n, None), ("fc1", folded, folded), ("fc2", d, folded)):
+        hf = f"{pre}.{'norm' if part == 'norm' else 'linear_' + part}"
+        out[part] = (vec(f"{hf}.weight", n_out, init="ones", gguf=f"{gguf[part]}.weight") if n_in is None else
+                     mat(f"{hf}.weight", n_out, n_in, gguf=f"{gguf[part]}.weight"))
+        out[f"{part}_b"] = vec(f"{hf}.bias", n_out, gguf=f"{gguf[part]}.bias")
+    return out
 
 
 class Qwen3VL(QwenVisionLM, Qwen3):
@@ -40,7 +47,9 @@ class Qwen3VL(QwenVisionLM, Qwen3):
     name = "qwen3_vl"
     hf_model_types = ("qwen3_vl",)
     hf_architectures = ("Qwen3VLForConditionalGeneration",)
-    gguf_architectures = ()
+    gguf_architectures = ()  # (a text GGUF alone is a Qwen3's; with its mmproj: config_from_mmproj)
+    mmproj_projector = "qwen3vl_merger"
+    mmproj_text_architecture = "qwen3vl"
     config_class = Qwen3VLConfig
 
     @classmethod
@@ -50,28 +59,41 @@ class Qwen3VL(QwenVisionLM, Qwen3):
         return dict(positions_side=side, deepstack_blocks=blocks, feature_levels=1 + len(blocks))
 
     @classmethod
+    def mmproj_fields(cls, mm) -> dict:
+        deep = mm.key("vision.is_deepstack_layers") or []
+        blocks = tuple(i for i, on in enumerate(deep) if on)
+        patch, size = int(mm.key("vision.patch_size", required=True)), int(mm.key("vision.image_size", required=True))
+        return dict(positions_side=size // patch, deepstack_blocks=blocks, feature_levels=1 + len(blocks),
+                    mrope_interleaved=True)
+
+    @classmethod
     def vision_weights(cls, c: Qwen3VLConfig) -> dict[str, Weight]:
-        dv, p, t = c.vision_hidden, c.patch_size, c.temporal_patch_size
-        folded, side = dv * c.merge_size ** 2, c.positions_side
-        out = {"patch_w": Weight((dv, 3, t, p, p), (None,) * 5,
-                                 tensor(f"{TOWER}.patch_embed.proj.weight", (dv, 3, t, p, p), matrix=False)),
-               "patch_b": vec(f"{TOWER}.patch_embed.proj.bias", dv),
+        dv, side = c.vision_hidden, c.positions_side
+        folded = dv * c.merge_size ** 2
+        out = {"patch_w": patch_weight(c), "patch_b": vec(f"{TOWER}.patch_embed.proj.bias", dv, gguf="v.patch_embd.bias"),
                "positions": Weight((side * side, dv), (None, None),
-                                   tensor(f"{TOWER}.pos_embed.weight", (side * side, dv), matrix=False))}
-        out.update({f"merge_{k}": v for k, v in _merger(f"{TOWER}.merger", dv, folded, c.hidden_size, False).items()})
-        for j in range(len(c.deepstack_blocks)):
-            pre = f"{TOWER}.deepstack_merger_list.{j}"
-            out.update({f"deep{j}_{k}": v for k, v in _merger(pre, dv, folded, c.hidden_size, True).items()})
+                                   *paired(f"{TOWER}.pos_embed.weight", "v.position_embd.weight", (side * side, dv),
+                                           matrix=False))}
+        merger = _merger(f"{TOWER}.merger", dv, folded, c.hidden_size, False,
+                         {"norm": "v.post_ln", "fc1": "mm.0", "fc2": "mm.2"})
+        out.update({f"merge_{k}": v for k, v in merger.items()})
+        for j, block in enumerate(c.deepstack_blocks):
+            pre, gg = f"{TOWER}.deepstack_merger_list.{j}", f"v.deepstack.{block}"
+            deep = _merger(pre, dv, folded, c.hidden_size, True, {k: f"{gg}.{k}" for k in ("norm", "fc1", "fc2")})
+            out.update({f"deep{j}_{k}": v for k, v in deep.items()})
         return out
 
     @classmethod
     def vision_layer_weights(cls, c: Qwen3VLConfig, i: int) -> dict[str, Weight]:
-        d, f, pre = c.vision_hidden, c.vision_intermediate, f"{TOWER}.blocks.{i}"
-        return {"ln1": vec(f"{pre}.norm1.weight", d, init="ones"), "ln1_b": vec(f"{pre}.norm1.bias", d),
-                "ln2": vec(f"{pre}.norm2.weight", d, init="ones"), "ln2_b": vec(f"{pre}.norm2.bias", d),
-                **attention_weights(pre, d),
-                "fc1": mat(f"{pre}.mlp.linear_fc1.weight", f, d), "fc1_b": vec(f"{pre}.mlp.linear_fc1.bias", f),
-                "fc2": mat(f"{pre}.mlp.linear_fc2.weight", d, f), "fc2_b": vec(f"{pre}.mlp.linear_fc2.bias", d)}
+        d, f, pre, gg = c.vision_hidden, c.vision_intermediate, f"{TOWER}.blocks.{i}", f"v.blk.{i}"
+        out = attention_weights(pre, d, gg, split_qkv=False)
+        for n in ("1", "2"):
+            out[f"ln{n}"] = vec(f"{pre}.norm{n}.weight", d, init="ones", gguf=f"{gg}.ln{n}.weight")
+            out[f"ln{n}_b"] = vec(f"{pre}.norm{n}.bias", d, gguf=f"{gg}.ln{n}.bias")
+        for n, part, n_out, n_in in (("1", "up", f, d), ("2", "down", d, f)):
+            out[f"fc{n}"] = mat(f"{pre}.mlp.linear_fc{n}.weight", n_out, n_in, gguf=f"{gg}.ffn_{part}.weight")
+            out[f"fc{n}_b"] = vec(f"{pre}.mlp.linear_fc{n}.bias", n_out, gguf=f"{gg}.ffn_{part}.bias")
+        return out
 
     def _merge(self, h, g: dict, prefix: str, post_shuffle: bool):
         """(T, Dv) patches -> (T / m^2, D): each merge block's patches concatenated, LayerNormed (before the

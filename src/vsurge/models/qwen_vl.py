@@ -18,10 +18,11 @@ from dataclasses import dataclass
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import UnsupportedModelError
+from ..errors import ModelLoadError, UnsupportedModelError
 from ..ops import vision as ops
 from ..ops.rope import rope_cos_sin
-from .spec import Weight, tensor
+from .mmproj_config import activation, token_id, tower_fields
+from .spec import Joined, Tensor, Weight, tensor
 from .vision_lm import VisionConfig, VisionLM
 
 TOWER = "visual"
@@ -38,25 +39,52 @@ class QwenVLConfig(VisionConfig):
     vision_start_token_id: int = -1
 
 
-def vec(name: str, n: int, init: str = "zeros", part: int | None = None, parts: int = 1) -> Weight:
-    """(n,); part: which of `parts` equal slices of a fused vector it is (the qkv bias)."""
-    rows = None if part is None else (part * n, (part + 1) * n)
-    return Weight((n,), (None,), tensor(name, (n * parts,), rows=rows), init=init)
-
-
-def mat(name: str, n_out: int, n_in: int, part: int | None = None, parts: int = 1) -> Weight:
-    """HF (out, in) -> (in, out); part: which of `parts` equal output slices of a fused matrix it is (qkv)."""
+def _piece(name: str, n_out: int, rest: tuple[int, ...], part: int | None = None, parts: int = 1) -> Tensor:
+    """A stored (n_out * parts, *rest) tensor, or its part-th slice of n_out rows."""
     rows = None if part is None else (part * n_out, (part + 1) * n_out)
-    return Weight((n_in, n_out), (None, None), tensor(name, (n_out * parts, n_in), rows=rows))
+    return tensor(name, (n_out * parts, *rest), rows=rows)
 
 
-def attention_weights(pre: str, d: int) -> dict[str, Weight]:
-    """A tower block's fused qkv (read as wq/wk/wv and biases) and output projection."""
-    out = {"wo": mat(f"{pre}.attn.proj.weight", d, d), "bo": vec(f"{pre}.attn.proj.bias", d)}
+def vec(name: str, n: int, init: str = "zeros", part: int | None = None, parts: int = 1,
+        gguf: str | None = None) -> Weight:
+    """(n,); part: which of `parts` equal slices of a fused vector it is (the qkv bias); gguf: llama.cpp's
+    mmproj name of the same vector."""
+    return Weight((n,), (None,), _piece(name, n, (), part, parts), gguf and _piece(gguf, n, (), part, parts),
+                  init=init)
+
+
+def mat(name: str, n_out: int, n_in: int, part: int | None = None, parts: int = 1, gguf: str | None = None) -> Weight:
+    """HF (out, in) -> (in, out); part: which of `parts` equal output slices of a fused matrix it is (qkv)."""
+    return Weight((n_in, n_out), (None, None), _piece(name, n_out, (n_in,), part, parts),
+                  gguf and _piece(gguf, n_out, (n_in,), part, parts))
+
+
+def attention_weights(pre: str, d: int, gguf: str, split_qkv: bool) -> dict[str, Weight]:
+    """A tower block's fused qkv (read as wq/wk/wv and biases) and output projection; gguf: the block's
+    mmproj prefix, whose qkv the converter stores fused or, split_qkv, as attn_q / attn_k / attn_v."""
+    out = {"wo": mat(f"{pre}.attn.proj.weight", d, d, gguf=f"{gguf}.attn_out.weight"),
+           "bo": vec(f"{pre}.attn.proj.bias", d, gguf=f"{gguf}.attn_out.bias")}
     for j, part in enumerate("qkv"):
-        out[f"w{part}"] = mat(f"{pre}.attn.qkv.weight", d, d, part=j, parts=3)
-        out[f"b{part}"] = vec(f"{pre}.attn.qkv.bias", d, part=j, parts=3)
+        w, b = f"{pre}.attn.qkv.weight", f"{pre}.attn.qkv.bias"
+        if split_qkv:
+            out[f"w{part}"] = Weight((d, d), (None, None), _piece(w, d, (d,), j, 3),
+                                     _piece(f"{gguf}.attn_{part}.weight", d, (d,)))
+            out[f"b{part}"] = Weight((d,), (None,), _piece(b, d, (), j, 3), _piece(f"{gguf}.attn_{part}.bias", d, ()),
+                                     init="zeros")
+        else:
+            out[f"w{part}"] = mat(w, d, d, part=j, parts=3, gguf=f"{gguf}.attn_qkv.weight")
+            out[f"b{part}"] = vec(b, d, part=j, parts=3, gguf=f"{gguf}.attn_qkv.bias")
     return out
+
+
+def patch_weight(c) -> Weight:
+    """The Conv3d patch kernel (Dv, C, frames, p, p); llama.cpp's converter stores one (Dv, C, p, p) kernel per
+    frame (v.patch_embd.weight, v.patch_embd.weight.1)."""
+    dv, p, t = c.vision_hidden, c.patch_size, c.temporal_patch_size
+    frames = tuple(tensor("v.patch_embd.weight" + (f".{k}" if k else ""), (dv, 3, p, p), matrix=False)
+                   for k in range(t))
+    return Weight((dv, 3, t, p, p), (None,) * 5,
+                  tensor(f"{TOWER}.patch_embed.proj.weight", (dv, 3, t, p, p), matrix=False), Joined(frames, axis=2))
 
 
 def mrope_axes(section: tuple[int, ...], interleaved: bool) -> np.ndarray:
@@ -109,6 +137,34 @@ class QwenVisionLM(VisionLM):
             merge_size=int(vision.get("spatial_merge_size", 2)), temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
             vision_rope_theta=float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             mrope_section=section, mrope_interleaved=interleaved, **cls.vision_fields(vision, base, where))
+
+    @classmethod
+    def mmproj_fields(cls, mm) -> dict:
+        """The family's own config fields from its mmproj's clip.vision.* keys."""
+        return {}
+
+    @classmethod
+    def config_from_mmproj(cls, text, mm, where: str):
+        """The text GGUF (a `qwen2vl` / `qwen3vl` one: its M-RoPE sections as rope.dimension_sections, the
+        interleaving implied by the architecture, as llama.cpp reads it) and the mmproj's tower."""
+        base = cls.config_from_gguf(text, text.where)  # the text family's reading, as this family's config
+        section = tuple(int(s) for s in (text.key("rope.dimension_sections", required=True))[:3])
+        if sum(section) * 2 != (base.rope.dim or base.head_dim):
+            raise ModelLoadError(f"{text.where}: rope.dimension_sections {section} do not cover the "
+                                 f"{base.head_dim}-dim heads")
+        return dataclasses.replace(
+            base, **tower_fields(mm, base.hidden_size), vision_activation=activation(mm), variable_images=True,
+            patch_size=int(mm.key("vision.patch_size", required=True)),
+            merge_size=int(mm.key("vision.spatial_merge_size", 2)), temporal_patch_size=2,
+            image_token_id=token_id(text, "<|image_pad|>", where),
+            vision_start_token_id=token_id(text, "<|vision_start|>", where), mrope_section=section,
+            **cls.mmproj_fields(mm))
+
+    @classmethod
+    def mmproj_preprocessor(cls, mm) -> dict:
+        # clip.cpp's limits for every Qwen-VL (8 to 4096 image tokens), not the hub processor's
+        block = (int(mm.key("vision.patch_size", required=True)) * int(mm.key("vision.spatial_merge_size", 2))) ** 2
+        return {"min_pixels": 8 * block, "max_pixels": 4096 * block}
 
     def vision_patches(self, pixels):
         """uint8 (1, H, W, C) one image -> (H/p * W/p, C * frames * p * p) float32 normalized patches in

@@ -101,13 +101,17 @@ def family_for_mmproj(text_arch: str, projector: str, where: str):
     """The vision-language family of llama.cpp's pair: a text GGUF of architecture `text_arch` and an mmproj
     of `clip.projector_type` `projector` (where: both files, for the errors)."""
     pairs = {f.mmproj_projector: f for f in families() if getattr(f, "mmproj_projector", None)}
-    supported = ", ".join(f"{p} (with a {f.mmproj_text_architecture} text GGUF)" for p, f in sorted(pairs.items()))
+
+    def text_archs(f) -> tuple[str, ...]:
+        return (f.mmproj_text_architecture, *f.mmproj_other_text_architectures)
+
+    supported = ", ".join(f"{p} (with a {' or '.join(text_archs(f))} text GGUF)" for p, f in sorted(pairs.items()))
     if projector not in pairs:
         raise UnsupportedModelError(f"{where}: mmproj projector type {projector!r} is not supported; supported: "
                                     f"{supported}")
     family = pairs[projector]
-    if text_arch != family.mmproj_text_architecture:
-        vision = sorted(p for p, f in pairs.items() if f.mmproj_text_architecture == text_arch)
+    if text_arch not in text_archs(family):
+        vision = sorted(p for p, f in pairs.items() if text_arch in text_archs(f))
         raise UnsupportedModelError(
             f"{where}: the text GGUF's architecture {text_arch!r} " +
             (f"pairs with mmproj projector type {', '.join(vision)}, not {projector!r}" if vision else

@@ -231,6 +231,23 @@ class Stack:
 
 
 @dataclasses.dataclass(frozen=True)
+class Joined:
+    """Recipes of one model shape stacked along a new `axis`: a tensor a converter stored in pieces
+    (llama.cpp splits Qwen-VL's Conv3d patch kernel (D, C, frames, p, p) into one (D, C, p, p) per frame)."""
+
+    items: tuple
+    axis: int
+
+    def tensors(self):
+        return [t for item in self.items for t in item.tensors()]
+
+    def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
+        start, stop = spans[self.axis]
+        inner = [s for k, s in enumerate(spans) if k != self.axis]
+        return np.stack([self.items[j].read(source, inner) for j in range(start, stop)], axis=self.axis)
+
+
+@dataclasses.dataclass(frozen=True)
 class HeadSlice:
     """Rows [part) of every head of a stored (H * per_head, in) matrix -> (H, rows, in), or
     (H, in, rows) with `transpose`."""

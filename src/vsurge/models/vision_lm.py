@@ -62,6 +62,8 @@ class VisionLM:
     accepts_images: ClassVar[bool] = True
     mmproj_projector: ClassVar[str | None] = None  # llama.cpp's clip.projector_type of this family's mmproj
     mmproj_text_architecture: ClassVar[str | None] = None  # general.architecture of its text GGUF
+    # those that other conversions of the same text model write, taken too (Mistral 3's `llama`)
+    mmproj_other_text_architectures: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def config_from_mmproj(cls, text, mm, where: str):
