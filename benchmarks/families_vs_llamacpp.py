@@ -167,7 +167,7 @@ MMPROJ_GREEDY = {"gemma3": ((32, 32), lambda p, m: p.replace("<start_of_image>",
                  # Qwen-VL: 64 x 64 is 4 x 4 tokens within both sides' limits (the tiny processor's, clip.cpp's 8 to
                  # 4096 tokens), so neither resizes; mtmd writes <|vision_start|> and <|vision_end|> itself
                  **{family: ((64, 64), lambda p, m: p.replace("<|vision_start|><|image_pad|><|vision_end|>", m))
-                    for family in ("qwen2_5_vl", "qwen3_vl")}}
+                    for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}}
 
 
 def greedy_with_image(binary: str, text: Path, mmproj: Path, model, processor, prompt: str, image: bytes,
@@ -205,7 +205,7 @@ def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
     """What the converter needs of a tiny VLM that the hub's checkpoints have: SmolVLM's text_config names its
     architecture (the converter picks the text model by it), Gemma 3's tower its vision_model (transformers 5
     saves it without, which the converter's name map does not know), Qwen2.5-VL's windows the hub's 112 pixels
-    (which clip.cpp assumes)."""
+    (which clip.cpp assumes), Qwen3-VL-MoE's experts in the hub's layout (transformers 5 saves its own)."""
     import json
 
     from safetensors.numpy import load_file, save_file
@@ -221,6 +221,12 @@ def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
         cfg = json.loads(path.read_text())
         cfg["vision_config"]["window_size"] = 112
         path.write_text(json.dumps(cfg, indent=2))
+    if family == "qwen3_vl_moe":  # the hub's (in, out) expert stacks, which the converter transposes
+        for f in hf_dir.glob("*.safetensors"):
+            state = {k: np.ascontiguousarray(v.swapaxes(1, 2)) if k.endswith(("experts.gate_up_proj",
+                                                                              "experts.down_proj")) else v
+                     for k, v in load_file(f).items()}
+            save_file(state, str(f), metadata={"format": "pt"})
     if family != "gemma3":  # (Mistral 3, Qwen-VL: transformers 5 saves the hub's names)
         return
     for f in hf_dir.glob("*.safetensors"):
@@ -255,7 +261,8 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
     for family, write, prompt in (("idefics3", write_tiny_idefics3, PROMPT_ONE),
                                   ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE),
                                   ("mistral3", partial(write_tiny_mistral3, feature_layer=-1), MISTRAL_ONE),
-                                  ("qwen2_5_vl", write_tiny_qwen2_5_vl, QWEN_ONE), ("qwen3_vl", write_tiny_qwen3_vl, QWEN_ONE)):
+                                  ("qwen2_5_vl", write_tiny_qwen2_5_vl, QWEN_ONE), ("qwen3_vl", write_tiny_qwen3_vl, QWEN_ONE),
+                                  ("qwen3_vl_moe", partial(write_tiny_qwen3_vl, moe=True), QWEN_ONE)):
         hf = work / family
         write(hf, tokenizer)
         as_hub_checkpoint(family, hf)

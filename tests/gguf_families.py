@@ -26,9 +26,10 @@ GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": 
              "ministral3": "mistral3", "qwen3_next": "qwen3next", "lfm2": "lfm2",
              "mamba2": "mamba2", "granitemoehybrid": "granitehybrid", "nemotron_h": "nemotron_h",
              "falcon_h1": "falcon-h1", "qwen3_5_text": "qwen35", "qwen3_5_moe_text": "qwen35moe",
-             "llama4_text": "llama4", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2vl", "qwen3_vl_text": "qwen3vl"}
+             "llama4_text": "llama4", "gemma4_text": "gemma4", "qwen2_5_vl_text": "qwen2vl", "qwen3_vl_text": "qwen3vl",
+             "qwen3_vl_moe_text": "qwen3vlmoe"}
 QWEN3_NEXT_LIKE = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
-MROPE_TEXT = ("qwen2_5_vl_text", "qwen3_vl_text")  # the Qwen-VL text models: M-RoPE sections in the file
+MROPE_TEXT = ("qwen2_5_vl_text", "qwen3_vl_text", "qwen3_vl_moe_text")  # the Qwen-VL text models: M-RoPE sections in the file
 # llama.cpp's "NORM" rotation from HF weights (the hybrids' converters permute their attention layers' too)
 PERMUTED_QK = {"llama", "mistral", "mixtral", "granite", "smollm3", "ministral3", "granitemoehybrid", "nemotron_h"}
 MODEL_ARCH = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
@@ -142,6 +143,19 @@ def _tensors(state: dict, cfg, model_type: str):
             w = llama_cpp_permute(w, cfg.num_attention_heads)
         if model_type in PERMUTED_QK and name.endswith(("k_proj.weight", "k_proj.bias")):
             w = llama_cpp_permute(w, cfg.num_key_value_heads)
+        if model_type == "qwen3_vl_moe_text" and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            # Qwen3VLMoeTextModel.modify_tensors: (out, in) stacks, gate rows then up (transformers 5 saves them
+            # so; the hub's checkpoints (in, out))
+            f = cfg.moe_intermediate_size
+            if w.shape[1] != (2 * f if name.endswith("gate_up_proj") else cfg.hidden_size):
+                w = w.swapaxes(1, 2)
+            if name.endswith("gate_up_proj"):
+                gate, up = np.split(w, 2, axis=1)  # (E, F, D) each
+                yield f"blk.{layer}.ffn_gate_exps.weight", gate
+                yield f"blk.{layer}.ffn_up_exps.weight", up
+            else:
+                yield f"blk.{layer}.ffn_down_exps.weight", w  # (E, D, F)
+            continue
         if ".experts." in name and parts[-2] in ("gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"):
             kind = {"w1": "gate", "w3": "up", "w2": "down"}.get(parts[-2], parts[-2].split("_")[0])
             experts.setdefault((layer, kind), {})[int(parts[-3])] = w
@@ -394,7 +408,7 @@ def _metadata(w, cfg, hparams: dict, model_type: str) -> None:
     if model_type != "qwen3_next" and model_type in QWEN3_NEXT_LIKE + MROPE_TEXT:  # the multimodal rotary's sections
         sections = list(_rope(cfg).get("mrope_section") or [11, 11, 10])
         w.add_rope_dimension_sections(sections + [0] * (4 - len(sections)))
-    if model_type == "qwen3_vl_text":  # Qwen3VLTextModel.set_gguf_parameters (the VLM's config: deepstack_layers)
+    if model_type in ("qwen3_vl_text", "qwen3_vl_moe_text"):  # Qwen3VL(Moe)TextModel.set_gguf_parameters (the VLM's config: deepstack_layers)
         w.add_num_deepstack_layers(int(hparams.get("deepstack_layers", 0)))
     if model_type in QWEN3_NEXT_LIKE:  # Qwen3NextModel.set_gguf_parameters
         w.add_uint32(f"{w.arch}.ssm.conv_kernel", cfg.linear_conv_kernel_dim)

@@ -40,7 +40,7 @@ TEXT_PREFIXES = {"model.text_model.": "model.", "language_model.model.": "model.
 VISION_PREFIXES = ("visual.", "model.visual.", "model.vision_model.", "model.vision_tower.", "model.connector.",
                    "model.multi_modal_projector.")
 PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3", "qwen2_5_vl": "qwen2.5vl_merger",
-              "qwen3_vl": "qwen3vl_merger", "mistral3": "pixtral"}
+              "qwen3_vl": "qwen3vl_merger", "qwen3_vl_moe": "qwen3vl_merger", "mistral3": "pixtral"}
 # text GGUF architectures the converter names by the VLM, not by its text model's type (Mistral3Model)
 TEXT_ARCH = {"mistral3": "mistral3"}
 QWEN_VL = ("qwen2.5vl_merger", "qwen3vl_merger")
@@ -74,7 +74,7 @@ def write_text_half(hf_dir: Path, path: Path, tokenizer_source: Path) -> None:
     cfg = _read(hf_dir, "config.json")
     text = {**{k: v for k, v in cfg.items() if k not in ("text_config", "vision_config")}, **cfg["text_config"]}
     text.pop("architectures", None)
-    if cfg["model_type"] == "qwen3_vl":  # (gguf_families reads it: Qwen3VLTextModel's count of deepstack levels)
+    if cfg["model_type"] in ("qwen3_vl", "qwen3_vl_moe"):  # (gguf_families reads it: Qwen3VLTextModel's deepstack)
         text["deepstack_layers"] = len(cfg["vision_config"].get("deepstack_visual_indexes", []))
     state = {}
     for name, w in _state(hf_dir).items():

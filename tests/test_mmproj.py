@@ -30,15 +30,17 @@ from vsurge.kv.dense import NoCache
 from vsurge.loading import load
 
 PROMPTS = {"idefics3": (PROMPT_ONE, PROMPT_TWO), "gemma3": (GEMMA_ONE, GEMMA_TWO), "qwen2_5_vl": (QWEN_ONE, QWEN_TWO),
-           "qwen3_vl": (QWEN_ONE, QWEN_TWO), "mistral3": (MISTRAL_ONE, MISTRAL_TWO)}
+           "qwen3_vl": (QWEN_ONE, QWEN_TWO), "qwen3_vl_moe": (QWEN_ONE, QWEN_TWO), "mistral3": (MISTRAL_ONE, MISTRAL_TWO)}
 # (Mistral 3 with Mistral Small's text model and the last tower block's features: llama.cpp's pair holds no
 # vision_feature_layer, its converter keeps every block)
 WRITERS = {"idefics3": write_tiny_idefics3, "gemma3": write_tiny_gemma3_vlm, "qwen2_5_vl": write_tiny_qwen2_5_vl,
-           "qwen3_vl": write_tiny_qwen3_vl, "mistral3": functools.partial(write_tiny_mistral3, feature_layer=-1)}
+           "qwen3_vl": write_tiny_qwen3_vl, "qwen3_vl_moe": functools.partial(write_tiny_qwen3_vl, moe=True),
+           "mistral3": functools.partial(write_tiny_mistral3, feature_layer=-1)}
 # the pair's image processor takes clip.cpp's limits where the mmproj says none (Qwen-VL: 8 to 4096 image
 # tokens), not the tiny HF processor's own; the test's images fit both, so their tokens still agree
 CLIP_LIMITS = {"qwen2_5_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
-               "qwen3_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16}}
+               "qwen3_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
+               "qwen3_vl_moe": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16}}
 
 
 @dataclasses.dataclass
@@ -128,6 +130,8 @@ def test_engine_greedy_tokens_equal_transformers(pair):
     assert got == want
 
 
+# (Qwen3-VL-MoE's text half alone reads as the dense Qwen3-VL's does, through its text family's GGUF reading)
+@pytest.mark.parametrize("pair", sorted(set(WRITERS) - {"qwen3_vl_moe"}), indirect=True)
 def test_the_text_gguf_alone_is_the_text_model(pair):
     """Without its mmproj the text half loads as its text family (as llama.cpp's text-only use): same
     logits on a text prompt as the vision-language model's, no images."""

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL and Qwen3-VL against transformers on tiny random checkpoints (towers included): images at
+"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE against transformers on tiny random checkpoints (towers included): images at
 their own resolution (the processor's pixels, grid and tokens equal HF's), the towers (Qwen2.5-VL's
 windows, Qwen3-VL's interpolated positions and deepstack features) and M-RoPE (logits with one and two
 images of different sizes equal the HF models'), and the paged engine's greedy tokens equal HF's
@@ -6,7 +6,9 @@ generate, prompts chunked across the images, with a text-only prompt beside them
 
 from __future__ import annotations
 
+import functools
 import io
+import shutil
 from unittest import mock
 
 import jax.numpy as jnp
@@ -26,7 +28,8 @@ TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>
 
 
 WRITERS = {"qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
-           "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor")}
+           "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor"),
+           "qwen3_vl_moe": (functools.partial(write_tiny_qwen3_vl, moe=True), "Qwen3VLProcessor")}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
@@ -53,6 +56,7 @@ def hf_inputs(hf_processor, text: str, images: list[bytes]):
     return hf_processor(text=[text], images=[Image.open(io.BytesIO(b)) for b in images] or None, return_tensors="pt")
 
 
+@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)  # (Qwen3-VL-MoE's processor: Qwen3-VL's)
 @pytest.mark.parametrize("size", [(50, 90), (120, 33), (16, 16), (300, 200)])
 def test_pixels_grid_and_tokens_equal_the_hf_processor(qwen, size):
     """Wide, tall, smaller than min_pixels and larger than max_pixels: HF's token ids (one <|image_pad|> per
@@ -95,3 +99,23 @@ def test_engine_greedy_tokens_equal_transformers(qwen):
     jobs = [(ONE, list(IMAGES[:1])), (TWO, list(IMAGES)), (TEXT, [])]
     engine_matches_transformers(model, processor, jobs,
                                 lambda t, ims: hf_generate(torch_model, hf_inputs(hf_processor, t, ims), 8))
+
+
+def test_qwen3_vl_moe_reads_the_hubs_expert_layout_too(tmp_path, default_processor_dir):
+    """The hub's Qwen3-VL-MoE checkpoints store each layer's experts (in, out) ((E, D, 2F), (E, F, D)), where
+    transformers 5 saves them (out, in): both load as the same weights."""
+    from safetensors.numpy import load_file, save_file
+
+    saved, hub = tmp_path / "saved", tmp_path / "hub"
+    write_tiny_qwen3_vl(saved, default_processor_dir, moe=True)
+    shutil.copytree(saved, hub)
+    state = load_file(hub / "model.safetensors")
+    flipped = {k: np.ascontiguousarray(v.swapaxes(1, 2)) if k.endswith(("experts.gate_up_proj", "experts.down_proj"))
+               else v for k, v in state.items()}
+    assert any(flipped[k].shape != state[k].shape for k in state)
+    save_file(flipped, str(hub / "model.safetensors"), metadata={"format": "pt"})
+    ours, theirs = (load(str(f), dtype="float32", progress=False, load_processor=False)[0].named_weights()
+                    for f in (saved, hub))
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_array_equal(np.asarray(ours[name]), np.asarray(theirs[name]), err_msg=name)

@@ -11,7 +11,7 @@ from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
 
 # model types of the checkpoints written here (tests/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
 # compare them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl", "mistral3")
+VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "mistral3")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
@@ -184,11 +184,13 @@ def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     return model
 
 
-def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
+def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe: bool = False):
     """A Qwen3-VL checkpoint (Qwen3VLForConditionalGeneration): a LayerNorm tower of 3 blocks with learned
     positions (a 4 x 4 table interpolated to each image's grid) and 2-D rotary, deepstack features from its
     first two blocks added after the text model's first two layers; a Qwen3 text model with interleaved
-    M-RoPE. Same tokens, template and image sizes as write_tiny_qwen2_5_vl. Returns the torch model."""
+    M-RoPE. Same tokens, template and image sizes as write_tiny_qwen2_5_vl. moe: a Qwen3-VL-MoE
+    (Qwen3VLMoeForConditionalGeneration), its text model's layers 4 routed experts of width 48, top 2 (saved
+    as transformers 5 holds them: gate_up_proj (E, 2F, D)). Returns the torch model."""
     import transformers
 
     folder = Path(folder)
@@ -200,11 +202,14 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
                   deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh")
-    config = transformers.Qwen3VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
-                                        vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
-                                        tie_word_embeddings=False)
-    model = random_model(transformers.Qwen3VLForConditionalGeneration, config, seed,
-                         ("norm.weight", "norm1.weight", "norm2.weight", ".bias"))
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1)
+    kind = "Qwen3VLMoe" if moe else "Qwen3VL"
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, vision_start_token_id=ids[0], vision_end_token_id=ids[1],
+        image_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False)
+    model = random_model(getattr(transformers, f"{kind}ForConditionalGeneration"), config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", ".bias", "mlp.gate.weight"))
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,

@@ -83,6 +83,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         source, fmt = SafetensorsSource(p), "hf"
         if family.hf_renames:
             source = RenamedSource(source, family.hf_renames)
+        source = family.hf_source(source)
         if getattr(family, "accepts_images", False):
             config = image_config(config, p)  # the image processor's normalization, for the tower
         packed = PackedScheme.from_config(read_hf_config(p), str(p / "config.json"))

@@ -149,6 +149,12 @@ class CausalLM(nnx.Module):
     # checkpoint's language model under its own prefix ("model.text_model." -> "model.")
     hf_renames: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    @classmethod
+    def hf_source(cls, source):
+        """The checkpoint's tensors as this family's declarations read them (a family whose checkpoints come
+        in two layouts presents them as one: models/qwen3_vl_moe.py)."""
+        return source
+
     # tensors some checkpoints carry that the model derives or does not use
     hf_ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
 

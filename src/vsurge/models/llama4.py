@@ -36,7 +36,7 @@ from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, mlp_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 from .moe import MoEConfig, expert_axes, routed_and_shared, router_weights
-from .spec import GateUp, Weight, tensor
+from .spec import Columns, GateUp, Weight, tensor
 
 
 @dataclass(frozen=True)
@@ -61,22 +61,6 @@ class Llama4Config(MoEConfig):
     @property
     def routing(self) -> Routing:
         return Routing(self.num_experts, self.num_experts_per_tok, scoring="sigmoid", scale_inputs=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Columns:
-    """Columns [part) of the last axis of a stored tensor, read as stored (no transpose)."""
-
-    name: str
-    shape: tuple[int, ...]
-    part: tuple[int, int]
-
-    def tensors(self):
-        return [(self.name, self.shape)]
-
-    def read(self, source, spans, kv_replicas: int = 1):
-        first = self.part[0]
-        return source.read(self.name, [*spans[:-1], (first + spans[-1][0], first + spans[-1][1])])
 
 
 class Llama4(CausalLM):
@@ -178,7 +162,7 @@ class Llama4(CausalLM):
             **out,
             **router_weights(c, f"{ff}.router", f"{gg}.ffn_gate_inp"),
             "experts_gate_up": Weight((e, d, 2 * f), expert_axes(c, "gate_up"),
-                                      GateUp(_Columns(*gate_up, (0, f)), _Columns(*gate_up, (f, 2 * f))),
+                                      GateUp(Columns(*gate_up, (0, f)), Columns(*gate_up, (f, 2 * f))),
                                       GateUp(tensor(f"{gg}.ffn_gate_exps.weight", (e, f, d)),
                                              tensor(f"{gg}.ffn_up_exps.weight", (e, f, d))), indexed=True),
             "experts_down": Weight((e, f, d), expert_axes(c, "down"),

@@ -42,15 +42,11 @@ def _merger(pre: str, dv: int, folded: int, d: int, post_shuffle: bool, gguf: di
     return out
 
 
-class Qwen3VL(QwenVisionLM, Qwen3):
+class Qwen3VisionTower(QwenVisionLM):
+    """Qwen3-VL's tower, merger and deepstack: a mixin before the text family (Qwen3VL, Qwen3VLMoe)."""
+
     supports_lora = False  # (adapters name model.language_model's projections: not laid out yet)
-    name = "qwen3_vl"
-    hf_model_types = ("qwen3_vl",)
-    hf_architectures = ("Qwen3VLForConditionalGeneration",)
-    gguf_architectures = ()  # (a text GGUF alone is a Qwen3's; with its mmproj: config_from_mmproj)
     mmproj_projector = "qwen3vl_merger"
-    mmproj_text_architecture = "qwen3vl"
-    config_class = Qwen3VLConfig
 
     @classmethod
     def vision_fields(cls, vision: dict, base, where: str) -> dict:
@@ -131,6 +127,15 @@ class Qwen3VL(QwenVisionLM, Qwen3):
                 features.append(self._merge(h, g, f"deep{c.deepstack_blocks.index(i)}_", True))
         out = jnp.concatenate([self._merge(h, g, "merge_", False), *features], axis=-1)
         return out.astype(self.dtype)  # (tokens, levels * D)
+
+
+class Qwen3VL(Qwen3VisionTower, Qwen3):
+    name = "qwen3_vl"
+    hf_model_types = ("qwen3_vl",)
+    hf_architectures = ("Qwen3VLForConditionalGeneration",)
+    gguf_architectures = ()  # (a text GGUF alone is a Qwen3's; with its mmproj: config_from_mmproj)
+    mmproj_text_architecture = "qwen3vl"
+    config_class = Qwen3VLConfig
 
 
 @lru_cache(maxsize=32)

@@ -43,6 +43,7 @@ FAMILIES = {
     "gemma3_vl": "Gemma3VL",
     "qwen2_5_vl": "Qwen25VL",
     "qwen3_vl": "Qwen3VL",
+    "qwen3_vl_moe": "Qwen3VLMoe",
     "mistral3": "Mistral3",
 }
 
@@ -100,18 +101,19 @@ def family_for_gguf(meta):
 def family_for_mmproj(text_arch: str, projector: str, where: str):
     """The vision-language family of llama.cpp's pair: a text GGUF of architecture `text_arch` and an mmproj
     of `clip.projector_type` `projector` (where: both files, for the errors)."""
-    pairs = {f.mmproj_projector: f for f in families() if getattr(f, "mmproj_projector", None)}
+    paired = [f for f in families() if getattr(f, "mmproj_projector", None)]
 
     def text_archs(f) -> tuple[str, ...]:
         return (f.mmproj_text_architecture, *f.mmproj_other_text_architectures)
 
-    supported = ", ".join(f"{p} (with a {' or '.join(text_archs(f))} text GGUF)" for p, f in sorted(pairs.items()))
-    if projector not in pairs:
+    supported = ", ".join(sorted(f"{f.mmproj_projector} (with a {' or '.join(text_archs(f))} text GGUF)" for f in paired))
+    if not any(f.mmproj_projector == projector for f in paired):
         raise UnsupportedModelError(f"{where}: mmproj projector type {projector!r} is not supported; supported: "
                                     f"{supported}")
-    family = pairs[projector]
-    if text_arch not in text_archs(family):
-        vision = sorted(p for p, f in pairs.items() if text_arch in text_archs(f))
+    # (one projector may serve several text models: Qwen3-VL's with a dense or a mixture-of-experts one)
+    family = next((f for f in paired if f.mmproj_projector == projector and text_arch in text_archs(f)), None)
+    if family is None:
+        vision = sorted({f.mmproj_projector for f in paired if text_arch in text_archs(f)})
         raise UnsupportedModelError(
             f"{where}: the text GGUF's architecture {text_arch!r} " +
             (f"pairs with mmproj projector type {', '.join(vision)}, not {projector!r}" if vision else

@@ -231,6 +231,23 @@ class Stack:
 
 
 @dataclasses.dataclass(frozen=True)
+class Columns:
+    """Columns [part) of the last axis of a stored tensor, read as stored (no transpose): one half of a
+    fused (E, D, 2F) gate/up stack stored gate then up (Llama 4, Qwen3-VL-MoE)."""
+
+    name: str
+    shape: tuple[int, ...]
+    part: Range
+
+    def tensors(self):
+        return [(self.name, self.shape)]
+
+    def read(self, source: TensorSource, spans: list[Range], kv_replicas: int = 1) -> np.ndarray:
+        first = self.part[0]
+        return source.read(self.name, [*spans[:-1], (first + spans[-1][0], first + spans[-1][1])])
+
+
+@dataclasses.dataclass(frozen=True)
 class Joined:
     """Recipes of one model shape stacked along a new `axis`: a tensor a converter stored in pieces
     (llama.cpp splits Qwen-VL's Conv3d patch kernel (D, C, frames, p, p) into one (D, C, p, p) per frame)."""
