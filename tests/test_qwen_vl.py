@@ -91,6 +91,9 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
         np.testing.assert_allclose(logits_with_images(model, prompt), want, atol=1e-4, rtol=1e-4)
 
 
+# (Qwen3-VL-MoE's images reach the engine as Qwen3-VL's; its experts run there as Qwen3-MoE's, which the
+# families' engine tests run: tests/test_families_engines.py)
+@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
 def test_engine_greedy_tokens_equal_transformers(qwen):
     """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks
     that cut through the images (their M-RoPE positions carried per chunk), decoded at position + rope
