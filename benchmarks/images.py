@@ -15,6 +15,12 @@ checkpoint converted by llama.cpp's own converter (text GGUF + mmproj GGUF, bflo
 loads, and the table gets its column and the ratios.
 
     python benchmarks/images.py [--llama] [--write-readme]
+
+With --tower, what bounds the 8-concurrent ratio instead: the tower's arithmetic per image (SmolVLM cuts a
+512 x 512 image, upscaled to 2048, into 16 tiles plus the whole image: 17 x 1024 patches through 12 blocks)
+against the text model's per prompt token, and the rate the tower program reaches on this CPU.
+
+    python benchmarks/images.py --tower
 """
 
 from __future__ import annotations
@@ -179,6 +185,41 @@ def measure(server: Server, args) -> dict:
     return {"turns": t, "images": with_images, "text": text_only}
 
 
+def tower_bound(concurrency: int) -> None:
+    """The tower's multiply-adds per image against a text request's, and its program's rate here."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    import vsurge
+
+    model, processor = vsurge.load(str(CACHE), progress=False)  # (bfloat16, as `vsurge serve` loads it)
+    c = model.config
+    tiles = len(processor.images.prompt("<image>", [photo_jpeg(512, 512, 0)]).media[0].pixels)
+    patches, dv, f = (c.tile_size[0] // c.patch_size) ** 2, c.vision_hidden, c.vision_intermediate
+    per_patch = c.vision_layers * 2 * (4 * dv * dv + 2 * dv * f + 2 * patches * dv)  # projections, MLP, attention
+    tower = tiles * patches * per_patch
+    text_params = sum(int(np.prod(w.shape)) for name, w in model.named_weights().items()
+                      if not name.startswith("vision") and name != "embed")
+    text = tiles * c.tokens_per_tile * 2 * text_params  # the same prompt tokens through the text model
+    graph, state = nnx.split(model)
+    encode = jax.jit(lambda s, px: nnx.merge(graph, s).encode_images(px))
+    px = jnp.asarray(np.random.default_rng(0).integers(0, 255, (tiles, *c.tile_size, 3), dtype=np.uint8))
+    encode(state, px).block_until_ready()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        encode(state, px).block_until_ready()
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    print(f"{isa_line()}; one 512 x 512 image: {tiles} tiles, {tiles * c.tokens_per_tile} prompt tokens")
+    print(f"tower: {tower / 1e12:.2f} TFLOP in {seconds:.1f} s ({tower / seconds / 1e9:.0f} GFLOP/s); the text "
+          f"model on as many prompt tokens: {text / 1e12:.2f} TFLOP (the tower's: {tower / text:.1f}x that)")
+    print(f"so an image request's prompt costs {(tower + text) / text:.1f}x a text request's of as many tokens, and "
+          f"{concurrency} of them {concurrency * seconds:.0f} s of tower time on this CPU beside the decode "
+          "both kinds share")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--images", type=int, default=3)
@@ -186,11 +227,15 @@ def main() -> int:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--llama", action="store_true", help="llama-server --mmproj on the same checkpoint, same loads")
     p.add_argument("--write-readme", action="store_true")
+    p.add_argument("--tower", action="store_true", help="the tower's arithmetic and rate (what bounds the ratio)")
     args = p.parse_args()
     print(isa_line(), flush=True)
     if not (CACHE / "model.safetensors").exists():
         print(f"writing the random checkpoint to {CACHE} ...", flush=True)
         write_checkpoint(CACHE)
+    if args.tower:
+        tower_bound(args.concurrency)
+        return 0
     servers = [("vsurge", vsurge_cmd(f"--model {CACHE}"), "/readiness")]
     if args.llama:
         from serve import llama_server_binary
