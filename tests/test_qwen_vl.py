@@ -1,4 +1,4 @@
-"""Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE against transformers on tiny random checkpoints (towers included): images at
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE against transformers on tiny random checkpoints (towers included): images at
 their own resolution (the processor's pixels, grid and tokens equal HF's), the towers (Qwen2.5-VL's
 windows, Qwen3-VL's interpolated positions and deepstack features) and M-RoPE (logits with one and two
 images of different sizes equal the HF models'), and the paged engine's greedy tokens equal HF's
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from test_images import png
-from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen3_vl
+from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen2_vl, write_tiny_qwen3_vl
 from vlm_checks import IMAGES, engine_matches_transformers, hf_generate, logits_with_images
 from vsurge.loading import load
 
@@ -27,7 +27,8 @@ TWO = ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>and<|vision
 TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 
 
-WRITERS = {"qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
+WRITERS = {"qwen2_vl": (write_tiny_qwen2_vl, "Qwen2VLProcessor"),
+           "qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
            "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor"),
            "qwen3_vl_moe": (functools.partial(write_tiny_qwen3_vl, moe=True), "Qwen3VLProcessor")}
 
@@ -56,7 +57,8 @@ def hf_inputs(hf_processor, text: str, images: list[bytes]):
     return hf_processor(text=[text], images=[Image.open(io.BytesIO(b)) for b in images] or None, return_tensors="pt")
 
 
-@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)  # (Qwen3-VL-MoE's processor: Qwen3-VL's)
+# (Qwen2-VL's processor is Qwen2.5-VL's, Qwen3-VL-MoE's Qwen3-VL's)
+@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
 @pytest.mark.parametrize("size", [(50, 90), (120, 33), (16, 16), (300, 200)])
 def test_pixels_grid_and_tokens_equal_the_hf_processor(qwen, size):
     """Wide, tall, smaller than min_pixels and larger than max_pixels: HF's token ids (one <|image_pad|> per
@@ -91,8 +93,8 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
         np.testing.assert_allclose(logits_with_images(model, prompt), want, atol=1e-4, rtol=1e-4)
 
 
-# (Qwen3-VL-MoE's images reach the engine as Qwen3-VL's; its experts run there as Qwen3-MoE's, which the
-# families' engine tests run: tests/test_families_engines.py)
+# (Qwen2-VL's and Qwen3-VL-MoE's images reach the engine as Qwen2.5-VL's and Qwen3-VL's; Qwen3-VL-MoE's experts
+# run there as Qwen3-MoE's, which the families' engine tests run: tests/test_families_engines.py)
 @pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
 def test_engine_greedy_tokens_equal_transformers(qwen):
     """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks

@@ -11,7 +11,7 @@ from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
 
 # model types of the checkpoints written here (tests/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
 # compare them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "mistral3")
+VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "mistral3")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
@@ -152,6 +152,34 @@ QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|vide
 # the tiny tower: 8-pixel patches merged 2 x 2 (16 pixels a token), windows of 32 pixels (2 x 2 tokens),
 # images resized to between 16 x 16 x 4 and 96 x 96 pixels
 QWEN_PATCH, QWEN_WINDOW, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 8, 32, 16 * 16 * 4, 96 * 96
+
+
+def write_tiny_qwen2_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A Qwen2-VL checkpoint (Qwen2VLForConditionalGeneration): a LayerNorm tower of 3 blocks (quick-GELU MLPs
+    twice as wide) attending to the whole image with 2-D rotary, the 2 x 2 merger; the Qwen2 text model with
+    M-RoPE of write_tiny_qwen2_5_vl, same tokens, template and image sizes. Returns the torch model."""
+    import transformers
+
+    folder = Path(folder)
+    ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
+    text = {**COMMON, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": ids[4],
+            "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+    vision = dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu")
+    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
+                                        vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
+                                        tie_word_embeddings=False)
+    model = random_model(transformers.Qwen2VLForConditionalGeneration, config, seed,
+                         ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"))
+    model.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
+        "temporal_patch_size": 2, "merge_size": 2}, indent=2))
+    return model
 
 
 def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..ops import vision as ops
 from .qwen3 import Qwen3
-from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, patch_weight, vec
+from .qwen_vl import TOWER, QwenVisionLM, QwenVLConfig, attention_weights, mat, merged_tokens, patch_weight, vec
 from .spec import Weight, paired
 
 
@@ -92,17 +92,9 @@ class Qwen3VisionTower(QwenVisionLM):
         return out
 
     def _merge(self, h, g: dict, prefix: str, post_shuffle: bool):
-        """(T, Dv) patches -> (T / m^2, D): each merge block's patches concatenated, LayerNormed (before the
-        concatenation, or after it: post_shuffle), through the two-layer GELU MLP."""
-        c = self.config
-        tokens = h.shape[0] // c.merge_size ** 2
+        """(T, Dv) patches -> (T / m^2, D) through the merger whose weights are named `prefix`*."""
         w = {k[len(prefix):]: v for k, v in g.items() if k.startswith(prefix)}
-        if post_shuffle:
-            x = ops.layer_norm(h.reshape(tokens, -1), w["norm"], w["norm_b"], 1e-6)
-        else:
-            x = ops.layer_norm(h, w["norm"], w["norm_b"], 1e-6).reshape(tokens, -1)
-        x = ops.ACTIVATIONS["gelu"](ops.dense(x, w["fc1"], w["fc1_b"]))
-        return ops.dense(x, w["fc2"], w["fc2_b"])
+        return merged_tokens(h, w, self.config.merge_size, post_shuffle)
 
     def encode_images(self, pixels):
         """uint8 (1, H, W, C) one image -> (its tokens, feature_levels * D): each token's embedding, then its
@@ -116,13 +108,10 @@ class Qwen3VisionTower(QwenVisionLM):
         h = self.patch_embeddings(pixels, g["patch_b"])  # (T, Dv)
         h = h + jnp.sum(table[jnp.asarray(at)] * jnp.asarray(weights)[:, :, None], axis=1)
         whole = np.arange(rows * cols)[None]
-        act, features = ops.ACTIVATIONS[c.vision_activation], []
+        features = []
         for i, layer in enumerate(self.vision_layers):
-            w = layer.weights()
-            h = h + ops.grouped_attention(ops.layer_norm(h, w["ln1"], w["ln1_b"], c.vision_eps), w, c.vision_heads,
-                                          jnp.asarray(cos), jnp.asarray(sin), whole)
-            x = ops.layer_norm(h, w["ln2"], w["ln2_b"], c.vision_eps)
-            h = h + ops.dense(act(ops.dense(x, w["fc1"], w["fc1_b"])), w["fc2"], w["fc2_b"])
+            h = ops.rotary_block(h, layer.weights(), c.vision_heads, c.vision_eps, c.vision_activation,
+                                 jnp.asarray(cos), jnp.asarray(sin), whole)
             if i in c.deepstack_blocks:
                 features.append(self._merge(h, g, f"deep{c.deepstack_blocks.index(i)}_", True))
         out = jnp.concatenate([self._merge(h, g, "merge_", False), *features], axis=-1)

@@ -87,6 +87,19 @@ def patch_weight(c) -> Weight:
                   tensor(f"{TOWER}.patch_embed.proj.weight", (dv, 3, t, p, p), matrix=False), Joined(frames, axis=2))
 
 
+def merged_tokens(h, w: dict, merge: int, post_shuffle: bool = False):
+    """(T, Dv) patches in merge-block order -> (T / m^2, D): each block's patches LayerNormed (each patch, or
+    their concatenation: post_shuffle), concatenated, through the two-layer GELU MLP. w: norm, norm_b, fc1,
+    fc1_b, fc2, fc2_b (Qwen2-VL's and Qwen3-VL's mergers)."""
+    tokens = h.shape[0] // merge ** 2
+    if post_shuffle:
+        x = ops.layer_norm(h.reshape(tokens, -1), w["norm"], w["norm_b"], 1e-6)
+    else:
+        x = ops.layer_norm(h, w["norm"], w["norm_b"], 1e-6).reshape(tokens, -1)
+    x = ops.ACTIVATIONS["gelu"](ops.dense(x, w["fc1"], w["fc1_b"]))
+    return ops.dense(x, w["fc2"], w["fc2_b"])
+
+
 def mrope_axes(section: tuple[int, ...], interleaved: bool) -> np.ndarray:
     """(rotary/2,) which of t, h, w (0, 1, 2) each rotary frequency turns with."""
     if not interleaved:
@@ -104,7 +117,7 @@ class QwenVisionLM(VisionLM):
 
     @classmethod
     def vision_fields(cls, vision: dict, base, where: str) -> dict:
-        """The family's own config fields from config.json's vision_config."""
+        """The family's own config fields from config.json's vision_config (over the common ones)."""
         return {}
 
     @classmethod
@@ -128,15 +141,16 @@ class QwenVisionLM(VisionLM):
             raise UnsupportedModelError(f"{where}: vision hidden_act {activation!r} is not supported")
         if int(vision.get("out_hidden_size", base.hidden_size)) != base.hidden_size:
             raise UnsupportedModelError(f"{where}: the merger's out_hidden_size is not the text model's width")
-        return dataclasses.replace(
-            base, image_token_id=int(cfg.get("image_token_id", 151655)),
+        fields = dict(
+            image_token_id=int(cfg.get("image_token_id", 151655)),
             vision_start_token_id=int(cfg.get("vision_start_token_id", 151652)), variable_images=True,
             vision_hidden=int(vision.get("hidden_size", 1280)), vision_layers=int(vision.get("depth", 32)),
             vision_heads=int(vision.get("num_heads", 16)), vision_intermediate=int(vision.get("intermediate_size", 3420)),
             vision_eps=1e-6, vision_activation=activation, patch_size=int(vision.get("patch_size", 14)),
             merge_size=int(vision.get("spatial_merge_size", 2)), temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
             vision_rope_theta=float((vision.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            mrope_section=section, mrope_interleaved=interleaved, **cls.vision_fields(vision, base, where))
+            mrope_section=section, mrope_interleaved=interleaved)
+        return dataclasses.replace(base, **{**fields, **cls.vision_fields(vision, base, where)})
 
     @classmethod
     def mmproj_fields(cls, mm) -> dict:

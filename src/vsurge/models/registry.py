@@ -41,6 +41,7 @@ FAMILIES = {
     "llama4": "Llama4",
     "idefics3": "Idefics3",
     "gemma3_vl": "Gemma3VL",
+    "qwen2_vl": "Qwen2VL",
     "qwen2_5_vl": "Qwen25VL",
     "qwen3_vl": "Qwen3VL",
     "qwen3_vl_moe": "Qwen3VLMoe",

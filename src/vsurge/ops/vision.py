@@ -224,6 +224,15 @@ def rms_block(h: jax.Array, w: dict, heads: int, eps: float, activation: str, co
     return h + dense(gated, w["down"], w.get("down_b"))
 
 
+def rotary_block(h: jax.Array, w: dict, heads: int, eps: float, activation: str, cos, sin,
+                 groups: np.ndarray) -> jax.Array:
+    """A pre-LayerNorm ViT block with 2-D rotary attention within `groups` and a plain MLP (Qwen2-VL, Qwen3-VL):
+    h (T, D), w: ln1, ln2 (with biases), attention (grouped_attention), fc1/fc2 with biases -> (T, D)."""
+    h = h + grouped_attention(layer_norm(h, w["ln1"], w["ln1_b"], eps), w, heads, cos, sin, groups)
+    x = layer_norm(h, w["ln2"], w["ln2_b"], eps)
+    return h + dense(ACTIVATIONS[activation](dense(x, w["fc1"], w["fc1_b"])), w["fc2"], w["fc2_b"])
+
+
 def unfold_blocks(x: jax.Array, rows: int, cols: int, merge: int) -> jax.Array:
     """torch's unfold of a patch grid into merge x merge blocks (Mistral 3's patch merger): x (rows * cols, D)
     row-major -> (rows/m * cols/m, D * m * m), blocks row-major, each flattened channel-major (d, i, j)."""
