@@ -154,32 +154,43 @@ QWEN_VL_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|vide
 QWEN_PATCH, QWEN_WINDOW, QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 8, 32, 16 * 16 * 4, 96 * 96
 
 
-def write_tiny_qwen2_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
-    """A Qwen2-VL checkpoint (Qwen2VLForConditionalGeneration): a LayerNorm tower of 3 blocks (quick-GELU MLPs
-    twice as wide) attending to the whole image with 2-D rotary, the 2 x 2 merger; the Qwen2 text model with
-    M-RoPE of write_tiny_qwen2_5_vl, same tokens, template and image sizes. Returns the torch model."""
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def _write_qwen_vl(folder: Path, tokenizer_dir: Path, seed: int, kind: str, text: dict, vision: dict, noisy: tuple,
+                   mean: list, std: list):
+    """A Qwen-VL checkpoint of transformers' `kind` ("Qwen2VL", "Qwen2_5_VL", ...) with the tiny tokenizer,
+    `text` over the shared text fields and the tiny image processor. Returns the torch model."""
     import transformers
 
     folder = Path(folder)
     ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
     text = {**COMMON, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": ids[4],
-            "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
-    vision = dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=QWEN_PATCH,
-                  spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu")
-    config = transformers.Qwen2VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
-                                        vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
-                                        tie_word_embeddings=False)
-    model = random_model(transformers.Qwen2VLForConditionalGeneration, config, seed,
-                         ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"))
+            "tie_word_embeddings": False, **text}
+    config = getattr(transformers, f"{kind}Config")(
+        text_config=text, vision_config=vision, vision_start_token_id=ids[0], vision_end_token_id=ids[1],
+        image_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False)
+    model = random_model(getattr(transformers, f"{kind}ForConditionalGeneration"), config, seed, noisy)
     model.save_pretrained(folder)
     (folder / "preprocessor_config.json").write_text(json.dumps({
         "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
+        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "image_mean": mean,
+        "image_std": std, "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
         "temporal_patch_size": 2, "merge_size": 2}, indent=2))
     return model
+
+
+QWEN2_TEXT = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
+
+
+def write_tiny_qwen2_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
+    """A Qwen2-VL checkpoint (Qwen2VLForConditionalGeneration): a LayerNorm tower of 3 blocks (quick-GELU MLPs
+    twice as wide) attending to the whole image with 2-D rotary, the 2 x 2 merger; the Qwen2 text model with
+    M-RoPE of write_tiny_qwen2_5_vl, same tokens, template and image sizes. Returns the torch model."""
+    vision = dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, hidden_act="quick_gelu")
+    return _write_qwen_vl(folder, tokenizer_dir, seed, "Qwen2VL", QWEN2_TEXT, vision,
+                          ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"), CLIP_MEAN, CLIP_STD)
 
 
 def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
@@ -187,29 +198,11 @@ def write_tiny_qwen2_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0):
     (the second attends to the whole image), 2-D rotary positions, the 2 x 2 merger to the text width; a
     Qwen2 text model with M-RoPE (sections 2, 3, 3 of its 8 rotary frequencies). Returns the torch model
     (float32, eval mode)."""
-    import transformers
-
-    folder = Path(folder)
-    ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
-    text = {**COMMON, "vocab_size": VOCAB + 64, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": ids[4],
-            "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}}
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
                   spatial_merge_size=2, temporal_patch_size=2, window_size=QWEN_WINDOW, out_hidden_size=64,
                   fullatt_block_indexes=[1], hidden_act="silu")
-    config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vision, vision_start_token_id=ids[0],
-                                           vision_end_token_id=ids[1], image_token_id=ids[2], video_token_id=ids[3],
-                                           tie_word_embeddings=False)
-    model = random_model(transformers.Qwen2_5_VLForConditionalGeneration, config, seed,
-                         ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"))
-    model.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
-        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
-        "temporal_patch_size": 2, "merge_size": 2}, indent=2))
-    return model
+    return _write_qwen_vl(folder, tokenizer_dir, seed, "Qwen2_5_VL", QWEN2_TEXT, vision,
+                          ("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight", ".bias"), CLIP_MEAN, CLIP_STD)
 
 
 def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe: bool = False):
@@ -219,33 +212,16 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe: b
     M-RoPE. Same tokens, template and image sizes as write_tiny_qwen2_5_vl. moe: a Qwen3-VL-MoE
     (Qwen3VLMoeForConditionalGeneration), its text model's layers 4 routed experts of width 48, top 2 (saved
     as transformers 5 holds them: gate_up_proj (E, 2F, D)). Returns the torch model."""
-    import transformers
-
-    folder = Path(folder)
-    ids = write_tokenizer(folder, tokenizer_dir, QWEN_VL_TOKENS, "<|im_end|>", QWEN_VL_TEMPLATE)
-    text = {**COMMON, "vocab_size": VOCAB + 64, "head_dim": 16, "pad_token_id": 0, "bos_token_id": 0,
-            "eos_token_id": ids[4], "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                "mrope_interleaved": True}}
+    text = {"head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                                "mrope_interleaved": True}}
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1)
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
                   deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh")
-    if moe:
-        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1)
-    kind = "Qwen3VLMoe" if moe else "Qwen3VL"
-    config = getattr(transformers, f"{kind}Config")(
-        text_config=text, vision_config=vision, vision_start_token_id=ids[0], vision_end_token_id=ids[1],
-        image_token_id=ids[2], video_token_id=ids[3], tie_word_embeddings=False)
-    model = random_model(getattr(transformers, f"{kind}ForConditionalGeneration"), config, seed,
-                         ("norm.weight", "norm1.weight", "norm2.weight", ".bias", "mlp.gate.weight"))
-    model.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3, "do_rescale": True,
-        "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True,
-        "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-        "min_pixels": QWEN_MIN_PIXELS, "max_pixels": QWEN_MAX_PIXELS, "patch_size": QWEN_PATCH,
-        "temporal_patch_size": 2, "merge_size": 2}, indent=2))
-    return model
+    return _write_qwen_vl(folder, tokenizer_dir, seed, "Qwen3VLMoe" if moe else "Qwen3VL", text, vision,
+                          ("norm.weight", "norm1.weight", "norm2.weight", ".bias", "mlp.gate.weight"),
+                          [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 
 
 # Mistral's chat template, cut to what the tests send: an image part becomes [IMG]
