@@ -52,7 +52,7 @@ class Qwen2VL(QwenVisionLM, Qwen2):
     @classmethod
     def vision_layer_weights(cls, c: Qwen2VLConfig, i: int) -> dict[str, Weight]:
         d, f, pre = c.vision_hidden, c.vision_intermediate, f"{TOWER}.blocks.{i}"
-        out = attention_weights(pre, d, f"v.blk.{i}", split_qkv=True)
+        out = attention_weights(pre, d)  # (HF directories only: no mmproj names)
         for n in ("1", "2"):
             out[f"ln{n}"] = vec(f"{pre}.norm{n}.weight", d, init="ones")
             out[f"ln{n}_b"] = vec(f"{pre}.norm{n}.bias", d)

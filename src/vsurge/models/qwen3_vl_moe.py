@@ -24,7 +24,7 @@ EXPERTS = (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")
 
 @dataclass(frozen=True)
 class Qwen3VLMoeConfig(Qwen3VLConfig, Qwen2MoeConfig):
-    shared_expert_gate: bool = False
+    pass  # (no shared expert: shared_intermediate_size stays 0)
 
 
 class Qwen3VLMoe(Qwen3VisionTower, Qwen3Moe):

@@ -59,21 +59,25 @@ def mat(name: str, n_out: int, n_in: int, part: int | None = None, parts: int = 
                   gguf and _piece(gguf, n_out, (n_in,), part, parts))
 
 
-def attention_weights(pre: str, d: int, gguf: str, split_qkv: bool) -> dict[str, Weight]:
+def attention_weights(pre: str, d: int, gguf: str | None = None, split_qkv: bool = False) -> dict[str, Weight]:
     """A tower block's fused qkv (read as wq/wk/wv and biases) and output projection; gguf: the block's
-    mmproj prefix, whose qkv the converter stores fused or, split_qkv, as attn_q / attn_k / attn_v."""
-    out = {"wo": mat(f"{pre}.attn.proj.weight", d, d, gguf=f"{gguf}.attn_out.weight"),
-           "bo": vec(f"{pre}.attn.proj.bias", d, gguf=f"{gguf}.attn_out.bias")}
+    mmproj prefix (None: no mmproj form), whose qkv the converter stores fused or, split_qkv, as attn_q / attn_k /
+    attn_v."""
+    def at(leaf: str) -> str | None:
+        return gguf and f"{gguf}.{leaf}"
+
+    out = {"wo": mat(f"{pre}.attn.proj.weight", d, d, gguf=at("attn_out.weight")),
+           "bo": vec(f"{pre}.attn.proj.bias", d, gguf=at("attn_out.bias"))}
     for j, part in enumerate("qkv"):
         w, b = f"{pre}.attn.qkv.weight", f"{pre}.attn.qkv.bias"
         if split_qkv:
             out[f"w{part}"] = Weight((d, d), (None, None), _piece(w, d, (d,), j, 3),
-                                     _piece(f"{gguf}.attn_{part}.weight", d, (d,)))
-            out[f"b{part}"] = Weight((d,), (None,), _piece(b, d, (), j, 3), _piece(f"{gguf}.attn_{part}.bias", d, ()),
-                                     init="zeros")
+                                     gguf and _piece(at(f"attn_{part}.weight"), d, (d,)))
+            out[f"b{part}"] = Weight((d,), (None,), _piece(b, d, (), j, 3),
+                                     gguf and _piece(at(f"attn_{part}.bias"), d, ()), init="zeros")
         else:
-            out[f"w{part}"] = mat(w, d, d, part=j, parts=3, gguf=f"{gguf}.attn_qkv.weight")
-            out[f"b{part}"] = vec(b, d, part=j, parts=3, gguf=f"{gguf}.attn_qkv.bias")
+            out[f"w{part}"] = mat(w, d, d, part=j, parts=3, gguf=at("attn_qkv.weight"))
+            out[f"b{part}"] = vec(b, d, part=j, parts=3, gguf=at("attn_qkv.bias"))
     return out
 
 
