@@ -371,36 +371,6 @@ def test_vinference_gives_the_reference_text(tiny_checkpoints):
                                          for p in PROMPTS[:2]]
 
 
-def test_a_whole_qwen3_5_checkpoint_serves_its_text_model(tmp_path, default_processor_dir):
-    """A Qwen3.5 checkpoint as released holds a vision tower beside the text model (its own issue):
-    the text model loads from `text_config` and model.language_model.*, and its logits equal
-    transformers' on a text-only prompt (M-RoPE's three position streams are equal there)."""
-    import shutil
-
-    import torch
-    import transformers
-
-    from tiny_models import COMMON, TINY_CONFIGS, VOCAB
-
-    text = {**COMMON, **TINY_CONFIGS["qwen3_5"][1], "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_interleaved": True,
-        "mrope_section": [1, 1, 0]}}
-    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
-    torch.manual_seed(0)
-    reference = transformers.Qwen3_5ForConditionalGeneration(
-        transformers.Qwen3_5Config(text_config=text, vision_config=vision)).eval()
-    reference.save_pretrained(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(default_processor_dir / name, tmp_path / name)
-    model, _ = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)
-    assert model.config.hf_prefix == "model.language_model" and model.config.recurrent_layers == (0, 1, 2)
-    ids = np.random.default_rng(6).integers(0, VOCAB, 12)
-    with torch.no_grad():
-        expected = reference(torch.tensor(ids[None])).logits[0].numpy()
-    logits, _ = model(jnp.asarray(ids[None], jnp.int32))
-    assert np.abs(np.asarray(logits)[0] - expected).max() <= 1e-4
-
-
 def test_tiled_value_heads_of_a_qwen35_gguf_through_the_paged_engine(tiny_checkpoints, tmp_path, default_gguf_path):
     """llama.cpp's qwen35 stores twice as many value heads as key heads in tiled order; the model tiles
     q/k to match, which the engine's in-place decode kernel then sees as one key head per value head:

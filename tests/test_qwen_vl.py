@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from test_images import png
-from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen2_vl, write_tiny_qwen3_vl
+from tiny_vlm import write_tiny_qwen2_5_vl, write_tiny_qwen2_vl, write_tiny_qwen3_5_vl, write_tiny_qwen3_vl
 from vlm_checks import IMAGES, engine_matches_transformers, hf_generate, logits_with_images
 from vsurge.loading import load
 
@@ -30,7 +30,9 @@ TEXT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>
 WRITERS = {"qwen2_vl": (write_tiny_qwen2_vl, "Qwen2VLProcessor"),
            "qwen2_5_vl": (write_tiny_qwen2_5_vl, "Qwen2_5_VLProcessor"),
            "qwen3_vl": (write_tiny_qwen3_vl, "Qwen3VLProcessor"),
-           "qwen3_vl_moe": (functools.partial(write_tiny_qwen3_vl, moe=True), "Qwen3VLProcessor")}
+           "qwen3_vl_moe": (functools.partial(write_tiny_qwen3_vl, moe=True), "Qwen3VLProcessor"),
+           "qwen3_5": (write_tiny_qwen3_5_vl, "Qwen3VLProcessor"),
+           "qwen3_5_moe": (functools.partial(write_tiny_qwen3_5_vl, moe=True), "Qwen3VLProcessor")}
 
 
 @pytest.fixture(scope="module", params=list(WRITERS))
@@ -95,7 +97,7 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
 
 # (Qwen2-VL's and Qwen3-VL-MoE's images reach the engine as Qwen2.5-VL's and Qwen3-VL's; Qwen3-VL-MoE's experts
 # run there as Qwen3-MoE's, which the families' engine tests run: tests/test_families_engines.py)
-@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl"], indirect=True)
+@pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"], indirect=True)
 def test_engine_greedy_tokens_equal_transformers(qwen):
     """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks
     that cut through the images (their M-RoPE positions carried per chunk), decoded at position + rope

@@ -11,7 +11,8 @@ from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
 
 # model types of the checkpoints written here (tests/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
 # compare them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "mistral3")
+VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
+                   "mistral3")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (
@@ -221,6 +222,24 @@ def write_tiny_qwen3_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe: b
                   deepstack_visual_indexes=[0, 1], hidden_act="gelu_pytorch_tanh")
     return _write_qwen_vl(folder, tokenizer_dir, seed, "Qwen3VLMoe" if moe else "Qwen3VL", text, vision,
                           ("norm.weight", "norm1.weight", "norm2.weight", ".bias", "mlp.gate.weight"),
+                          [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
+
+
+def write_tiny_qwen3_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe: bool = False):
+    """A Qwen3.5 checkpoint (Qwen3_5ForConditionalGeneration): Qwen3-VL's tower of write_tiny_qwen3_vl without
+    deepstack, before the tiny Qwen3.5 hybrid text model (tiny_models: Gated DeltaNet on layers 0-2, gated
+    attention on layer 3) with 32-dim heads, a quarter of them rotary under interleaved M-RoPE (sections 2, 1,
+    1). moe: Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration). Returns the torch model."""
+    from tiny_models import TINY_CONFIGS
+
+    text = {**TINY_CONFIGS["qwen3_5_moe" if moe else "qwen3_5"][1], "head_dim": 32, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True}}
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
+                  spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
+                  hidden_act="gelu_pytorch_tanh")
+    return _write_qwen_vl(folder, tokenizer_dir, seed, "Qwen3_5Moe" if moe else "Qwen3_5", text, vision,
+                          ("norm.weight", "norm1.weight", "norm2.weight", ".bias", "A_log", "dt_bias"),
                           [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
 
 

@@ -17,9 +17,9 @@ Full-attention layer: q_proj holds each head's query and output gate ([q_h, gate
 per-head q/k RMSNorm, partial rotary, output * sigmoid(gate). Every RMSNorm but the gated one
 multiplies by 1 + w.
 
-HF: Qwen3NextForCausalLM ("qwen3_next"), Qwen3_5ForCausalLM ("qwen3_5_text"), and the text model
-of a whole Qwen3.5 / Qwen3.5-MoE checkpoint ("qwen3_5", "qwen3_5_moe": its `text_config`, weights
-under model.language_model; the vision tower and the multi-token-prediction head are not read).
+HF: Qwen3NextForCausalLM ("qwen3_next"), Qwen3_5ForCausalLM ("qwen3_5_text"), Qwen3_5MoeForCausalLM
+("qwen3_5_moe_text"); a whole Qwen3.5 / Qwen3.5-MoE checkpoint, its vision tower beside the text model,
+loads as qwen3_5_vl.py's family (images and text).
 GGUF: `qwen3next` as llama.cpp's converter writes Qwen3-Next (q/k/v of the DeltaNet projection
 regrouped head-major as attn_qkv, z as attn_gate, A stored as -exp(A_log), the convolution squeezed
 to (C, K), every norm but the gated one stored as 1 + w); Qwen3.5's `qwen35` / `qwen35moe` likewise, with b/a
@@ -30,7 +30,6 @@ tiles q and k to Hv heads (value_heads_tiled) instead of regrouping the tensors.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import jax
@@ -61,7 +60,6 @@ class Qwen3NextConfig(MoEConfig):
     conv_kernel: int = 4
     grouped_projections: bool = True  # Qwen3-Next's per-key-head qkvz / ba layout (Qwen3.5: separate)
     value_heads_tiled: bool = False  # llama.cpp's qwen35: value head j pairs with key head j mod Hk
-    hf_prefix: str = "model"  # "model.language_model" in a whole Qwen3.5 checkpoint (vision tower beside)
 
     def layer_kind(self, layer: int) -> str:
         return "linear_attention" if self.linear_layers[layer] else "attention"
@@ -121,24 +119,17 @@ class _Sized:
 
 class Qwen3Next(CausalLM):
     name = "qwen3_next"
-    hf_model_types = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5", "qwen3_5_moe")
-    hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-                        "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
+    hf_model_types = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+    hf_architectures = ("Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM")
     config_class = Qwen3NextConfig
     gguf_architectures = ("qwen3next", "qwen35", "qwen35moe")
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:
-        return super().ignores_tensor(name, config) or name.startswith(("model.visual.", "mtp."))
+        return super().ignores_tensor(name, config) or name.startswith("mtp.")  # (multi-token prediction)
 
     @classmethod
     def config_from_hf(cls, cfg: dict, where: str):
-        prefix = "model"
-        if "text_config" in cfg:  # a whole vision-language checkpoint: its text model
-            text = cfg["text_config"]
-            cfg = {**text, "tie_word_embeddings": cfg.get("tie_word_embeddings", text.get("tie_word_embeddings")),
-                   "_name_or_path": cfg.get("_name_or_path", "")}
-            prefix = "model.language_model"
         check_activation(cfg, where, ("silu", "swish"))
         fields = hf_fields(cfg, where, cls.name)
         n = fields["num_layers"]
@@ -156,7 +147,7 @@ class Qwen3Next(CausalLM):
             linear_key_heads=int(cfg["linear_num_key_heads"]), linear_value_heads=int(cfg["linear_num_value_heads"]),
             linear_key_dim=int(cfg["linear_key_head_dim"]), linear_value_dim=int(cfg["linear_value_head_dim"]),
             conv_kernel=int(cfg.get("linear_conv_kernel_dim", 4)),
-            grouped_projections=cfg.get("model_type") == "qwen3_next", hf_prefix=prefix)
+            grouped_projections=cfg.get("model_type") == "qwen3_next")
 
     @classmethod
     def config_from_gguf(cls, meta: GGUFMeta, where: str):
@@ -181,18 +172,13 @@ class Qwen3Next(CausalLM):
     @classmethod
     def global_weights(cls, config):
         out = super().global_weights(config)
-        prefix = config.hf_prefix
-        out["final_norm"] = norm(config.hidden_size, f"{prefix}.norm.weight", "output_norm.weight", hf_offset=1.0)
-        if prefix != "model":
-            v, d = config.vocab_size, config.hidden_size
-            out["embed"] = dataclasses.replace(out["embed"], hf=tensor(f"{prefix}.embed_tokens.weight", (v, d),
-                                                                       matrix=False))
+        out["final_norm"] = norm(config.hidden_size, "model.norm.weight", "output_norm.weight", hf_offset=1.0)
         return out
 
     # ------------------------------------------------------------ weights
     @classmethod
     def layer_weights(cls, c: Qwen3NextConfig, i: int):
-        hf, gg, d = f"{c.hf_prefix}.layers.{i}", f"blk.{i}", c.hidden_size
+        hf, gg, d = f"model.layers.{i}", f"blk.{i}", c.hidden_size
         out = {"attn_norm": norm(d, f"{hf}.input_layernorm.weight", f"{gg}.attn_norm.weight", hf_offset=1.0),
                "mlp_norm": norm(d, f"{hf}.post_attention_layernorm.weight", f"{gg}.post_attention_norm.weight",
                                 hf_offset=1.0)}

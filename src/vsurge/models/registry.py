@@ -45,6 +45,7 @@ FAMILIES = {
     "qwen2_5_vl": "Qwen25VL",
     "qwen3_vl": "Qwen3VL",
     "qwen3_vl_moe": "Qwen3VLMoe",
+    "qwen3_5_vl": "Qwen35VL",
     "mistral3": "Mistral3",
 }
 

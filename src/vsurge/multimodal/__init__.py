@@ -60,7 +60,7 @@ def image_processor_for(config, model_dir: Path | None, tokenizer, preprocessor:
         from .gemma3 import Gemma3Images
 
         return Gemma3Images(config, preprocessor, processor, tokenizer)
-    if config.architecture in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"):
+    if config.architecture in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5_vl"):
         from .qwen2_vl import QwenVLImages
 
         return QwenVLImages(config, preprocessor, processor, tokenizer)
