@@ -94,13 +94,15 @@ convert_hf_to_gguf.main()
 
 
 def convert(llama_cpp: Path, hf_dir: Path, out: Path, outtype: str = "f32", *extra: str) -> str | None:
-    """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next and Qwen3.5 checkpoints
-    without a multi-token-prediction head need --no-mtp (it asserts one is there otherwise)."""
+    """Run llama.cpp's converter; None on success, else its last error line. Qwen3-Next and Qwen3.5 text
+    checkpoints without a multi-token-prediction head need --no-mtp (it asserts one is there otherwise)."""
     import json
 
     env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
     config = json.loads((Path(hf_dir) / "config.json").read_text())
-    extra = [*extra, *(["--no-mtp"] if config.get("model_type", "").startswith(("qwen3_next", "qwen3_5")) else [])]
+    text_only = "vision_config" not in config  # (a whole Qwen3.5 checkpoint's converter takes no --no-mtp)
+    extra = [*extra, *(["--no-mtp"] if text_only and config.get("model_type", "").startswith(("qwen3_next", "qwen3_5"))
+                       else [])]
     proc = subprocess.run([sys.executable, "-c", RUN_CONVERTER, str(llama_cpp), str(hf_dir), "--outfile", str(out),
                            "--outtype", outtype, *extra], env=env, capture_output=True, text=True)
     if proc.returncode:
@@ -167,7 +169,7 @@ MMPROJ_GREEDY = {"gemma3": ((32, 32), lambda p, m: p.replace("<start_of_image>",
                  # Qwen-VL: 64 x 64 is 4 x 4 tokens within both sides' limits (the tiny processor's, clip.cpp's 8 to
                  # 4096 tokens), so neither resizes; mtmd writes <|vision_start|> and <|vision_end|> itself
                  **{family: ((64, 64), lambda p, m: p.replace("<|vision_start|><|image_pad|><|vision_end|>", m))
-                    for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe")}}
+                    for family in ("qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")}}
 
 
 def greedy_with_image(binary: str, text: Path, mmproj: Path, model, processor, prompt: str, image: bytes,
@@ -236,8 +238,12 @@ def as_hub_checkpoint(family: str, hf_dir: Path) -> None:
         save_file(state, str(f), metadata={"format": "pt"})
 
 
-def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
-    """The vision-language pairs: the test writer's files against the converter's, vsurge on the converter's."""
+MMPROJ_PAIRS = ("idefics3", "gemma3", "mistral3", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+
+
+def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path, only: set[str] | None = None) -> None:
+    """The vision-language pairs (`only`: those of them): the test writer's files against the converter's,
+    vsurge on the converter's."""
     from functools import partial
 
     import gguf
@@ -250,7 +256,7 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
     from test_qwen_vl import ONE as QWEN_ONE
     from vlm_checks import logits_with_images as prompt_logits
     from tiny_vlm import (write_tiny_gemma3_vlm, write_tiny_idefics3, write_tiny_mistral3, write_tiny_qwen2_5_vl,
-                          write_tiny_qwen3_vl)
+                          write_tiny_qwen3_5_vl, write_tiny_qwen3_vl)
     from vsurge.loading import default_model_path
 
     binary = llama_server_binary()
@@ -262,7 +268,11 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
                                   ("gemma3", write_tiny_gemma3_vlm, GEMMA_ONE),
                                   ("mistral3", partial(write_tiny_mistral3, feature_layer=-1), MISTRAL_ONE),
                                   ("qwen2_5_vl", write_tiny_qwen2_5_vl, QWEN_ONE), ("qwen3_vl", write_tiny_qwen3_vl, QWEN_ONE),
-                                  ("qwen3_vl_moe", partial(write_tiny_qwen3_vl, moe=True), QWEN_ONE)):
+                                  ("qwen3_vl_moe", partial(write_tiny_qwen3_vl, moe=True), QWEN_ONE),
+                                  ("qwen3_5", write_tiny_qwen3_5_vl, QWEN_ONE),
+                                  ("qwen3_5_moe", partial(write_tiny_qwen3_5_vl, moe=True), QWEN_ONE)):
+        if only is not None and family not in only:
+            continue
         hf = work / family
         write(hf, tokenizer)
         as_hub_checkpoint(family, hf)
@@ -298,7 +308,8 @@ def check_mmproj(llama_cpp: Path, work: Path, tokenizer: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--families", default=None,
+                        help="comma-separated families (default: all; with --mmproj, all pairs: " + ",".join(MMPROJ_PAIRS) + ")")
     parser.add_argument("--mmproj", action="store_true", help="the vision-language pairs (text GGUF + mmproj)")
     args = parser.parse_args()
     import jax.numpy as jnp
@@ -317,11 +328,11 @@ def main() -> None:
     ids = load_processor("default").encode("The river ran past the old mill where the ducks")
     print(f"llama.cpp: {llama_cpp}\n")
     if args.mmproj:
-        return check_mmproj(llama_cpp, work, tokenizer)
+        return check_mmproj(llama_cpp, work, tokenizer, set(args.families.split(",")) if args.families else None)
     print("| family | converter | test writer vs converter | vsurge vs transformers (max abs logit diff) | "
           "greedy tokens vs llama.cpp |")
     print("|---|---|---|---|---|")
-    for name in args.families.split(","):
+    for name in (args.families or ",".join(FAMILIES)).split(","):
         hf = work / name
         hf.mkdir()
         torch_model = write_tiny_model(name, hf, tokenizer, **AS_CONVERTED.get(name, {}), **OVERRIDES.get(name, {}))

@@ -99,6 +99,40 @@ def write_family_gguf(path: Path, hf_dir: Path, tokenizer_source: Path, types: d
     writer.close()
 
 
+def with_nextn_blocks(path: Path, out: Path, n: int = 1) -> Path:
+    """A copy of the F32 GGUF at `path` with `n` multi-token-prediction layers after its own, as llama.cpp's
+    converter writes a released Qwen3.5 (or GLM-4.5, DeepSeek V3) checkpoint: block_count counts them,
+    nextn_predict_layers says how many, and each is a copy of the last block plus the nextn projection and
+    norms (random: the model must not read them)."""
+    src = gguf.GGUFReader(str(path))
+    arch = str(src.fields["general.architecture"].contents())
+    layers = int(src.fields[f"{arch}.block_count"].contents())
+    w = gguf.GGUFWriter(str(out), arch)
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = layers + n if key == f"{arch}.block_count" else field.contents()
+        w.add_key_value(key, value, field.types[0], field.types[-1] if len(field.types) > 1 else None)
+    w.add_uint32(f"{arch}.nextn_predict_layers", n)
+    rng = np.random.default_rng(0)
+    last = f"blk.{layers - 1}."
+    for t in src.tensors:
+        w.add_tensor(t.name, np.array(t.data))
+    d = int(src.fields[f"{arch}.embedding_length"].contents())
+    for i in range(layers, layers + n):
+        for t in src.tensors:
+            if t.name.startswith(last):
+                w.add_tensor(f"blk.{i}." + t.name[len(last):], rng.standard_normal(t.data.shape).astype(np.float32))
+        w.add_tensor(f"blk.{i}.nextn.eh_proj.weight", rng.standard_normal((d, 2 * d)).astype(np.float32))
+        for norm in ("enorm", "hnorm", "shared_head_norm"):
+            w.add_tensor(f"blk.{i}.nextn.{norm}.weight", np.ones(d, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def _llama3_rope_factors(cfg) -> np.ndarray:
     """Llama 3.1's rope scaling as per-frequency divisors (the converter's rope_freqs)."""
     rope, dim = _rope(cfg), _head_dim(cfg)

@@ -40,7 +40,8 @@ TEXT_PREFIXES = {"model.text_model.": "model.", "language_model.model.": "model.
 VISION_PREFIXES = ("visual.", "model.visual.", "model.vision_model.", "model.vision_tower.", "model.connector.",
                    "model.multi_modal_projector.")
 PROJECTORS = {"idefics3": "idefics3", "smolvlm": "idefics3", "gemma3": "gemma3", "qwen2_5_vl": "qwen2.5vl_merger",
-              "qwen3_vl": "qwen3vl_merger", "qwen3_vl_moe": "qwen3vl_merger", "mistral3": "pixtral"}
+              "qwen3_vl": "qwen3vl_merger", "qwen3_vl_moe": "qwen3vl_merger", "qwen3_5": "qwen3vl_merger",
+              "qwen3_5_moe": "qwen3vl_merger", "mistral3": "pixtral"}
 # text GGUF architectures the converter names by the VLM, not by its text model's type (Mistral3Model)
 TEXT_ARCH = {"mistral3": "mistral3"}
 QWEN_VL = ("qwen2.5vl_merger", "qwen3vl_merger")

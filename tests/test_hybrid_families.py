@@ -374,13 +374,15 @@ def test_vinference_gives_the_reference_text(tiny_checkpoints):
 def test_tiled_value_heads_of_a_qwen35_gguf_through_the_paged_engine(tiny_checkpoints, tmp_path, default_gguf_path):
     """llama.cpp's qwen35 stores twice as many value heads as key heads in tiled order; the model tiles
     q/k to match, which the engine's in-place decode kernel then sees as one key head per value head:
-    the engine's greedy tokens equal those of the HF checkpoint."""
-    from gguf_families import write_family_gguf
+    the engine's greedy tokens equal those of the HF checkpoint. The file holds a multi-token-prediction
+    layer after the model's own, as the converter writes a released checkpoint: not run."""
+    from gguf_families import with_nextn_blocks, write_family_gguf
 
     folder = tiny_checkpoints["qwen3_5"][0]
     write_family_gguf(tmp_path / "qwen35.gguf", folder, default_gguf_path)
-    model, processor = vsurge.load(tmp_path / "qwen35.gguf", dtype=jnp.float32, progress=False)
-    assert model.config.value_heads_tiled
+    with_nextn_blocks(tmp_path / "qwen35.gguf", tmp_path / "qwen35-mtp.gguf")
+    model, processor = vsurge.load(tmp_path / "qwen35-mtp.gguf", dtype=jnp.float32, progress=False)
+    assert model.config.value_heads_tiled and model.config.num_layers == 4
     _, _, ids, expected = load_family(tiny_checkpoints, "qwen3_5")
     surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
     assert run(surge, PROMPTS) == [expected]

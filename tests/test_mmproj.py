@@ -23,24 +23,25 @@ from test_images import GEMMA_ONE, GEMMA_TWO, PROMPT_ONE, PROMPT_TWO, gemma_refe
 from test_mistral3_vl import ONE as MISTRAL_ONE, TWO as MISTRAL_TWO
 from test_qwen_vl import ONE as QWEN_ONE, TWO as QWEN_TWO
 from tiny_vlm import (write_tiny_gemma3_vlm, write_tiny_idefics3, write_tiny_mistral3, write_tiny_qwen2_5_vl,
-                      write_tiny_qwen3_vl)
+                      write_tiny_qwen3_5_vl, write_tiny_qwen3_vl)
 from vlm_checks import logits_with_images
 from vsurge.errors import ModelLoadError, UnsupportedModelError
 from vsurge.kv.dense import NoCache
 from vsurge.loading import load
 
 PROMPTS = {"idefics3": (PROMPT_ONE, PROMPT_TWO), "gemma3": (GEMMA_ONE, GEMMA_TWO), "qwen2_5_vl": (QWEN_ONE, QWEN_TWO),
-           "qwen3_vl": (QWEN_ONE, QWEN_TWO), "qwen3_vl_moe": (QWEN_ONE, QWEN_TWO), "mistral3": (MISTRAL_ONE, MISTRAL_TWO)}
+           "qwen3_vl": (QWEN_ONE, QWEN_TWO), "qwen3_vl_moe": (QWEN_ONE, QWEN_TWO), "qwen3_5": (QWEN_ONE, QWEN_TWO), "mistral3": (MISTRAL_ONE, MISTRAL_TWO)}
 # (Mistral 3 with Mistral Small's text model and the last tower block's features: llama.cpp's pair holds no
 # vision_feature_layer, its converter keeps every block)
 WRITERS = {"idefics3": write_tiny_idefics3, "gemma3": write_tiny_gemma3_vlm, "qwen2_5_vl": write_tiny_qwen2_5_vl,
            "qwen3_vl": write_tiny_qwen3_vl, "qwen3_vl_moe": functools.partial(write_tiny_qwen3_vl, moe=True),
-           "mistral3": functools.partial(write_tiny_mistral3, feature_layer=-1)}
+           "qwen3_5": write_tiny_qwen3_5_vl, "mistral3": functools.partial(write_tiny_mistral3, feature_layer=-1)}
 # the pair's image processor takes clip.cpp's limits where the mmproj says none (Qwen-VL: 8 to 4096 image
 # tokens), not the tiny HF processor's own; the test's images fit both, so their tokens still agree
 CLIP_LIMITS = {"qwen2_5_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
                "qwen3_vl": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
-               "qwen3_vl_moe": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16}}
+               "qwen3_vl_moe": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16},
+               "qwen3_5": {"min_pixels": 8 * 16 * 16, "max_pixels": 4096 * 16 * 16}}
 
 
 @dataclasses.dataclass
@@ -84,6 +85,7 @@ def test_the_pair_is_the_hf_directorys_model(pair):
     # the GGUF's general.name; its start and end tokens are the tokenizer's (tokenizer_config.json's, where
     # config.json's may differ: the tiny Gemma 3 keeps Gemma's ids beside SmolLM2's tokenizer)
     skip = {"name", "bos_token_id", "eos_token_ids"}
+    skip |= {"value_heads_tiled"}  # (the converter's qwen35 stores DeltaNet value heads tiled: the model reads either)
     differ = {f.name for f in dataclasses.fields(hf.config) if f.name not in skip
               and not _same(getattr(hf.config, f.name), getattr(ours.config, f.name))}
     assert not differ, {k: (getattr(hf.config, k), getattr(ours.config, k)) for k in differ}

@@ -161,7 +161,11 @@ class CausalLM(nnx.Module):
 
     @classmethod
     def ignores_tensor(cls, name: str, config: ModelConfig) -> bool:
-        """A stored tensor the model does not read and the loader should not call unknown."""
+        """A stored tensor the model does not read and the loader should not call unknown: the blocks of a
+        GGUF's multi-token-prediction layers (after the model's own: config_io.gguf_fields) among them."""
+        if name.startswith("blk."):
+            block = name.split(".", 2)[1]
+            return block.isdigit() and int(block) >= config.num_layers
         return name.endswith(cls.hf_ignored_suffixes)
 
     # ---------------------------------------------------------------- construction

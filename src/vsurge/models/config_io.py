@@ -219,7 +219,9 @@ def gguf_fields(meta: GGUFMeta, architecture: str, *, head_dim: int | None = Non
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=_widest(meta.key("feed_forward_length", 0)),
-        num_layers=int(meta.key("block_count", required=True)),
+        # (llama.cpp's converter counts a checkpoint's multi-token-prediction layers, Qwen3.5's, GLM-4.5's, as
+        # blocks after the model's own: nextn_predict_layers of them, which the model does not run)
+        num_layers=int(meta.key("block_count", required=True)) - int(meta.key("nextn_predict_layers", 0) or 0),
         num_heads=heads,
         num_kv_heads=int(kv if not isinstance(kv, list) else kv[0]),
         head_dim=hd,

@@ -87,8 +87,9 @@ class DeepSeek(CausalLM):
 
     @classmethod
     def ignores_tensor(cls, name: str, config) -> bool:
-        """V3 checkpoints carry multi-token-prediction layers beyond num_hidden_layers: not used."""
-        m = re.match(r"(?:model\.layers|blk)\.(\d+)\.", name)
+        """V3 checkpoints carry multi-token-prediction layers beyond num_hidden_layers: not used (a GGUF's:
+        the base class)."""
+        m = re.match(r"model\.layers\.(\d+)\.", name)
         return super().ignores_tensor(name, config) or (m is not None and int(m.group(1)) >= config.num_layers)
 
     @classmethod

@@ -25,7 +25,9 @@ class Qwen35VL(Qwen3VisionTower, Qwen3Next):
     name = "qwen3_5_vl"
     hf_model_types = ("qwen3_5", "qwen3_5_moe")
     hf_architectures = ("Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration")
-    gguf_architectures = ()
+    gguf_architectures = ()  # (a text GGUF alone is Qwen3.5's text model; with its mmproj: config_from_mmproj)
+    mmproj_text_architecture = "qwen35"
+    mmproj_other_text_architectures = ("qwen35moe",)
     config_class = Qwen35VLConfig
 
     @classmethod
