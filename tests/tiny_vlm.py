@@ -232,9 +232,11 @@ def write_tiny_qwen3_5_vl(folder: Path, tokenizer_dir: Path, seed: int = 0, moe:
     1). moe: Qwen3.5-MoE (Qwen3_5MoeForConditionalGeneration). Returns the torch model."""
     from tiny_models import TINY_CONFIGS
 
-    text = {**TINY_CONFIGS["qwen3_5_moe" if moe else "qwen3_5"][1], "head_dim": 32, "rope_parameters": {
-        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
-        "mrope_interleaved": True}}
+    # (value heads as wide as key heads, as in every released Qwen3.5 and as llama.cpp's qwen35 requires)
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True}
+    text = {**TINY_CONFIGS["qwen3_5_moe" if moe else "qwen3_5"][1], "head_dim": 32, "linear_value_head_dim": 16,
+            "rope_parameters": rope}
     vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=QWEN_PATCH,
                   spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=16,
                   hidden_act="gelu_pytorch_tanh")
