@@ -123,12 +123,11 @@ def test_int8_logits_stay_within_tolerance_of_the_float_cache(name, tiny_checkpo
         assert 0 < err <= tol * spread, (err, spread)  # quantized (not equal), and close
 
 
-QUESTIONS = ["What is 12 times 7? Explain step by step.", "Write a haiku about autumn leaves.",
-             "Explain in one sentence why the sky is blue."]
+QUESTIONS = ["What is 12 times 7? Explain step by step.", "Explain in one sentence why the sky is blue."]
 
 
 def test_default_model_greedy_text_matches_the_float_cache_for_the_first_tokens(default_model):
-    """64 greedy tokens of three chat questions with the float cache, teacher-forced through an int8
+    """48 greedy tokens of two chat questions with the float cache, teacher-forced through an int8
     cache: the int8 cache predicts the same next token at (nearly) every position, and at every one
     of the first tokens. (Free-running texts fork at the first near-tie, and where depends on the
     CPU's summation order, so they are compared position by position instead.)"""
@@ -138,9 +137,9 @@ def test_default_model_greedy_text_matches_the_float_cache_for_the_first_tokens(
     for question in QUESTIONS:
         ids = processor.encode(processor.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
                                                              add_generation_prompt=True))
-        greedy = token_by_token(graphdef, state, model.config, ids, 63, jnp.float32)[len(ids) - 1:]  # 64
+        greedy = token_by_token(graphdef, state, model.config, ids, 47, jnp.float32)[len(ids) - 1:]  # 48
         forced = token_by_token(graphdef, state, model.config, ids + greedy[:-1], 0, jnp.int8)[len(ids) - 1:]
-        same = np.asarray(forced) == np.asarray(greedy)  # (64,): the int8 cache's next token at each position
+        same = np.asarray(forced) == np.asarray(greedy)  # (48,): the int8 cache's next token at each position
         agree.append(same.mean())
         first.append(int(np.argmin(same)) if not same.all() else len(same))
     assert min(first) >= 4 and np.mean(agree) >= 0.9, (first, agree)
