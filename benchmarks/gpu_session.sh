@@ -126,9 +126,9 @@ fi
 if [ "${4:-serve}" = roofline ]; then  # the 4th argument: benchmarks/roofline.py instead of the serving table
     echo "== roofline, XLA paged attention ($(left) s left)"
     timeout --signal=INT $(($(left) / 2)) python3 "$CODE/benchmarks/roofline.py" --streams 1,16,64,256
-    echo "== roofline, JAX's Pallas decode kernel (VSURGE_PAGED_KERNEL=pallas), 8B shape ($(left) s left)"
-    VSURGE_PAGED_KERNEL=pallas timeout --signal=INT $(($(left) - 10)) \
-        python3 "$CODE/benchmarks/roofline.py" --models 8b --streams 1,64
+    echo "== roofline, JAX's Triton decode kernel (--attention-backend gpu), 8B shape ($(left) s left)"
+    timeout --signal=INT $(($(left) - 10)) \
+        python3 "$CODE/benchmarks/roofline.py" --models 8b --streams 1,64 --attention-backend gpu
     echo "== done in $(($(date +%s) - START)) s"
     exit 0
 fi

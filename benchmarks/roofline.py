@@ -48,11 +48,18 @@ LLAMA_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, inter
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,
                 rope=Rope(kind="llama3", theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192), name="random Llama-3.1-8B shape")
+LLAMA_1B = dict(LLAMA_8B, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32, num_kv_heads=8,
+                head_dim=64, tie_word_embeddings=True, name="random Llama-3.2-1B shape")
+LLAMA_3B = dict(LLAMA_8B, hidden_size=3072, intermediate_size=8192, num_layers=28, num_heads=24, num_kv_heads=8,
+                head_dim=128, tie_word_embeddings=True, name="random Llama-3.2-3B shape")
 SMOKE_8B = dict(LLAMA_8B, hidden_size=256, intermediate_size=896, num_layers=2, num_heads=4, num_kv_heads=2,
                 head_dim=64, vocab_size=8192, name="tiny 8B-shaped (smoke)")
 # device kind (substring) -> (memory GB/s, dense bfloat16 TFLOP/s)
 DEVICES = {"H200": (4800, 989), "H100": (3350, 989), "A100": (2039, 312), "L4": (300, 121),
            "TPU v6": (1640, 918), "TPU v5p": (2765, 459), "TPU v5": (819, 197), "TPU v4": (1200, 275)}
+
+
+SHAPES = {"8b": LLAMA_8B, "3b": LLAMA_3B, "1b": LLAMA_1B}
 
 
 def device_limits(args) -> tuple[float, float | None, str]:
@@ -116,11 +123,12 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
     config = EngineConfig(max_slots=max(most, 2), max_length=max_length, decode_steps=1, page_size=page,
                           num_pages=max(most, 2) * pages, prefill_tokens=args.prefill_tokens,
                           chunk_lengths=(args.prefill_tokens,), row_buckets=tuple(sorted({max(n, 2) for n in streams})),
-                          enable_prefix_caching=False)
+                          enable_prefix_caching=False, attention_backend=getattr(args, "attention_backend", "auto"))
     engine = vsurge.oEngine(model, processor, config=config)
     start = time.perf_counter()
     engine.compile(progress=False)
-    print(f"{name}: compiled in {time.perf_counter() - start:.0f} s", flush=True)
+    print(f"{name}: compiled in {time.perf_counter() - start:.0f} s; attention backend {engine.attention_backend}",
+          flush=True)
     read, matmul_params = weight_bytes(engine.model)
     per_token = kv_bytes_per_token(engine.model)
     rows, rng = [], np.random.default_rng(0)
@@ -165,7 +173,8 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="8b,default", help="8b and/or default")
+    p.add_argument("--models", default="8b,default", help="any of 8b, 3b, 1b (random Llama shapes) and default")
+    p.add_argument("--attention-backend", default="auto", help="EngineConfig.attention_backend (kv/backends)")
     p.add_argument("--streams", default="1,16,64,256")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--prefill-tokens", type=int, default=512)
@@ -183,8 +192,8 @@ def main(argv=None) -> int:
     _, processor = vsurge.load("default", progress=False)
     rows = []
     for which in args.models.split(","):
-        if which == "8b":
-            model = random_llama(SMOKE_8B if args.smoke else LLAMA_8B)
+        if which in SHAPES:
+            model = random_llama(SMOKE_8B if args.smoke else SHAPES[which])
             name = model.config.name
         else:
             model, _ = vsurge.load("default", dtype=jnp.bfloat16, progress=False)

@@ -89,10 +89,8 @@ def test_paged_decode_rows_with_chunks_take_the_xla_path(monkeypatch):
     got = jax.jit(lambda *a: paged_attention(*a, spec))(q, k_pages, v_pages, tables, q_pos)
     np.testing.assert_allclose(np.asarray(got), want, atol=1e-5, rtol=1e-5)
     assert not cpu_attention.usable(jnp.asarray(q), jnp.asarray(k_pages), jnp.asarray(v_pages), spec)
-    monkeypatch.setenv("VSURGE_PAGED_KERNEL", "pallas")
-    for backend in kernels.KERNELS:
-        assert kernels.kernel_for(backend, 1, 8, 8, spec, None) is None
-        assert kernels.kernel_for(backend, 1, 8, 8, AttentionSpec(scale=spec.scale), None) == backend
+    assert not kernels.gpu_serves(1, 8, 8, spec, None)  # local chunks: the XLA path on every backend
+    assert kernels.gpu_serves(1, 8, 8, AttentionSpec(scale=spec.scale), None)
 
 
 def test_a_whole_llama4_checkpoint_serves_its_text_model(tmp_path, default_processor_dir):

@@ -1,13 +1,10 @@
-"""Paged-attention kernels against the XLA path (kv/paged.py) on CPU: JAX's Pallas kernels
-(kv/kernels.py) and vsurge's own C++ decode kernel (kv/cpu_attention.py, kernels/paged_attention.cc).
+"""Paged-attention kernels of the column layout against its XLA path (kv/paged.py) on CPU: JAX's Triton
+kernel (kv/kernels.py, the gpu backend) and vsurge's own C++ decode kernel (kv/cpu_attention.py,
+kernels/paged_attention.cc). The tpu backend's layout and kernel: tests/test_attention_backends.py.
 
 Random pages, rows of ragged lengths (one page, a page boundary, several pages, a padding row),
 page tables with holes (pages scattered over the pool, zeros past each row's length), GQA ratios,
-soft-caps and sliding windows. The GPU kernel runs in Pallas interpret mode. The TPU ragged
-kernel cannot run in TPU interpret mode on CPU with jax 0.10.2 (it reshapes a VMEM ref after its
-DMA; the interpreter's `to_range` handles indexer transforms only): its arguments as we build
-them go through that module's own reference implementation instead, and the kernel's failure
-there is pinned so that a jax that fixes it shows up.
+soft-caps and sliding windows. The GPU kernel runs in Pallas interpret mode.
 """
 
 from __future__ import annotations
@@ -50,34 +47,13 @@ def test_gpu_kernel_in_interpret_mode_equals_the_xla_path():
     np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("group,window,softcap", [(4, None, None), (1, 11, 5.0)])
-def test_tpu_kernel_arguments_through_its_reference_equal_the_xla_path(group, window, softcap):
-    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=group, dim=128, page=8, width=4, seed=group)
-    spec = AttentionSpec(scale=128 ** -0.5, window=window, softcap=softcap)
-    ours = xla_paged_attention(q, k, v, tables, pos, spec)
-    theirs = kernels.tpu_decode(q, k, v, tables, pos, spec, reference=True)
-    np.testing.assert_allclose(np.asarray(theirs)[REAL], np.asarray(ours)[REAL], atol=2e-5, rtol=2e-5)
-
-
-def test_the_tpu_kernel_does_not_run_in_interpret_mode_on_cpu_yet():
-    from jax.experimental.pallas import tpu as pltpu
-
-    q, k, v, tables, pos = pages_and_rows(kv_heads=2, group=2, dim=128, page=8, width=4)
-    with pytest.raises(Exception, match="ReshapeTransform|indices"), pltpu.force_tpu_interpret_mode():
-        jax.block_until_ready(kernels.tpu_decode(q, k, v, tables, pos, AttentionSpec(scale=0.1)))
-
-
-def test_kernels_are_chosen_by_backend_and_what_they_support(monkeypatch):
+def test_the_gpu_kernel_serves_what_it_supports():
     spec, window = AttentionSpec(scale=0.1), AttentionSpec(scale=0.1, window=8)
-    assert kernels.kernel_for("gpu", 1, 64, 64, spec, None) is None  # opt-in (the layout copies: kernels.py)
-    monkeypatch.setenv("VSURGE_PAGED_KERNEL", "pallas")
-    assert kernels.kernel_for("cpu", 1, 64, 64, spec, None) is None  # the XLA path on CPU
-    assert kernels.kernel_for("gpu", 1, 64, 64, spec, None) == "gpu"
-    assert kernels.kernel_for("tpu", 1, 64, 64, window, None) == "tpu"
-    assert kernels.kernel_for("gpu", 1, 64, 64, window, None) is None  # no sliding window in the GPU kernel
-    assert kernels.kernel_for("gpu", 16, 64, 64, spec, None) is None  # prompt rows: the XLA path
-    assert kernels.kernel_for("tpu", 1, 64, 64, spec, jnp.zeros(4)) is None  # sinks
-    assert kernels.kernel_for("tpu", 1, 192, 128, spec, None) is None  # dk != dv (MLA)
+    assert kernels.gpu_serves(1, 64, 64, spec, None)
+    assert not kernels.gpu_serves(1, 64, 64, window, None)  # no sliding window in the GPU kernel
+    assert not kernels.gpu_serves(16, 64, 64, spec, None)  # prompt rows: the XLA path
+    assert not kernels.gpu_serves(1, 64, 64, spec, jnp.zeros(4))  # sinks
+    assert not kernels.gpu_serves(1, 192, 128, spec, None)  # dk != dv (MLA)
 
 
 # ------------------------------------------------------------------ the C++ decode kernel (CPU)

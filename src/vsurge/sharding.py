@@ -189,8 +189,9 @@ def state_shardings(state, mesh: Mesh):
     keys and values split over their KV heads, every other leaf replicated."""
     def one(x):
         if _is_cache(x):
-            k = [named_sharding(mesh, type(x).K_AXES, a.shape) for a in x.k]
-            v = [named_sharding(mesh, type(x).V_AXES, a.shape) for a in x.v]
+            k_axes, v_axes = getattr(x, "k_axes", type(x).K_AXES), getattr(x, "v_axes", type(x).V_AXES)
+            k = [named_sharding(mesh, k_axes, a.shape) for a in x.k]
+            v = [named_sharding(mesh, v_axes, a.shape) for a in x.v]
             rest = jax.tree.map(lambda _: replicated(mesh), dataclasses.replace(x, k=[], v=[]))
             return dataclasses.replace(rest, k=k, v=v)
         return replicated(mesh)

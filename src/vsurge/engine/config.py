@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ..kv import KV_CACHE_DTYPES, STATE_DTYPES
+from ..kv import ATTENTION_BACKENDS, KV_CACHE_DTYPES, STATE_DTYPES
 
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
@@ -158,6 +158,12 @@ class EngineConfig:
              "model's cache in half the memory); int8 or fp8 (float8_e4m3fn), each token's vector per KV head with "
              "a float16 scale: about twice the pages of a bfloat16 pool in the same memory (the start-up line "
              "prints them)")
+    # the attention backend: its KV page layout, K/V writes and attention kernels (kv/backends)
+    attention_backend: str = setting(
+        "auto", check=one_of(ATTENTION_BACKENDS), flag="--attention-backend",
+        help="how the paged KV pool is laid out and attended: auto (tpu on a TPU, cpu on a CPU, xla elsewhere); "
+             "cpu (vsurge's C++ kernels); xla (XLA ops only); tpu (the ragged-paged-attention layout and JAX's "
+             "Pallas kernel); gpu (JAX's Triton decode kernel, which re-lays the pages every step)")
     speculative_tokens: int = setting(
         0, check=int_in(0, 16), flag="--speculative-tokens",
         help="prompt-lookup drafts per greedy request and step (0 = off; requests may set their own, except on "

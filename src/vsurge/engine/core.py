@@ -227,6 +227,13 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return False
 
     @property
+    def attention_backend(self) -> str:
+        """The resolved attention backend (kv/backends) whose layout the pool takes."""
+        from ..kv.backends import resolve
+
+        return resolve(self.config.attention_backend)
+
+    @property
     def kv_dtype(self):
         """The KV pages' storage dtype: the model's, or int8 / float8 (`config.kv_cache_dtype`, kv/quant.py)."""
         from ..kv.paged import pool_dtype
@@ -239,7 +246,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         snapshots = getattr(self.pool, "snapshots", None)
         return programs.empty_state(self.model.config, self.kv_dtype, self.pool.num_pages, self.pool.page_size,
                                     self.config.max_slots, snapshots.rows if snapshots is not None else 0,
-                                    self.config.draft_state_rows, state_dtype(self.config.state_dtype, self.model))
+                                    self.config.draft_state_rows, state_dtype(self.config.state_dtype, self.model),
+                                    self.attention_backend)
 
     def _shardings(self, signature: str, state, batch=None) -> dict:
         """jax.jit's in/out shardings of a program on the model's mesh ({} on one device). signature:

@@ -389,12 +389,14 @@ def set_slot(state: EngineState, slot, counts, prompt_mask, bias, has_bias, samp
 
 
 def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: int,
-                snapshot_rows: int = 0, draft_rows: int = 0, state_dtype=jnp.float32) -> EngineState:
+                snapshot_rows: int = 0, draft_rows: int = 0, state_dtype=jnp.float32,
+                backend: str = "cpu") -> EngineState:
     """Zero pages, states, snapshots and draft states, and neutral slots (traced once as the `init` program).
-    dtype: the KV pages' storage; state_dtype: the recurrent states' (kv/recurrent.py)."""
+    dtype: the KV pages' storage; state_dtype: the recurrent states' (kv/recurrent.py); backend: the pages' layout
+    (kv/backends)."""
     rows, vocab = num_slots + 1, model_config.vocab_size
     kv = PagedAttentionCache.init(model_config.kv_layout, num_pages, page_size, dtype, model_config.state_layout,
-                                  rows, snapshot_rows, draft_rows, state_dtype)
+                                  rows, snapshot_rows, draft_rows, state_dtype, backend)
     slots = SlotState(jnp.zeros((rows, vocab), jnp.int32), jnp.zeros((rows, vocab), bool),
                       jnp.zeros((rows, vocab), jnp.float32), jnp.zeros((rows,), bool),
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),

@@ -11,3 +11,5 @@ page belongs to whom) is pure Python and imports no JAX.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 # hybrid models' recurrent states (--state-dtype; recurrent.py state_dtype)
 STATE_DTYPES = ("auto", "float32", "bfloat16")
+# the attention backends (--attention-backend; backends/ holds them): each owns its page layout, writes and kernels
+ATTENTION_BACKENDS = ("auto", "cpu", "xla", "gpu", "tpu")

@@ -26,7 +26,7 @@ from ..config import AttentionSpec, KVLayer, StateLayer
 from ..ops.attention import group_queries, merge_into, merge_partials, partial_attend
 from .. import kernels as cpp_kernels
 from . import cpu_attention, kernels, quant
-from .access import KEY_AXIS, VALUE_AXIS, read_pages, write_tokens
+from .access import read_pages
 from .recurrent import init_states, replace_part, run_packed
 
 
@@ -62,22 +62,22 @@ def pool_page_bytes(model, config) -> int:
 
 
 def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
-                    q_limit=None):
+                    q_limit=None, kernel: str | None = "cpp"):
     """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
     in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
     (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop.
     int8 pages (kv/quant.py: dk + 2, dv + 2 with their scales) are dequantized per column, right
     after its gather, and pages of another float dtype cast: only the pages read are expanded.
     q_limit (R, T): the last key position each query sees (ops/attention._visible), prompt rows of a
-    model whose image tokens see their whole image; the XLA form serves those."""
+    model whose image tokens see their whole image; the XLA form serves those.
+    kernel: what serves decode rows where it can (the backend's choice, kv/backends): "cpp" vsurge's C++
+    kernel on a CPU, "gpu" JAX's Triton kernel, None the XLA loop."""
     if q_limit is not None:
         return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns, q_limit)
-    # the Pallas kernels read pages in q's own dtype only
-    kernel = None if v_pages.dtype != q.dtype else kernels.kernel_for(jax.default_backend(), q.shape[1], k_pages.shape[2],
-                                                       v_pages.shape[3], spec, sinks)
-    if kernel is not None:  # JAX's Pallas kernel of this backend (kv/kernels.py); float pages only
-        return kernels.decode(kernel, q, k_pages, v_pages, tables, q_pos, spec)
-    if cpu_attention.usable(q, k_pages, v_pages, spec) and cpp_kernels.tracing_for_cpu():
+    if (kernel == "gpu" and v_pages.dtype == q.dtype  # (the Pallas kernel reads pages in q's own dtype only)
+            and kernels.gpu_serves(q.shape[1], k_pages.shape[2], v_pages.shape[3], spec, sinks)):
+        return kernels.gpu_decode(q, k_pages, v_pages, tables, q_pos, spec)
+    if kernel == "cpp" and cpu_attention.usable(q, k_pages, v_pages, spec) and cpp_kernels.tracing_for_cpu():
         return cpu_attention.decode(q, k_pages, v_pages, tables, q_pos, spec, sinks)  # one C++ call on CPU
     return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns)
 
@@ -85,18 +85,26 @@ def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sin
 def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
                         q_limit=None):
     """paged_attention in XLA ops (every backend; the reference the kernels are tested against)."""
+    dv = quant.logical_dim(v_pages.shape[-1], v_pages.dtype)
+    return column_attention(q, lambda ids: read_pages(k_pages, v_pages, ids, q.dtype), k_pages.shape[1],
+                            v_pages.shape[2], dv, tables, q_pos, spec, sinks, num_columns, q_limit)
+
+
+def column_attention(q, read, kv_heads: int, page_size: int, dv: int, tables, q_pos, spec: AttentionSpec,
+                     sinks=None, num_columns=None, q_limit=None):
+    """Attention over pages one page column at a time (online softmax), whatever their layout:
+    read(ids (R,)) -> that page of each row as keys (R, KVH, dk, ps) and values (R, KVH, ps, dv) in q's
+    dtype. Shapes and arguments as paged_attention's."""
     r, w = tables.shape
-    ps = v_pages.shape[2]
-    offsets = jnp.arange(ps, dtype=jnp.int32)
-    qg = group_queries(q, k_pages.shape[1])  # once for every column
+    offsets = jnp.arange(page_size, dtype=jnp.int32)
+    qg = group_queries(q, kv_heads)  # once for every column
 
     def column_part(column):
-        ids = tables[:, column]
-        k_pos = jnp.broadcast_to(column * ps + offsets, (r, ps))
-        keys, values = read_pages(k_pages, v_pages, ids, q.dtype)  # (R, KVH, dk, ps), (R, KVH, ps, dv)
+        k_pos = jnp.broadcast_to(column * page_size + offsets, (r, page_size))
+        keys, values = read(tables[:, column])
         return partial_attend(qg, keys, values, q_pos, k_pos, spec, q_limit=q_limit)
 
-    shape = (*q.shape[:3], quant.logical_dim(v_pages.shape[-1], v_pages.dtype))  # (R, T, H, dv)
+    shape = (*q.shape[:3], dv)  # (R, T, H, dv)
     if num_columns is None:
         return merge_partials([column_part(c) for c in range(w)], shape, q.dtype, sinks)
     first = column_part(0)  # every row has at least one page
@@ -160,23 +168,39 @@ class PagedAttentionCache:
     # the pool's shape (static: a model without attention layers, plain Mamba-2, has no k/v pages)
     pages: int = dataclasses.field(default=0, metadata=dict(static=True))
     size: int = dataclasses.field(default=0, metadata=dict(static=True))
+    # the attention backend that owns the pages' layout, their writes and attention (kv/backends)
+    backend: str = dataclasses.field(default="cpu", metadata=dict(static=True))
 
     @classmethod
     def init(cls, layers: tuple[KVLayer, ...], num_pages: int, page_size: int, dtype=jnp.float32,
              state_layout: tuple[StateLayer, ...] = (), state_rows: int = 0, snapshot_rows: int = 0,
-             draft_rows: int = 0, state_dtype=jnp.float32):
+             draft_rows: int = 0, state_dtype=jnp.float32, backend: str = "cpu"):
         """layers: the model's per-layer KV shapes (`config.kv_layout`); dtype: the storage dtype
         (int8: quantized, head_dim + 2 with the scales, kv/quant.py); state_layout: its recurrent
         layers' states (`config.state_layout`), `state_rows` of each (the slots and the spare), and
         `snapshot_rows` (+ a spare) of each for the prefix cache, `draft_rows` (+ a spare) for speculation,
-        stored as `state_dtype` (kv/recurrent.py state_dtype)."""
-        dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731
-        return cls(k=[jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],
-                   v=[jnp.zeros((num_pages, l.heads, page_size, dim(l.v_dim)), dtype) for l in layers],
-                   states=init_states(state_layout, state_rows, state_dtype),
+        stored as `state_dtype` (kv/recurrent.py state_dtype); backend: a resolved kv/backends name, whose
+        layout the pages take."""
+        from .backends import get
+
+        k, v = get(backend).init_pools(layers, num_pages, page_size, dtype)
+        return cls(k=k, v=v, states=init_states(state_layout, state_rows, state_dtype),
                    snapshots=init_states(state_layout, snapshot_rows + 1, state_dtype) if snapshot_rows else [],
                    drafts=init_states(state_layout, draft_rows + 1, state_dtype) if draft_rows else [],
-                   pages=num_pages, size=page_size)
+                   pages=num_pages, size=page_size, backend=backend)
+
+    @property
+    def k_axes(self) -> tuple[str, ...]:
+        """The logical axes of this backend's key pools (sharding.py)."""
+        from .backends import get
+
+        return get(self.backend).K_AXES
+
+    @property
+    def v_axes(self) -> tuple[str, ...]:
+        from .backends import get
+
+        return get(self.backend).V_AXES
 
     @property
     def num_pages(self) -> int:
@@ -206,29 +230,7 @@ class PagedAttentionCache:
 
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv): D decode tokens, then P chunk rows
-        of C tokens."""
-        lay, ps = self.layout, self.page_size
-        page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped
-        # each token's vector of each head (int8 / fp8: with its scale)
-        k_pages = write_tokens(self.k[layer], page, offset, k[0], KEY_AXIS)
-        v_pages = write_tokens(self.v[layer], page, offset, v[0], VALUE_AXIS)
-        cache = dataclasses.replace(self, k=_replace(self.k, layer, k_pages), v=_replace(self.v, layer, v_pages))
-        d, (p, c) = lay.num_decode, lay.chunk_pos.shape
-        heads, dv = q.shape[2], v.shape[-1]
-        parts = []
-        if d:
-            qd = q[0, :d, None]  # (D, 1, H, dk)
-            parts.append(paged_attention(qd, k_pages, v_pages, lay.decode_tables, lay.decode_pos, spec, sinks,
-                                         lay.num_columns).reshape(d, heads, dv))
-        if p:
-            qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, dk)
-            parts.append(paged_attention(qc, k_pages, v_pages, lay.chunk_tables, lay.chunk_pos, spec, sinks,
-                                         lay.num_columns, lay.chunk_limit).reshape(p * c, heads, dv))
-        out = jnp.concatenate(parts)[None] if len(parts) > 1 else parts[0][None]
-        return out, cache
+        of C tokens; each written into its page slot, then attended by this cache's backend (kv/backends)."""
+        from .backends import get
 
-
-def _replace(arrays: list, index: int, value) -> list:
-    out = list(arrays)
-    out[index] = value
-    return out
+        return get(self.backend).attend(self, layer, q, k, v, spec, sinks)

@@ -1,0 +1,175 @@
+"""The TPU backend: pages in the ragged-paged-attention layout, written in place, one kernel call a layer.
+
+Per attention layer one array (P, ps, 2 KVH / f, f dk): keys and values interleaved on the third axis (keys
+even, values odd), as JAX's Pallas `ragged_paged_attention` reads them. f (the fold) packs f consecutive KV
+heads into the 128 lanes of a TPU vector register where dk < 128: with dk 64 and an even KVH, KV heads 2g and
+2g+1 take lanes 0-63 and 64-127 of combined head g. The kernel then sees KVH / 2 heads of 128 lanes; each
+query is zero-padded to 128 lanes with its values in its own KV head's half, so q.k is its own head's dot
+product, and the output keeps that half. The pages hold the same bytes as unfolded ones (the peers pad dk 64
+to 128: twice the KV bytes); only the queries' small arithmetic doubles.
+
+Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] into the donated pool, in place, so a step
+copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
+rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
+do (sinks, local chunks, image rows that see their whole image, dk != dv, lanes not a multiple of 128, pages
+of another dtype than the queries), XLA's page-column loop over the same layout (kv/paged.column_attention),
+which reads only the rows' pages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .columns import with_layer
+
+LANES = 128  # a TPU vector register's lanes: the kernel's head_dim must fill them
+
+
+def fold_of(heads: int, k_dim: int, v_dim: int) -> int:
+    """KV heads that share one 128-lane combined head (1: none share)."""
+    if k_dim != v_dim or k_dim >= LANES or LANES % k_dim:
+        return 1
+    f = LANES // k_dim
+    return f if heads % f == 0 else 1
+
+
+def interleave(k, v, fold: int):
+    """k, v (T, KVH, d) -> (T, 2 KVH / f, f d): each token's row of the combined pool."""
+    t, kvh, d = k.shape
+    packed = jnp.stack([k.reshape(t, kvh // fold, fold * d), v.reshape(t, kvh // fold, fold * d)], axis=2)
+    return packed.reshape(t, 2 * kvh // fold, fold * d)
+
+
+def split_pages(block, kv_heads: int, dtype):
+    """block (R, ps, 2 KVH / f, f d) gathered pages -> keys (R, KVH, d, ps), values (R, KVH, ps, d) in dtype
+    (the page-column loop's operands)."""
+    r, ps, combined, lanes = block.shape
+    fold = 2 * kv_heads // combined
+    x = block.reshape(r, ps, kv_heads // fold, 2, fold, lanes // fold)
+    keys = x[:, :, :, 0].reshape(r, ps, kv_heads, -1).transpose(0, 2, 3, 1)
+    values = x[:, :, :, 1].reshape(r, ps, kv_heads, -1).transpose(0, 2, 1, 3)
+    return keys.astype(dtype), values.astype(dtype)
+
+
+def fold_queries(q, kv_heads: int, fold: int):
+    """q (N, H, d) -> (N, H, f d): each query in the lanes of its own KV head, zeros elsewhere."""
+    if fold == 1:
+        return q
+    n, h, d = q.shape
+    member = (jnp.arange(h) // (h // kv_heads)) % fold  # (H,) which part of its combined head holds its KV head
+    onehot = jax.nn.one_hot(member, fold, dtype=q.dtype)  # (H, f)
+    return (q[:, :, None, :] * onehot[None, :, :, None]).reshape(n, h, fold * d)
+
+
+def unfold_outputs(out, kv_heads: int, fold: int):
+    """out (N, H, f d) -> (N, H, d): each head's own KV head's lanes."""
+    if fold == 1:
+        return out
+    n, h, lanes = out.shape
+    member = (jnp.arange(h) // (h // kv_heads)) % fold
+    return jnp.take_along_axis(out.reshape(n, h, fold, lanes // fold), member[None, :, None, None], axis=2)[:, :, 0]
+
+
+def ragged_inputs(layout, num_pages: int, page_size: int):
+    """A step's rows as the ragged kernel's sequences: (kv_lens (S,), page_indices (S, W), cu_q_lens (S + 1,),
+    num_seqs (1,)), S = D decode rows + P chunk rows. A chunk row's padding tokens follow its prompt tokens,
+    so its kv length counts them (start + C): each real token still sees exactly the keys up to its own
+    position, and the table gets ceil(C / ps) more columns for the padding's reach. Padding rows read one key
+    (or C) of a clamped page: their outputs are dropped."""
+    d, (p, c) = layout.num_decode, layout.chunk_pos.shape
+    tables, kv_lens = [], []
+    if d:
+        tables.append(layout.decode_tables)
+        kv_lens.append(jnp.maximum(layout.decode_pos[:, 0] + 1, 1))
+    if p:
+        tables.append(jnp.pad(layout.chunk_tables, ((0, 0), (0, -(-c // page_size)))))
+        start = layout.chunk_pos[:, 0]
+        kv_lens.append(jnp.where(start >= 0, start + c, c))
+    width = max(t.shape[1] for t in tables)
+    pages = jnp.concatenate([jnp.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in tables])
+    q_lens = np.array([1] * d + [c] * p)
+    cu_q_lens = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    return (jnp.concatenate(kv_lens).astype(jnp.int32), jnp.clip(pages, 0, num_pages - 1).astype(jnp.int32),
+            cu_q_lens, jnp.asarray([d + p], jnp.int32))
+
+
+def ragged_attention(q, pool, layout, spec, kv_heads: int, call=None):
+    """q (N, H, d) every token of the step; pool (P, ps, 2 KVH / f, f d) -> (N, H, d) through `call`
+    (JAX's Pallas kernel; its pure-JAX reference in the tests: same arguments)."""
+    if call is None:
+        from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as call
+    fold = pool.shape[-1] // q.shape[-1]
+    args = ragged_inputs(layout, pool.shape[0], pool.shape[1])
+    out = call(fold_queries(q, kv_heads, fold), pool, *args, sm_scale=spec.scale, sliding_window=spec.window,
+               soft_cap=spec.softcap)
+    return unfold_outputs(out, kv_heads, fold)
+
+
+@dataclasses.dataclass(frozen=True)
+class TpuPages:
+    name: str = "tpu"
+
+    K_AXES = ("pages", "page_offset", "kv_heads", "head_dim")
+    V_AXES = ("pages", "page_offset", "kv_heads", "head_dim")
+
+    def init_pools(self, layers, num_pages: int, page_size: int, dtype) -> tuple[list, list]:
+        """Per layer a combined pool (P, ps, 2 KVH / f, f dk) and an empty (P, 0) value array; a layer whose
+        keys and values differ in width keeps them apart, (P, ps, KVH, dk) and (P, ps, KVH, dv)."""
+        if jnp.dtype(dtype) in (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn)):
+            raise ValueError(f"the tpu attention backend stores float pages; kv_cache_dtype {jnp.dtype(dtype).name} "
+                             "needs --attention-backend xla")
+        k, v = [], []
+        for l in layers:
+            if l.k_dim == l.v_dim:
+                f = fold_of(l.heads, l.k_dim, l.v_dim)
+                k.append(jnp.zeros((num_pages, page_size, 2 * l.heads // f, f * l.k_dim), dtype))
+                v.append(jnp.zeros((num_pages, 0), dtype))
+            else:
+                k.append(jnp.zeros((num_pages, page_size, l.heads, l.k_dim), dtype))
+                v.append(jnp.zeros((num_pages, page_size, l.heads, l.v_dim), dtype))
+        return k, v
+
+    def attend(self, cache, layer, q, k, v, spec, sinks):
+        """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv) -> ((1, N, H, dv), the cache written)."""
+        from ..paged import column_attention
+
+        lay, ps = cache.layout, cache.page_size
+        page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped (padding)
+        pool, values = cache.k[layer], cache.v[layer]
+        kv_heads, dv = k.shape[2], v.shape[-1]
+        combined = values.ndim == 2
+        if combined:
+            fold = pool.shape[-1] // k.shape[-1]
+            pool = pool.at[page, offset].set(interleave(k[0], v[0], fold).astype(pool.dtype), mode="drop")
+            read = lambda ids: split_pages(pool[ids], kv_heads, q.dtype)  # noqa: E731
+        else:
+            pool = pool.at[page, offset].set(k[0].astype(pool.dtype), mode="drop")
+            values = values.at[page, offset].set(v[0].astype(values.dtype), mode="drop")
+            read = lambda ids: (pool[ids].transpose(0, 2, 3, 1).astype(q.dtype),  # noqa: E731
+                                values[ids].transpose(0, 2, 1, 3).astype(q.dtype))
+        cache = with_layer(cache, layer, pool, values)
+        if combined and _kernel_serves(q, pool, spec, sinks, lay):
+            return ragged_attention(q[0], pool, lay, spec, kv_heads)[None], cache
+        d, (p, c) = lay.num_decode, lay.chunk_pos.shape
+        heads = q.shape[2]
+        parts = []
+        if d:
+            parts.append(column_attention(q[0, :d, None], read, kv_heads, ps, dv, lay.decode_tables, lay.decode_pos,
+                                          spec, sinks, lay.num_columns).reshape(d, heads, dv))
+        if p:
+            qc = q[0, d:].reshape(p, c, *q.shape[2:])  # (P, C, H, dk)
+            parts.append(column_attention(qc, read, kv_heads, ps, dv, lay.chunk_tables, lay.chunk_pos, spec, sinks,
+                                          lay.num_columns, lay.chunk_limit).reshape(p * c, heads, dv))
+        return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], cache
+
+
+def _kernel_serves(q, pool, spec, sinks, layout) -> bool:
+    return (jax.default_backend() == "tpu" and q.dtype == pool.dtype and pool.shape[-1] % LANES == 0
+            and sinks is None and spec.chunk is None and layout.chunk_limit is None)
+
+
+TPU = TpuPages()
