@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import ModelConfig
+from ..ops.linear import settled
 from ..ops.mlp import split_gate_up  # noqa: F401  (the traced half of the gate/up layout)
 
 
@@ -30,7 +31,7 @@ def split_qkv(qkv, config: ModelConfig):
     """qkv (B, T, KVH*(G+2)*hd) -> q (B, T, H, hd), k (B, T, KVH, hd), v (B, T, KVH, hd)."""
     b, t, _ = qkv.shape
     c = config
-    groups = qkv.reshape(b, t, c.num_kv_heads, c.num_heads // c.num_kv_heads + 2, c.head_dim)
+    groups = settled(qkv).reshape(b, t, c.num_kv_heads, c.num_heads // c.num_kv_heads + 2, c.head_dim)
     q = groups[:, :, :, :-2].reshape(b, t, c.num_heads, c.head_dim)
     return q, groups[:, :, :, -2], groups[:, :, :, -1]
 

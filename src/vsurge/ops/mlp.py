@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .linear import linear
+from .linear import linear, settled
 
 # GPT-OSS's clamped SwiGLU: its two constants
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
@@ -14,7 +14,7 @@ SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0
 
 def split_gate_up(gate_up):
     """gate_up (..., 2F) interleaved -> gate (..., F), up (..., F)."""
-    pairs = gate_up.reshape(*gate_up.shape[:-1], -1, 2)
+    pairs = settled(gate_up).reshape(*gate_up.shape[:-1], -1, 2)
     return pairs[..., 0], pairs[..., 1]
 
 
