@@ -208,6 +208,30 @@ def test_openai_client_raises_typed_errors(default_server):
         client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=-2)
 
 
+# issue 63: each of these reached the engine thread as an int32/float32 overflow and left the server at 503
+ENGINE_RANGE_BODIES = [
+    ({"top_k": 2**31}, None), ({"top_k": 10**12}, None), ({"top_k": 10**30}, None),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"), ({"stop_token_ids": [10**8]}, "stop_token_ids"),
+    ({"temperature": 1e300}, "temperature"), ({"logit_bias": {str(2**40): 1}}, "logit_bias"),
+    ({"seed": 2**64}, "seed"), ({"max_tokens": 2**31}, "max_tokens"),
+]
+
+
+def test_numbers_beyond_the_engine_answer_200_or_400_and_the_server_stays_ready(default_server):
+    """top_k beyond the vocabulary clamps (200, as vLLM and llama.cpp); a value the engine cannot hold is a
+    400 naming its field. Either way the server stays ready and answers the next request."""
+    for extra, param in ENGINE_RANGE_BODIES:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+        r = default_server.post("/v1/chat/completions", json=body)
+        if param is None:
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, (extra, r.text)
+        else:
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+        assert default_server.get("/readiness").status_code == 200, extra
+    ok = client_for(default_server).chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0)
+    assert ok.choices[0].message.content == "The capital of France is Paris."
+
+
 # ---------------------------------------------------------------- tiny model: load, keys, protocol fuzzing
 def test_api_key_is_required(tiny_server):
     r = tiny_server.post("/v1/chat/completions", json={"messages": FRANCE})
