@@ -350,6 +350,47 @@ def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
     assert finals.count("length") == 1  # the in-flight request finished completely
 
 
+COMPILE_FAILS = """
+import vsurge.engine.core as core
+def compile(self, progress=True):
+    raise RuntimeError("injected compile failure")
+core.EngineCore.compile = compile
+"""
+# the device step itself fails (no request to blame: engine/faults.py) once a request with seed 666 runs
+DEVICE_STEP_FAILS = """
+import vsurge.engine.core as core
+step = core.EngineCore.step
+def failing_step(self, state, plan, *args, **kwargs):
+    if any(s.request.params.seed == 666 for s in plan.sequences):
+        raise RuntimeError("injected device step failure")
+    return step(self, state, plan, *args, **kwargs)
+core.EngineCore.step = failing_step
+"""
+
+
+def test_a_failed_start_up_exits_non_zero_promptly(tiny_dir, cache_dir, tmp_path):
+    """issue 63: a server whose start-up failed logged why and then sat at /readiness 503 for good."""
+    missing = ServerProcess(str(tmp_path / "no-such-model"), cache_dir=cache_dir)
+    assert missing.proc.wait(timeout=60) != 0 and "no-such-model" in missing.output
+    server = ServerProcess(str(tiny_dir), "--max-length", "128", cache_dir=cache_dir, preamble=COMPILE_FAILS)
+    assert server.proc.wait(timeout=120) == 1, server.output[-3000:]
+    assert "start-up failed" in server.output and "injected compile failure" in server.output
+
+
+def test_a_failed_device_step_fails_its_requests_and_exits_non_zero(tiny_dir, cache_dir):
+    """Only the device step's own failure takes the engine down, and then the process exits 1 (a
+    service manager restarts it) instead of answering 503 for good."""
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
+                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
+                           cache_dir=cache_dir, preamble=DEVICE_STEP_FAILS).wait_ready()
+    body = {"model": TINY_NAME, "prompt": "hi", "max_tokens": 4}
+    assert server.post("/v1/completions", json=body).status_code == 200
+    r = server.post("/v1/completions", json={**body, "seed": 666})
+    assert r.status_code == 500 and "injected device step failure" in r.json()["error"]["message"]
+    assert server.proc.wait(timeout=60) == 1, server.output[-3000:]
+    assert "a model's engine failed" in server.output
+
+
 def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):
     """`vsurge serve --engine paged` over HTTPS with a self-signed certificate made here: concurrent
     streams, whole == streamed, prefix-cache and KV metrics. (One process covers both features.)"""
