@@ -37,12 +37,13 @@ class CharProcessor:
 
     def __init__(self):
         self.fail = False
+        self.fail_on_token: int | None = None  # decoding this token raises (one request's failure)
 
     def encode(self, text, add_special_tokens=True):
         return [ord(c) - 97 for c in text]
 
     def decode(self, ids, skip_special_tokens=False):
-        if self.fail:
+        if self.fail or (self.fail_on_token is not None and self.fail_on_token in list(ids)):
             raise RuntimeError("injected detokenizer failure")
         return "".join(chr(97 + int(i) % 26) for i in ids if not (skip_special_tokens and int(i) == 0))
 

@@ -35,11 +35,14 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, model: str, *extra: str, cache_dir: str, scheme: str = "http", verify=True,
-                 env: dict | None = None):
+                 env: dict | None = None, preamble: str | None = None):
+        """preamble: Python run in the server process before `vsurge serve` (a test's injected fault)."""
         self.port, self.metrics_port = free_port(), free_port()
         self.base = f"{scheme}://127.0.0.1:{self.port}"
         self.verify = verify
-        cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--model", model, "--port", str(self.port),
+        start = ["-m", "vsurge.cli"] if preamble is None else [
+            "-c", preamble + "\nimport sys\nfrom vsurge.cli import main\nsys.exit(main())"]
+        cmd = [sys.executable, *start, "serve", "--model", model, "--port", str(self.port),
                "--metrics-port", str(self.metrics_port), "--compilation-cache", cache_dir, *extra]
         # output goes to a file: nobody reads a pipe while the tests run, and a full pipe blocks the server
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-", suffix=".log")

@@ -96,13 +96,10 @@ def test_cancel_while_waiting_never_takes_a_slot(driver_factory):
     assert tokens_of(drain(busy)) == expected_tokens([1], 30)
 
 
-@pytest.mark.parametrize("where", ["step", "detokenize"])
-def test_a_crashing_thread_fails_requests_and_readiness(driver_factory, where):
+def test_a_failing_step_fails_requests_and_readiness(driver_factory):
+    """A failure that names no request (the step itself) fails the engine: every live request gets it."""
     engine = MockEngine(slots=2, decode_delay=0.005)
-    if where == "detokenize":
-        engine.processor.fail = True
-    else:
-        engine.fail_on[where] = 2
+    engine.fail_on["step"] = 2
     driver = driver_factory(engine)
     requests = [make_request([i], max_tokens=50) for i in range(4)]
     for r in requests:
@@ -114,6 +111,36 @@ def test_a_crashing_thread_fails_requests_and_readiness(driver_factory, where):
     assert not driver.ready and "injected" in str(driver.error)
     with pytest.raises(DriverNotReadyError, match="injected"):
         driver.submit_request(make_request([9]))
+
+
+@pytest.mark.parametrize("everyone", [False, True])
+def test_a_requests_text_failing_fails_that_request_alone(driver_factory, everyone):
+    """issue 63: detokenizing one request's tokens raises; that request gets a RequestFailed naming it
+    (a 500's worth), the others complete and the driver stays ready (also when every request fails)."""
+    from vsurge.engine.faults import RequestFailed
+
+    engine = MockEngine(slots=2, decode_delay=0.005)
+    engine.processor.fail, engine.processor.fail_on_token = everyone, 30  # prompt [6] reaches 30; [0]-[2] never
+    driver = driver_factory(engine)
+    bad = make_request([6], max_tokens=50)
+    good = [make_request([i], max_tokens=3) for i in range(3)]
+    for r in [good[0], bad, *good[1:]]:
+        driver.submit_request(r)
+    last = drain(bad)[-1]
+    assert isinstance(last, RequestFailed) and last.status == 500
+    assert f"request {bad.request_id} failed while reading its new tokens" in str(last)
+    for i, r in enumerate(good):
+        items = drain(r)
+        if everyone:
+            assert isinstance(items[-1], RequestFailed)
+        else:
+            assert tokens_of(items) == expected_tokens([i], 3) and items[-1].finish_reason == "length"
+    assert driver.ready and driver.error is None
+    engine.processor.fail, engine.processor.fail_on_token = False, None
+    after = make_request([1], max_tokens=4)
+    driver.submit_request(after)
+    assert tokens_of(drain(after)) == expected_tokens([1], 4)
+    assert driver.num_live == 0 and driver.num_used_slots == 0
 
 
 class StuckOutput:

@@ -160,3 +160,18 @@ def test_an_adapter_takes_its_base_models_sampling_defaults():
 
     handlers = Server()
     assert handlers.defaults_for(AdaptedSurge(handlers.surges["base"], "a0")) == "the base's defaults"
+
+
+@pytest.mark.parametrize("dtype", [(), ("--dtype", "bfloat16")], ids=["float32", "bfloat16"])
+def test_enable_lora_on_the_default_model_starts_and_serves(cache_dir, dtype):
+    """issue 63: `vsurge serve --enable-lora` on the default model (float32 activations beside its GGUF
+    blocks; adapter stacks bfloat16 where the CPU multiplies it natively, lora/stacks.py) failed compiling
+    ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503."""
+    server = ServerProcess("default", "--enable-lora", *dtype, "--max-concurrent-decodes", "2",
+                           "--max-length", "128", "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+    try:
+        reply = client_for(server).completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
+                                                      max_tokens=3, temperature=0)
+        assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+    finally:
+        assert server.stop() == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from vsurge.cli import build_parser
@@ -55,3 +56,33 @@ def test_generation_defaults_take_any_field_and_checks_name_it():
     with pytest.raises(ValueError, match="top_p must be in") as info:
         SamplingParams(top_p=3)
     assert info.value.param == "top_p"
+
+
+EXTREMES = [2**31, -(2**31) - 1, 10**12, 10**30, 1e300, -1e300, 1e-40, 3.5e38]
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in device_columns()])
+def test_every_device_field_is_refused_by_name_or_fits_its_array(name):
+    """A value the schema accepts never overflows the compiled step's per-row array (issue 63: top_k
+    2^31 raised OverflowError in the engine thread and took the server down); one it cannot hold is a
+    ParamError naming the field."""
+    for value in EXTREMES:
+        try:
+            params = SamplingParams(**{name: value})
+        except ValueError as exc:
+            assert exc.param == name, (name, value, exc)
+            continue
+        with np.errstate(over="raise"):
+            column = getattr(SamplingArrays.from_params([params], [0]), name)
+        assert np.all(np.isfinite(column)), (name, value, column)
+
+
+def test_top_k_beyond_any_vocabulary_clamps_and_counts_are_bounded():
+    assert SamplingParams(top_k=2**31).top_k == SamplingParams(top_k=10**12).top_k == 2**31 - 1
+    assert SamplingParams(temperature=1e-40).temperature == 0.01  # (vLLM's floor: no inf logits)
+    for field, value in [("max_tokens", 2**31), ("n", 17), ("stop_token_ids", [2**40]), ("logit_bias", {"-1": 1}),
+                         ("logit_bias", {str(10**12): 1}), ("seed", 2**63), ("logprobs", 10**12),
+                         ("prompt_logprobs", -1), ("speculative_tokens", 2**31), ("priority", 2**63)]:
+        with pytest.raises(ValueError) as info:
+            SamplingParams(**{field: value})
+        assert info.value.param == field, (field, value)

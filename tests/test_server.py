@@ -208,6 +208,30 @@ def test_openai_client_raises_typed_errors(default_server):
         client.chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=-2)
 
 
+# issue 63: each of these reached the engine thread as an int32/float32 overflow and left the server at 503
+ENGINE_RANGE_BODIES = [
+    ({"top_k": 2**31}, None), ({"top_k": 10**12}, None), ({"top_k": 10**30}, None),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"), ({"stop_token_ids": [10**8]}, "stop_token_ids"),
+    ({"temperature": 1e300}, "temperature"), ({"logit_bias": {str(2**40): 1}}, "logit_bias"),
+    ({"seed": 2**64}, "seed"), ({"max_tokens": 2**31}, "max_tokens"),
+]
+
+
+def test_numbers_beyond_the_engine_answer_200_or_400_and_the_server_stays_ready(default_server):
+    """top_k beyond the vocabulary clamps (200, as vLLM and llama.cpp); a value the engine cannot hold is a
+    400 naming its field. Either way the server stays ready and answers the next request."""
+    for extra, param in ENGINE_RANGE_BODIES:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **extra}
+        r = default_server.post("/v1/chat/completions", json=body)
+        if param is None:
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, (extra, r.text)
+        else:
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+        assert default_server.get("/readiness").status_code == 200, extra
+    ok = client_for(default_server).chat.completions.create(model=DEFAULT_NAME, messages=FRANCE, temperature=0)
+    assert ok.choices[0].message.content == "The capital of France is Paris."
+
+
 # ---------------------------------------------------------------- tiny model: load, keys, protocol fuzzing
 def test_api_key_is_required(tiny_server):
     r = tiny_server.post("/v1/chat/completions", json={"messages": FRANCE})
@@ -324,6 +348,47 @@ def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
     assert lines[-1] == "data: [DONE]"
     finals = [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-1]]
     assert finals.count("length") == 1  # the in-flight request finished completely
+
+
+COMPILE_FAILS = """
+import vsurge.engine.core as core
+def compile(self, progress=True):
+    raise RuntimeError("injected compile failure")
+core.EngineCore.compile = compile
+"""
+# the device step itself fails (no request to blame: engine/faults.py) once a request with seed 666 runs
+DEVICE_STEP_FAILS = """
+import vsurge.engine.core as core
+step = core.EngineCore.step
+def failing_step(self, state, plan, *args, **kwargs):
+    if any(s.request.params.seed == 666 for s in plan.sequences):
+        raise RuntimeError("injected device step failure")
+    return step(self, state, plan, *args, **kwargs)
+core.EngineCore.step = failing_step
+"""
+
+
+def test_a_failed_start_up_exits_non_zero_promptly(tiny_dir, cache_dir, tmp_path):
+    """issue 63: a server whose start-up failed logged why and then sat at /readiness 503 for good."""
+    missing = ServerProcess(str(tmp_path / "no-such-model"), cache_dir=cache_dir)
+    assert missing.proc.wait(timeout=60) != 0 and "no-such-model" in missing.output
+    server = ServerProcess(str(tiny_dir), "--max-length", "128", cache_dir=cache_dir, preamble=COMPILE_FAILS)
+    assert server.proc.wait(timeout=120) == 1, server.output[-3000:]
+    assert "start-up failed" in server.output and "injected compile failure" in server.output
+
+
+def test_a_failed_device_step_fails_its_requests_and_exits_non_zero(tiny_dir, cache_dir):
+    """Only the device step's own failure takes the engine down, and then the process exits 1 (a
+    service manager restarts it) instead of answering 503 for good."""
+    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--max-concurrent-decodes", "4",
+                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
+                           cache_dir=cache_dir, preamble=DEVICE_STEP_FAILS).wait_ready()
+    body = {"model": TINY_NAME, "prompt": "hi", "max_tokens": 4}
+    assert server.post("/v1/completions", json=body).status_code == 200
+    r = server.post("/v1/completions", json={**body, "seed": 666})
+    assert r.status_code == 500 and "injected device step failure" in r.json()["error"]["message"]
+    assert server.proc.wait(timeout=60) == 1, server.output[-3000:]
+    assert "a model's engine failed" in server.output
 
 
 def test_paged_engine_over_tls_through_openai(tiny_dir, cache_dir, tmp_path):

@@ -167,3 +167,46 @@ def test_bad_requests_raise_clear_errors(surge, default_model):
     assert ok.text == "The capital of France is Paris."  # still serving after bad input
     assert surge.count_tokens("hello world") == len(processor.encode("hello world"))
     assert np.isclose(surge.metrics.value("vsurge:num_requests_running"), 0)
+
+
+BAD_SEED = 666  # the request whose own host work is made to fail
+
+
+def _fails_for_the_bad_request(original, seq_of=lambda *a: a[1]):
+    def patched(*args, **kwargs):
+        seq = seq_of(*args)
+        request = getattr(seq, "request", seq)
+        if request.params.seed == BAD_SEED:
+            raise RuntimeError("injected failure of one request")
+        return original(*args, **kwargs)
+    return patched
+
+
+@pytest.mark.parametrize("stage", ["prepare", "slot", "pack"])
+def test_one_requests_failure_is_its_own(surge, default_model, monkeypatch, stage):
+    """issue 63: an exception while preparing, loading or packing ONE request fails that request (an
+    error naming it) while the engine thread, the requests beside it and readiness go on."""
+    from vsurge.engine import batch, driver
+    from vsurge.engine.faults import RequestFailed
+
+    if stage == "prepare":
+        of = driver.Sequence.of.__func__
+        monkeypatch.setattr(driver.Sequence, "of", classmethod(_fails_for_the_bad_request(of)))
+    elif stage == "slot":
+        monkeypatch.setattr(batch.BatchBuilder, "slot_arrays",
+                            _fails_for_the_bad_request(batch.BatchBuilder.slot_arrays))
+    else:
+        monkeypatch.setattr(batch.BatchBuilder, "_table", _fails_for_the_bad_request(batch.BatchBuilder._table))
+    prompt = chat_text(default_model[1], "What is the capital of France?")
+
+    async def run():
+        good = [surge.generate(prompt, SamplingParams(max_tokens=16, temperature=0.0)) for _ in range(3)]
+        bad = surge.generate(prompt, SamplingParams(max_tokens=16, temperature=0.5, seed=BAD_SEED))
+        return await asyncio.gather(*good[:2], bad, good[2], return_exceptions=True)
+
+    first, second, failed, third = asyncio.run(run())
+    assert isinstance(failed, RequestFailed) and "injected failure of one request" in str(failed), failed
+    assert failed.status == 500 and str(failed).startswith("request ")
+    assert [r.text for (r,) in (first, second, third)] == ["The capital of France is Paris."] * 3
+    assert surge.ready and surge.driver.error is None
+    assert surge.driver.num_live == 0 and surge.driver.num_used_slots == 0  # (settled before the last update)

@@ -13,6 +13,9 @@ array of the compiled step. Everything else derives from this list:
 - cli.py: the sampling flags of `vsurge generate` / `vsurge chat`;
 - vsurge.py: `vSurgeRequest`, the seed's request type (its fields plus all of these).
 
+Every number a request carries is bounded here, by what the engine can represent: a `device=`
+field's value must fit its dtype (int32, float32), token ids and counts fit int32, seeds int64.
+
 So adding a sampling field is one `knob(...)` line here and its use (e.g. a stage of
 ops/sampling.py). A `structured` constraint (JSON schema, regex, choice, grammar, JSON
 object) becomes a per-row token bitmask filled on the host (`vsurge.structured`).
@@ -31,6 +34,7 @@ from .structured.errors import ParamError
 from .structured.spec import StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1  # the widest count a compiled step's int32 arrays hold (token ids, budgets, top_k)
 MAX_STOP = 16  # stop strings per request
 MAX_N = 16  # samples per request
 TOP_LOGPROBS_LIMIT = 20  # alternatives per token (ops/sampling.TOP_LOGPROBS)
@@ -44,7 +48,8 @@ class Knob:
     wire: Any = None  # the JSON type HTTP bodies carry it as, under the field's name (None: not on the wire)
     cli: tuple[str, ...] = ()  # flags of `vsurge generate` / `vsurge chat`
     help: str = ""  # the flag's help
-    device: Any = None  # numpy dtype of its per-row column in the compiled step (None: host only)
+    device: Any = None  # numpy dtype of its per-row column in the compiled step (None: host only);
+    # every value a request carries must be representable in it (`validate` refuses the rest by name)
     neutral: Any = None  # that column's value in padding rows
 
 
@@ -69,12 +74,15 @@ def _fail(name: str, message: str):
     raise ParamError(message, name)
 
 
-def at_least(low: int, allow_none: bool = True):
+def at_least(low: int, allow_none: bool = True, high: int = INT32_MAX):
+    """low <= value; above `high` (what the engine's int32 arrays hold) the message gives both bounds."""
     def check(name, value):
         if value is None and allow_none:
             return None
         if not _is_int(value) or value < low:
             _fail(name, f"{name} must be at least {low}, got {value}.")
+        if value > high:
+            _fail(name, f"{name} must be in [{low}, {high}], got {value}.")
         return int(value)
     return check
 
@@ -101,9 +109,12 @@ def number_range(low: float, high: float, open_low: bool = False, text: str | No
 
 
 def _top_k(name, value):
+    """-1 is vLLM's spelling of "off" (0). A top_k beyond the vocabulary keeps the whole vocabulary, as in
+    vLLM and llama.cpp: it is clamped (here to int32, the step's array; engine/validation.py then to
+    "off" when it reaches the model's vocabulary), never refused."""
     if not _is_int(value) or (value < 0 and value != -1):
         _fail(name, f"{name} must be 0 (disable), or at least 1, got {value}.")
-    return 0 if value == -1 else int(value)  # -1: vLLM's spelling of "off"
+    return 0 if value == -1 else min(int(value), INT32_MAX)
 
 
 def _stop(name, value):
@@ -121,10 +132,11 @@ def _stop(name, value):
 
 
 def _token_ids(name, value):
+    """Token ids (the model's vocabulary is checked by engine/validation.py, which knows it)."""
     if value is None:
         return None
-    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and t >= 0 for t in value):
-        _fail(name, f"{name} must be a list of non-negative integers.")
+    if not isinstance(value, (list, tuple)) or not all(_is_int(t) and 0 <= t <= INT32_MAX for t in value):
+        _fail(name, f"{name} must be a list of token ids (integers in [0, {INT32_MAX}]).")
     return [int(t) for t in value]
 
 
@@ -139,11 +151,38 @@ def _logit_bias(name, value):
         return None
     try:
         bias = {int(k): float(v) for k, v in value.items()}
-    except (TypeError, ValueError, AttributeError):
+    except (TypeError, ValueError, AttributeError, OverflowError):
         _fail(name, "logit_bias must map token ids to numbers.")
+    bad = next((k for k in bias if not 0 <= k <= INT32_MAX), None)
+    if bad is not None:  # (the model's vocabulary: engine/validation.py)
+        _fail(name, f"logit_bias keys must be token ids (integers in [0, {INT32_MAX}]), got {bad}.")
     if any(not -100.0 <= v <= 100.0 for v in bias.values()):
         _fail(name, "logit_bias values must be in [-100, 100].")
     return bias
+
+
+MIN_TEMPERATURE = 1e-2  # vLLM's floor: below it float32 logits / temperature overflow to inf (NaN probabilities)
+
+
+def _temperature(name, value):
+    """0 is greedy; a positive temperature below MIN_TEMPERATURE is raised to it (as vLLM does), the
+    distribution being one-hot at that point anyway. The float32 ceiling is checked by `_fits_device`."""
+    value = number_range(0.0, float("inf"), text="non-negative")(name, value)
+    return max(value, MIN_TEMPERATURE) if value > 0 else value
+
+
+def _fits_device(name: str, value, dtype) -> None:
+    """A value bound for a per-row array of the compiled step must be representable in its dtype: a
+    Python int beyond int32 raises OverflowError in numpy, a float beyond float32 becomes inf there."""
+    if value is None:
+        return
+    info = np.iinfo(dtype) if np.issubdtype(dtype, np.integer) else np.finfo(dtype)
+    low, high = (int(info.min), int(info.max)) if np.issubdtype(dtype, np.integer) else (float(info.min),
+                                                                                       float(info.max))
+    if value > high:
+        _fail(name, f"{name} must be at most {high:g} (the engine's {np.dtype(dtype).name}), got {value}.")
+    if value < low:
+        _fail(name, f"{name} must be at least {low:g} (the engine's {np.dtype(dtype).name}), got {value}.")
 
 
 def _flag(name, value):
@@ -157,10 +196,7 @@ def _structured(name, value):
 
 
 def _n(name, value):
-    value = at_least(1, allow_none=False)(name, value)
-    if value > MAX_N:
-        _fail(name, f"n must be at most {MAX_N}, got {value}.")
-    return value
+    return at_least(1, allow_none=False, high=MAX_N)(name, value)
 
 
 def _priority(name, value):
@@ -173,7 +209,7 @@ def _priority(name, value):
 class SamplingParams:
     max_tokens: int | None = knob(16, check=at_least(1), wire=StrictInt, cli=("--max-tokens", "-n"),
                                   help="most new tokens per reply")
-    temperature: float = knob(1.0, check=number_range(0.0, float("inf"), text="non-negative"), wire=float,
+    temperature: float = knob(1.0, check=_temperature, wire=float,
                               cli=("--temperature", "--temp"), help="0 = greedy", device=np.float32, neutral=0.0)
     top_p: float = knob(1.0, check=number_range(0.0, 1.0, open_low=True), wire=float, cli=("--top-p",),
                         help="nucleus sampling", device=np.float32, neutral=1.0)
@@ -221,6 +257,8 @@ class SamplingParams:
             spec = f.metadata["knob"]
             if spec.check is not None:
                 setattr(self, f.name, spec.check(f.name, getattr(self, f.name)))
+            if spec.device is not None:
+                _fits_device(f.name, getattr(self, f.name), spec.device)
         return self
 
     @property

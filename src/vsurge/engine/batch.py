@@ -13,11 +13,15 @@ import numpy as np
 from ..kv.paged import StepLayout
 from ..ops.sampling import SamplingArrays
 from .config import EOS_WIDTH
+from .faults import blame
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
 from .programs import DecodeBatch, DraftRows, MixedBatch
 from .media import rope_positions
 from .plan import StepPlan
 from .sequence import Sequence
+
+
+PACKING = "packing its rows of a step"  # (faults.py: a failure here is the sequence's alone)
 
 
 class BatchBuilder:
@@ -81,15 +85,16 @@ class BatchBuilder:
         rows_of = [(seq, seq.tokens[-1], 0) for seq in plan.decode]
         rows_of += [(seq, token, i + 1) for seq, i, token in plan.draft_rows]  # drafts: later positions
         for i, (seq, token, ahead) in enumerate(rows_of):
-            tokens[i], positions[i] = token, seq.num_tokens - 1 + ahead
-            from_device[i] = not ahead and seq.pending > 0  # sampled by the step in flight: fed on device
-            tables[i] = self._table(seq, window)
-            slots[i], generated[i], active[i] = seq.slot, seq.num_generated + ahead, True
-            ids = seq.request.eos_token_ids
-            eos[i, : len(ids)] = ids
-            budget[i] = seq.request.max_new_tokens
-            if rope_delta is not None:
-                rope_delta[i] = seq.request.rope_delta
+            with blame(seq, PACKING):
+                tokens[i], positions[i] = token, seq.num_tokens - 1 + ahead
+                from_device[i] = not ahead and seq.pending > 0  # sampled by the step in flight: fed on device
+                tables[i] = self._table(seq, window)
+                slots[i], generated[i], active[i] = seq.slot, seq.num_generated + ahead, True
+                ids = seq.request.eos_token_ids
+                eos[i, : len(ids)] = ids
+                budget[i] = seq.request.max_new_tokens
+                if rope_delta is not None:
+                    rope_delta[i] = seq.request.rope_delta
         row_of = {seq: i for i, seq in enumerate(plan.decode)}
         adapters = None
         if self.adapters:
@@ -162,16 +167,18 @@ class BatchBuilder:
             columns = max(columns, self._pages_for(start + count - 1))
 
         for i, seq in enumerate(plan.decode):
-            place(i, seq, seq.num_tokens - 1, 1, i)
-            from_device[i] = seq.pending > 0
-            decode_tables[i], decode_pos[i, 0], samples[i] = self._table(seq, width), seq.num_tokens - 1, True
+            with blame(seq, PACKING):
+                place(i, seq, seq.num_tokens - 1, 1, i)
+                from_device[i] = seq.pending > 0
+                decode_tables[i], decode_pos[i, 0], samples[i] = self._table(seq, width), seq.num_tokens - 1, True
         for j, chunk in enumerate(plan.chunks):
-            at = d + j * length
-            place(d + j, chunk.seq, chunk.start, chunk.length, at)
-            chunk_tables[j] = self._table(chunk.seq, width)
-            chunk_pos[j, : chunk.length] = np.arange(chunk.start, chunk.start + chunk.length)
-            restore[j], save[j] = chunk.restore, chunk.save
-            samples[d + j] = chunk.samples
+            with blame(chunk.seq, PACKING):
+                at = d + j * length
+                place(d + j, chunk.seq, chunk.start, chunk.length, at)
+                chunk_tables[j] = self._table(chunk.seq, width)
+                chunk_pos[j, : chunk.length] = np.arange(chunk.start, chunk.start + chunk.length)
+                restore[j], save[j] = chunk.restore, chunk.save
+                samples[d + j] = chunk.samples
         layout = StepLayout(slot_mapping, decode_tables, decode_pos, chunk_tables, chunk_pos,
                             np.asarray(columns, np.int32), slots[:d], slots[d:], restore, save,
                             self._state_rows(plan, d)[1] if self.draft_state_rows else None,

@@ -31,6 +31,7 @@ from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import encode, programs
 from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
+from .faults import blame
 from .media import MediaEncoder, tile_buckets
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
@@ -304,41 +305,55 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             scheduler.postprocess(plan, out.to_host(False))
         return state
 
-    def setup_slots(self, state: EngineState, plan: StepPlan) -> EngineState:
-        """Load the sampling state of sequences admitted (or re-admitted) since their last step."""
+    def slot_setups(self, plan: StepPlan) -> list[tuple]:
+        """(slot, host arrays) of the sequences admitted (or re-admitted) since their last step: each
+        built under its sequence's blame (faults.py), so a request whose values the arrays cannot hold
+        fails alone."""
+        setups = []
         for seq in plan.sequences:
             if seq.needs_setup:
-                state = self._program(("set_slot",))(state, np.int32(seq.slot), *self.batches.slot_arrays(seq))
-                seq.needs_setup = False
+                with blame(seq, "loading its sampling state"):
+                    setups.append((seq, np.int32(seq.slot), *self.batches.slot_arrays(seq)))
+        return setups
+
+    def setup_slots(self, state: EngineState, setups: list[tuple]) -> EngineState:
+        """Load `slot_setups`' sampling state into the engine state (device calls)."""
+        for seq, *arrays in setups:
+            state = self._program(("set_slot",))(state, *arrays)
+            seq.needs_setup = False
         return state
 
     def step(self, state: EngineState, plan: StepPlan, masks: dict | None = None,
              graphstate=None, graphother=None) -> tuple[EngineState, StepOutput]:
         """Run one plan. masks: sequence -> packed bits of its allowed next tokens (structured
-        outputs; `Scheduler.masks(plan)`)."""
-        state = self.sync_tiers(state)
-        state = self.setup_slots(state, plan)
-        if self.adapters is not None:
-            lora_serving.apply_writes(self)
-        gs = self.graphstate if graphstate is None else graphstate
-        go = self.graphother if graphother is None else graphother
+        outputs; `Scheduler.masks(plan)`). Every host array is built before the first device call: a
+        request that fails there (a SequenceFault) leaves `state` as it was (the device calls donate it)."""
+        setups = self.slot_setups(plan)
         c = self.config
         if plan.chunks:
             if self.media is not None:
                 self.media.prepare(plan)  # the chunks' images encoded (or found cached) before the batch
             rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
-            batch = self.batches.mixed(plan, rows, masks)
-            state, out = self._program(("mixed", rows, plan.chunk_shape))(gs, go, state, batch)
-            snaps = getattr(self.pool, "snapshots", None)
-            for chunk in plan.chunks if snaps is not None else ():
-                if chunk.save >= 0:
-                    snaps.written(chunk.save)  # (to the disk tier, copied before the next step)
-            return state, dataclasses.replace(out, chunk_offset=rows)
-        rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
-        needed = self.batches.decode_window(plan)
-        window = next(w for w in c.page_windows if w >= needed)
-        batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
-        return self._program(("decode", rows, window))(gs, go, state, batch)
+            batch, key = self.batches.mixed(plan, rows, masks), ("mixed", rows, plan.chunk_shape)
+        else:
+            rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
+            needed = self.batches.decode_window(plan)
+            window = next(w for w in c.page_windows if w >= needed)
+            batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
+            key = ("decode", rows, window)
+        state = self.setup_slots(self.sync_tiers(state), setups)
+        if self.adapters is not None:
+            lora_serving.apply_writes(self)
+        gs = self.graphstate if graphstate is None else graphstate
+        go = self.graphother if graphother is None else graphother
+        state, out = self._program(key)(gs, go, state, batch)
+        if not plan.chunks:
+            return state, out
+        snaps = getattr(self.pool, "snapshots", None)
+        for chunk in plan.chunks if snaps is not None else ():
+            if chunk.save >= 0:
+                snaps.written(chunk.save)  # (to the disk tier, copied before the next step)
+        return state, dataclasses.replace(out, chunk_offset=rows)
 
     def prefetch_prefixes(self, state: EngineState) -> tuple[EngineState, int]:
         """The disk tier's most recent pages into free device pages (start-up) -> (state, pages)."""

@@ -5,10 +5,12 @@
     for seq, update in scheduler.postprocess(plan, out.to_host()): send update
 
 overlapped (EngineConfig.async_scheduling): step N+1 is dispatched before step N's tokens are read.
+A request whose own host work fails (its set-up, its slot's sampling state, its rows of a step, its
+mask, its text: engine/faults.py) fails alone, with a RequestFailed naming it; the others go on.
 `submit_request` hands a request to the least loaded replica (several replicas
 of one model are data parallelism; each records its metrics under its own
 `replica` label). The thread blocks on its inbox when idle
-(no spinning). A thread that raises fails every live request with its error
+(no spinning). A thread that raises otherwise (the device step itself) fails every live request with its error
 and marks the driver not ready; so does a step that outlasts `EngineConfig.step_timeout` (a watchdog
 thread sees it: the stuck thread cannot be interrupted, its callers are not left waiting on it);
 callers never hang. `stop()` drains, then
@@ -32,6 +34,7 @@ from ..metrics import EngineMetrics
 from .arrivals import gather_burst, prefill_started
 from .disaggregated import TRANSFER_BACKLOG, Handover, check_disaggregated
 from .encode import EncodeRequest
+from .faults import RequestFailed, SequenceFault
 from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
 from .plan import StepPlan
@@ -288,20 +291,26 @@ class Driver(AbstractDriver):
                     gather_burst(replica.inbox, lambda: self._running)
                 continue
             plan = None
-            if inflight is None or scheduler.can_plan_ahead(inflight[0]):
-                plan = scheduler.schedule(ahead=inflight is not None)
-            if plan is None:  # the next plan needs the tokens in flight (or a preemption): read them first
-                self._finish_step(replica, *inflight)
-                inflight = None
-                state = self._sync_tiers(engine, state)
+            try:  # a request whose own host work fails ends alone; the plan is made again without it
+                if inflight is None or scheduler.can_plan_ahead(inflight[0]):
+                    plan = scheduler.schedule(ahead=inflight is not None)
+                if plan is None:  # the next plan needs the tokens in flight (or a preemption): read them first
+                    self._finish_step(replica, *inflight)
+                    inflight = None
+                    state = self._sync_tiers(engine, state)
+                    continue
+                if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
+                    replica.wake.wait(0.01)
+                    replica.wake.clear()
+                    continue
+                replica.busy_since = time.monotonic()
+                state, out = engine.step(state, plan, scheduler.masks(plan))
+            except SequenceFault as fault:
+                log.warning("replica %d: %s; that request fails, the others go on", replica.index, fault)
+                self._fail_sequence(replica, fault.seq, fault.failure())
                 continue
-            if plan.empty:  # admitted prompts wait for pages: cannot last (the scheduler preempts)
-                replica.wake.wait(0.01)
-                replica.wake.clear()
-                continue
-            replica.busy_since = time.monotonic()
-            state, out = engine.step(state, plan, scheduler.masks(plan))
-            replica.busy_since = None
+            finally:
+                replica.busy_since = None
             scheduler.advance(plan)
             dispatched = time.perf_counter()
             if inflight is not None:
@@ -357,7 +366,14 @@ class Driver(AbstractDriver):
                 replica.live[item.seq_id] = item
                 replica.scheduler.requeue(item)
                 continue
-            seq = Sequence.of(item, replica.engine.processor, replica.engine.vocab_size)
+            try:
+                seq = Sequence.of(item, replica.engine.processor, replica.engine.vocab_size)
+            except Exception as exc:  # noqa: BLE001: this request's set-up failed (faults.py): it fails alone
+                log.warning("replica %d: request %d failed while being prepared: %r", replica.index,
+                            item.request_id, exc)
+                self._settle(replica, item)
+                item.channel.put(RequestFailed(item.request_id, "being prepared", exc))
+                continue
             replica.live[item.request_id] = seq
             replica.scheduler.add(seq)
 
@@ -420,8 +436,21 @@ class Driver(AbstractDriver):
         for seq in [s for s in replica.live.values() if s.request.is_cancelled]:
             self._emit(replica, seq, replica.scheduler.abort(seq))
 
+    def _fail_sequence(self, replica: Replica, seq: Sequence, error: BaseException) -> None:
+        """`seq` failed alone (faults.py): its slot and pages are freed and its caller gets `error`."""
+        replica.scheduler.drop(seq)
+        self._emit(replica, seq, error)
+
     def _emit(self, replica: Replica, seq: Sequence, sample) -> None:
+        """Send one update of `seq` (a ReturnSample, or the exception it failed with: its last)."""
         out, metrics = seq.output, replica.metrics
+        if isinstance(sample, BaseException):
+            replica.live.pop(seq.seq_id, None)
+            self._settle(replica, seq.request)
+            metrics.request_failed()
+            self._update_gauges()
+            seq.request.channel.put(sample)
+            return
         if sample.token_ids:
             if len(out.token_ids) == len(sample.token_ids):
                 now = time.perf_counter()

@@ -42,6 +42,7 @@ from typing import Sequence as Seq
 from . import speculation
 from .config import EngineConfig
 from .decode_budget import DecodeBudget
+from .faults import SequenceFault, find_culprit
 from .media import waits_for_program, whole_images, within_image_budget
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
@@ -123,6 +124,16 @@ class Scheduler:
             self.waiting.remove(seq)
         seq.status = Status.FINISHED
         return seq.output.abort(reason)
+
+    def drop(self, seq: Sequence) -> None:
+        """End a sequence that failed (faults.py): its slot and pages free, and no last update made (its
+        text may be what failed)."""
+        if seq.status is Status.RUNNING:
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
+        seq.output.finish_reason = seq.output.finish_reason or "error"
 
     @property
     def has_work(self) -> bool:
@@ -448,7 +459,13 @@ class Scheduler:
         if not constrained:
             return None
         bits = allocate_bitmask(len(constrained), constrained[0].matcher.compiled.vocab_size)
-        fill_bitmasks(bits, list(enumerate(seq.matcher for seq in constrained)))
+        try:
+            fill_bitmasks(bits, list(enumerate(seq.matcher for seq in constrained)))
+        except Exception:  # one matcher's failure is its request's (faults.py): find which
+            find_culprit(constrained, "filling its allowed-token mask",
+                         lambda seq: fill_bitmasks(allocate_bitmask(1, seq.matcher.compiled.vocab_size),
+                                                   [(0, seq.matcher)]))
+            raise
         return {seq: bits[i] for i, seq in enumerate(constrained)}
 
     # ------------------------------------------------------------ results
@@ -472,7 +489,8 @@ class Scheduler:
         A sequence that finished (or was cancelled) after the plan was made takes nothing from it:
         no token is emitted after a stop.
 
-        Returns (sequence, ReturnSample) updates in row order; a finished sequence's is its last."""
+        Returns (sequence, ReturnSample) updates in row order; a finished sequence's is its last. A
+        sequence whose text or grammar failed ends alone: its update is a RequestFailed (faults.py)."""
         self.advance(plan)
         new: dict[Sequence, list[int]] = {}
         logprobs: dict[Sequence, list] = {}
@@ -524,9 +542,14 @@ class Scheduler:
             if self.role != "decode":  # the prefill side caches prefixes, also of a sequence finishing now
                 self.pool.commit(seq.pages, seq.tokens, seq.num_computed)
             if seq in new:
-                sample = seq.output.add(new[seq], logprobs.get(seq))
-                if seq.matcher is not None and not seq.output.finished and self._grammar_done(seq, new[seq]):
-                    sample = _joined(sample, seq.output.abort("stop"))  # the constrained output is complete
+                try:
+                    sample = seq.output.add(new[seq], logprobs.get(seq))
+                    if seq.matcher is not None and not seq.output.finished and self._grammar_done(seq, new[seq]):
+                        sample = _joined(sample, seq.output.abort("stop"))  # the constrained output is complete
+                except Exception as exc:  # noqa: BLE001: its text or grammar failed: this request ends alone
+                    self.drop(seq)
+                    updates.append((seq, SequenceFault(seq, "reading its new tokens", exc).failure()))
+                    continue
                 if seq.output.finished:
                     self._release(seq)
                     seq.status = Status.FINISHED

@@ -41,6 +41,16 @@ def check_prompt(engine, prompt_ids) -> list[int]:
     return prompt_ids
 
 
+def fit_vocabulary(params, vocab: int):
+    """`params` against the model's vocabulary: token ids it names must be in it (ParamError naming the
+    field), and a top_k that reaches the vocabulary is "off" (the same tokens, without the filter's sort)."""
+    for name, ids in (("logit_bias", params.logit_bias or {}), ("stop_token_ids", params.stop_token_ids or ())):
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ParamError(f"{name} token id {bad} is out of range for the vocabulary of size {vocab}", name)
+    return params.replace(top_k=0) if params.top_k >= vocab else params
+
+
 def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detokenize: bool = True,
                      max_tokens_cap: int | None = None, adapter=None) -> list[ActiveRequest]:
     """Validate one prompt and expand it into `params.n` ActiveRequests sharing `channel`.
@@ -74,9 +84,7 @@ def prepare_requests(engine, prompt_ids, params, channel: ReturnChannel, detoken
     bad = [t for t in prompt_ids if not 0 <= t < vocab]
     if bad:
         raise ValueError(f"token id {bad[0]} is out of range for the vocabulary of size {vocab}")
-    for token in (params.logit_bias or {}):
-        if not 0 <= token < vocab:
-            raise ValueError(f"logit_bias token id {token} is out of range for the vocabulary of size {vocab}")
+    params = fit_vocabulary(params, vocab)
     policy = getattr(getattr(engine, "config", None), "scheduling_policy", "fcfs")
     if params.priority != 0 and policy != "priority":
         raise ParamError(f"priority {params.priority} needs priority scheduling (`vsurge serve --scheduling-policy "

@@ -74,8 +74,9 @@ def lora_deltas(x: jax.Array, a: jax.Array, bs: tuple[jax.Array, ...], ids=None)
         xa = mixed_dot(rows, a.reshape(k, -1), 0).reshape(-1, slots, subs, rank)  # (M, L, S, R)
         mine = flat[:, None] == jnp.arange(slots, dtype=flat.dtype)[None, :]  # (M, L): each token's own slot
         xa = jnp.where(mine[:, :, None, None], xa, jnp.zeros((), xa.dtype))
+        # (x's dtype: the stacks' may differ, and both branches of the cond must agree)
         return tuple(mixed_dot(xa[:, :, s, :].reshape(-1, slots * rank), b.reshape(slots * rank, -1), 0)
-                     for s, b in enumerate(bs))
+                     .astype(rows.dtype) for s, b in enumerate(bs))
 
     def none(rows):
         return tuple(jnp.zeros((rows.shape[0], b.shape[-1]), rows.dtype) for b in bs)
@@ -106,7 +107,9 @@ def lora_embedding(input_ids: jax.Array, rows: jax.Array, a: jax.Array, b: jax.A
         xa = a.reshape(vocab, slots * rank)[tokens].reshape(-1, slots, rank)  # (M, L, R): each token's A rows
         mine = flat[:, None] == jnp.arange(slots, dtype=flat.dtype)[None, :]
         xa = jnp.where(mine[:, :, None], xa, jnp.zeros((), xa.dtype))
-        return mixed_dot(xa.reshape(-1, slots * rank), b.reshape(slots * rank, -1), 0)
+        # (the embeddings' dtype: a float32 model's adapter stacks may be bfloat16, and both branches of
+        # the cond must agree: `vsurge serve --enable-lora` on the default model failed to compile)
+        return mixed_dot(xa.reshape(-1, slots * rank), b.reshape(slots * rank, -1), 0).astype(rows.dtype)
 
     def none(tokens):
         return jnp.zeros((tokens.shape[0], b.shape[-1]), rows.dtype)

@@ -309,7 +309,7 @@ class SeedEngineAPI:
                                    lambda: jax.jit(_write_prefix, donate_argnums=(0,)))
         state = write(decode_state, prefix.k, prefix.v, mapping.astype(np.int32))
         self._seed_slots()[slot] = seq
-        return self.setup_slots(state, StepPlan(decode=[seq]))
+        return self.setup_slots(state, self.slot_setups(StepPlan(decode=[seq])))
 
     def bulk_insert(self, prefix, decode_state, slots: list[int]):
         """Insert a prefix's rows into several slots: row i into slots[i] (a one-row prefix is copied into

@@ -2,7 +2,9 @@
 
 fire() starts uvicorn; the models compile and start in a background thread
 while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
-readiness flips to 503, in-flight requests finish, then the process exits 0.
+readiness flips to 503, in-flight requests finish, then the process exits 0. A start-up that fails
+(loading, compiling) or an engine that fails later (its device step) is logged and the process exits 1,
+so a service manager sees it and restarts the server; it never sits at 503 for good.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.app = build_app(self)
         self.app.router.on_startup.append(self._use_executor)
         self._uvicorn = None
+        self.exit_reason: str | None = None  # why fire() exits non-zero (start-up or an engine failed)
 
     async def _use_executor(self) -> None:
         """Serve with `max_workers` threads for blocking work (asyncio.to_thread runs on them)."""
@@ -180,13 +183,34 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
                                 ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False)
         self._uvicorn = DrainingServer(config)
 
-        def start_then_announce():
+        def start_then_watch():
             self.start_models()
-            if on_ready is not None and self._startup_error is None:
+            if self._startup_error is not None:
+                return self._exit_failed(f"start-up failed: {self._startup_error!r}")
+            if on_ready is not None:
                 on_ready()
+            self._watch_engines()
 
-        threading.Thread(target=start_then_announce, name="vsurge-startup", daemon=True).start()
+        threading.Thread(target=start_then_watch, name="vsurge-startup", daemon=True).start()
         try:
             self._uvicorn.run()
         finally:
             self.stop_models()
+        if self.exit_reason is not None:  # a service manager sees the failure (and restarts the server)
+            raise SystemExit(f"vsurge: error: {self.exit_reason}")
+
+    def _watch_engines(self, period: float = 0.5) -> None:
+        """A model whose engine failed (its device step raised, or a step got stuck) does not come back:
+        the server exits non-zero rather than answering 503 for good."""
+        while not self._uvicorn.should_exit:
+            broken = [f"{n}: {s.driver.error}" for n, s in list(self.surges.items())
+                      if getattr(s.driver, "error", None) is not None]
+            if broken:
+                return self._exit_failed("a model's engine failed: " + "; ".join(broken))
+            time.sleep(period)
+
+    def _exit_failed(self, reason: str) -> None:
+        log.error("%s; the server exits with status 1", reason)
+        self.exit_reason = reason
+        self.draining = True
+        self._uvicorn.should_exit = True

@@ -71,7 +71,8 @@ class OpenAIHandlers:
         try:
             return JSONResponse(await collect(streams, fmt))
         except RuntimeError as exc:  # the engine failed mid-request (e.g. a lost multi-host follower): say why
-            raise APIError(503 if isinstance(exc, DriverNotReadyError) else 500, f"generation failed: {exc}") from None
+            status = 503 if isinstance(exc, DriverNotReadyError) else getattr(exc, "status", 500)  # (RequestFailed's)
+            raise APIError(status, f"generation failed: {exc}", getattr(exc, "param", None)) from None
 
     # ------------------------------------------------------------ the seed's handlers
     async def chat_completions(self, request: "chat.ChatCompletionRequest"):

@@ -136,7 +136,9 @@ class BatchRun:
         output and n stay as the batch started (they are fixed when its rows are made)."""
         from ..sampling_params import SamplingParams
 
-        params = SamplingParams.coerce(sampling_params)
+        from ..engine.validation import fit_vocabulary
+
+        params = fit_vocabulary(SamplingParams.coerce(sampling_params), self.inference.model.config.vocab_size)
         cap = self.inference.generation_config.max_new_tokens
         if params.max_tokens is not None and params.max_tokens > cap:
             raise ValueError(f"max_tokens ({params.max_tokens}) exceeds this vInference's max_new_tokens ({cap})")

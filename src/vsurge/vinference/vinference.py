@@ -239,6 +239,9 @@ class vInference(StepMixin, PromptMixin):  # noqa: N801 (the seed's name)
                     state, out = engine.step(donated, plan, scheduler.masks(plan), graphstate=weights[0],
                                              graphother=weights[1])
                     updates = scheduler.postprocess(plan, out.to_host(want_logprobs))
+                failed = next((sample for _, sample in updates if isinstance(sample, BaseException)), None)
+                if failed is not None:  # (a row's text failed: the run's caller gets the error)
+                    raise failed
                 self._metrics.stage("prefill" if plan.chunks else "decode", time.perf_counter() - tick)
                 yield (self._snapshot(seqs, bucket.prefill_length, start),
                        [(index[seq], sample) for seq, sample in updates])
