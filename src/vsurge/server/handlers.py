@@ -130,6 +130,13 @@ class OpenAIHandlers:
                           "root": adapter, "parent": name} for adapter in entry["adapters"]]
         return {"object": "list", "data": data}
 
+    async def model_info(self, model: str):
+        """GET /v1/models/{model}: the model object of a served model or adapter (404 for any other)."""
+        for entry in (await self.available_inference())["data"]:
+            if entry["id"] == model:
+                return entry
+        raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
+
     async def count_tokens(self, request: CountTokenRequest):
         """POST /v1/count_tokens."""
         surge = await self.surge_for(request.model)
