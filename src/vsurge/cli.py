@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from . import cli_models
-from .cli_args import DEFAULT_MAX_TOKENS, build_parser  # noqa: F401 (build_parser: the tests' and docs' entry)
+from .cli_args import build_parser  # noqa: F401 (the tests' and docs' entry)
+from .cli_args import DEFAULT_MAX_TOKENS, runtime_lora_allowed
 from .engine.config import EngineConfig
 
 
