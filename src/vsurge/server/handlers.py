@@ -36,7 +36,9 @@ class OpenAIHandlers:
     # ------------------------------------------------------------ helpers
     async def surge_for(self, model: str | None):
         """The vSurge serving `model` (a model's name or a LoRA adapter's); a known model that is not loaded
-        is loaded first (server/router.py: the request waits, bounded)."""
+        is loaded first (server/router.py: the request waits, bounded). None (not given) is the first model."""
+        if model == "":
+            raise APIError(400, "model must be a model's name, not an empty string", "model")
         surge = self.get(model)
         if self.router is not None:
             # a model of the router, or an adapter of one (loaded with its model)
