@@ -113,7 +113,8 @@ class ImagePart(BaseModel):
     image_url: Union[StrictStr, dict[str, Any]]
 
 
-CONTENT_REQUIRED = ("system", "developer", "user", "tool")  # OpenAI's: only an assistant's may be absent
+# a user's or tool's message says something (null or [] is a 400); a system message's null stays an empty one
+CONTENT_REQUIRED = ("user", "tool")
 
 
 class ChatMessage(BaseModel):
