@@ -102,8 +102,16 @@ def test_null_means_unset_in_completions(server):
     base = {"prompt": PROMPT, "temperature": 0, "max_tokens": 2}
     _all_null(lambda b: server.post("/v1/completions", json=b), base, COMPLETION_NULLABLE,
               lambda r: r.json()["choices"][0]["text"])
-    # a null prompt is refused as a missing one (vLLM's choice; OpenAI's spec reads it as <|endoftext|>)
-    error = openai_error(server.post("/v1/completions", json={"prompt": None, "max_tokens": 3}))
+    # a null prompt is OpenAI's default, <|endoftext|> (the default model's token 0): the same answer as that
+    # token given by id (issue 60); no prompt at all is a missing required field
+    null = server.post("/v1/completions", json={"prompt": None, "max_tokens": 3, "temperature": 0})
+    assert null.status_code == 200, null.text
+    assert null.json()["usage"]["prompt_tokens"] == 1
+    eot = server.post("/tokenize", json={"prompt": "<|endoftext|>", "add_special_tokens": False}).json()
+    assert eot["tokens"] == [0]
+    by_id = server.post("/v1/completions", json={"prompt": [0], "max_tokens": 3, "temperature": 0}).json()
+    assert null.json()["choices"][0]["text"] == by_id["choices"][0]["text"]
+    error = openai_error(server.post("/v1/completions", json={"max_tokens": 3}))
     assert error["param"] == "prompt" and error["code"] == "missing_required_parameter"
 
 

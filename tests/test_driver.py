@@ -197,6 +197,30 @@ def test_queue_limit_rejects_with_a_clear_error(driver_factory):
         assert drain(r)[-1].finish_reason == "length"
 
 
+class EncodingMockEngine(MockEngine):
+    """Embeds a prompt as the sum of its ids (one call takes every waiting prompt)."""
+
+    def encode_step(self, pending):
+        return [(r, {"mean": [float(sum(r.prompt_ids))], "last": [float(r.prompt_ids[-1])]}) for r in pending]
+
+
+def test_one_calls_encodes_are_one_queue_entry(driver_factory):
+    """An embeddings call's inputs (up to 2,048) are one entry of the queue: 300 of them pass a queue of 2 on an
+    idle driver, and while they wait they count as one (a generation request still finds room)."""
+    from vsurge.engine import ReturnChannel
+    from vsurge.engine.encode import EncodeRequest
+
+    engine = EncodingMockEngine(slots=1, decode_delay=0.01)
+    driver = driver_factory(engine, max_queue=2)
+    requests = [EncodeRequest([1, i], "embed", ReturnChannel()) for i in range(300)]
+    driver.submit_encodes(requests)
+    generation = make_request([3], max_tokens=4)
+    driver.submit_request(generation)  # the 300 are one entry: the queue of 2 has room
+    assert [r.channel.get(timeout=TIMEOUT)["mean"] for r in requests] == [[1.0 + i] for i in range(300)]
+    assert drain(generation)[-1].finish_reason == "length"
+    assert driver.num_waiting == 0
+
+
 def test_submit_type_check(driver_factory):
     driver = driver_factory()
     with pytest.raises(TypeError, match="ActiveRequest"):

@@ -1,10 +1,12 @@
 """LoRA adapters over HTTP: `vsurge serve --lora NAME=PATH` on a tiny random Llama, requests selecting an
 adapter by `model` through the real `openai` and `anthropic` SDKs, vLLM's runtime load/unload routes,
-`/v1/models`, and bad adapters answered 4xx while the server keeps serving."""
+`/v1/models`, and bad adapters answered 4xx while the server keeps serving. Runtime loading is on by
+`--lora-dir` (the adapters' folder): paths resolve inside it."""
 
 from __future__ import annotations
 
 import anthropic
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -31,7 +33,7 @@ def lora_setup(tmp_path_factory, default_processor_dir):
 def server(lora_setup, cache_dir):
     root, _, adapters = lora_setup
     server = ServerProcess(str(root / "base"), "--served-model-name", "base", "--lora", f"a0={adapters['a0'][0]}",
-                           "--max-loras", "2", "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "128",
+                           "--max-loras", "2", "--lora-dir", str(root), "--dtype", "float32", "--max-concurrent-decodes", "4", "--max-length", "128",
                            "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
     yield server
     assert server.stop() == 0
@@ -102,7 +104,9 @@ def test_runtime_load_and_unload(server, lora_setup):
 
 
 @pytest.mark.parametrize("body, status, words", [
-    ({"lora_name": "x", "lora_path": "/nonexistent/adapter"}, 400, "not a directory"),
+    ({"lora_name": "x", "lora_path": "nonexistent/adapter"}, 400, "not a directory"),
+    ({"lora_name": "x", "lora_path": "/nonexistent/adapter"}, 400, "outside the server's --lora-dir"),
+    ({"lora_name": "x", "lora_path": "../"}, 400, "outside the server's --lora-dir"),
     ({"lora_name": "base", "lora_path": "/tmp"}, 400, "a model's name"),
     ({"lora_name": "x"}, 400, "lora_path"),
 ])
@@ -112,7 +116,20 @@ def test_bad_loads_are_4xx_and_the_server_keeps_serving(server, body, status, wo
     assert client_for(server).completions.create(model="a0", prompt=[1, 2, 3], max_tokens=2).choices[0].text is not None
 
 
-def test_an_adapter_too_big_or_for_another_model_is_refused(server, tmp_path, default_processor_dir):
+def test_an_adapter_config_that_is_not_utf8_is_a_400_and_the_connection_lives(server, lora_setup):
+    """Issue 63: a non-UTF-8 adapter_config.json was a plain-text 500 that reset the keep-alive connection."""
+    folder = lora_setup[0] / "latin1"
+    folder.mkdir(exist_ok=True)
+    (folder / "adapter_config.json").write_bytes(b'{"r": 8, "note": "caf\xe9"}')
+    with httpx.Client(base_url=server.base, timeout=60) as keep_alive:
+        r = keep_alive.post("/v1/load_lora_adapter", json={"lora_name": "latin1", "lora_path": "latin1"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_path", r.text
+        assert "not readable JSON" in r.json()["error"]["message"]
+        assert keep_alive.get("/v1/models").status_code == 200  # the same connection answers on
+
+
+def test_an_adapter_too_big_or_for_another_model_is_refused(server, lora_setup, default_processor_dir):
+    tmp_path = lora_setup[0] / "refused"  # under --lora-dir
     wide = tmp_path / "wide_base"
     write_peft_adapter(wide, tmp_path / "wide", default_processor_dir, 4, seed=1, family="llama", base={"hidden_size": 96})
     r = server.post("/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(tmp_path / "wide")})

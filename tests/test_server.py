@@ -240,7 +240,10 @@ def test_api_key_is_required(tiny_server):
     with pytest.raises(openai.AuthenticationError):
         client_for(tiny_server, api_key="wrong").models.list()
     assert client_for(tiny_server, api_key=API_KEY).models.list().data[0].id == TINY_NAME
-    assert tiny_server.get("/readiness").status_code == 200  # not under /v1: no key needed
+    assert tiny_server.get("/readiness").status_code == 200  # a public route: no key needed
+    for path in ("/tokenize", "/detokenize"):  # guarded though not under /v1/ (issue 63)
+        r = tiny_server.post(path, json={"prompt": "hi", "tokens": [1]})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
     # Anthropic's clients send x-api-key; errors on /v1/messages are Anthropic's JSON
     import anthropic
 
@@ -311,6 +314,23 @@ def test_schemathesis_finds_no_server_errors(tiny_server):
          "--generation-deterministic", "--request-timeout", "30", "--exclude-path", "/metrics"],
         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+
+
+def test_openai_spec_fuzz_finds_no_server_errors_and_the_server_serves_on(tiny_server):
+    """OpenAI's own spec (the vendored subset, tests/openapi/openai_subset.json) through schemathesis, valid
+    and invalid bodies, bounded to 60 s: no 5xx, and the server is ready and answers afterwards (issue 63)."""
+    from pathlib import Path
+
+    spec = Path(__file__).parent / "openapi" / "openai_subset.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "schemathesis.cli", "run", str(spec), "--url", tiny_server.base + "/v1",
+         "--checks", "not_a_server_error", "--mode", "all", "--max-examples", "5", "--max-time", "60",
+         "--header", f"Authorization: Bearer {API_KEY}", "--generation-deterministic", "--request-timeout", "30"],
+        capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
+    assert tiny_server.get("/readiness").status_code == 200
+    ok = client_for(tiny_server, api_key=API_KEY).completions.create(model=TINY_NAME, prompt="hi", max_tokens=2)
+    assert ok.choices[0].finish_reason in ("length", "stop")
 
 
 # ---------------------------------------------------------------- TLS and draining

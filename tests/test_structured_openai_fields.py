@@ -73,3 +73,32 @@ def test_tools_set_the_constraint_prompt_and_parser():
     formatted = structured_request({"tools": [TOOL], "response_format": {"type": "json_object"}})
     assert formatted.constraint == StructuredOutput(json_object=True) and formatted.parser() is None
     assert structured_request({}).parser() is None and structured_request({}).template_tools() is None
+
+
+def _node(ref_or_schema, required=("x",)):
+    return {"type": "object", "properties": {"x": ref_or_schema}, "required": list(required)}
+
+
+@pytest.mark.parametrize("schema, satisfiable", [
+    ({"$defs": {"a": _node({"$ref": "#/$defs/a"})}, "$ref": "#/$defs/a"}, False),  # must contain itself
+    (_node({"$ref": "#"}), False),  # the root itself
+    ({"$defs": {"a": _node({"$ref": "#/$defs/b"}), "b": _node({"$ref": "#/$defs/a"})}, "$ref": "#/$defs/a"},
+     False),  # a cycle of two
+    ({"type": "array", "minItems": 1000000000}, False),
+    ({"type": "string", "minLength": 2**24 + 1}, False),
+    ({"$defs": {"a": _node({"$ref": "#/$defs/a"}, required=())}, "$ref": "#/$defs/a"}, True),  # x optional
+    ({"$defs": {"a": {"anyOf": [{"type": "null"}, _node({"$ref": "#/$defs/a"})]}}, "$ref": "#/$defs/a"}, True),
+    ({"$defs": {"a": _node({"type": "array", "items": {"$ref": "#/$defs/a"}})}, "$ref": "#/$defs/a"}, True),
+    ({"$defs": {"a": _node({"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/a"}})},
+      "$ref": "#/$defs/a"}, False),
+    ({"type": "array", "minItems": 100}, True),
+])
+def test_schemas_no_finite_value_satisfies_are_refused(schema, satisfiable):
+    """structured/schema_check.py: a ParamError naming the field, before the grammar engine sees it."""
+    body = {"response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}
+    if satisfiable:
+        assert structured_request(body).constraint is not None
+    else:
+        with pytest.raises(ParamError) as info:
+            structured_request(body)
+        assert info.value.param == "response_format.json_schema.schema"

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from . import cli_models
-from .cli_args import DEFAULT_MAX_TOKENS, build_parser  # noqa: F401 (build_parser: the tests' and docs' entry)
+from .cli_args import build_parser  # noqa: F401 (the tests' and docs' entry)
+from .cli_args import DEFAULT_MAX_TOKENS, runtime_lora_allowed
 from .engine.config import EngineConfig
 
 
@@ -210,7 +211,7 @@ def cmd_serve(args) -> int:
 
     settings = _engine_flags(args)
     loras = _lora_flags(args)
-    if (loras or args.enable_lora) and not settings.get("max_loras"):
+    if (loras or runtime_lora_allowed(args)) and not settings.get("max_loras"):
         settings["max_loras"] = 4
     if args.max_queue < 0:
         raise _fail(f"--max-queue must be at least 0, got {args.max_queue}")
@@ -290,7 +291,10 @@ def cmd_serve(args) -> int:
 
     from .multimodal import MediaPolicy
 
-    server = vSurgeApiServer({name: surge}, api_key=args.api_key, tool_call_parser=args.tool_call_parser,
+    server = vSurgeApiServer({name: surge}, api_key=args.api_key, admin_api_key=args.admin_api_key,
+                             guard_metrics=args.guard_metrics, lora_dir=args.lora_dir,
+                             allow_runtime_lora=runtime_lora_allowed(args),
+                             tool_call_parser=args.tool_call_parser,
                              reasoning_parser=args.reasoning_parser,
                              response_store=ResponseStore(args.responses_store_size, args.responses_store_ttl),
                              media_policy=MediaPolicy(tuple(args.allowed_media_domains), args.allowed_local_media_path,
@@ -319,14 +323,16 @@ def cmd_serve(args) -> int:
                + (f", unloaded after {args.sleep_idle_seconds:g} s idle" if args.sleep_idle_seconds else "") + ")")
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
+    if args.guard_metrics and args.metrics_port is None:
+        args.metrics_port = -1  # the separate Prometheus port takes no key: off unless named
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
     def announce():
         from .server.web import page_url
 
         print(f"vsurge: serving {name} at {scheme}://{args.host}:{args.port}/v1 "
-              f"(metrics on port {args.metrics_port or args.port + 1}); "
-              f"chat page and dashboard: {page_url(scheme, args.host, args.port)}", file=sys.stderr, flush=True)
+              + (f"(metrics on port {args.metrics_port or args.port + 1}); " if args.metrics_port != -1 else "; ")
+              + f"chat page and dashboard: {page_url(scheme, args.host, args.port)}", file=sys.stderr, flush=True)
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)

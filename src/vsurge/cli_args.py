@@ -115,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def runtime_lora_allowed(args) -> bool:
+    """Clients may load adapters at run time only when asked for: not by --lora or --max-loras alone."""
+    return bool(args.allow_runtime_lora or args.enable_lora or args.lora_dir)
+
+
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", action="append", default=None, metavar="[NAME=]PATH",
                    help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct); repeat to "
@@ -129,13 +134,27 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters: --lora at start, POST /v1/load_lora_adapter at run time "
                         "(--max-loras on the device at once, default 4)")
+    p.add_argument("--allow-runtime-lora", action="store_true",
+                   help="let clients load and unload LoRA adapters at run time (POST /v1/load_lora_adapter; "
+                        "--enable-lora allows it too, --lora and --max-loras alone do not)")
+    p.add_argument("--lora-dir", default=None, metavar="DIR",
+                   help="runtime adapter paths are read under DIR and must resolve inside it (implies "
+                        "--allow-runtime-lora)")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
     p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/*")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /liveness, "
+                        "/readiness, /health, /metrics and the web pages (docs/security.md)")
+    p.add_argument("--admin-api-key", default=None,
+                   help="the key of model and LoRA adapter load/unload and prompt-cache save/restore/erase "
+                        "(default: --api-key guards them)")
+    p.add_argument("--guard-metrics", action="store_true",
+                   help="/metrics takes the API key too, and the separate metrics port is off unless "
+                        "--metrics-port names one")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting for a slot before 503")
     p.add_argument("--engine", default="paged", choices=["dense", "paged"],
                    help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "

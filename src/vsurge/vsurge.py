@@ -269,8 +269,7 @@ class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
         loop = asyncio.get_running_loop()
         requests = [EncodeRequest(p, kind, ReturnChannel(loop)) for p in prompts]
         try:
-            for request in requests:
-                self._driver.submit_encode(request)
+            self._driver.submit_encodes(requests)  # one entry of the queue, however many inputs
             results = [await r.channel.get_async() for r in requests]
         finally:
             for request in requests:

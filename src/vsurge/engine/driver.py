@@ -88,6 +88,7 @@ class Driver(AbstractDriver):
                          if decode_engines else None)
         self._lock = threading.Lock()
         self._live: set[ActiveRequest] = set()
+        self._uncounted: set = set()  # live encodes that are not queue entries (all but the first of a call)
         self._threads: list[threading.Thread] = []
         self._running = self._accepting = False
         self._error: BaseException | None = None
@@ -222,29 +223,39 @@ class Driver(AbstractDriver):
     def submit_encode(self, request: EncodeRequest) -> None:
         """Queue a prompt for an embed/score pass (engine/encode.py): batched with every other one
         waiting on its replica, between generation steps."""
-        if not isinstance(request, EncodeRequest):
-            raise TypeError(f"submit_encode takes an EncodeRequest, got {type(request).__name__}")
-        self._enqueue(request)
+        self.submit_encodes([request])
+
+    def submit_encodes(self, requests: list[EncodeRequest]) -> None:
+        """Queue one call's prompts (an embeddings request's 2,048 inputs) as ONE entry of the queue."""
+        if not all(isinstance(r, EncodeRequest) for r in requests):
+            raise TypeError("submit_encodes takes EncodeRequests")
+        self._enqueue(*requests)
 
     def submit_request(self, request: ActiveRequest) -> None:
         if not isinstance(request, ActiveRequest):
             raise TypeError(f"submit_request takes an ActiveRequest, got {type(request).__name__}")
         self._enqueue(request)
 
-    def _enqueue(self, request) -> None:
+    def _enqueue(self, *requests) -> None:
+        """Several requests are one entry of the queue (the max_queue check counts the first)."""
         with self._lock:  # the same lock as _shutdown: a request is either failed by it or never taken
             if not self.ready:
                 raise DriverNotReadyError(f"the driver is not ready: {self._error or 'not running'}")
-            waiting = len(self._live) - self.num_used_slots
+            waiting = len(self._live) - len(self._uncounted) - self.num_used_slots
             if self.max_queue is not None and waiting >= self.max_queue:
                 raise QueueFullError(f"the request queue is full ({waiting} waiting, limit {self.max_queue}); "
                                      f"retry later")
-            self._live.add(request)
-            replica = self._least_loaded_prefill()
-            replica.load += 1
-            replica.metrics.set_waiting(len(replica.scheduler.waiting) + replica.inbox.qsize() + 1)
-        replica.inbox.put(request)
-        replica.wake.set()
+            placed = []
+            for request in requests:
+                self._live.add(request)
+                replica = self._least_loaded_prefill()
+                replica.load += 1
+                replica.metrics.set_waiting(len(replica.scheduler.waiting) + replica.inbox.qsize() + 1)
+                placed.append(replica)
+            self._uncounted.update(requests[1:])
+        for request, replica in zip(requests, placed):
+            replica.inbox.put(request)
+            replica.wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting work, let in-flight requests finish (up to `timeout` s), then stop the
@@ -402,6 +413,7 @@ class Driver(AbstractDriver):
     def _settle(self, replica: Replica, request) -> None:
         with self._lock:
             self._live.discard(request)
+            self._uncounted.discard(request)
             replica.load -= 1
 
     # ------------------------------------------------------------ sequences between engines (disaggregated)
@@ -531,7 +543,7 @@ class Driver(AbstractDriver):
     def _shutdown(self, error: BaseException) -> None:
         with self._lock:
             self._running = self._accepting = False
-            live, self._live = list(self._live), set()
+            live, self._live, self._uncounted = list(self._live), set(), set()
         for request in live:
             request.channel.put(error)
         for replica in self.replicas:

@@ -58,9 +58,11 @@ def _read_config(folder: Path) -> dict:
     if not path.is_file():
         raise AdapterError(f"{folder}: no adapter_config.json (a PEFT LoRA adapter directory is expected)")
     try:
-        config = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8 text (UnicodeDecodeError)
         raise AdapterError(f"{path}: not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise AdapterError(f"{path}: not a JSON object")
     kind = config.get("peft_type", "LORA")
     if str(kind).upper() != "LORA":
         raise AdapterError(f"{path}: peft_type {kind!r} is not LoRA")

@@ -56,12 +56,17 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     `tool_choice="auto"` outputs are parsed (structured/tool_parsers.py, or auto from the chat template);
     reasoning_parser: how reasoning is split from answers (deepseek_r1, qwen3, gpt_oss; None: not at all);
     response_store: where /v1/responses keeps stored responses (a ResponseStore: size cap and TTL);
-    media_policy: where image inputs may come from (a MediaPolicy: no URLs or local files by default)."""
+    media_policy: where image inputs may come from (a MediaPolicy: no URLs or local files by default).
+    api_key guards every route but the public ones; admin_api_key (when given) the admin ones (loading and
+    unloading models and adapters, named prompt caches), which else take api_key; guard_metrics: /metrics
+    takes api_key too (docs/security.md). allow_runtime_lora: POST /v1/load_lora_adapter and
+    /v1/unload_lora_adapter answer (else 403); lora_dir: the folder runtime adapters must lie in."""
 
     def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
                  oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto",
                  reasoning_parser: str | None = None, response_store: ResponseStore | None = None,
-                 media_policy: MediaPolicy | None = None):
+                 media_policy: MediaPolicy | None = None, admin_api_key: str | None = None,
+                 guard_metrics: bool = False, allow_runtime_lora: bool = False, lora_dir: str | None = None):
         if vsurge_map is None:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
         if isinstance(vsurge_map, vSurge):
@@ -86,6 +91,10 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.max_workers = max_workers
         self.oai_like_processor = oai_like_processor
         self.api_key = api_key
+        self.admin_api_key = admin_api_key
+        self.guard_metrics = guard_metrics
+        self.allow_runtime_lora = allow_runtime_lora or lora_dir is not None  # a folder to load from asks for it
+        self.lora_dir = lora_dir
         self.draining = False
         self.started_at = int(time.time())
         self._startup_error: BaseException | None = None

@@ -1,8 +1,9 @@
-"""The FastAPI application: middleware (body size, API key), error JSON (OpenAI's, Anthropic's on
+"""The FastAPI application: middleware (body size, API keys), error JSON (OpenAI's, Anthropic's on
 /v1/messages), and routes.
 
-Each route is one line: the handlers are methods of the server (handlers.py),
-as in the seed's vSurgeApiServer.
+Each route is declared once, with who may call it (routes.py: PUBLIC, GUARDED, ADMIN, METRICS; the
+guard checks keys by it). The handlers are methods of the server (handlers.py), as in the seed's
+vSurgeApiServer; the other files' routes are declared by their install_* functions on the same table.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import APIError, error_response, validation_error
 from .guard import Guard
+from .routes import GUARDED, METRICS, PUBLIC, RouteTable
 from .adapters.chat import ChatCompletionRequest
 from .adapters.completions import CompletionRequest
 from .adapters.embeddings import EmbeddingRequest
@@ -31,7 +33,8 @@ def build_app(server) -> FastAPI:
     app = FastAPI(title="vsurge", version="0.1.0",
                   description="OpenAI-compatible serving of Llama-family models with JAX")
 
-    app.add_middleware(Guard, server=server)
+    app.add_middleware(Guard, server=server, routes=app.router.routes)
+    table = RouteTable(app)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError):
@@ -47,72 +50,76 @@ def build_app(server) -> FastAPI:
         return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path,
                               code=exc.code)
 
-    @app.post("/v1/chat/completions")
+    @table.post("/v1/chat/completions", GUARDED)
     async def chat_completions(body: ChatCompletionRequest):
         return await server.chat_completions(body)
 
-    @app.post("/v1/completions")
+    @table.post("/v1/completions", GUARDED)
     async def completions(body: CompletionRequest):
         return await server.completions(body)
 
-    @app.post("/v1/responses")
+    @table.post("/v1/responses", GUARDED)
     async def responses(body: ResponsesRequest):
         return await server.responses(body)
 
-    @app.get("/v1/responses/{response_id}")
+    @table.get("/v1/responses/{response_id}", GUARDED)
     async def get_response(response_id: str):
         return await server.get_response(response_id)
 
-    @app.delete("/v1/responses/{response_id}")
+    @table.delete("/v1/responses/{response_id}", GUARDED)
     async def delete_response(response_id: str):
         return await server.delete_response(response_id)
 
-    @app.post("/v1/messages")
+    @table.post("/v1/messages", GUARDED)
     async def messages(body: MessagesRequest):
         return await server.messages(body)
 
-    @app.post("/v1/messages/count_tokens")
+    @table.post("/v1/messages/count_tokens", GUARDED)
     async def messages_count_tokens(body: MessagesCountTokensRequest):
         return await server.messages_count_tokens(body)
 
-    @app.post("/v1/embeddings")
+    @table.post("/v1/embeddings", GUARDED)
     async def embeddings(body: EmbeddingRequest):
         return await server.embeddings(body)
 
-    @app.get("/v1/models")
+    @table.get("/v1/models", GUARDED)
     async def models():
         return await server.available_inference()
 
-    @app.post("/v1/count_tokens")
+    @table.get("/v1/models/{model:path}", GUARDED)
+    async def model(model: str):
+        return await server.model_info(model)
+
+    @table.post("/v1/count_tokens", GUARDED)
     async def count_tokens(body: CountTokensRequest):
         return await server.count_tokens(body)
 
-    @app.post("/tokenize")
+    @table.post("/tokenize", GUARDED)
     async def tokenize(body: TokenizeRequest):
         return await server.tokenize(body)
 
-    @app.post("/detokenize")
+    @table.post("/detokenize", GUARDED)
     async def detokenize(body: DetokenizeRequest):
         return await server.detokenize(body)
 
-    @app.get("/liveness")
+    @table.get("/liveness", PUBLIC)
     async def liveness():
         return await server.liveness()
 
-    @app.get("/readiness")
+    @table.get("/readiness", PUBLIC)
     async def readiness():
         return await server.readiness()
 
-    @app.get("/health")
+    @table.get("/health", PUBLIC)
     async def health():
         return await server.health()
 
-    @app.get("/metrics")
+    @table.get("/metrics", METRICS)
     async def metrics():
         return await server.metrics()
 
-    install_cache_routes(app, server)  # named prompt caches over the disk tier (cache_slots.py)
-    install_lora_routes(app, server)  # runtime LoRA adapters (lora_routes.py)
-    install_model_routes(app, server)  # loading and unloading models (router.py)
-    install_web_routes(app, server)  # the chat page, the dashboard and /v1/stats
+    install_cache_routes(table, server)  # named prompt caches over the disk tier (cache_slots.py)
+    install_lora_routes(table, server)  # runtime LoRA adapters (lora_routes.py)
+    install_model_routes(table, server)  # loading and unloading models (router.py)
+    install_web_routes(table, server)  # the chat page, the dashboard and /v1/stats
     return app

@@ -9,7 +9,7 @@ slot save/restore, over the disk tier of the prefix cache (`--kv-cache-dir`, kv/
     erase    {"name"}: the saved copy is deleted
 
 Every page file is checked on read like any other disk-tier file (model, layout, tokens, digest).
-The routes sit under /v1/, so an `--api-key` guards them.
+They are ADMIN routes (server/routes.py): `--admin-api-key` guards them when set, else `--api-key`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pydantic import ConfigDict, StrictStr
 
 from .errors import APIError
 from .protocol import RequestBody
+from .routes import ADMIN
 
 NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
@@ -119,15 +120,15 @@ def _manifest(folder: Path, name: str) -> dict:
         raise APIError(400, f"the saved prompt cache '{name}' cannot be read: {exc}", "name") from None
 
 
-def install_cache_routes(app, server) -> None:
-    @app.post("/v1/cache/save")
+def install_cache_routes(table, server) -> None:
+    @table.post("/v1/cache/save", ADMIN)
     async def cache_save(body: CacheSlotRequest):
         return await save(server, body)
 
-    @app.post("/v1/cache/restore")
+    @table.post("/v1/cache/restore", ADMIN)
     async def cache_restore(body: CacheSlotRequest):
         return await restore(server, body)
 
-    @app.post("/v1/cache/erase")
+    @table.post("/v1/cache/erase", ADMIN)
     async def cache_erase(body: CacheSlotRequest):
         return await erase(server, body)

@@ -36,7 +36,9 @@ class OpenAIHandlers:
     # ------------------------------------------------------------ helpers
     async def surge_for(self, model: str | None):
         """The vSurge serving `model` (a model's name or a LoRA adapter's); a known model that is not loaded
-        is loaded first (server/router.py: the request waits, bounded)."""
+        is loaded first (server/router.py: the request waits, bounded). None (not given) is the first model."""
+        if model == "":
+            raise APIError(400, "model must be a model's name, not an empty string", "model")
         surge = self.get(model)
         if self.router is not None:
             # a model of the router, or an adapter of one (loaded with its model)
@@ -130,6 +132,13 @@ class OpenAIHandlers:
                 data += [{"id": adapter, "object": "model", "created": self.started_at, "owned_by": "vsurge",
                           "root": adapter, "parent": name} for adapter in entry["adapters"]]
         return {"object": "list", "data": data}
+
+    async def model_info(self, model: str):
+        """GET /v1/models/{model}: the model object of a served model or adapter (404 for any other)."""
+        for entry in (await self.available_inference())["data"]:
+            if entry["id"] == model:
+                return entry
+        raise APIError(404, f"The model `{model}` does not exist.", "model", code="model_not_found")
 
     async def count_tokens(self, request: CountTokenRequest):
         """POST /v1/count_tokens."""

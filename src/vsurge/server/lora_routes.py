@@ -2,17 +2,24 @@
 POST /v1/load_lora_adapter {lora_name, lora_path} and
 POST /v1/unload_lora_adapter {lora_name}; `model` (optional) names the base model when a server has
 several (an unloaded one is loaded first, and keeps the adapter across unloads: server/router.py).
-Adapters are read in a worker thread (the event loop keeps serving)."""
+Adapters are read in a worker thread (the event loop keeps serving).
+
+Both routes are ADMIN routes (server/routes.py) and answer only when the server was asked for runtime
+loading (`--allow-runtime-lora` or `--enable-lora`; vLLM keeps it behind an opt-in too): `--lora` and
+`--max-loras` alone serve the adapters named at start. With `--lora-dir DIR` a `lora_path` is read
+relative to DIR and must resolve inside it (no `..`, no symbolic link out of it)."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel
 
 from ..lora.adapter import AdapterError
 from .errors import APIError
+from .routes import ADMIN
 
 
 class LoadLoraRequest(BaseModel):
@@ -59,22 +66,45 @@ async def _base(server, model: str | None):
                    "lora_name")
 
 
-def install_lora_routes(app, server) -> None:
-    @app.post("/v1/load_lora_adapter")
+def _check_runtime_loading(server) -> None:
+    if not server.allow_runtime_lora:
+        raise APIError(403, "runtime LoRA adapter loading is off: start the server with --allow-runtime-lora "
+                            "(or --enable-lora), and --lora-dir DIR to keep adapters to one folder", "lora_path")
+
+
+def adapter_path(lora_path: str, lora_dir: str | None) -> str:
+    """The folder to read: `lora_path` itself, or under `--lora-dir` the path it resolves to there (relative
+    paths are read from the folder), refused when it resolves outside it."""
+    if lora_dir is None:
+        return lora_path
+    root = Path(lora_dir).resolve()
+    if "\0" in lora_path:
+        raise APIError(400, "'lora_path' holds a NUL character", "lora_path")
+    resolved = (root / lora_path).resolve()  # follows every symbolic link and `..`
+    if resolved != root and not resolved.is_relative_to(root):
+        raise APIError(400, f"lora_path {lora_path!r} is outside the server's --lora-dir", "lora_path")
+    return str(resolved)
+
+
+def install_lora_routes(table, server) -> None:
+    @table.post("/v1/load_lora_adapter", ADMIN)
     async def load_lora_adapter(body: LoadLoraRequest):
+        _check_runtime_loading(server)
         if body.lora_name in server.surges or (server.router is not None and server.router.knows(body.lora_name)):
             raise APIError(400, f"{body.lora_name!r} is a model's name; give the adapter another", "lora_name")
+        path = adapter_path(body.lora_path, server.lora_dir)
         surge = await _base(server, body.model)
         try:
-            await asyncio.to_thread(surge.load_adapter, body.lora_name, body.lora_path)
-        except AdapterError as exc:
+            await asyncio.to_thread(surge.load_adapter, body.lora_name, path)
+        except (AdapterError, ValueError, OSError) as exc:  # any unreadable adapter is the request's fault
             raise APIError(400, str(exc), "lora_path") from None
         if server.router is not None:
-            server.router.adapter_loaded(server.name_of(surge), body.lora_name, body.lora_path)
+            server.router.adapter_loaded(server.name_of(surge), body.lora_name, path)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter")
+    @table.post("/v1/unload_lora_adapter", ADMIN)
     async def unload_lora_adapter(body: UnloadLoraRequest):
+        _check_runtime_loading(server)
         router = server.router
         base = body.model or (router.base_of(body.lora_name) if router is not None else None)
         if router is not None and base is not None and base not in server.surges and router.knows(base):

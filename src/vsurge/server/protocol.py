@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StrictStr, ValidationInfo,
+                      field_validator, model_validator)
 from pydantic_core import PydanticCustomError
 
 CONTENT_KINDS = {"image_url": "image", "input_image": "image", "image": "image", "input_audio": "audio",
@@ -112,14 +113,38 @@ class ImagePart(BaseModel):
     image_url: Union[StrictStr, dict[str, Any]]
 
 
+# a user's or tool's message says something (null or [] is a 400); a system message's null stays an empty one
+CONTENT_REQUIRED = ("user", "tool")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Optional[Union[StrictStr, list[Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]]]] = None
+    # validate_default: a missing content or tool_call_id is checked against the role too
+    content: Optional[Union[StrictStr, list[Annotated[Union[TextPart, ImagePart], Field(discriminator="type")]]]] = \
+        Field(None, validate_default=True)
     name: Optional[StrictStr] = None
+    tool_call_id: Optional[StrictStr] = Field(None, validate_default=True)
 
     _media = field_validator("content", mode="before")(refuse_media_parts)
+
+    @field_validator("content")
+    @classmethod
+    def _content_for_the_role(cls, content, info: ValidationInfo):
+        role = info.data.get("role")
+        if role in CONTENT_REQUIRED and (content is None or content == []):
+            raise PydanticCustomError("missing_content", "must be a string or a non-empty list of content parts in "
+                                      "a {role} message", {"role": role})
+        return content
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id_for_tool_messages(cls, tool_call_id, info: ValidationInfo):
+        if info.data.get("role") == "tool" and tool_call_id is None:
+            raise PydanticCustomError("missing_tool_call_id", "must be given in a tool message: the id of the "
+                                      "tool call it answers")
+        return tool_call_id
 
 
 class StreamOptions(BaseModel):
@@ -164,7 +189,7 @@ def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:
         elif isinstance(content, list):
             content = "".join(part.text for part in content)
         message = {"role": m.role, "content": content or ""}
-        extra = m.model_extra or {}
+        extra = {**(m.model_extra or {}), "tool_call_id": m.tool_call_id}
         for key in ("tool_calls", "tool_call_id", "reasoning_content"):  # a tool-calling conversation's history
             if extra.get(key) is not None:
                 message[key] = extra[key]

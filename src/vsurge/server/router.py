@@ -34,6 +34,7 @@ from typing import Callable
 from pydantic import BaseModel
 
 from .errors import APIError
+from .routes import ADMIN
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class ModelRequest(BaseModel):
     model: str
 
 
-def install_model_routes(app, server) -> None:
+def install_model_routes(table, server) -> None:
     """llama.cpp's router routes: POST /models/load and /models/unload {"model": NAME}."""
     def router():
         if server.router is None:
@@ -339,12 +340,12 @@ def install_model_routes(app, server) -> None:
                                 "--models-dir to load and unload them)", "model")
         return server.router
 
-    @app.post("/models/load")
+    @table.post("/models/load", ADMIN)
     async def load_model(body: ModelRequest):
         await router().load(body.model)
         return {"success": True, "model": body.model}
 
-    @app.post("/models/unload")
+    @table.post("/models/unload", ADMIN)
     async def unload_model(body: ModelRequest):
         await router().unload(body.model)
         return {"success": True, "model": body.model}

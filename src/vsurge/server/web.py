@@ -2,8 +2,8 @@
 
 The pages are static files shipped in the package (`server/static/`, no build
 step, no CDN: the user may be offline); they talk to the same OpenAI routes as
-any client. `/v1/stats` sits under `/v1/`, so the API key guards it; the pages
-and their files stay open (the page asks for the key when the API says 401).
+any client. `/v1/stats` is GUARDED (the API key guards it); the pages and their files are
+PUBLIC (the page asks for the key when the API says 401).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from .routes import GUARDED, PUBLIC
 from .stats import ServerStats, server_stats
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -29,23 +29,23 @@ def page_url(scheme: str, host: str, port: int) -> str:
     return f"{scheme}://{host}:{port}/"
 
 
-def install_web_routes(app: FastAPI, server) -> None:
-    """Add the pages, their static files and /v1/stats to `app` (server: the vSurgeApiServer)."""
+def install_web_routes(table, server) -> None:
+    """Add the pages, their static files and /v1/stats to the route table (server: the vSurgeApiServer)."""
     started = time.time()
     # no-cache: after an upgrade the browser revalidates instead of mixing old and new scripts
     no_cache = {"Cache-Control": "no-cache"}
 
-    @app.get("/", include_in_schema=False)
+    @table.get("/", PUBLIC, include_in_schema=False)
     async def chat_page():
         return FileResponse(STATIC_DIR / "index.html", headers=no_cache)
 
-    @app.get("/dashboard", include_in_schema=False)
+    @table.get("/dashboard", PUBLIC, include_in_schema=False)
     async def dashboard_page():
         return FileResponse(STATIC_DIR / "dashboard.html", headers=no_cache)
 
-    @app.get("/v1/stats", response_model=ServerStats,
+    @table.get("/v1/stats", GUARDED, response_model=ServerStats,
              summary="Engine statistics of every served model (JSON view of /metrics)")
     async def stats() -> ServerStats:
         return server_stats(server, started)
 
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    table.mount("/static", StaticFiles(directory=STATIC_DIR), PUBLIC, name="static")

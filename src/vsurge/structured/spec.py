@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from .schema_check import check_schema
+
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
 
 # JSON is written the way Python's json.dumps writes it, `{"a": 1, "b": [1, 2]}`, with at most
@@ -62,6 +64,8 @@ class StructuredOutput:
                 raise ValueError(f"the JSON schema is not valid JSON: {e}") from None
         if self.json is not None and not isinstance(self.json, dict):
             raise ValueError(f"the JSON schema must be a JSON object, got {type(self.json).__name__}")
+        if self.json is not None:
+            check_schema(self.json)  # schemas no finite output satisfies (schema_check.py)
         if self.regex is not None and not isinstance(self.regex, str):
             raise ValueError("regex must be a string")
         if self.grammar is not None and (not isinstance(self.grammar, str) or not self.grammar.strip()):

@@ -35,7 +35,7 @@ FIM_TOKENS = (("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"), ("<fim_pre
 class CompletionRequest(StructuredFields):
     model: Optional[StrictStr] = None
     # a string, strings, token ids or token-id lists (common.prompt_items checks it, with clearer
-    # messages than a pydantic union's); null is refused as vLLM does (400), not read as <|endoftext|>
+    # messages than a pydantic union's); required, and null is OpenAI's default: <|endoftext|> (end_of_text)
     prompt: Optional[Any] = None
     suffix: Optional[StrictStr] = None  # fill-in-the-middle: the text after the completion
     logprobs: Optional[WholeInt] = None
@@ -59,12 +59,26 @@ def _encode_all(processor, texts: list[str], add_special_tokens: bool = True) ->
     return [processor.encode(t, add_special_tokens=add_special_tokens) for t in texts]
 
 
+def end_of_text(processor) -> list[int]:
+    """OpenAI's default prompt, `<|endoftext|>`: a document boundary, from which a model writes a new
+    document. The tokenizer's own `<|endoftext|>` where it has one, else its BOS token, else its EOS."""
+    unk = getattr(processor, "unk_token_id", None)
+    found = processor.convert_tokens_to_ids("<|endoftext|>")
+    if isinstance(found, int) and found != unk:
+        return [found]
+    for token in (getattr(processor, "bos_token_id", None), getattr(processor, "eos_token_id", None)):
+        if isinstance(token, int):
+            return [token]
+    raise APIError(400, "this model's tokenizer has no end-of-text, BOS or EOS token to stand for a null "
+                        "prompt: give a prompt", "prompt")
+
+
 async def prompt_token_lists(surge, prompt, suffix: str | None = None) -> list[list[int]]:
     """The prompts' token ids; with a suffix, each as fill-in-the-middle: prefix tokens, the prompt,
-    suffix tokens, the suffix, the middle token (the model writes what goes between)."""
+    suffix tokens, the suffix, the middle token (the model writes what goes between). A null prompt
+    is OpenAI's default, one `<|endoftext|>` (end_of_text)."""
     if prompt is None:
-        raise APIError(400, "'prompt' is a required field (null is not a prompt)", "prompt",
-                       code="missing_required_parameter")
+        prompt = [end_of_text(surge.processor)]
     try:
         items = prompt_items(prompt, "prompt")
     except ParamError as exc:
@@ -129,6 +143,8 @@ async def to_request(server, body: CompletionRequest, surge) -> GenerationReques
                                  logprobs=body.logprobs, structured=structured.constraint)
     except ParamError as exc:
         raise as_api_error(exc) from None
+    if "prompt" not in body.model_fields_set:  # null is a prompt (the default one); no prompt is not
+        raise APIError(400, "'prompt' is a required field", "prompt", code="missing_required_parameter")
     structured = await compile_constraint(structured, surge)
     prompts = await prompt_token_lists(surge, body.prompt, body.suffix)
     return GenerationRequest(prompts, params, structured, chat=False)

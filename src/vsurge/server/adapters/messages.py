@@ -88,6 +88,7 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
     out: list[dict] = [{"role": "system", "content": _text(system, "system")}] if system else []
     if not messages:
         raise ParamError(f"{param} must hold at least one message", param)
+    tool_uses: set[str] = set()  # ids of the tool_use blocks so far: each tool_result answers one
     for i, message in enumerate(messages):
         where = f"{param}[{i}]"
         role = message.get("role") if isinstance(message, dict) else None
@@ -99,6 +100,9 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
             continue
         if not isinstance(content, list):
             raise ParamError(f"{where}.content must be a string or a list of content blocks", f"{where}.content")
+        if not content and not (role == "assistant" and i == len(messages) - 1):  # Anthropic's rule
+            raise ParamError(f"{where}.content must not be empty (only a final assistant message may be)",
+                             f"{where}.content")
         text, calls = [], []  # text: strings, and image parts (server/media.py) where images are
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
@@ -111,11 +115,15 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
                 if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str) \
                         or not isinstance(block.get("input", {}), dict):
                     raise ParamError(f"{at} needs a string id and name and an object input", at)
+                tool_uses.add(block["id"])
                 calls.append({"id": block["id"], "type": "function",
                               "function": {"name": block["name"], "arguments": json.dumps(block.get("input", {}))}})
             elif kind == "tool_result" and role == "user":
                 if not isinstance(block.get("tool_use_id"), str):
                     raise ParamError(f"{at}.tool_use_id must be a string", f"{at}.tool_use_id")
+                if block["tool_use_id"] not in tool_uses:
+                    raise ParamError(f"{at}.tool_use_id {block['tool_use_id']!r} answers no earlier tool_use block",
+                                     f"{at}.tool_use_id")
                 result = _text(block.get("content", ""), f"{at}.content")
                 if block.get("is_error"):
                     result = f"Error: {result}"

@@ -99,8 +99,9 @@ def _text_of(content, param: str, images: bool = False) -> str | list[dict]:
     return text_or_parts(texts)
 
 
-def input_messages(value, param: str = "input") -> list[dict]:
-    """Responses input (a string, or a list of items) -> chat messages."""
+def input_messages(value, param: str = "input", earlier: list[dict] = ()) -> list[dict]:
+    """Responses input (a string, or a list of items) -> chat messages; `earlier`: the conversation before
+    it (a stored response's), whose function calls its function_call_outputs may answer."""
     if isinstance(value, str):
         if not value:
             raise ParamError(f"{param} must not be empty", param)
@@ -108,6 +109,7 @@ def input_messages(value, param: str = "input") -> list[dict]:
     if not value:
         raise ParamError(f"{param} must not be empty", param)
     out: list[dict] = []
+    calls = {call["id"] for m in earlier for call in m.get("tool_calls") or ()}
     for i, item in enumerate(value):
         where = f"{param}[{i}]"
         kind = item.get("type", "message")
@@ -123,6 +125,7 @@ def input_messages(value, param: str = "input") -> list[dict]:
             if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, str):
                 raise ParamError(f"{where} needs string call_id, name and arguments", where)
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            calls.add(call_id)
             if out and out[-1]["role"] == "assistant":  # several calls of one turn: one assistant message
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
@@ -131,6 +134,9 @@ def input_messages(value, param: str = "input") -> list[dict]:
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise ParamError(f"{where}.call_id must be a string", f"{where}.call_id")
+            if call_id not in calls:
+                raise ParamError(f"{where}.call_id {call_id!r} matches no earlier function_call (in this input or "
+                                 "the previous response)", f"{where}.call_id")
             out.append({"role": "tool", "tool_call_id": call_id,
                         "content": _text_of(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
@@ -202,7 +208,7 @@ async def to_request(server, body: ResponsesRequest, surge) -> tuple[GenerationR
     try:
         if body.n not in (None, 1):
             raise ParamError("n must be 1 for /v1/responses", "n")
-        conversation = history + input_messages(body.input)
+        conversation = history + input_messages(body.input, earlier=history)
         tools = tool_config(body.tools, body.tool_choice, body.parallel_tool_calls)
         structured = combine(text_constraints(body.text) + chat_constraints(
             {"structured_outputs": body.structured_outputs}), tools)
