@@ -106,6 +106,14 @@ def kv_bytes_per_token(model) -> int:
     return sum(l.heads * (l.k_dim + l.v_dim) for l in model.config.kv_layout) * 2  # bfloat16 pages
 
 
+def trace(folder: str, fn, calls: int = 3) -> None:
+    """A perfetto trace of `calls` calls of fn into folder (benchmarks/trace_summary.py sums it by op)."""
+    jax.profiler.start_trace(folder, create_perfetto_trace=True)
+    for _ in range(calls):
+        fn()
+    jax.profiler.stop_trace()
+
+
 def timed(fn, reps: int) -> float:
     fn()
     walls = []
@@ -118,9 +126,10 @@ def timed(fn, reps: int) -> float:
 
 def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -> list[str]:
     most, page = max(streams), 128
-    max_length = args.prompt_len + args.reps + 64
+    steps = getattr(args, "decode_steps", 1)
+    max_length = args.prompt_len + (args.reps + 8) * steps + 64  # (timing, warm-up and trace calls)
     pages = -(-max_length // page)
-    config = EngineConfig(max_slots=max(most, 2), max_length=max_length, decode_steps=1, page_size=page,
+    config = EngineConfig(max_slots=max(most, 2), max_length=max_length, decode_steps=steps, page_size=page,
                           num_pages=max(most, 2) * pages, prefill_tokens=args.prefill_tokens,
                           chunk_lengths=(args.prefill_tokens,), row_buckets=tuple(sorted({max(n, 2) for n in streams})),
                           enable_prefix_caching=False, attention_backend=getattr(args, "attention_backend", "auto"))
@@ -137,8 +146,9 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
         scheduler, holder = engine.new_scheduler(), {"state": engine.init_state()}
         for _ in range(n):
             ids = rng.integers(10, min(model.config.vocab_size, 40000), args.prompt_len).tolist()
-            request = ActiveRequest(ids, SamplingParams(max_tokens=args.reps + 32, temperature=0.0, ignore_eos=True),
-                                    0, args.reps + 32, [], ReturnChannel(), detokenize=False)
+            budget = (args.reps + 8) * steps + 32
+            request = ActiveRequest(ids, SamplingParams(max_tokens=budget, temperature=0.0, ignore_eos=True),
+                                    0, budget, [], ReturnChannel(), detokenize=False)
             scheduler.add(Sequence.of(request, processor))
 
         def run(plan):
@@ -153,7 +163,12 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
                 prefill = (timed(lambda: run(plan), 2), tokens, plan)  # (re-running a prompt step rewrites its K/V)
             scheduler.postprocess(plan, run(plan).to_host(False))
             plan = scheduler.schedule()
-        step = timed(lambda: run(plan), args.reps)
+        for _ in range(2):  # past the first decode steps, which the scheduler keeps to one step a call
+            scheduler.postprocess(plan, run(plan).to_host(False))
+            plan = scheduler.schedule()
+        step = timed(lambda: run(plan), args.reps) / plan.num_steps  # a call runs num_steps decode steps
+        if getattr(args, "trace", None) and n in (streams[0], streams[-1]):
+            trace(f"{args.trace}/{name.split()[1 if name.startswith('random') else 0]}-{n}", lambda: run(plan))
         context = args.prompt_len + 1
         kv_read = n * -(-context // page) * page * per_token
         roofline = (read + kv_read) / bandwidth
@@ -168,6 +183,7 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
             rows.append(f"| {name} | prefill, {tokens} tokens | {wall * 1e3:.1f} | - | - | {tokens / wall:.0f} | "
                         f"{flops / wall / 1e12:.3g} TFLOP/s, MFU {mfu} |")
         print(rows[-1], flush=True)
+        holder["state"] = None  # the pool goes before the next count's is made (two would not fit a 3B on 16 GB)
     return rows
 
 
@@ -179,6 +195,10 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--prefill-tokens", type=int, default=512)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--decode-steps", type=int, default=1,
+                   help="decode steps per device call (the engine's multi-step decode; step ms = call / steps)")
+    p.add_argument("--trace", default=None, help="a folder: perfetto traces of the decode calls at the first "
+                                                 "and last stream counts")
     p.add_argument("--bandwidth-gbs", type=float, default=None)
     p.add_argument("--peak-tflops", type=float, default=None)
     p.add_argument("--smoke", action="store_true", help="CPU: a tiny 8B-shaped model, 1 and 4 streams, short prompts")
@@ -200,7 +220,7 @@ def main(argv=None) -> int:
             name = "default model (SmolLM2-135M)"
         rows += measure(name, model, processor, streams, args, bandwidth, peak)
         del model
-    print(f"\n`python benchmarks/roofline.py{' --smoke' if args.smoke else ''}`, {kind}, "
+    print(f"\n`python benchmarks/roofline.py {' '.join(argv if argv is not None else sys.argv[1:])}`, {kind}, "
           f"{time.strftime('%Y-%m-%d')}; medians of {args.reps} steps\n")
     print("| model | step | ms | roofline ms | % roofline | tok/s | prefill |\n|---|---|---|---|---|---|---|")
     print("\n".join(rows))

@@ -54,6 +54,12 @@ def test_tpu_pools_keep_the_bytes_of_their_keys_and_values(heads, k_dim, v_dim, 
         assert k[0].shape == (5, 16, 2 * heads // fold, fold * k_dim) and v[0].shape == (5, 0)
 
 
+def test_the_kernel_is_asked_only_for_head_counts_it_tiles():
+    assert tpu.tileable(8, jnp.bfloat16) and tpu.tileable(16, jnp.bfloat16) and tpu.tileable(4, jnp.bfloat16)
+    assert not tpu.tileable(6, jnp.bfloat16)  # three KV heads of 128 lanes: the XLA loop
+    assert tpu.tileable(6, jnp.float32) is False and tpu.tileable(8, jnp.float32)
+
+
 # ------------------------------------------------------------------ one step on both layouts
 def step(kv_heads, group, dim, page, decode_pos, chunk_rows, seed=0, v_dim=None):
     """A pool with history, then one step: decode rows at `decode_pos` (-1 padding) and chunk rows

@@ -169,7 +169,10 @@ def penalized_greedy(logits, counts, prompt_mask, rows, p: SamplingArrays, bitma
                                 vmap_method="sequential")
         f32 = [a.astype(jnp.float32) for a in (p.repetition_penalty, p.frequency_penalty, p.presence_penalty)]
         return call(logits, counts, prompt_mask, rows.astype(jnp.int32), *f32, bitmask.astype(jnp.int32))
-    return greedy_tokens(apply_penalties(apply_token_bitmask(logits, bitmask), counts[rows], prompt_mask[rows], p))
+    def adjusted(logits):  # (gathers each row's (V,) counts and prompt mask: skipped when nothing needs them)
+        return greedy_tokens(apply_penalties(apply_token_bitmask(logits, bitmask), counts[rows], prompt_mask[rows], p))
+
+    return jax.lax.cond(jnp.any(bitmask != -1) | penalties_active(p), adjusted, greedy_tokens, logits)
 
 
 def draw_tokens(logits, p: SamplingArrays, steps):

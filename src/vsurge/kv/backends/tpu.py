@@ -169,7 +169,16 @@ class TpuPages:
 
 def _kernel_serves(q, pool, spec, sinks, layout) -> bool:
     return (jax.default_backend() == "tpu" and q.dtype == pool.dtype and pool.shape[-1] % LANES == 0
-            and sinks is None and spec.chunk is None and layout.chunk_limit is None)
+            and tileable(pool.shape[2], pool.dtype) and sinks is None and spec.chunk is None
+            and layout.chunk_limit is None)
+
+
+def tileable(combined_heads: int, dtype) -> bool:
+    """Whether the kernel takes this many combined heads: whole (8 x 32-bit) tiles of them, or 1, 2, 4 or 8
+    packed rows (jax 0.10.2 refuses others: three KV heads of 128 lanes, say)."""
+    packing = 4 // jnp.dtype(dtype).itemsize
+    rows, left = divmod(combined_heads, packing)
+    return not left and (rows in (1, 2, 4, 8) or rows % 8 == 0)
 
 
 TPU = TpuPages()

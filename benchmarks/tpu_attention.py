@@ -1,0 +1,102 @@
+"""The tpu backend's attention call alone (kv/backends/tpu.py: JAX's ragged paged-attention kernel over the
+folded layout), against the bytes it must read: each row's K/V up to its length / the chip's bandwidth.
+
+For each shape and row count it times the kernel at the tuned block sizes and at each (KV pages, queries)
+per block given, and prints the best. Decode rows (one query each) at the roofline benchmark's context;
+`--prefill` adds one prompt of that many tokens.
+
+    python benchmarks/tpu_attention.py --rows 64,256 --blocks 4x32,8x32,8x64,16x64      # on the TPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vsurge.config import AttentionSpec
+from vsurge.kv.backends import tpu
+from vsurge.kv.paged import StepLayout
+
+SHAPES = {"1b": (32, 8, 64), "3b": (24, 8, 128), "8b": (32, 8, 128)}  # query heads, KV heads, head_dim
+BANDWIDTH = {"TPU v5": 819e9, "TPU v6": 1640e9, "TPU v4": 1200e9}
+
+
+def layout(rows: int, context: int, page: int, prefill: int):
+    width = -(-(context + prefill) // page)
+    rng = np.random.default_rng(0)
+    pages = rng.permutation(rows * width + width + 1)
+    tables = pages[: rows * width].reshape(rows, width)
+    chunk_tables = pages[rows * width: rows * width + width][None] if prefill else np.zeros((0, width), int)
+    chunk_pos = np.arange(prefill)[None] if prefill else np.zeros((0, 1), int)
+    return StepLayout(slot_mapping=jnp.zeros((rows + prefill,), jnp.int32),
+                      decode_tables=jnp.asarray(tables, jnp.int32),
+                      decode_pos=jnp.full((rows, 1), context - 1, jnp.int32),
+                      chunk_tables=jnp.asarray(chunk_tables, jnp.int32), chunk_pos=jnp.asarray(chunk_pos, jnp.int32)), \
+        rows * width + width + 1
+
+
+def timed(fn, reps=20) -> float:
+    jax.block_until_ready(fn())
+    walls = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", default="1b,3b")
+    p.add_argument("--rows", default="1,64,256")
+    p.add_argument("--context", type=int, default=513)
+    p.add_argument("--page-size", type=int, default=128)
+    p.add_argument("--prefill", type=int, default=0)
+    p.add_argument("--blocks", default="", help="comma-separated KVPAGESxQUERIES block sizes to try")
+    p.add_argument("--vmem-mb", type=int, default=None)
+    args = p.parse_args(argv)
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    kind = jax.devices()[0].device_kind
+    bandwidth = next((v for k, v in BANDWIDTH.items() if k in kind), None)
+    print(f"device {kind}", flush=True)
+    print("| shape | rows | prefill | blocks | ms | bytes/bandwidth ms | % |\n|---|---|---|---|---|---|---|")
+    for shape in args.shapes.split(","):
+        heads, kv_heads, dim = SHAPES[shape]
+        fold = tpu.fold_of(kv_heads, dim, dim)
+        for rows in (int(r) for r in args.rows.split(",")):
+            lay, num_pages = layout(rows, args.context, args.page_size, args.prefill)
+            pool = jnp.ones((num_pages, args.page_size, 2 * kv_heads // fold, fold * dim), jnp.bfloat16)
+            q = jnp.ones((rows + args.prefill, heads, dim), jnp.bfloat16)
+            spec = AttentionSpec(scale=dim ** -0.5)
+            need = (rows * args.context + args.prefill) * 2 * kv_heads * dim * 2  # every K/V read once
+            floor = need / bandwidth if bandwidth else None
+            for blocks in [None, *(b for b in args.blocks.split(",") if b)]:
+                options = {}
+                if blocks:
+                    kv, qs = (int(x) for x in blocks.split("x"))
+                    options = dict(num_kv_pages_per_block=kv, num_queries_per_block=qs)
+                if args.vmem_mb:
+                    options["vmem_limit_bytes"] = args.vmem_mb << 20
+                call = lambda *a, **k: ragged_paged_attention(*a, **k, **options)  # noqa: E731
+                fn = jax.jit(lambda q, pool: tpu.ragged_attention(q, pool, lay, spec, kv_heads, call=call))
+                try:
+                    wall = timed(lambda: fn(q, pool))
+                except Exception as error:  # noqa: BLE001  (a block size the kernel refuses: say so, go on)
+                    print(f"| {shape} | {rows} | {args.prefill} | {blocks or 'tuned'} | {type(error).__name__}: "
+                          f"{str(error)[:80]} | | |", flush=True)
+                    continue
+                pct = f"{100 * floor / wall:.0f}%" if floor else "-"
+                print(f"| {shape} | {rows} | {args.prefill} | {blocks or 'tuned'} | {wall * 1e3:.3f} | "
+                      f"{floor * 1e3 if floor else 0:.3f} | {pct} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
