@@ -4,8 +4,8 @@
 gguf_memory.py makes it) are multiplied in a chain inside one jitted program, each call's input
 made from the last one's output, so the weights come from memory rather than from the cache (16
 copies of a Q4_K 5632 x 2048 are 100 MB). Prints per format, rows M and passes (1: the
-activations rounded to 8 bits, llama.cpp's arithmetic; 2: the models' default, ops/quantized.py
-TWO_PASS) the median ms per matrix over `--reps` calls and the GB/s of weights read, with the CPU's
+activations rounded to 8 bits, llama.cpp's arithmetic; 2: the default below ~1B parameters,
+ops/quantized.py activation_passes) the median ms per matrix over `--reps` calls and the GB/s of weights read, with the CPU's
 ISA and the kernel's variant and threads.
 
     python benchmarks/kernel_rows.py [--shape 5632,2048] [--formats q4_k,q6_k] [--rows 1,2,8,16]

@@ -27,7 +27,7 @@ from gguf_files import random_blocks
 from vsurge import kernels
 from vsurge.ops.quant_layout import FORMATS, repack_gguf, tile_bytes, tile_count
 from vsurge.ops.quantized import (QUANTIZABLE, QuantizedWeight, dequantize, from_gguf, qmatmul, quantize, real_rows,
-                                  step_passes, with_passes)
+                                  with_passes)
 
 N, K = 45, 512  # 45 rows: two full tiles and one of 13 (an AVX2 half of 8 and one of 5); K = 2 super-blocks
 ROWS = (1, 2, 7, 32, 64, 130)  # 130: three 64-row chunks, the last of 2
@@ -300,43 +300,28 @@ def test_isa_switch_caps_the_variant():
 
 
 @needs_kernel
-def test_a_step_of_many_sequences_makes_one_pass():
-    """A weight of two passes makes one where the step being traced serves more sequences than the
-    limit (a run-time count: one program serves both), two up to it and with no limit; an explicit
-    two_pass overrides the step; padding rows stay 0 either way."""
+def test_a_rows_products_do_not_depend_on_the_rows_beside_it():
+    """A weight's passes hold for every row however many rows are real (issue 60: a request's greedy
+    tokens must not change with the load): a row alone and among 32 gives the same bits, in two passes
+    and in one, and the two differ; an explicit two_pass overrides the weight; padding rows stay 0."""
     rng = np.random.default_rng(5)
-    w = with_passes(quantize(rng.standard_normal((48, 256)).astype(np.float32), "q4_1", 32), 2)
-    x = jnp.asarray(rng.standard_normal((1, 6, 256)).astype(np.float32))
-    real = jnp.asarray([True] * 5 + [False])
-    with real_rows(real):
-        one, two = qmatmul(x, w, two_pass=False), qmatmul(x, w, two_pass=True)
-    assert float(jnp.abs(one - two).max()) > 0 and float(jnp.abs(one[0, 5]).max()) == 0
+    blocks = quantize(rng.standard_normal((48, 256)).astype(np.float32), "q4_1", 32)
+    x = jnp.asarray(rng.standard_normal((1, 33, 256)).astype(np.float32))
+    alone, busy = jnp.arange(33) == 0, jnp.arange(33) < 32
 
     @jax.jit
-    def step(x, sequences):
-        with step_passes(sequences, 4), real_rows(real):
-            return qmatmul(x, w), qmatmul(x, w, two_pass=True), qmatmul(x[0], w)  # (the last: a head's rows)
+    def step(x, real, w):
+        with real_rows(real):
+            return qmatmul(x, w), qmatmul(x, w, two_pass=True)
 
-    for sequences, want in ((1, two), (4, two), (5, one), (32, one)):
-        chosen, forced, head = step(x, sequences)
-        np.testing.assert_array_equal(chosen, want)
-        np.testing.assert_array_equal(forced, two)
-        np.testing.assert_array_equal(head[:5], want[0, :5])
-    with step_passes(jnp.int32(32), None), real_rows(real):
-        np.testing.assert_array_equal(qmatmul(x, w), two)
-
-
-def test_a_mixed_steps_sequences_count_a_long_prompts_rows_once():
-    """engine/programs.py: real decode rows, plus prompt rows that begin a sequence (a long prompt's
-    consecutive rows share one page table; padding rows count for nothing)."""
-    from vsurge.engine.programs import _sequences
-    from vsurge.kv.paged import StepLayout
-
-    tables = jnp.asarray([[3, 4], [3, 4], [3, 4], [7, -1], [8, -1], [0, 0]], jnp.int32)  # rows of 3 prompts, padding
-    pos = jnp.asarray([[0, 1], [2, 3], [4, -1], [0, 1], [0, -1], [-1, -1]], jnp.int32)
-    decode_pos = jnp.asarray([[9], [4], [-1], [-1]], jnp.int32)
-    lay = StepLayout(jnp.zeros(16, jnp.int32), jnp.zeros((4, 2), jnp.int32), decode_pos, tables, pos)
-    assert int(_sequences(lay)) == 2 + 3
-    empty = StepLayout(jnp.zeros(4, jnp.int32), jnp.zeros((4, 2), jnp.int32), decode_pos,
-                       jnp.zeros((0, 2), jnp.int32), jnp.zeros((0, 2), jnp.int32))
-    assert int(_sequences(empty)) == 2
+    out = {}
+    for passes in (1, 2):
+        w = with_passes(blocks, passes)
+        (lone, lone_two), (many, many_two) = step(x, alone, w), step(x, busy, w)
+        np.testing.assert_array_equal(lone[0, 0], many[0, 0])
+        np.testing.assert_array_equal(lone_two[0, 0], many_two[0, 0])
+        assert float(jnp.abs(lone[0, 1:]).max()) == 0 and float(jnp.abs(many[0, 32]).max()) == 0
+        np.testing.assert_array_equal(many[0, :32], qmatmul(x[0, :32], w))  # (no real rows: the plain call)
+        out[passes] = many_two if passes == 1 else many
+    np.testing.assert_array_equal(out[1], out[2])  # two_pass=True on a one-pass weight: two passes
+    assert float(jnp.abs(step(x, busy, with_passes(blocks, 1))[0] - out[2]).max()) > 0

@@ -170,6 +170,25 @@ def test_concurrent_prompts_share_the_device_and_isolate_errors(vinf):
     assert progress[-1] == (8, 8) and len(progress) == 8
 
 
+def test_eight_concurrent_greedy_prompts_answer_as_each_alone():
+    """Issue 60: a greedy request's tokens do not depend on the rows beside it. The default model as it
+    loads by default (GGUF blocks, the kernel's two passes) keeps its passes in every step: a step of
+    more than four rows once made one pass, and then 0 of these 8 replies equalled their lone runs and
+    the README's question was answered "L'Étoile, la Marseillaise, ..."."""
+    import vsurge
+
+    model, processor = vsurge.load("default", progress=False)
+    assert model.activation_passes == 2
+    inference = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=32), seed=0)
+    assert inference.precompile(vInferencePreCompileConfig(batch_size=[1, 8], prefill_length=64))
+    prompts = [chat(q) for q in ("What is the capital of France?", "Name three primary colors.", "What is 12 times 7?",
+                                 "Write a haiku about autumn leaves.", "Say hello in Spanish.", "List two ocean animals.",
+                                 "Explain in one sentence why the sky is blue.", "Who wrote Romeo and Juliet?")]
+    together = asyncio.run(inference.process_prompts_concurrently(prompts, 8, GREEDY))
+    assert [r.text for r in together] == [inference.process_prompt(p, GREEDY).text for p in prompts]
+    assert "Paris" in together[0].text, together[0].text
+
+
 def test_concurrent_stream_events(vinf):
     async def run():
         events = await vinf.process_prompts_concurrently(["Hi", "", chat("Count to three.")], 2,

@@ -25,8 +25,7 @@ QUANTIZATION_HELP = ("blocks: keep a GGUF file's or an AWQ/GPTQ checkpoint's blo
 
 PASSES_HELP = ("how the block kernel multiplies weights held in blocks: 2 also multiplies the activations' int8 "
                "rounding residual (near-float logits), 1 is llama.cpp's arithmetic (about half the integer work); "
-               "default: 2 below ~1B parameters (hidden size < 1024) in steps serving at most 4 sequences, else 1; "
-               "2 given: two in every step")
+               "default: 2 below ~1B parameters (hidden size < 1024), 1 from there; either holds in every step")
 
 
 def _default_cache() -> str:

@@ -230,12 +230,8 @@ def describe_model(model) -> str:
     if platform() == "cpu":
         line += f"; CPU ISA {kernels.cpu_isa()}, block kernel {kernels.variant() or 'unavailable'}"
         if model.activation_passes:
-            if model.activation_passes == 1:
-                line += " in one pass (llama.cpp's arithmetic)"
-            else:
-                limit = getattr(model, "two_pass_max_sequences", None)
-                line += " in two passes (activations' rounding residual too" + (
-                    f"; one in steps of more than {limit} sequences)" if limit is not None else ")")
+            line += (" in two passes (activations' rounding residual too)" if model.activation_passes == 2
+                     else " in one pass (llama.cpp's arithmetic)")
     return line
 
 

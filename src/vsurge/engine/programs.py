@@ -31,7 +31,7 @@ from ..kv.paged import PagedAttentionCache, StepLayout
 from ..kv.recurrent import run_fresh
 from ..ops.attention import attend
 from ..ops.lora import lora_head_rows, lora_rows
-from ..ops.quantized import real_rows, step_passes
+from ..ops.quantized import real_rows
 from ..ops.sampling import (TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_tokens, penalized_greedy,
                             penalties_active, token_logprobs)
 from ..structured.bitmask import apply_token_bitmask
@@ -239,14 +239,12 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
             layout = dataclasses.replace(
                 layout, decode_slots=dr.state_slots, decode_restore=jnp.where(first, dr.restore, -1),
                 draft_rows=jnp.where(first, dr.rows, -1), draft_slots=dr.slots, draft_from=dr.start, draft_to=dr.to)
-        with step_passes(jnp.sum(active), _two_pass_limit(model)):
-            with real_rows(active if batch.drafts is None else None), lora_rows(batch.adapters):  # (padding: skipped)
-                hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
-                rope = None if batch.rope_delta is None else jnp.broadcast_to(positions + batch.rope_delta, (3, d))
-                hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout),
-                                                 **_rope_kwargs(rope))
-            with lora_head_rows(batch.adapters):
-                logits = model.logits(hidden[0])  # (D, V)
+        with real_rows(active if batch.drafts is None else None), lora_rows(batch.adapters):  # (padding: skipped)
+            hidden = model.embed_tokens(tokens[None])  # (1, D, Dm)
+            rope = None if batch.rope_delta is None else jnp.broadcast_to(positions + batch.rope_delta, (3, d))
+            hidden, kv = model.decode_layers(hidden, positions[None], state.kv.for_step(layout), **_rope_kwargs(rope))
+        with lora_head_rows(batch.adapters):
+            logits = model.logits(hidden[0])  # (D, V)
         new = sample_rows(logits, state.slots, batch.slots, generated, batch.bitmask)
         new = jnp.where(active, new, tokens)
         lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & active)
@@ -269,20 +267,6 @@ def decode(graphdef, graphstate, graphother, state: EngineState, batch: DecodeBa
     return EngineState(state.kv, slots), out
 
 
-def _two_pass_limit(model) -> int | None:
-    """Most sequences a step of this model may serve in two block-kernel passes (ops/quantized.py
-    `step_passes`; None: no limit)."""
-    return getattr(model, "two_pass_max_sequences", None)
-
-
-def _sequences(lay) -> jax.Array:
-    """How many sequences a mixed step serves: its real decode rows, and its prompt rows that begin a
-    sequence's run (a long prompt's consecutive rows share one page table)."""
-    starts = jnp.ones(lay.chunk_pos.shape[0], bool).at[1:].set(
-        jnp.any(lay.chunk_tables[1:] != lay.chunk_tables[:-1], axis=1))
-    return jnp.sum(lay.decode_pos[:, 0] >= 0) + jnp.sum(starts & (lay.chunk_pos[:, 0] >= 0))
-
-
 def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatch):
     """One forward pass over decode tokens and prompt rows -> (state, StepOutput with K = 1)."""
     model = nnx.merge(graphdef, graphstate, graphother)
@@ -299,12 +283,11 @@ def mixed(graphdef, graphstate, graphother, state: EngineState, batch: MixedBatc
             extra["layer_inputs"] = jnp.where(mask[None], levels, 0.0)[:, None]
     lay = batch.layout  # real tokens: decode rows and prompt tokens with a position (-1: padding)
     real = jnp.concatenate([lay.decode_pos[:, 0] >= 0, lay.chunk_pos.reshape(-1) >= 0])
-    with step_passes(_sequences(lay), _two_pass_limit(model)):
-        with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
-            hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout),
-                                             **_rope_kwargs(batch.rope_positions), **extra)
-        with lora_head_rows(None if batch.adapters is None else batch.adapters[batch.logits_index]):
-            logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
+    with real_rows(real if lay.draft_rows is None else None), lora_rows(batch.adapters):
+        hidden, kv = model.decode_layers(hidden, batch.positions[None], state.kv.for_step(batch.layout),
+                                         **_rope_kwargs(batch.rope_positions), **extra)
+    with lora_head_rows(None if batch.adapters is None else batch.adapters[batch.logits_index]):
+        logits = model.logits(hidden[0, batch.logits_index])  # (R, V)
     new = sample_rows(logits, state.slots, batch.slots, batch.generated, batch.bitmask)
     lp = _logprobs(logits, new, state.slots.want_logprobs[batch.slots] & batch.samples)
     slots = _remember(_count(state.slots, batch.slots, new, batch.samples), batch.slots, new, batch.samples,

@@ -33,7 +33,7 @@ GATED_DELTA_TARGET = "vsurge_gated_delta_decode"  # recurrent_decode.cc: decode 
 MOE_TARGET = "vsurge_moe_experts"  # moe_experts.cc: routed experts of a few rows, read in place in their stacks
 CONV_TARGET = "vsurge_conv_decode"  # recurrent_decode.cc: decode rows' short-convolution windows updated in place
 GREEDY_TARGET = "vsurge_greedy"  # sampling.cc: greedy tokens after the mask and the penalties, in one pass
-LAYOUT_VERSION = 8  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
+LAYOUT_VERSION = 9  # vsurge_qmatmul_layout_version() of a library that matches ops/quant_layout.py and its calls
 _DISABLED = ("none", "off", "xla")
 
 

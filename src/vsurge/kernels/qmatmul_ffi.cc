@@ -136,8 +136,8 @@ void matmul_items(void* ctx, int64_t i0, int64_t i1) {  // item = (tile, row chu
 // passes 2: x's rounding residual is quantized too and multiplied in the same pass over the weights,
 // the two dot products combined as integers (qmatmul.h, Activations): x keeps ~15 bits, not 8.
 // real: null, or (M,) int32, nonzero for the rows to multiply: the others (a step's padding) are not
-// computed and come out 0. With passes 2 the values also say what the step chose at run time: two
-// passes where a row holds 2, one where every real row holds 1 (ops/quantized.py `step_passes`).
+// computed and come out 0. Every row gets the same passes (a request's arithmetic never depends on
+// the rows beside it).
 ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t* real, ffi::ResultBuffer<ffi::F32> y,
                         int64_t format, int64_t passes) {
   const IsaKernels* isa = variant().load(std::memory_order_relaxed);
@@ -166,23 +166,20 @@ ffi::Error qmatmul_rows(ffi::AnyBuffer x, ffi::Buffer<ffi::U8> w, const int32_t*
   thread_local std::vector<int32_t> src;  // the real rows, in order
   const int32_t* map = nullptr;
   const int64_t m_all = m;
-  bool two = passes == 2;
   if (real != nullptr) {
     src.clear();
-    bool wants_two = false;
     for (int64_t r = 0; r < m_all; ++r) {
-      wants_two |= real[r] >= 2;
       if (real[r] != 0) src.push_back(static_cast<int32_t>(r));
       else std::memset(y->typed_data() + r * n, 0, n * sizeof(float));  // padding rows: 0
     }
     if (src.empty()) return ffi::Error::Success();
-    two = two && wants_two;
     if (static_cast<int64_t>(src.size()) < m_all) {
       map = src.data();
       m = static_cast<int64_t>(src.size());
     }
   }
   const int64_t blocks = k / kBlock;
+  const bool two = passes == 2;
   scratch.q.resize(m * k);
   if (two) scratch.q2.resize(m * k);
   scratch.d.resize(m * blocks);
@@ -231,8 +228,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_ffi, vsurge::qmatmul_impl,
                                   .Attr<int64_t>("format")
                                   .Attr<int64_t>("passes"));
 
-// The same product for the rows where `real` (M,) int32 is nonzero (2 where the step wants two passes);
-// the other rows of y are 0.
+// The same product for the rows where `real` (M,) int32 is nonzero; the other rows of y are 0.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_real_rows_ffi, vsurge::qmatmul_real_impl,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::AnyBuffer>()
@@ -245,7 +241,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(vsurge_qmatmul_real_rows_ffi, vsurge::qmatmul_real
 // For ctypes (src/vsurge/kernels/__init__.py).
 extern "C" {
 
-int vsurge_qmatmul_layout_version() { return 8; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages; 5: real rows; 6: vsurge_gated_delta_decode, vsurge_conv_decode, vsurge_moe_experts; 7: vsurge_greedy; 8: real rows' values carry the step's passes
+int vsurge_qmatmul_layout_version() { return 9; }  // 2: the `passes` attribute; 3: vsurge_kv_write, vsurge_gather_pages; 4: take/put pages; 5: real rows; 6: vsurge_gated_delta_decode, vsurge_conv_decode, vsurge_moe_experts; 7: vsurge_greedy; 8: real rows' values carry the step's passes; 9: they no longer do (passes are the weight's)
 
 const char* vsurge_qmatmul_variant() {
   const vsurge::IsaKernels* k = vsurge::variant().load();

@@ -64,8 +64,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         (vLLM's --enable-expert-parallel) instead of splitting every expert's hidden units.
     activation_passes: how the block kernel multiplies weights held in blocks: 2 (the activations'
         int8 rounding residual too: near-float logits), 1 (llama.cpp's arithmetic: about half the
-        integer work); None: 2 below ~1B parameters in engine steps serving at most 4 sequences (one in
-        busier steps: ops/quantized.step_passes), 1 above (ops/quantized.activation_passes).
+        integer work); None: 2 below ~1B parameters, 1 above (ops/quantized.activation_passes). The
+        choice holds in every step, however busy: a request's arithmetic never depends on the load.
     mmproj: llama.cpp's mmproj GGUF (vision tower and projector) of the vision-language model whose text
         model `path` is (a GGUF file): the pair loads as the one model (loading/mmproj.py).
     """
@@ -164,12 +164,9 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
                             kernels.unavailable_reason())
         model.quantize(quantization)
     if model.block_formats():
-        from ..ops.quantized import TWO_PASS_MAX_SEQUENCES
         from ..ops.quantized import activation_passes as passes_for
 
-        # (two passes asked for: in every step; chosen by default: in steps of few sequences)
-        model.use_activation_passes(activation_passes or passes_for(config),
-                                    None if activation_passes else TWO_PASS_MAX_SEQUENCES)
+        model.use_activation_passes(activation_passes or passes_for(config))
     if platform() == "cpu":
         from flax import nnx
 

@@ -43,8 +43,7 @@ from ..kv.dense import NoCache
 from ..ops.lora import LoraStack, head_delta, lora_embedding
 from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
-from ..ops.quantized import (TWO_PASS_MAX_SEQUENCES, activation_passes, gather_rows, held_bytes, is_quantized, quantize,
-                             with_passes)
+from ..ops.quantized import activation_passes, gather_rows, held_bytes, is_quantized, quantize, with_passes
 from ..ops.rope import rope_cos_sin
 from ..sharding import constrain
 from .fused import replicate_kv_groups
@@ -211,11 +210,10 @@ class CausalLM(nnx.Module):
                 out[w.format] = out.get(w.format, 0) + 1
         return out
 
-    def use_activation_passes(self, passes: int, max_sequences: int | None = TWO_PASS_MAX_SEQUENCES) -> "CausalLM":
+    def use_activation_passes(self, passes: int) -> "CausalLM":
         """Have the block kernel multiply every block weight in `passes` passes (ops/quantized.py
-        `activation_passes`: 2 adds the activations' int8 rounding residual, 1 is llama.cpp's arithmetic);
-        with two, an engine step serving more than `max_sequences` sequences makes one (None: never)."""
-        self.two_pass_max_sequences = max_sequences
+        `activation_passes`: 2 adds the activations' int8 rounding residual, 1 is llama.cpp's arithmetic),
+        in every row of every step."""
         for holder in (self, *self.layers):
             for value in vars(holder).values():
                 if isinstance(value, nnx.Param) and is_quantized(value[...]):

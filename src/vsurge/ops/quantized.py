@@ -39,16 +39,12 @@ from vsurge.ops.quant_layout import (BY_QTYPE, FORMATS, TILE_ROWS, BlockFormat, 
 # model's greedy answer to "What is the capital of France?" parts from float32's at its first token (a
 # 0.08 logit tie the 8-bit activations tip). From ~1B up, prompt steps and batched decode are bound by
 # the integer work: one pass, llama.cpp's own arithmetic (its Q8 activations), nearly doubles them.
-# A model of two passes still multiplies in one where a step serves more than TWO_PASS_MAX_SEQUENCES
-# sequences (`step_passes`, chosen at run time): such a step (a burst of prompts, many decode rows) is
-# bound by the integer work on every CPU, and its users get llama.cpp's arithmetic rather than a
-# slower step. The default model, 32 decode rows / a 32-prompt step, held to AVX2: 113 -> 76 ms and
-# 1021 -> 716 ms; with AVX-512 VNNI 54 -> 45 and 617 -> 559 ms (benchmarks/profile_step.py
-# --rows 32 with VSURGE_QMATMUL_PASSES=2 and 1, AMD EPYC). A lone chat turn keeps two passes.
-# VSURGE_QMATMUL_PASSES=1 or 2 forces one choice for every model and step.
+# The model's passes hold for every row of every step, however many sequences it serves: a request's
+# greedy tokens do not depend on the load around it (issue 60; a step of more than four sequences once
+# made one pass, and the default model then answered the README's question wrongly under load).
+# VSURGE_QMATMUL_PASSES=1 or 2 forces one choice for every model.
 FORCED_PASSES = int(os.environ["VSURGE_QMATMUL_PASSES"]) if os.environ.get("VSURGE_QMATMUL_PASSES") else None
 ONE_PASS_FROM_HIDDEN = 1024  # models this wide or wider multiply in one pass by default
-TWO_PASS_MAX_SEQUENCES = 4  # steps serving more sequences multiply in one pass (step_passes)
 
 
 def activation_passes(config) -> int:
@@ -74,25 +70,6 @@ def real_rows(mask: jax.Array | None):
         yield
     finally:
         _REAL_ROWS.reset(token)
-
-
-# The passes a step chose at run time, a traced int32 scalar (1 or 2), while its program is traced
-# (engine/programs.py `step_passes`); None: every call makes its weight's passes.
-_STEP_PASSES: contextvars.ContextVar = contextvars.ContextVar("vsurge_step_passes", default=None)
-
-
-@contextlib.contextmanager
-def step_passes(sequences: jax.Array, limit: int | None = TWO_PASS_MAX_SEQUENCES):
-    """While tracing a step that serves `sequences` (a traced count): weights of two passes make one
-    when it exceeds `limit` (None: no limit, as where VSURGE_QMATMUL_PASSES forces a choice)."""
-    if limit is None or FORCED_PASSES is not None:
-        yield
-        return
-    token = _STEP_PASSES.set(jnp.where(sequences > limit, 1, 2).astype(jnp.int32))
-    try:
-        yield
-    finally:
-        _STEP_PASSES.reset(token)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +253,7 @@ def _kernel_rows(rows: jax.Array, data: jax.Array, real: jax.Array | None = None
     32-value block left out, rows - Q8(rows), at 1/256 of the block's scale, in the same pass over
     the weights, the two dot products combined as integers (kernels/qmatmul.h): x @ W^T with x kept
     to ~15 bits instead of 8. real (M,) int32: only the nonzero rows are multiplied, the others come
-    out 0; with passes 2, one pass unless a row holds 2 (the step's run-time choice, `step_passes`)."""
+    out 0."""
     out = jax.ShapeDtypeStruct((rows.shape[0], n), jnp.float32)
     if real is None:
         call = jax.ffi.ffi_call(kernels.FFI_TARGET, out, vmap_method="sequential")
@@ -321,17 +298,12 @@ def qmatmul(x: jax.Array, w: QuantizedWeight | QuantizedParts, *, use_kernel: bo
     if not use_kernel or rows.shape[0] == 0 or not kernels.tracing_for_cpu():
         out = _fallback_rows(rows, w.data, fmt=fmt, n=n, k=k)
     else:
-        chosen = _STEP_PASSES.get() if two_pass is None else None  # (an explicit two_pass overrides the step)
         two_pass = w.passes == 2 if two_pass is None else two_pass
         passes = 2 if two_pass and k % 32 == 0 else 1
         real = _REAL_ROWS.get()
         if real is not None and real.shape == lead:  # x is the step's token stream (1, N, K)
-            real = real.reshape(-1).astype(jnp.int32)
+            real = real.reshape(-1)
         else:  # (any other rows: an expert's tokens, the sampled rows' head)
             real = None
-        if passes == 2 and (real is not None or chosen is not None):
-            # the real rows' values say how many passes: the step's choice, else two
-            real = jnp.ones(rows.shape[0], jnp.int32) if real is None else real
-            real = real * (2 if chosen is None else chosen)
         out = _kernel_rows(rows, w.data, real, fmt=fmt, n=n, passes=passes)
     return out.reshape(*lead, n)
