@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from ..engine.request import DriverNotReadyError
 from ..tokenizer.chat_template import ChatTemplateError
 from ..tokenizer.compat import chat_prompt_ids
 from .adapters import chat, completions, embeddings, messages, responses
+from .adapters.common import generation_failed
 from .errors import APIError, error_response
 from .formatting import Formatter
 from .generation import ChoiceStreams, collect, event_stream
@@ -72,9 +72,8 @@ class OpenAIHandlers:
                                      headers={"Cache-Control": "no-cache"})
         try:
             return JSONResponse(await collect(streams, fmt))
-        except RuntimeError as exc:  # the engine failed mid-request (e.g. a lost multi-host follower): say why
-            status = 503 if isinstance(exc, DriverNotReadyError) else getattr(exc, "status", 500)  # (RequestFailed's)
-            raise APIError(status, f"generation failed: {exc}", getattr(exc, "param", None)) from None
+        except RuntimeError as exc:  # the engine failed mid-request: say why, with the failure's status
+            raise generation_failed(exc) from None
 
     # ------------------------------------------------------------ the seed's handlers
     async def chat_completions(self, request: "chat.ChatCompletionRequest"):

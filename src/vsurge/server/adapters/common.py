@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from pydantic import BaseModel, StrictInt, create_model
 
+from ...engine.request import DriverNotReadyError
 from ...generation_defaults import OPENAI_DEFAULTS
 from ...sampling_params import SamplingParams, wire_fields
 from ...structured.errors import ParamError
@@ -139,6 +140,13 @@ def output_parsers(server, request: GenerationRequest, surge) -> Callable[[], Ou
 
 def as_api_error(exc: ValueError) -> APIError:
     return APIError(400, str(exc), getattr(exc, "param", None))
+
+
+def generation_failed(exc: RuntimeError) -> APIError:
+    """The engine failed mid-request: 503 while it is not ready (a lost multi-host follower, shutting down),
+    else the failure's own status (engine/faults.RequestFailed: 400 naming its field, or 500)."""
+    status = 503 if isinstance(exc, DriverNotReadyError) else getattr(exc, "status", 500)
+    return APIError(status, f"generation failed: {exc}", getattr(exc, "param", None))
 
 
 # values of unsupported fields that ask for nothing beyond the default: accepted

@@ -34,7 +34,7 @@ from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
 from ..media import anthropic_image_block, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
-from .common import (GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
+from .common import (generation_failed, GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
 
 ROLES = ("user", "assistant")
@@ -385,7 +385,7 @@ async def respond(server, body: MessagesRequest):
         async for _ in _run(streams, builder, new_parser):
             pass
     except RuntimeError as exc:
-        raise APIError(503, f"generation failed: {exc}") from None
+        raise generation_failed(exc) from None
     return JSONResponse(builder.message, headers=headers)
 
 

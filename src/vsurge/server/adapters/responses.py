@@ -32,7 +32,7 @@ from ..errors import APIError
 from ..generation import ChoiceStreams
 from ..media import responses_image_part, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
-from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
+from .common import (generation_failed, GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
 UNSUPPORTED_FIELDS = ("background", "conversation", "prompt", "max_tool_calls")
@@ -458,7 +458,7 @@ async def respond(server, body: ResponsesRequest):
         async for _ in _run(streams, builder, request, new_parser):
             pass
     except RuntimeError as exc:
-        raise APIError(503, f"generation failed: {exc}") from None
+        raise generation_failed(exc) from None
     store()
     return JSONResponse(builder.response)
 
