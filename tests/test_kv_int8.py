@@ -229,7 +229,7 @@ def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
     per_page = pool_page_bytes(model, EngineConfig(page_size=16, kv_cache_dtype="int8"))
     assert lines["int8"] == (f"Paged KV cache: 8 pages of 16 tokens (128 tokens, {8 * per_page / 2**20:.1f} MiB, "
                              f"int8 with float16 scales, {2**30 // per_page} pages per GiB); sized as asked "
-                             f"(--num-pages)")
+                             f"(--num-pages); cpu attention backend")
     auto = "float16" if half_pages_on_cpu(model) else "float32"  # kv/paged.pool_dtype
     assert f", {auto}, " in lines["auto"] and ", float32, " in lines["float32"] and ", bfloat16, " in lines["bfloat16"]
     per_gib = {d: int(line.split("; ")[0].split(", ")[-1].split()[0]) for d, line in lines.items()}  # "N pages per GiB)"

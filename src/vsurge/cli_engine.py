@@ -211,7 +211,8 @@ def describe_kv_pool(model, engine) -> str:
     return (f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {pool.num_pages} pages of "
             f"{pool.page_size} tokens ({pool.max_tokens} tokens, {pool.num_pages * per_page / 2**20:.1f} MiB, "
             f"{held}, {2**30 // per_page} pages per GiB)"
-            + (f"; sized {pool.sized_by}" if pool.sized_by else ""))
+            + (f"; sized {pool.sized_by}" if pool.sized_by else "")
+            + (f"; {backend} attention backend" if (backend := getattr(engine, "attention_backend", None)) else ""))
 
 
 def describe_model(model) -> str:
