@@ -202,8 +202,10 @@ def test_the_tpu_kernel_does_not_run_in_interpret_mode_on_cpu_yet():
     layers, num_pages, q, k, v, layout, history = step(2, 2, 128, 8, [9, 3], [], seed=4)
     _, cache = run("tpu", layers, num_pages, 8, q, k, v, layout, history, AttentionSpec(scale=0.1))
     with pytest.raises(Exception, match="ReshapeTransform|indices"), pltpu.force_tpu_interpret_mode():
-        jax.block_until_ready(tpu.ragged_attention(q[0], cache.k[0], layout, AttentionSpec(scale=0.1), 2,
-                                                   call=ragged_paged_attention))
+        # (block sizes given: the kernel's own lookup of tuned ones asks for a TPU's version first)
+        call = lambda *a, **k: ragged_paged_attention(*a, **k, num_kv_pages_per_block=1,  # noqa: E731
+                                                      num_queries_per_block=8)
+        jax.block_until_ready(tpu.ragged_attention(q[0], cache.k[0], layout, AttentionSpec(scale=0.1), 2, call=call))
 
 
 # ------------------------------------------------------------------ an engine on the tpu layout (CPU)

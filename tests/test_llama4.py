@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import vsurge
 from vsurge.config import AttentionSpec
 from vsurge.kv import cpu_attention, kernels
-from vsurge.kv.paged import paged_attention
+from vsurge.kv.backends.columns import paged_attention
 from vsurge.ops.attention import attend
 
 CHUNK = 4

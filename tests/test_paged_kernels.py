@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from vsurge.config import AttentionSpec
 from vsurge.kv import kernels
 from vsurge.kv import cpu_attention
-from vsurge.kv.paged import paged_attention, xla_paged_attention
+from vsurge.kv.backends.columns import paged_attention, xla_paged_attention
 
 POSITIONS = [0, 9, 30, -1, 17]  # ragged lengths; -1: a padding row
 REAL = [i for i, p in enumerate(POSITIONS) if p >= 0]

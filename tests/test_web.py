@@ -144,7 +144,7 @@ def test_pages_are_open_and_stats_need_the_key(server):
     r = server.get("/v1/stats")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
     assert server.get("/v1/stats", headers=AUTH).status_code == 200
-    assert "/v1/stats" in server.get("/openapi.json").json()["paths"]
+    assert "/v1/stats" in server.get("/openapi.json", headers=AUTH).json()["paths"]
 
 
 def test_page_asks_for_the_key_then_lists_the_models(browser, server):

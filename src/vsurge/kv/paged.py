@@ -1,17 +1,12 @@
 """Paged KV cache: fixed-size pages shared by every sequence, found through page tables.
 
-Per layer, keys live in `(num_pages, KVH, hd, page_size)` (transposed, as
-attention reads them) and values in `(num_pages, KVH, page_size, hd)`. One
-engine step runs a packed row of N tokens: first D decode tokens (one per
-decoding sequence), then P chunk rows of C prefill tokens each. Every token's
-K/V is scattered into its page slot (`slot_mapping`) before attention, so a
-chunk row sees the keys of earlier chunk rows of the same sequence written in
-the same step. Attention then walks each row's page table one page column at
-a time (gather one page per row, online softmax across columns): key position
-= column * page_size + offset, so causality hides unwritten slots and table
-padding. `paged_attention` is the one function a fused kernel would replace.
-Stored as int8 / fp8 (`--kv-cache-dtype`), each token's K/V per head is quantized at
-the scatter and each gathered page expanded before its column's attention (kv/quant.py).
+One engine step runs a packed row of N tokens: first D decode tokens (one per decoding sequence), then
+P chunk rows of C prefill tokens each (`StepLayout`). The pages' layout, each token's K/V write into its
+page slot (`slot_mapping`) and attention belong to the cache's attention backend (kv/backends: the
+column layout of the CPU, keys (P, KVH, hd, ps) and values (P, KVH, ps, hd), or the TPU kernel's).
+Every backend writes a step's K/V before attending, so a chunk row sees the keys of earlier chunk rows
+of the same sequence written in the same step. Stored as int8 / fp8 (`--kv-cache-dtype`), each token's
+K/V per head is quantized at the scatter and each gathered page expanded before attention (kv/quant.py).
 """
 
 from __future__ import annotations
@@ -23,10 +18,9 @@ import jax
 import jax.numpy as jnp
 
 from ..config import AttentionSpec, KVLayer, StateLayer
-from ..ops.attention import group_queries, merge_into, merge_partials, partial_attend
 from .. import kernels as cpp_kernels
-from . import cpu_attention, kernels, quant
-from .access import read_pages
+from . import cpu_attention, quant
+from .backends import get as get_backend
 from .recurrent import init_states, replace_part, run_packed
 
 
@@ -59,57 +53,6 @@ def half_pages_on_cpu(model) -> bool:
 def pool_page_bytes(model, config) -> int:
     """Bytes of one page of an engine's pool (`config`: its EngineConfig) over every layer."""
     return page_bytes(model.config.kv_layout, config.page_size, pool_dtype(model, config))
-
-
-def paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
-                    q_limit=None, kernel: str | None = "cpp"):
-    """q (R, T, H, dk); k_pages (P, KVH, dk, ps); v_pages (P, KVH, ps, dv); tables (R, W) page ids
-    in order; q_pos (R, T) -> (R, T, H, dv). Reads only the tables' pages: all W columns
-    (unrolled: the fastest form), or the first `num_columns` (a dynamic scalar) in a loop.
-    int8 pages (kv/quant.py: dk + 2, dv + 2 with their scales) are dequantized per column, right
-    after its gather, and pages of another float dtype cast: only the pages read are expanded.
-    q_limit (R, T): the last key position each query sees (ops/attention._visible), prompt rows of a
-    model whose image tokens see their whole image; the XLA form serves those.
-    kernel: what serves decode rows where it can (the backend's choice, kv/backends): "cpp" vsurge's C++
-    kernel on a CPU, "gpu" JAX's Triton kernel, None the XLA loop."""
-    if q_limit is not None:
-        return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns, q_limit)
-    if (kernel == "gpu" and v_pages.dtype == q.dtype  # (the Pallas kernel reads pages in q's own dtype only)
-            and kernels.gpu_serves(q.shape[1], k_pages.shape[2], v_pages.shape[3], spec, sinks)):
-        return kernels.gpu_decode(q, k_pages, v_pages, tables, q_pos, spec)
-    if kernel == "cpp" and cpu_attention.usable(q, k_pages, v_pages, spec) and cpp_kernels.tracing_for_cpu():
-        return cpu_attention.decode(q, k_pages, v_pages, tables, q_pos, spec, sinks)  # one C++ call on CPU
-    return xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec, sinks, num_columns)
-
-
-def xla_paged_attention(q, k_pages, v_pages, tables, q_pos, spec: AttentionSpec, sinks=None, num_columns=None,
-                        q_limit=None):
-    """paged_attention in XLA ops (every backend; the reference the kernels are tested against)."""
-    dv = quant.logical_dim(v_pages.shape[-1], v_pages.dtype)
-    return column_attention(q, lambda ids: read_pages(k_pages, v_pages, ids, q.dtype), k_pages.shape[1],
-                            v_pages.shape[2], dv, tables, q_pos, spec, sinks, num_columns, q_limit)
-
-
-def column_attention(q, read, kv_heads: int, page_size: int, dv: int, tables, q_pos, spec: AttentionSpec,
-                     sinks=None, num_columns=None, q_limit=None):
-    """Attention over pages one page column at a time (online softmax), whatever their layout:
-    read(ids (R,)) -> that page of each row as keys (R, KVH, dk, ps) and values (R, KVH, ps, dv) in q's
-    dtype. Shapes and arguments as paged_attention's."""
-    r, w = tables.shape
-    offsets = jnp.arange(page_size, dtype=jnp.int32)
-    qg = group_queries(q, kv_heads)  # once for every column
-
-    def column_part(column):
-        k_pos = jnp.broadcast_to(column * page_size + offsets, (r, page_size))
-        keys, values = read(tables[:, column])
-        return partial_attend(qg, keys, values, q_pos, k_pos, spec, q_limit=q_limit)
-
-    shape = (*q.shape[:3], dv)  # (R, T, H, dv)
-    if num_columns is None:
-        return merge_partials([column_part(c) for c in range(w)], shape, q.dtype, sinks)
-    first = column_part(0)  # every row has at least one page
-    acc = jax.lax.fori_loop(1, num_columns, lambda c, acc: merge_into(acc, column_part(c)), first)
-    return merge_partials([acc], shape, q.dtype, sinks)
 
 
 @jax.tree_util.register_dataclass
@@ -181,9 +124,7 @@ class PagedAttentionCache:
         `snapshot_rows` (+ a spare) of each for the prefix cache, `draft_rows` (+ a spare) for speculation,
         stored as `state_dtype` (kv/recurrent.py state_dtype); backend: a resolved kv/backends name, whose
         layout the pages take."""
-        from .backends import get
-
-        k, v = get(backend).init_pools(layers, num_pages, page_size, dtype)
+        k, v = get_backend(backend).init_pools(layers, num_pages, page_size, dtype)
         return cls(k=k, v=v, states=init_states(state_layout, state_rows, state_dtype),
                    snapshots=init_states(state_layout, snapshot_rows + 1, state_dtype) if snapshot_rows else [],
                    drafts=init_states(state_layout, draft_rows + 1, state_dtype) if draft_rows else [],
@@ -192,15 +133,11 @@ class PagedAttentionCache:
     @property
     def k_axes(self) -> tuple[str, ...]:
         """The logical axes of this backend's key pools (sharding.py)."""
-        from .backends import get
-
-        return get(self.backend).K_AXES
+        return get_backend(self.backend).K_AXES
 
     @property
     def v_axes(self) -> tuple[str, ...]:
-        from .backends import get
-
-        return get(self.backend).V_AXES
+        return get_backend(self.backend).V_AXES
 
     @property
     def num_pages(self) -> int:
@@ -231,6 +168,4 @@ class PagedAttentionCache:
     def attend(self, layer, q, k, v, positions, spec: AttentionSpec, sinks=None):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv): D decode tokens, then P chunk rows
         of C tokens; each written into its page slot, then attended by this cache's backend (kv/backends)."""
-        from .backends import get
-
-        return get(self.backend).attend(self, layer, q, k, v, spec, sinks)
+        return get_backend(self.backend).attend(self, layer, q, k, v, spec, sinks)

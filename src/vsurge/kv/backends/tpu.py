@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .columns import with_layer
+from .columns import column_attention, with_layer
 
 LANES = 128  # a TPU vector register's lanes: the kernel's head_dim must fill them
 
@@ -135,8 +135,6 @@ class TpuPages:
 
     def attend(self, cache, layer, q, k, v, spec, sinks):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv) -> ((1, N, H, dv), the cache written)."""
-        from ..paged import column_attention
-
         lay, ps = cache.layout, cache.page_size
         page, offset = lay.slot_mapping // ps, lay.slot_mapping % ps  # page num_pages: dropped (padding)
         pool, values = cache.k[layer], cache.v[layer]
