@@ -15,13 +15,18 @@ MAX_PATH_BYTES = 107  # Linux's sun_path holds 108 bytes, its terminating NUL in
 
 
 def _answers(path: str) -> bool:
-    """Whether a process accepts connections on the socket file at `path` (a live server)."""
+    """Whether a process listens on the socket file at `path` (a live server). ValueError when it cannot
+    be told (no permission): such a file is not ours to remove."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(2)
         try:
             probe.connect(path)
-        except OSError:  # ECONNREFUSED: nobody listens (the server died); a timeout counts as dead too
+        except ConnectionRefusedError:  # nobody listens: the server died
             return False
+        except TimeoutError:  # a listener with a full backlog: alive
+            return True
+        except OSError as e:
+            raise ValueError(f"--uds {path}: cannot tell whether a server listens on it ({e.strerror})") from None
     return True
 
 
