@@ -1,7 +1,7 @@
 """vSurgeApiServer: serves one or more vSurge instances over HTTP (the seed's API).
 
-fire() starts uvicorn, on TCP or on a unix domain socket (`uds`, server/unix_socket.py); the models compile and start in a background thread
-while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
+fire() starts uvicorn, on TCP or on a unix domain socket (`uds`, server/unix_socket.py); the models
+compile and start in a background thread while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
 readiness flips to 503, in-flight requests finish, then the process exits 0. A start-up that fails
 (loading, compiling) or an engine that fails later (its device step) is logged and the process exits 1,
 so a service manager sees it and restarts the server; it never sits at 503 for good.
