@@ -24,6 +24,8 @@ DEFAULT_SERVER_ARGS = ("--max-concurrent-decodes", "8", "--max-length", "512", "
 def client_for(server, api_key="unused", **kw):
     import openai
 
+    if getattr(server, "uds", None):  # the real SDK, its every request through the unix socket
+        kw.setdefault("http_client", httpx.Client(transport=httpx.HTTPTransport(uds=server.uds)))
     return openai.OpenAI(base_url=server.base + "/v1", api_key=api_key, max_retries=0, **kw)
 
 
@@ -35,15 +37,22 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, model: str, *extra: str, cache_dir: str, scheme: str = "http", verify=True,
-                 env: dict | None = None, preamble: str | None = None):
-        """preamble: Python run in the server process before `vsurge serve` (a test's injected fault)."""
-        self.port, self.metrics_port = free_port(), free_port()
-        self.base = f"{scheme}://127.0.0.1:{self.port}"
+                 env: dict | None = None, preamble: str | None = None, uds: str | None = None):
+        """preamble: Python run in the server process before `vsurge serve` (a test's injected fault).
+        uds: serve on this unix socket path (`--uds`, no port flags) and send every request through it."""
+        self.uds = uds
         self.verify = verify
+        if uds:
+            self.port = self.metrics_port = None
+            self.base = f"{scheme}://localhost"  # the host is ignored: the transport connects to the socket
+            listen = ["--uds", uds]
+        else:
+            self.port, self.metrics_port = free_port(), free_port()
+            self.base = f"{scheme}://127.0.0.1:{self.port}"
+            listen = ["--port", str(self.port), "--metrics-port", str(self.metrics_port)]
         start = ["-m", "vsurge.cli"] if preamble is None else [
             "-c", preamble + "\nimport sys\nfrom vsurge.cli import main\nsys.exit(main())"]
-        cmd = [sys.executable, *start, "serve", "--model", model, "--port", str(self.port),
-               "--metrics-port", str(self.metrics_port), "--compilation-cache", cache_dir, *extra]
+        cmd = [sys.executable, *start, "serve", "--model", model, *listen, "--compilation-cache", cache_dir, *extra]
         # output goes to a file: nobody reads a pipe while the tests run, and a full pipe blocks the server
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-", suffix=".log")
         self.proc = subprocess.Popen(cmd, env={**ENV, **(env or {})}, stdout=self.log, stderr=subprocess.STDOUT,
@@ -60,7 +69,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.output[-4000:]}")
             try:
-                if httpx.get(self.base + "/readiness", verify=self.verify, timeout=2).status_code == 200:
+                if self.request("GET", "/readiness", timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -68,14 +77,20 @@ class ServerProcess:
         self.stop()
         raise TimeoutError("the server did not become ready")
 
+    def request(self, method: str, path: str, timeout: float, **kw) -> httpx.Response:
+        if self.uds is None:
+            return httpx.request(method, self.base + path, verify=self.verify, timeout=timeout, **kw)
+        with httpx.Client(transport=httpx.HTTPTransport(uds=self.uds), timeout=timeout) as client:
+            return client.request(method, self.base + path, **kw)
+
     def get(self, path, **kw):
-        return httpx.get(self.base + path, verify=self.verify, timeout=30, **kw)
+        return self.request("GET", path, 30, **kw)
 
     def post(self, path, **kw):
-        return httpx.post(self.base + path, verify=self.verify, timeout=120, **kw)
+        return self.request("POST", path, 120, **kw)
 
     def delete(self, path, **kw):
-        return httpx.delete(self.base + path, verify=self.verify, timeout=30, **kw)
+        return self.request("DELETE", path, 30, **kw)
 
     def metric(self, name: str) -> float:
         """Sum of a metric's samples from /metrics (all label values)."""

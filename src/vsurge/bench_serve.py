@@ -20,6 +20,10 @@ answer them; chat, Responses or Messages: /v1/completions is text only), the ima
 at once) and `--base-url` may be given several times (`--label` names each):
 one table row per (server, level); `--plot FILE.png` draws tok/s and TTFT against
 concurrency, one line per server (vsurge.bench_plot, matplotlib extra `plot`).
+
+`--uds PATH` sends every request over a unix domain socket (a `vsurge serve --uds PATH` server;
+the base URL's host is then ignored), and `--wait-ready SECONDS` waits for the server's
+/readiness first (a server started just before the benchmark).
 """
 
 from __future__ import annotations
@@ -51,6 +55,39 @@ class RequestResult:
     output_tokens: int = 0
     itls: list[float] = field(default_factory=list)
     error: str = ""
+
+
+def http_client(uds: str | None = None, **kwargs) -> httpx.Client:
+    """A client that reaches the server over TCP, or over the unix socket at `uds` (the URL's host is ignored;
+    no proxy from the environment may take the request)."""
+    if uds:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=uds), trust_env=False, **kwargs)
+    return httpx.Client(**kwargs)
+
+
+def async_client(uds: str | None = None, limits: httpx.Limits | None = None, **kwargs) -> httpx.AsyncClient:
+    """http_client's asyncio twin (limits: the connection pool's, which a transport of our own must be given)."""
+    limits = limits or httpx.Limits()
+    if uds:
+        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=uds, limits=limits), trust_env=False,
+                                 **kwargs)
+    return httpx.AsyncClient(limits=limits, **kwargs)
+
+
+def wait_ready(base_url: str, timeout: float, uds: str | None = None) -> float:
+    """Wait until the server's /readiness answers 200 (a vsurge server compiling answers 503, one not yet
+    listening refuses the connection): the seconds waited. TimeoutError after `timeout` seconds."""
+    start = time.perf_counter()
+    with http_client(uds, timeout=5) as client:
+        while True:
+            try:
+                if client.get(base_url.rstrip("/") + "/readiness").status_code == 200:
+                    return time.perf_counter() - start
+            except httpx.HTTPError:
+                pass
+            if time.perf_counter() - start > timeout:
+                raise TimeoutError(f"{uds or base_url}: /readiness did not answer 200 within {timeout:g} s")
+            time.sleep(0.25)
 
 
 def random_prompt(rng: random.Random, approx_tokens: int) -> str:
@@ -175,11 +212,11 @@ async def one_request(client: httpx.AsyncClient, url: str, payload: dict) -> Req
 async def run(base_url: str, model: str, num_prompts: int, input_len: int, output_len: int, request_rate: float,
               max_concurrency: int | None, api_key: str | None, eos_token_id: int | None, seed: int = 0,
               shared_prefix_len: int = 0, endpoint: str = "/v1/completions", images_per_request: int = 0,
-              image_size: tuple[int, int] = (512, 512), temperature: float = 0.0) -> dict:
+              image_size: tuple[int, int] = (512, 512), temperature: float = 0.0, uds: str | None = None) -> dict:
     """shared_prefix_len: words of one preamble every prompt starts with (a system prompt). model: one name, or
     a list whose names the requests take in turn (a base model's LoRA adapters). images_per_request: JPEGs
     of image_size (width, height) in every request, none the same (made before the clock starts). temperature:
-    every request's (0: greedy, the default)."""
+    every request's (0: greedy, the default). uds: send every request over this unix socket."""
     models = [model] if isinstance(model, str) else list(model)
     rng = random.Random(seed)
     preamble = random_prompt(random.Random(seed + 1), shared_prefix_len) + " " if shared_prefix_len else ""
@@ -199,8 +236,8 @@ async def run(base_url: str, model: str, num_prompts: int, input_len: int, outpu
 
     # a connection per request: reusing one a server has just closed after its keep-alive time loses the
     # request ("Server disconnected without sending a response", seen against llama-server at 1 stream)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=headers,
-                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)) as client:
+    async with async_client(uds, timeout=httpx.Timeout(600.0), headers=headers,
+                            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0)) as client:
         async def limited(i, prompt, delay):
             await asyncio.sleep(delay)
             async with limit:
@@ -309,6 +346,12 @@ def concurrency_levels(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", action="append", default=None,
                    help=f"server to load (repeat for several; default {DEFAULT_BASE_URL})")
+    p.add_argument("--uds", default=None, metavar="PATH",
+                   help="send every request over this unix domain socket (a `vsurge serve --uds PATH` server; the "
+                        "base URL's host is ignored, default base URL http://localhost)")
+    p.add_argument("--wait-ready", type=float, default=0, metavar="SECONDS",
+                   help="first wait up to SECONDS for each server's /readiness to answer 200 (a vsurge server "
+                        "still compiling; default 0: do not wait)")
     p.add_argument("--label", action="append", default=None,
                    help="name of each --base-url in the table and the plot, in the same order (default: the URL)")
     p.add_argument("--model", default=None, help="model name (default: each server's first model)")
@@ -341,17 +384,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the raw summary as JSON")
 
 
-def first_model(base_url: str, api_key: str | None) -> str:
+def first_model(base_url: str, api_key: str | None, uds: str | None = None) -> str:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=30).json()["data"][0]["id"]
+    with http_client(uds, timeout=30) as client:
+        return client.get(base_url.rstrip("/") + "/v1/models", headers=headers).json()["data"][0]["id"]
 
 
 def main_from_args(args) -> int:
-    urls = args.base_url or [DEFAULT_BASE_URL]
+    if args.uds and args.base_url and len(args.base_url) > 1:
+        raise SystemExit("vsurge: error: --uds loads the one server on that socket: give at most one --base-url")
+    urls = args.base_url or ["http://localhost" if args.uds else DEFAULT_BASE_URL]
     labels = args.label or []
     if len(labels) > len(urls):
         raise SystemExit(f"vsurge: error: {len(labels)} --label values for {len(urls)} --base-url values")
-    labels += urls[len(labels):]
+    labels += [f"unix:{args.uds}" if args.uds else url for url in urls[len(labels):]]
     if len(set(labels)) != len(labels):
         raise SystemExit("vsurge: error: give each server its own --label")
     if args.concurrency and (args.request_rate != float("inf") or args.max_concurrency is not None):
@@ -380,13 +426,18 @@ def main_from_args(args) -> int:
                   f"pixels before its prompt, {endpoint}", flush=True)
         print(TABLE_HEADER, flush=True)
     for label, url in zip(labels, urls):
-        model = args.model or first_model(url, args.api_key)
+        if args.wait_ready > 0:
+            try:
+                wait_ready(url, args.wait_ready, args.uds)
+            except TimeoutError as e:
+                raise SystemExit(f"vsurge: error: {e}") from None
+        model = args.model or first_model(url, args.api_key, args.uds)
         for suffix, level, num_prompts, rate, max_concurrency in loads:
             summary = asyncio.run(run(url, model, num_prompts, args.input_len, args.output_len, rate,
                                       max_concurrency, args.api_key, eos, seed=args.seed,
                                       shared_prefix_len=args.shared_prefix_len,
                                       endpoint=endpoint, images_per_request=args.images_per_request,
-                                      image_size=args.image_size, temperature=args.temperature))
+                                      image_size=args.image_size, temperature=args.temperature, uds=args.uds))
             series.setdefault(label, []).append((level, summary))
             records.append({"label": label, "base_url": url, "concurrency": level, "summary": summary})
             failed += summary["failed"]

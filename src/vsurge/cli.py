@@ -217,6 +217,13 @@ def cmd_serve(args) -> int:
         raise _fail(f"--max-queue must be at least 0, got {args.max_queue}")
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
+    if args.uds:  # checked (and a dead server's socket file cleared) before the model loads
+        from .server.unix_socket import claim_socket_path
+
+        try:
+            args.uds = claim_socket_path(args.uds)
+        except ValueError as e:
+            raise _fail(str(e)) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     from .scale import flags as scale_flags
 
@@ -323,21 +330,30 @@ def cmd_serve(args) -> int:
                + (f", unloaded after {args.sleep_idle_seconds:g} s idle" if args.sleep_idle_seconds else "") + ")")
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
     scheme = "https" if args.ssl_certfile else "http"
-    if args.guard_metrics and args.metrics_port is None:
-        args.metrics_port = -1  # the separate Prometheus port takes no key: off unless named
+    if (args.guard_metrics or args.uds) and args.metrics_port is None:
+        # the separate Prometheus port takes no key, and --uds asks for no TCP: off unless named
+        args.metrics_port = -1
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
     def announce():
-        from .server.web import page_url
-
-        print(f"vsurge: serving {name} at {scheme}://{args.host}:{args.port}/v1 "
-              + (f"(metrics on port {args.metrics_port or args.port + 1}); " if args.metrics_port != -1 else "; ")
-              + f"chat page and dashboard: {page_url(scheme, args.host, args.port)}", file=sys.stderr, flush=True)
+        print(_serving_line(name, scheme, args), file=sys.stderr, flush=True)
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
-                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce)
+                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)
     scale_flags.exit_after_serving(surge)
     return 0
+
+
+def _serving_line(name: str, scheme: str, args) -> str:
+    """The start-up line: where clients reach the API (a URL, or the unix socket's path) and the web pages."""
+    from .server.web import page_url
+
+    metrics = f" (metrics on port {args.metrics_port or args.port + 1})" if args.metrics_port != -1 else ""
+    if args.uds:
+        return (f"vsurge: serving {name} on unix socket {args.uds} (base URL {scheme}://localhost/v1 through it)"
+                f"{metrics}; chat page and dashboard: / through the socket")
+    return (f"vsurge: serving {name} at {scheme}://{args.host}:{args.port}/v1{metrics}; "
+            f"chat page and dashboard: {page_url(scheme, args.host, args.port)}")
 
 
 def _lora_flags(args) -> list[tuple[str, str]]:

@@ -144,7 +144,12 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
-    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus port (default port+1, -1: off)")
+    p.add_argument("--uds", default=None, metavar="PATH",
+                   help="serve on this unix domain socket instead of TCP (--uds wins over --host/--port; the "
+                        "separate metrics port is off unless --metrics-port names one). A socket file a dead "
+                        "server left is replaced; any other file at PATH is refused")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="Prometheus port (default port+1, off with --uds; -1: off)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' (or 'x-api-key: KEY') on every route but /liveness, "
                         "/readiness, /health, /metrics and the web pages (docs/security.md)")

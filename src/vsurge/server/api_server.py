@@ -1,7 +1,7 @@
 """vSurgeApiServer: serves one or more vSurge instances over HTTP (the seed's API).
 
-fire() starts uvicorn; the models compile and start in a background thread
-while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
+fire() starts uvicorn, on TCP or on a unix domain socket (`uds`, server/unix_socket.py); the models
+compile and start in a background thread while /liveness already answers and /readiness says 503. SIGTERM/SIGINT drain:
 readiness flips to 503, in-flight requests finish, then the process exits 0. A start-up that fails
 (loading, compiling) or an engine that fails later (its device step) is logged and the process exits 1,
 so a service manager sees it and restarts the server; it never sits at 503 for good.
@@ -27,6 +27,7 @@ from .adapters.response_store import ResponseStore
 from .app import build_app
 from .handlers import OpenAIHandlers
 from .lora_routes import adapter_metrics
+from .unix_socket import release_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -171,12 +172,15 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
 
     # ------------------------------------------------------------ serving
     def fire(self, host: str = "0.0.0.0", port: int = 11556, metrics_port: int | None = None, log_level: str = "info",
-             ssl_keyfile: str | None = None, ssl_certfile: str | None = None, on_ready=None) -> None:
-        """Serve until SIGINT/SIGTERM. metrics_port: default port + 1; -1 disables it."""
+             ssl_keyfile: str | None = None, ssl_certfile: str | None = None, on_ready=None,
+             uds: str | None = None) -> None:
+        """Serve until SIGINT/SIGTERM. uds: serve on this unix socket path instead of host:port (claimed with
+        unix_socket.claim_socket_path; its file is removed at shutdown). metrics_port: the separate Prometheus
+        port, default port + 1 (off with uds); -1 disables it."""
         import uvicorn
 
         if metrics_port is None:
-            metrics_port = port + 1
+            metrics_port = -1 if uds else port + 1
         if metrics_port != -1:
             start_http_server(metrics_port, addr=host, registry=self.registry)
         server_ref = self
@@ -189,7 +193,8 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
                 self._captured_signals.clear()
 
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
-                                ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False)
+                                ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False,
+                                uds=uds)
         self._uvicorn = DrainingServer(config)
 
         def start_then_watch():
@@ -204,6 +209,8 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         try:
             self._uvicorn.run()
         finally:
+            if uds:
+                release_socket_path(uds)
             self.stop_models()
         if self.exit_reason is not None:  # a service manager sees the failure (and restarts the server)
             raise SystemExit(f"vsurge: error: {self.exit_reason}")
