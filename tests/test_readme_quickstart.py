@@ -59,6 +59,17 @@ def test_the_quick_start_has_the_commands_a_new_user_needs():
         assert needed in firsts, firsts
 
 
+def test_the_readme_counts_the_registrys_families():
+    """Every "N families" the README says in digits is the registry's count (issue 61: it said twenty-six,
+    thirty and nineteen in words, all stale); counts in words are kept for small subsets ("five families")."""
+    from vsurge.models.registry import FAMILIES
+
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    counts = [int(n) for n in re.findall(r"\b(\d+)(?: model)? families", text)]
+    assert len(counts) >= 2 and set(counts) == {len(FAMILIES)}, counts
+    assert not re.search(r"\b(nineteen|twenty|thirty)[\w-]* (model )?families", text, re.IGNORECASE)
+
+
 def test_every_vsurge_line_in_the_readme_parses():
     from vsurge.cli import build_parser
 
