@@ -31,7 +31,6 @@ import numpy as np
 
 from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
-from ..kv.quant import stored_dim
 from ..kv.recurrent import init_states, state_dtype, stored_row_bytes
 from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
 from .transfer import PrefixPages
@@ -70,14 +69,17 @@ class PageRef:
 def fingerprint(model, config) -> str:
     """What a disk tier's pages depend on: the model (its config, a sample of every weight and its block
     kernel's activation passes), the KV storage dtype (an int8 pool never reads float pages, nor the reverse) and layout, the page
-    size and LAYOUT_VERSION. Another model or layout never matches."""
+    size, the attention backend (whose page layout the pages keep: kv/backends) and LAYOUT_VERSION. Another
+    model or layout never matches."""
     from flax import nnx
+
+    from ..kv.backends import resolve
 
     h = hashlib.blake2b(digest_size=16)
     # (the block kernel's activation passes round activations differently: pages differ slightly)
     h.update(repr((LAYOUT_VERSION, repr(model.config), str(model.dtype), config.page_size,
                    tuple(model.config.kv_layout), str(pool_dtype(model, config)),
-                   getattr(model, "activation_passes", None))).encode())
+                   getattr(model, "activation_passes", None), resolve(config.attention_backend))).encode())
     for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.state(model, nnx.Param)):
         if not hasattr(leaf, "shape") or not leaf.size:
             continue
@@ -104,9 +106,12 @@ def make_host_tier(model, config) -> HostTier | None:
     share = 1 - 1 / STATE_SHARE if model.config.state_layout else 1  # (the snapshots' tiers take the rest)
     disk = None
     if config.kv_cache_dir:
-        layout, name = model.config.kv_layout, str(np.dtype(dtype))
-        spec = ([((l.heads, stored_dim(l.k_dim, dtype), config.page_size), name) for l in layout]
-                + [((l.heads, config.page_size, stored_dim(l.v_dim, dtype)), name) for l in layout])
+        from ..kv.backends import get, resolve
+
+        # one page of every layer's key and value pools, in the layout of the pool's backend (kv/backends)
+        k, v = jax.eval_shape(lambda: get(resolve(config.attention_backend)).init_pools(
+            model.config.kv_layout, 1, config.page_size, dtype))
+        spec = [(a.shape[1:], str(np.dtype(dtype))) for a in (*k, *v)]
         disk = DiskTier(config.kv_cache_dir, fingerprint(model, config), int(config.kv_disk_cache_bytes * share), spec)
     return HostTier(int(config.kv_host_cache_bytes * share // max(1, per_page)), disk)
 
