@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import jax
 import jax.numpy as jnp
 
 from ..config import AttentionSpec

@@ -12,7 +12,7 @@ Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] into the d
 copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
 rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
 do (sinks, local chunks, image rows that see their whole image, dk != dv, lanes not a multiple of 128, pages
-of another dtype than the queries), XLA's page-column loop over the same layout (kv/paged.column_attention),
+of another dtype than the queries), XLA's page-column loop over the same layout (columns.column_attention),
 which reads only the rows' pages.
 """
 
@@ -60,8 +60,7 @@ def fold_queries(q, kv_heads: int, fold: int):
     if fold == 1:
         return q
     n, h, d = q.shape
-    member = (jnp.arange(h) // (h // kv_heads)) % fold  # (H,) which part of its combined head holds its KV head
-    onehot = jax.nn.one_hot(member, fold, dtype=q.dtype)  # (H, f)
+    onehot = jax.nn.one_hot(_member(h, kv_heads, fold), fold, dtype=q.dtype)  # (H, f)
     return (q[:, :, None, :] * onehot[None, :, :, None]).reshape(n, h, fold * d)
 
 
@@ -70,8 +69,13 @@ def unfold_outputs(out, kv_heads: int, fold: int):
     if fold == 1:
         return out
     n, h, lanes = out.shape
-    member = (jnp.arange(h) // (h // kv_heads)) % fold
-    return jnp.take_along_axis(out.reshape(n, h, fold, lanes // fold), member[None, :, None, None], axis=2)[:, :, 0]
+    member = _member(h, kv_heads, fold)[None, :, None, None]
+    return jnp.take_along_axis(out.reshape(n, h, fold, lanes // fold), member, axis=2)[:, :, 0]
+
+
+def _member(heads: int, kv_heads: int, fold: int):
+    """(H,) which part of its combined head holds each query head's KV head."""
+    return (jnp.arange(heads) // (heads // kv_heads)) % fold
 
 
 def ragged_inputs(layout, num_pages: int, page_size: int):
