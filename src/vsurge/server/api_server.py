@@ -141,8 +141,8 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         return not self.draining and all(s.ready for s in self.surges.values())
 
     def not_ready_reason(self) -> str:
-        if self.draining:
-            return "the server is shutting down"
+        if self.draining:  # after an engine failure, name it: readiness is what a service manager reads
+            return f"the server is shutting down: {self.exit_reason}" if self.exit_reason else "the server is shutting down"
         if self._startup_error is not None:
             return f"start-up failed: {self._startup_error}"
         broken = [f"{n}: {s.driver.error}" for n, s in self.surges.items() if getattr(s.driver, "error", None)]
