@@ -31,7 +31,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Hi
 
 def make_paged(model, processor, num_pages=PAGES, decodes=4, prefix_caching=True, compile=True):
     # float32 pages, as the dense engine it is compared with: 16-bit pages round K/V, and a near-tie's
-    # greedy token can then follow the batch's summation order (README: batch invariance)
+    # greedy token can then follow the batch's summation order (docs/performance.md: batch invariance)
     s = vSurge.create_odriver(model, processor, max_concurrent_decodes=decodes, prefill_lengths=[CHUNK],
                               max_length=MAX_LENGTH, page_size=PAGE, num_pages=num_pages, seed=1,
                               enable_prefix_caching=prefix_caching, kv_cache_dtype="float32")

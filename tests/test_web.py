@@ -1,7 +1,7 @@
 """The web page in a real browser: Debian's headless Chromium driven by Selenium, against a real
 `vsurge serve` of the default model that requires an API key (so the page's key prompt is exercised too).
 
-VSURGE_SCREENSHOTS=DIR also saves chat.png and dashboard.png there (the README's pictures come from docs/).
+VSURGE_SCREENSHOTS=DIR also saves chat.png and dashboard.png there (docs/web.md's pictures are those files in docs/).
 """
 
 from __future__ import annotations

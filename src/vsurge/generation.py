@@ -1,7 +1,7 @@
 """Minimal single-prompt generation: prefill + cached one-token decode steps.
 
 The reference path: the engines' tests check their tokens against `greedy_generate`,
-benchmarks/decode.py times its decode step, and the README shows `Generator` as the smallest way
+benchmarks/decode.py times its decode step, and docs/python_api.md shows `Generator` as the smallest way
 to run a loaded model (the CLI and the server run the engines, engine/). Prompts are padded to power-of-two buckets and the cache has a fixed
 length, so a session compiles a handful of shapes once.
 """
