@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's GPU column on a borrowed one-GPU machine (this workplace's `run` tool), in one call:
+# docs/performance.md's GPU column on a borrowed one-GPU machine (this workplace's `run` tool), in one call:
 #
 #   bash benchmarks/gpu_session.sh PARTS_DIR SECONDS [CODE_DIR] [serve|roofline]
 #

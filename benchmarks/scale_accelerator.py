@@ -14,9 +14,9 @@
    the model's 9 query heads and fits the devices (3 on 4 or 8 GPUs), data-parallel replicas
    on the rest, loaded by `vsurge bench serve` (128-token prompts and outputs, greedy, end
    token banned; 1 stream is 4 requests one after another, as benchmarks/serve.py does),
-   printed as the README's vSurge table with the device in the first column.
+   printed as docs/performance.md's vSurge table with the device in the first column.
 
-benchmarks/gpu_session.sh runs it on a borrowed one-GPU machine (README, GPU / TPU).
+benchmarks/gpu_session.sh runs it on a borrowed one-GPU machine (docs/performance.md, GPU / TPU).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         return 0
     platform, count, kind = local_devices()
     if platform == "cpu":
-        print("no GPU or TPU visible: this script is for accelerator machines (CPU numbers are in the README)")
+        print("no GPU or TPU visible: this script is for accelerator machines (CPU numbers are in docs/performance.md)")
         return 1
     tp, dp = parallel_sizes(count)
     device = f"{count} x {kind}"

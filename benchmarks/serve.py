@@ -13,7 +13,7 @@ with usage (`vsurge bench serve`):
 
 It also times vsurge's start to readiness with a warm compilation cache, the
 first request after start-up, and prints the table with vsurge/llama-server
-ratios (`--write-readme` puts it into README.md).
+ratios (`--write-readme` puts it into the page that holds its marker: docs/performance.md).
 
     python benchmarks/serve.py [--skip-llama] [--vsurge-args "--quantization int8"] [--loads "1 stream,32"]
                                [--write-readme]
@@ -169,13 +169,15 @@ def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS
 
 
 def write_readme(text: str, marker: str = "serve-table") -> None:
-    """Puts `text` between README.md's <!-- marker --> and <!-- /marker --> lines."""
-    readme = ROOT / "README.md"
-    body = readme.read_text()
+    """Puts `text` between the <!-- marker --> and <!-- /marker --> lines of README.md or the docs/ page that
+    holds them (the tables moved from the README to docs/ in issue 61; the flag kept its name)."""
     pattern = re.compile(rf"(<!-- {marker} -->\n).*?(<!-- /{marker} -->)", re.S)
-    if not pattern.search(body):
-        raise SystemExit(f"README.md has no <!-- {marker} --> section")
-    readme.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        body = page.read_text()
+        if pattern.search(body):
+            page.write_text(pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), body))
+            return
+    raise SystemExit(f"neither README.md nor docs/*.md has a <!-- {marker} --> section")
 
 
 def main(argv=None, argv_command: str = "") -> int:
@@ -186,7 +188,7 @@ def main(argv=None, argv_command: str = "") -> int:
     p.add_argument("--vsurge-args", default="", help="extra `vsurge serve` flags (default: none, the fast path)")
     p.add_argument("--skip-llama", action="store_true")
     p.add_argument("--write-readme", action="store_true")
-    p.add_argument("--readme-marker", default="serve-table", help="the README section --write-readme replaces")
+    p.add_argument("--readme-marker", default="serve-table", help="the marked section --write-readme replaces (README.md or docs/)")
     p.add_argument("--loads", default="", help="comma list of load names' beginnings (default: all but 8 concurrent)")
     p.add_argument("--model", default="", help="a GGUF file both servers run (default: the default model)")
     args = p.parse_args(argv)
