@@ -4,7 +4,9 @@ Every command of the shell blocks under "## Quick start" runs against the real C
 `vsurge generate` as is, `vsurge chat` with a question on stdin, `vsurge serve` until it is ready (then
 the `curl` lines run against it, and SIGTERM must drain it to exit 0). `make` lines are the set-up this
 test environment already has. Any other command fails the test until this file learns it.
-Also: every `vsurge ...` line in any of README's shell blocks must parse with the real argument parser.
+Also, over README.md and every docs/*.md page (where the README's other sections moved, issue 61): every
+`vsurge ...` line of a shell block parses with the real argument parser, and every "N families" is the
+registry's count.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import pytest
 from cli_helpers import popen_cli, run_cli
 from server_process import free_port
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 QUESTION = "What is the capital of France?\n"
 README_PORT = "11556"
 # The README's `vsurge serve` runs as written plus these: a free port, and an engine small enough to
@@ -32,8 +36,8 @@ SERVE_TEST_FLAGS = ["--metrics-port", "-1", "--max-concurrent-decodes", "2", "--
                     "--prefill-tokens", "64", "--prefill-lengths", "64"]
 
 
-def shell_blocks(section: str | None = None) -> list[str]:
-    text = README.read_text(encoding="utf-8")
+def shell_blocks(section: str | None = None, page: Path = README) -> list[str]:
+    text = page.read_text(encoding="utf-8")
     if section is not None:
         text = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```bash\n(.*?)```", text, re.S)
@@ -59,27 +63,33 @@ def test_the_quick_start_has_the_commands_a_new_user_needs():
         assert needed in firsts, firsts
 
 
-def test_the_readme_counts_the_registrys_families():
-    """Every "N families" the README says in digits is the registry's count (issue 61: it said twenty-six,
-    thirty and nineteen in words, all stale); counts in words are kept for small subsets ("five families")."""
+def test_the_readme_and_docs_count_the_registrys_families():
+    """Every "N families" README.md or a docs/ page says in digits is the registry's count (issue 61: the README
+    said twenty-six, thirty and nineteen in words, all stale); counts in words are kept for small subsets
+    ("five families"), never for the whole."""
     from vsurge.models.registry import FAMILIES
 
-    text = (Path(__file__).parent.parent / "README.md").read_text()
-    counts = [int(n) for n in re.findall(r"\b(\d+)(?: model)? families", text)]
-    assert len(counts) >= 2 and set(counts) == {len(FAMILIES)}, counts
-    assert not re.search(r"\b(nineteen|twenty|thirty)[\w-]* (model )?families", text, re.IGNORECASE)
+    counts = {}
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        counts[page.name] = [int(n) for n in re.findall(r"\b(\d+)(?: model)? families", text)]
+        assert not re.search(r"\b(nineteen|twenty|thirty)[\w-]* (model )?families", text, re.IGNORECASE), page.name
+    assert counts["README.md"], "the README no longer says how many families vsurge runs"
+    wrong = {name: c for name, c in counts.items() if set(c) - {len(FAMILIES)}}
+    assert not wrong, f"the registry has {len(FAMILIES)} families: {wrong}"
 
 
-def test_every_vsurge_line_in_the_readme_parses():
+def test_every_vsurge_line_in_the_readme_and_docs_parses():
     from vsurge.cli import build_parser
 
-    lines = [argv for block in shell_blocks() for argv in commands(block) if argv[0] == "vsurge"]
-    assert len(lines) > 10
-    for argv in lines:
+    lines = [(page.name, argv) for page in PAGES for block in shell_blocks(page=page)
+             for argv in commands(block) if argv[0] == "vsurge"]
+    assert len(lines) > 10 and {name for name, _ in lines} >= {"README.md", "serving.md", "cli.md"}, lines
+    for name, argv in lines:
         try:
-            build_parser().parse_args(argv[1:])
+            build_parser().parse_args(argv[1:])  # a fresh parser: no state carried between lines
         except SystemExit:
-            pytest.fail(f"README command does not parse: {shlex.join(argv)}")
+            pytest.fail(f"{name}: command does not parse: {shlex.join(argv)}")
 
 
 class _Server:
