@@ -5,6 +5,7 @@
   calls, the lazy re-exports' way in);
 - no import that climbs back up the layers (LAYERS, lowest first; a module may import its own
   layer and those below), and docs/architecture.md's layer diagram lists LAYERS as they are;
+- no class name is defined in two modules (one name, one thing);
 - the default context length is written in one file (engine/config.py declares it, every CLI
   flag and default reads it from there).
 
@@ -237,6 +238,16 @@ def test_no_import_climbs_up_the_layers():
     upward = sorted(f"vsurge.{a} (layer {_layer(a)}) imports vsurge.{b} (layer {_layer(b)})"
                     for a, targets in GRAPH.items() for b in targets if _layer(b) > _layer(a))
     assert upward == []
+
+
+def test_no_class_name_is_defined_twice():
+    """A class name means one thing in the package (an alias, `X = Y`, is the same class)."""
+    where: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(module)
+    assert {name: modules for name, modules in where.items() if len(modules) > 1} == {}
 
 
 @pytest.mark.parametrize("module", ["engine.config", "engine.scheduler", "kv.page_manager", "sampling_params",

@@ -38,14 +38,13 @@ import numpy as np
 
 from ..engine.batch import BatchBuilder
 from ..engine.config import EngineConfig
-from ..engine.plan import StepPlan
-from ..engine.programs import HostStepOutput
+from ..engine.plan import HostStepOutput, StepPlan
+from ..engine.program_kinds import DECODE, IMPORT, INIT, SET_SLOT, STATE_IMPORT, replay
 from ..engine.scheduler import Scheduler
 from ..engine.transfer import KVPrefix, PrefixPages
 from ..kv.page_manager import HBMPageManager
 from ..kv.slot_pages import SlotPages
 from . import distributed
-from ..engine.program_kinds import DECODE, IMPORT, INIT, SET_SLOT, STATE_IMPORT, replay
 from .multihost import FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
 from .multihost import follow_engine as follow_engine_calls  # the one follower loop
 
