@@ -6,6 +6,7 @@
 - no import that climbs back up the layers (LAYERS, lowest first; a module may import its own
   layer and those below), and docs/architecture.md's layer diagram lists LAYERS as they are;
 - no class name is defined in two modules (one name, one thing);
+- program kinds are spelled only in their table (engine/program_kinds.py);
 - the default context length is written in one file (engine/config.py declares it, every CLI
   flag and default reads it from there).
 
@@ -248,6 +249,29 @@ def test_no_class_name_is_defined_twice():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module)
     assert {name: modules for name, modules in where.items() if len(modules) > 1} == {}
+
+
+def test_program_kinds_are_spelled_only_in_their_table():
+    """engine/ and scale/ build program keys with the kind objects (DECODE.key(rows, window)) and never
+    compare a key's name: no tuple led by a kind's name, no `key[0] == "<kind>"`, outside the table."""
+    table = ast.parse(MODULES["engine.program_kinds"].read_text())
+    names = {node.args[0].value for node in ast.walk(table) if isinstance(node, ast.Call)
+             and getattr(node.func, "id", None) == "ProgramKind" and isinstance(node.args[0], ast.Constant)}
+    assert {"init", "set_slot", "decode", "mixed", "export", "import", "copy", "vision"} <= names
+    spelled = []
+    for module, path in MODULES.items():
+        if not module.startswith(("engine", "scale")) or module == "engine.program_kinds":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            # a key: led by a kind's name (a tuple of nothing but kind names lists them: encode.KINDS)
+            key = isinstance(node, ast.Tuple) and node.elts and not all(
+                isinstance(e, ast.Constant) and e.value in names for e in node.elts[1:] or [None])
+            if key and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in names:
+                spelled.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+            if (isinstance(node, ast.Compare) and isinstance(node.left, ast.Subscript)
+                    and any(isinstance(c, ast.Constant) and c.value in names for c in node.comparators)):
+                spelled.append(f"{module}:{node.lineno} {ast.unparse(node)}")
+    assert spelled == []
 
 
 @pytest.mark.parametrize("module", ["engine.config", "engine.scheduler", "kv.page_manager", "sampling_params",
