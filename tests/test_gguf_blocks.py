@@ -1,4 +1,4 @@
-"""GGUF weights kept in their block formats (loading/blocks.py) against the same file dequantized.
+"""GGUF weights kept in their block formats (loading/gguf_blocks.py) against the same file dequantized.
 
 A tiny Llama GGUF holds every format the kernel multiplies (q/k/v in three formats, so the fused
 q/k/v is a QuantizedParts; gate and up in one, so a single block matrix), and the default model

@@ -20,7 +20,7 @@ import pytest
 import vsurge
 from vsurge import SamplingParams, vSurge
 from vsurge.engine.config import EngineConfig
-from vsurge.engine.programs import HostStepOutput
+from vsurge.engine.plan import HostStepOutput
 from vsurge.engine.request import ActiveRequest, ReturnChannel
 from vsurge.engine.scheduler import Scheduler
 from vsurge.engine.sequence import Sequence

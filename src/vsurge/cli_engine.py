@@ -144,8 +144,9 @@ class LocalEngine:
     def chat_prompt(self, messages: list[dict]):
         """Token ids of the conversation; with image parts ({"type": "image", "data": bytes}) a
         MultimodalPrompt (ValueError: the model takes no images, or one cannot be decoded)."""
-        from .multimodal.chat import chat_prompt, image_parts
+        from .multimodal.chat import chat_prompt
         from .tokenizer.compat import chat_prompt_ids
+        from .tokenizer.vision_chat import image_parts
 
         parts = image_parts(messages)
         if not parts:

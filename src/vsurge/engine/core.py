@@ -36,7 +36,7 @@ from .media import MediaEncoder, tile_buckets
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .plan import StepPlan
-from .program_kinds import PROGRAMS, _abstract
+from .program_kinds import DECODE, INIT, MIXED, PROGRAMS, SET_SLOT, VISION, _abstract, kind_of
 from .scheduler import Scheduler
 from .interface import AbstractInferenceEngine
 from .transfer import PrefixTransferAPI
@@ -227,6 +227,10 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self._background.submit(self._run_build, key, future, True)
         return False
 
+    def image_program_ready(self, h: int, w: int) -> bool:
+        """`program_ready` of the vision program of one h x w image (a model with `variable_images`)."""
+        return self.program_ready(VISION.key(1, h, w))
+
     @property
     def attention_backend(self) -> str:
         """The resolved attention backend (kv/backends) whose layout the pool takes."""
@@ -250,23 +254,35 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
                                     self.config.draft_state_rows, state_dtype(self.config.state_dtype, self.model),
                                     self.attention_backend)
 
-    def _shardings(self, signature: str, state, batch=None) -> dict:
-        """jax.jit's in/out shardings of a program on the model's mesh ({} on one device). signature:
-        "init" (-> state), "set_slot" (state, host arrays -> state), "encode" (weights, batch -> host
-        outputs) or "step" (weights, state, batch -> state, outputs)."""
+    # jax.jit's in/out shardings of the programs on the model's mesh ({} on one device), by signature
+    def _init_shardings(self, state) -> dict:
+        """() -> state."""
+        return {} if self.mesh is None else dict(out_shardings=state_shardings(state, self.mesh))
+
+    def _set_slot_shardings(self, state) -> dict:
+        """(state, 7 host arrays) -> state."""
+        if self.mesh is None:
+            return {}
+        kv = state_shardings(state, self.mesh)
+        return dict(in_shardings=(kv,) + (replicated(self.mesh),) * 7, out_shardings=kv)
+
+    def _weight_shardings(self) -> tuple:
+        return (jax.tree.map(lambda x: x.sharding, self.graphstate), jax.tree.map(lambda x: x.sharding, self.graphother))
+
+    def _encode_shardings(self, state, batch) -> dict:
+        """(weights, host batch) -> host outputs: no engine state."""
+        if self.mesh is None:
+            return {}
+        rep = replicated(self.mesh)
+        return dict(in_shardings=(*self._weight_shardings(), jax.tree.map(lambda _: rep, batch)), out_shardings=rep)
+
+    def _step_shardings(self, state, batch) -> dict:
+        """(weights, state, batch) -> (state, outputs)."""
         if self.mesh is None:
             return {}
         kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
-        if signature == "init":
-            return dict(out_shardings=kv)
-        if signature == "set_slot":
-            return dict(in_shardings=(kv,) + (rep,) * 7, out_shardings=kv)
-        weights = (jax.tree.map(lambda x: x.sharding, self.graphstate),
-                   jax.tree.map(lambda x: x.sharding, self.graphother))
-        if signature == "encode":  # no engine state: weights and host inputs in, host outputs out
-            return dict(in_shardings=(*weights, jax.tree.map(lambda _: rep, batch)), out_shardings=rep)
         inputs = row_shardings(batch, self.mesh, self.input_partition_spec)
-        return dict(in_shardings=(*weights, kv, inputs), out_shardings=(kv, rep))
+        return dict(in_shardings=(*self._weight_shardings(), kv, inputs), out_shardings=(kv, rep))
 
     def _build(self, key: tuple):
         if self.mesh is None:
@@ -276,11 +292,11 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
     def _lower_and_compile(self, key: tuple):
         state = jax.eval_shape(self._empty_state)
-        return PROGRAMS[key[0]].build(self, key, state, _abstract(self.graphstate), _abstract(self.graphother))
+        return kind_of(key).build(self, key, state, _abstract(self.graphstate), _abstract(self.graphother))
 
     # ------------------------------------------------------------ running
     def init_state(self) -> EngineState:
-        return self._program(("init",))()
+        return self._program(INIT.key())()
 
     def warm_up(self, state: EngineState) -> EngineState:
         """Run one short greedy sequence through the programs a lone request uses first (a short
@@ -319,7 +335,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def setup_slots(self, state: EngineState, setups: list[tuple]) -> EngineState:
         """Load `slot_setups`' sampling state into the engine state (device calls)."""
         for seq, *arrays in setups:
-            state = self._program(("set_slot",))(state, *arrays)
+            state = self._program(SET_SLOT.key())(state, *arrays)
             seq.needs_setup = False
         return state
 
@@ -334,13 +350,13 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             if self.media is not None:
                 self.media.prepare(plan)  # the chunks' images encoded (or found cached) before the batch
             rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
-            batch, key = self.batches.mixed(plan, rows, masks), ("mixed", rows, plan.chunk_shape)
+            batch, key = self.batches.mixed(plan, rows, masks), MIXED.key(rows, plan.chunk_shape)
         else:
             rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
             needed = self.batches.decode_window(plan)
             window = next(w for w in c.page_windows if w >= needed)
             batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
-            key = ("decode", rows, window)
+            key = DECODE.key(rows, window)
         state = self.setup_slots(self.sync_tiers(state), setups)
         if self.adapters is not None:
             lora_serving.apply_writes(self)
@@ -387,7 +403,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         bucket = next(b for b in tile_buckets() if b >= n)
         padded = np.zeros((bucket, *pixels.shape[1:]), np.uint8)
         padded[:n] = pixels
-        out = self._program(("vision", bucket))(self.graphstate, self.graphother, padded)
+        out = self._program(VISION.key(bucket))(self.graphstate, self.graphother, padded)
         return np.asarray(jax.device_get(out))[: n * self.model.config.tokens_per_tile]
 
     def encode_image(self, pixels: np.ndarray) -> np.ndarray:
@@ -395,7 +411,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         through the vision program of its size (compiled on first use: a service sees few sizes, and the
         window layout and rotary tables of the tower are static per size)."""
         _, h, w, _ = pixels.shape
-        return np.asarray(jax.device_get(self._program(("vision", 1, h, w))(self.graphstate, self.graphother,
+        return np.asarray(jax.device_get(self._program(VISION.key(1, h, w))(self.graphstate, self.graphother,
                                                                              pixels)))
 
     # ------------------------------------------------------------ whole-prompt passes (encode.py)
@@ -406,11 +422,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         disk with every other program), so engines that never encode compile nothing more."""
         if self.on_call is not None:  # the multi-host followers replay only the generation programs
             raise RuntimeError("embeddings and prompt logprobs are not served by multi-host engines yet")
-        kind = pending[0].kind
-        shape, requests, places = encode.pack([r for r in pending if r.kind == kind], self.config.prefill_tokens,
+        kind = PROGRAMS[pending[0].kind]  # (an EncodeRequest's kind names its program kind: EMBED, SCORE)
+        shape, requests, places = encode.pack([r for r in pending if r.kind == kind.name], self.config.prefill_tokens,
                                               self.config.max_length, one_per_row=self.config.recurrent_state)
         batch = encode.batch_of(shape, requests, places)
-        out = jax.device_get(self._program((kind, *shape))(self.graphstate, self.graphother, batch))
-        if kind == "embed":
-            return list(zip(requests, encode.embed_results(*out, len(requests))))
-        return list(zip(requests, encode.score_results(batch, places, requests, *out)))
+        out = jax.device_get(self._program(kind.key(*shape))(self.graphstate, self.graphother, batch))
+        return list(zip(requests, kind.results(batch, places, requests, out)))

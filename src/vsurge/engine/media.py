@@ -106,7 +106,7 @@ class MediaEncoder:
         if not self.variable_images:
             return True
         _, h, w, _ = item.pixels.shape
-        return self.core.program_ready(("vision", 1, h, w))
+        return self.core.image_program_ready(h, w)
 
     def embeddings(self, item) -> np.ndarray:
         """(tokens, D) of an image `prepare` made ready."""

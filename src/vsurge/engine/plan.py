@@ -5,18 +5,19 @@ batch.py turns them into padded arrays, the engine runs them, the driver passes 
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol
 
 from .sequence import Sequence
 
 
-class HostStepOutput(Protocol):
-    """What postprocess reads from a step (numpy arrays; see engine/programs.py StepOutput)."""
+@dataclasses.dataclass
+class HostStepOutput:
+    """What postprocess reads from a step: numpy arrays (engine/programs.py StepOutput.to_host, or a
+    remote engine's reply)."""
 
     tokens: object  # (K, R) int: token of row r at decode step k (K = 1 for prompt steps)
     valid: object  # (K, R) bool
-    logprobs: object  # None, or (chosen (K, R), top ids (K, R, 20), top values (K, R, 20))
-    chunk_offset: int  # row of plan.chunks[0] (decode rows come first, padded)
+    logprobs: tuple | None  # None, or (chosen (K, R), top ids (K, R, 20), top values (K, R, 20))
+    chunk_offset: int = 0  # row of plan.chunks[0] (decode rows come first, padded)
 
 
 @dataclasses.dataclass

@@ -36,6 +36,7 @@ from ..ops.sampling import (TOP_LOGPROBS, SamplingArrays, apply_penalties, draw_
                             penalties_active, token_logprobs)
 from ..structured.bitmask import apply_token_bitmask
 from .encode import EncodeBatch
+from .plan import HostStepOutput
 
 jax.tree_util.register_dataclass(EncodeBatch)  # host arrays of an embed/score call (encode.py)
 
@@ -139,7 +140,7 @@ class StepOutput:
     # row of the first prompt row (decode rows are padded to a bucket before them)
     chunk_offset: int = dataclasses.field(default=0, metadata=dict(static=True))
 
-    def to_host(self, with_logprobs: bool) -> "HostStepOutput":
+    def to_host(self, with_logprobs: bool) -> HostStepOutput:
         """Copy to numpy (the driver calls this: drivers never touch JAX)."""
         if with_logprobs:
             tokens, valid, *lp = jax.device_get((self.tokens, self.valid, self.logprob, self.top_ids,
@@ -147,14 +148,6 @@ class StepOutput:
             return HostStepOutput(tokens, valid, tuple(lp), self.chunk_offset)
         tokens, valid = jax.device_get((self.tokens, self.valid))
         return HostStepOutput(tokens, valid, None, self.chunk_offset)
-
-
-@dataclasses.dataclass
-class HostStepOutput:
-    tokens: np.ndarray  # (K, R)
-    valid: np.ndarray  # (K, R)
-    logprobs: tuple | None  # (chosen (K, R), top ids (K, R, 20), top values (K, R, 20))
-    chunk_offset: int = 0  # row of plan.chunks[0]
 
 
 # ------------------------------------------------------------ sampling
@@ -385,5 +378,4 @@ def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: 
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),
                       jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     return EngineState(kv, slots)
-ActiveSequenceBatch = EngineState  # the seed's names of the state: oEngine's ...
-GenerationState = EngineState  # ... and vEngine's
+ActiveSequenceBatch = EngineState  # the seed's name of the state (oEngine's); vEngine's GenerationState is seed/engines.py's

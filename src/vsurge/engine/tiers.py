@@ -21,10 +21,8 @@ the pages, so a page evicted and reused in one scheduling pass is copied out wit
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import threading
-from functools import partial
 
 import jax
 import numpy as np
@@ -33,6 +31,7 @@ from ..kv.disk_tier import ANY, LAYOUT_VERSION, DiskTier
 from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.recurrent import init_states, state_dtype, stored_row_bytes
 from ..kv.tiers import HostTier, TierEntry, page_key, tail_key
+from .program_kinds import EXPORT, IMPORT, STATE_EXPORT, STATE_IMPORT
 from .transfer import PrefixPages
 
 
@@ -151,49 +150,6 @@ class StateRow:
         return self.host().leaves, []
 
 
-def gather_states(state, row, held: str = "snapshots"):
-    """Row `row` (a traced i32) of every recurrent layer's parts in `held` ("snapshots": a snapshot row;
-    "states": a sequence slot's states): the leaves of a row."""
-    return [leaf[row] for leaf in jax.tree.leaves(getattr(state.kv, held))]
-
-
-def scatter_states(state, leaves: list, row, held: str = "snapshots"):
-    """Write `leaves` (as gather_states returns) into row `row` of `held`."""
-    rows = getattr(state.kv, held)
-    new = [leaf.at[row].set(value) for leaf, value in zip(jax.tree.leaves(rows), leaves)]
-    kv = dataclasses.replace(state.kv, **{held: jax.tree.unflatten(jax.tree.structure(rows), new)})
-    return dataclasses.replace(state, kv=kv)
-
-
-def compile_state_copy(engine, key: tuple, state):
-    """The `state_export` (state, row -> leaves) or `state_import` (state, leaves, row -> state) program;
-    key[1], where given, names the rows ("states": a sequence slot's, for a disaggregated hand-over)."""
-    held = key[1] if len(key) > 1 else "snapshots"
-    gather, scatter = partial(gather_states, held=held), partial(scatter_states, held=held)
-    row = jax.ShapeDtypeStruct((), np.int32)
-    export, put = {}, {}
-    if engine.mesh is not None:
-        from ..sharding import replicated, state_shardings
-
-        kv, rep = state_shardings(state, engine.mesh), replicated(engine.mesh)
-        export, put = dict(in_shardings=(kv, rep), out_shardings=rep), dict(in_shardings=(kv, rep, rep), out_shardings=kv)
-    if key[0] == "state_export":
-        return jax.jit(gather, **export).lower(state, row).compile()
-    leaves = jax.eval_shape(gather, state, row)
-    return jax.jit(scatter, donate_argnums=(0,), **put).lower(state, leaves, row).compile()
-
-
-def state_copy_keys(engine) -> list[tuple]:
-    """The state copy programs start-up compiles: both, for a pool whose snapshots have lower tiers; a
-    hybrid model's prefill engine exports its sequences' states and a decode engine imports them."""
-    snaps = getattr(engine.pool, "snapshots", None)
-    keys = [("state_export",), ("state_import",)] if snaps is not None and snaps.host is not None else []
-    if engine.model.config.recurrent_layers:
-        keys += {"prefill": [("state_export", "states")], "decode": [("state_import", "states")]}.get(
-            engine.config.role, [])
-    return keys
-
-
 STAGING_BYTES = 64 << 20  # host buffers that pages written back are stacked in, allocated once
 
 
@@ -224,7 +180,7 @@ class TierMover:
             bucket = engine._bucket(len(part))
             ids = np.zeros(bucket, np.int32)  # padding gathers page 0: never used
             ids[: len(part)] = [page for page, _, _ in part]
-            batch = PageBatch(engine._program(("export", bucket))(state, ids))
+            batch = PageBatch(engine._program(EXPORT.key(bucket))(state, ids))
             self._fresh.append(batch)
             for i, (_, entry, persist) in enumerate(part):
                 if persist:
@@ -245,14 +201,14 @@ class TierMover:
             k = [_stack([p[0][l] for p in pages], out[:bucket]) for l, out in enumerate(self._staging.k)]
             v = [_stack([p[1][l] for p in pages], out[:bucket]) for l, out in enumerate(self._staging.v)]
             # the staging buffers are filled again by the next part: wait until this one is read
-            state = jax.block_until_ready(engine._program(("import", bucket))(state, PrefixPages(k, v), ids))
+            state = jax.block_until_ready(engine._program(IMPORT.key(bucket))(state, PrefixPages(k, v), ids))
             for _, entry in part:
                 pool.host.release(entry)
         if snaps is not None:
             for row, entry in snaps.take_loads():
                 k, v = entry.payload.arrays()
                 # (a disk read's buffer is reused once released: the copy must be done by then)
-                state = jax.block_until_ready(engine._program(("state_import",))(state, [*k, *v], np.int32(row)))
+                state = jax.block_until_ready(engine._program(STATE_IMPORT.key())(state, [*k, *v], np.int32(row)))
                 snaps.host.release(entry)
         return state
 
@@ -262,7 +218,7 @@ class TierMover:
         disk = snaps.host.disk
         for row, entry, persist in ([(r, e, False) for r, e in snaps.take_saves()]
                                     + [(r, e, True) for r, e in snaps.take_persists()]):
-            payload = StateRow(self.engine._program(("state_export",))(state, np.int32(row)))
+            payload = StateRow(self.engine._program(STATE_EXPORT.key())(state, np.int32(row)))
             self._fresh.append(payload)
             if not persist:
                 entry.payload = payload

@@ -13,7 +13,7 @@ dv)) and sharded by `prefix_destination()`: KV heads over the mesh's
 `model` axis, so on two meshes of the same size the move is a device-to-device
 copy of each shard. A hybrid model's sequence also carries its recurrent states (every recurrent
 layer's parts at its slot, after its prompt): read out of the prefill engine's slot (the
-`state_export` program on "states", engine/tiers.py), moved replicated (as the states live on a
+`STATE_EXPORT` program on "states", engine/state_rows.py), moved replicated (as the states live on a
 mesh) and written into the slot the decode engine attached, whose first decode row reads them
 (its position is past 0). The sampling state needs no move: it is rebuilt from the
 sequence (its request, seed and tokens) when the decode engine's next step
@@ -32,6 +32,7 @@ import numpy as np
 from ..kv.access import put_pages, take_pages
 from ..kv.dense import DenseKVCache
 from ..sharding import named_sharding
+from .program_kinds import COPY, EXPORT, IMPORT, STATE_EXPORT, STATE_IMPORT
 from .programs import EngineState
 
 
@@ -129,9 +130,9 @@ class PrefixTransferAPI:
         bucket = self._bucket(max(real, 1))
         ids = np.zeros(bucket, np.int32)  # padding reads page 0: its copy is never written anywhere
         ids[:real] = seq.pages.pages[:real]
-        states = (self._program(("state_export", "states"))(state, np.int32(seq.slot))
+        states = (self._program(STATE_EXPORT.key("states"))(state, np.int32(seq.slot))
                   if self.model.config.recurrent_layers else None)
-        return KVPrefix(self._program(("export", bucket))(state, ids), real, states=states)
+        return KVPrefix(self._program(EXPORT.key(bucket))(state, ids), real, states=states)
 
     def receive_prefix(self, prefix: KVPrefix) -> KVPrefix:
         """`prefix` moved onto this engine's devices: jax.device_put onto its prefix sharding (decode
@@ -150,9 +151,9 @@ class PrefixTransferAPI:
         """Write a received prefix into the pages `seq` attached here (decode engine)."""
         ids = np.full(prefix.bucket, self.pool.num_pages, np.int32)  # padding: dropped writes
         ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
-        state = self._program(("import", prefix.bucket))(state, prefix.pages, ids)
+        state = self._program(IMPORT.key(prefix.bucket))(state, prefix.pages, ids)
         if prefix.states is not None:
-            state = self._program(("state_import", "states"))(state, prefix.states, np.int32(seq.slot))
+            state = self._program(STATE_IMPORT.key("states"))(state, prefix.states, np.int32(seq.slot))
         return state
 
     def copy_pages(self, state: EngineState, copies: list[tuple[int, int]]) -> EngineState:
@@ -163,38 +164,56 @@ class PrefixTransferAPI:
             src = np.zeros(bucket, np.int32)  # padding reads page 0 and writes nowhere
             dst = np.full(bucket, self.pool.num_pages, np.int32)
             src[: len(part)], dst[: len(part)] = zip(*part)
-            state = self._program(("copy", bucket))(state, src, dst)
+            state = self._program(COPY.key(bucket))(state, src, dst)
         return state
 
     # ------------------------------------------------------------ compiling and warming up
-    def _transfer_jobs(self) -> list[tuple]:
+    def _transfer_keys(self) -> list[tuple]:
+        """The page copies start-up compiles: a prefill engine's exports, a decode engine's imports
+        (both with host/disk tiers, which copy pages both ways), and tail copies where prefix caching
+        shares tails."""
         role = self.config.role
-        kinds = {"prefill": ["export"], "decode": ["import"]}.get(role, [])
+        kinds = {"prefill": [EXPORT], "decode": [IMPORT]}.get(role, [])
         if getattr(self, "tiers", None) is not None:  # host/disk tiers copy pages both ways
-            kinds = ["export", "import"]
-        jobs = [(kind, n) for kind in kinds for n in self.config.transfer_pages]
+            kinds = [EXPORT, IMPORT]
+        keys = [kind.key(n) for kind in kinds for n in self.config.transfer_pages]
         if role != "decode" and self.config.enable_prefix_caching and getattr(self.pool, "tail_hits", False):
-            jobs += [("copy", n) for n in COPY_BUCKETS]
-        return jobs
+            keys += [COPY.key(n) for n in COPY_BUCKETS]
+        return keys
 
-    def _compile_transfer(self, key: tuple, state):
-        kind, pages = key
+    def _page_shardings(self, state):
+        """(the pool's, replicated) shardings on the engine's mesh, for the page copies' jax.jit."""
+        from ..sharding import replicated, state_shardings
+
+        return state_shardings(state, self.mesh), replicated(self.mesh)
+
+    def _compile_export(self, pages: int, state):
+        """The EXPORT program of `pages` pages: (state, page ids (pages,)) -> PrefixPages."""
         ids = jax.ShapeDtypeStruct((pages,), jnp.int32)
         shardings = {}
         if self.mesh is not None:
-            from ..sharding import replicated, state_shardings
+            kv, rep = self._page_shardings(state)
+            shardings = dict(in_shardings=(kv, rep), out_shardings=self.prefix_shardings(pages))
+        return jax.jit(gather_pages, **shardings).lower(state, ids).compile()
 
-            kv, rep = state_shardings(state, self.mesh), replicated(self.mesh)
-            prefix = None if kind == "copy" else self.prefix_shardings(pages)
-            shardings = {"export": dict(in_shardings=(kv, rep), out_shardings=prefix),
-                         "import": dict(in_shardings=(kv, prefix, rep), out_shardings=kv),
-                         "copy": dict(in_shardings=(kv, rep, rep), out_shardings=kv)}[kind]
-        if kind == "copy":
-            return jax.jit(copy_between, donate_argnums=(0,), **shardings).lower(state, ids, ids).compile()
-        if kind == "export":
-            return jax.jit(gather_pages, **shardings).lower(state, ids).compile()
+    def _compile_import(self, pages: int, state):
+        """The IMPORT program of `pages` pages: (state, PrefixPages, page ids (pages,)) -> state."""
+        ids = jax.ShapeDtypeStruct((pages,), jnp.int32)
+        shardings = {}
+        if self.mesh is not None:
+            kv, rep = self._page_shardings(state)
+            shardings = dict(in_shardings=(kv, self.prefix_shardings(pages), rep), out_shardings=kv)
         fn = jax.jit(scatter_pages, donate_argnums=(0,), **shardings)
         return fn.lower(state, self._prefix_spec(pages), ids).compile()
+
+    def _compile_copy(self, pages: int, state):
+        """The COPY program of `pages` pairs: (state, source ids (pages,), destination ids (pages,)) -> state."""
+        ids = jax.ShapeDtypeStruct((pages,), jnp.int32)
+        shardings = {}
+        if self.mesh is not None:
+            kv, rep = self._page_shardings(state)
+            shardings = dict(in_shardings=(kv, rep, rep), out_shardings=kv)
+        return jax.jit(copy_between, donate_argnums=(0,), **shardings).lower(state, ids, ids).compile()
 
     def _warm_up_role(self, state: EngineState, request) -> EngineState:
         """The first runs of what a prefill engine (a prompt step, then a prefix copied out) or a
@@ -218,7 +237,7 @@ class PrefixTransferAPI:
         pages = prefix_pages_needed(seq, self.pool.page_size)
         zeros = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), self._prefix_spec(self._bucket(max(pages, 1))))
         states = None
-        if self.model.config.recurrent_layers:  # one slot's row of every state part (tiers.gather_states')
+        if self.model.config.recurrent_layers:  # one slot's row of every state part (state_rows.gather_states')
             states = [np.zeros(leaf.shape[1:], leaf.dtype) for leaf in jax.tree.leaves(state.kv.states)]
         state = self.insert_prefix(state, self.receive_prefix(KVPrefix(zeros, pages, states=states)), seq)
         while scheduler.has_work:

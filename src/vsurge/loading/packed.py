@@ -164,7 +164,7 @@ class PackedLinear:
 
 class PackedSource:
     """A SafetensorsSource whose AWQ / GPTQ layers read as `X.weight` (N, K): dequantized by `read`,
-    or as GGUF blocks by `block_type` / `raw_rows` (loading/blocks.py keeps those in blocks)."""
+    or as GGUF blocks by `block_type` / `raw_rows` (loading/gguf_blocks.py keeps those in blocks)."""
 
     def __init__(self, source, scheme: PackedScheme):
         self.source, self.scheme = source, scheme

@@ -8,7 +8,7 @@ and no host buffer ever holds a whole sharded weight, so a model larger than
 one device's memory loads. Slices that several devices share (replicated
 weights, or the same shard on every data-parallel replica) are read once.
 
-Weights kept in GGUF blocks (loading/blocks.py) are replicated: every device holds the whole
+Weights kept in GGUF blocks (loading/gguf_blocks.py) are replicated: every device holds the whole
 block matrix and the kernel multiplies it with the whole input (XLA gathers a sharded input
 before the custom call), so tensor parallelism splits only the float weights and attention.
 """
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..config import ModelConfig
 from ..models.spec import TensorSource
 from ..sharding import named_sharding, replicated
-from .blocks import keep_blocks
+from .gguf_blocks import keep_blocks
 from .weights import WeightReader
 
 

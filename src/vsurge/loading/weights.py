@@ -24,7 +24,7 @@ from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..models.spec import FusedQKV, Range, TensorSource
 from ..ops.quantized import is_quantized
-from .blocks import keep_blocks
+from .gguf_blocks import keep_blocks
 
 FORMATS = ("hf", "gguf")
 
@@ -116,7 +116,7 @@ class WeightReader:
 def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, fmt: str,
                      progress: bool = True, blocks: bool = False, stack_dtype=None) -> dict[str, np.ndarray]:
     """Read and check every tensor. Returns model weight name -> array of the model's shape.
-    blocks: hold the weights that can stay in the file's block formats so (loading/blocks.py);
+    blocks: hold the weights that can stay in the file's block formats so (loading/gguf_blocks.py);
     stack_dtype: the expert stacks' dtype, where not `dtype`."""
     check_source(family, config, source, fmt)
     reader = WeightReader(family, config, source, dtype, fmt, stack_dtype=stack_dtype)

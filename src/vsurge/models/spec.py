@@ -341,7 +341,7 @@ class Weight:
         dtype is narrower than the activations' (bfloat16 on CPU) it is held as its raw bits:
         XLA:CPU would otherwise convert the whole stack to float32 outside the loop.
     lookup: an (N, K) table whose rows are looked up (an embedding, also a tied output head):
-        a GGUF file's blocks may hold it as they are (loading/blocks.py), rows gathered and
+        a GGUF file's blocks may hold it as they are (loading/gguf_blocks.py), rows gathered and
         dequantized as they are read, and the head multiplied by the block kernel."""
 
     shape: tuple[int, ...]

@@ -38,7 +38,7 @@ import time
 import jax
 import numpy as np
 
-from ..engine.program_kinds import PROGRAMS, replay
+from ..engine.program_kinds import PROGRAMS, kind_of, replay
 from ..engine.request import DriverNotReadyError
 from . import distributed
 
@@ -149,9 +149,9 @@ class Leader:
         def call(key, program, *args):
             if self.lost:
                 raise FollowerLostError(self._lost_message())
-            kind = PROGRAMS[key[0]]
+            kind = kind_of(key)
             if not kind.replayed:
-                raise RuntimeError(f"{key[0]} programs run on one process: multi-host engines do not run them")
+                raise RuntimeError(f"{kind.name} programs run on one process: multi-host engines do not run them")
             n = kind.device_args
             if n == 3 and (args[0] is not engine.graphstate or args[1] is not engine.graphother):
                 raise ValueError("multi-host engines run their own weights: graphstate/graphother cannot be replaced")

@@ -38,14 +38,13 @@ import numpy as np
 
 from ..engine.batch import BatchBuilder
 from ..engine.config import EngineConfig
-from ..engine.plan import StepPlan
-from ..engine.programs import HostStepOutput
+from ..engine.plan import HostStepOutput, StepPlan
+from ..engine.program_kinds import DECODE, IMPORT, INIT, SET_SLOT, STATE_IMPORT, replay
 from ..engine.scheduler import Scheduler
 from ..engine.transfer import KVPrefix, PrefixPages
 from ..kv.page_manager import HBMPageManager
 from ..kv.slot_pages import SlotPages
 from . import distributed
-from ..engine.program_kinds import replay
 from .multihost import FollowerLostError, Leader, StepChannel, decode, encode, run_all_in_threads
 from .multihost import follow_engine as follow_engine_calls  # the one follower loop
 
@@ -155,7 +154,7 @@ class RemoteDecodeEngine:
             self.channel.send(key, list(leaves))
 
     def init_state(self):
-        self._send(("init",))
+        self._send(INIT.key())
         return _RemoteState()
 
     def step(self, state, plan: StepPlan, masks: dict | None = None):
@@ -163,7 +162,7 @@ class RemoteDecodeEngine:
             raise RuntimeError("a decode engine was given prompt chunks")
         for seq in plan.sequences:
             if seq.needs_setup:
-                self._send(("set_slot",), [np.int32(seq.slot), *jax.tree.leaves(self.batches.slot_arrays(seq))])
+                self._send(SET_SLOT.key(), [np.int32(seq.slot), *jax.tree.leaves(self.batches.slot_arrays(seq))])
                 seq.needs_setup = False
         c = self.config
         rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
@@ -171,7 +170,7 @@ class RemoteDecodeEngine:
         window = next(w for w in c.page_windows if w >= needed)
         batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
         logprobs = any(s.request.params.logprobs is not None for s in plan.sequences)
-        self._send(("decode", rows, window, logprobs), jax.tree.leaves(batch))
+        self._send((*DECODE.key(rows, window), logprobs), jax.tree.leaves(batch))
         self._sent_steps += 1
         return state, RemoteOutput(self, self._sent_steps - 1)
 
@@ -218,7 +217,7 @@ class RemoteDecodeEngine:
     def insert_prefix(self, state, prefix: KVPrefix, seq):
         ids = np.full(prefix.bucket, self.pool.num_pages, np.int32)
         ids[: prefix.num_pages] = seq.pages.pages[: prefix.num_pages]
-        self._send(("import", prefix.bucket, prefix.transfer_id, seq.slot), [ids])
+        self._send((*IMPORT.key(prefix.bucket), prefix.transfer_id, seq.slot), [ids])
         return state
 
 
@@ -314,18 +313,18 @@ def follow_engine(engine, name: str) -> None:
     def import_prefix(state, key, leaves):  # key: ("import", bucket, transfer id, the sequence's slot)
         _, bucket, tid, slot = key
         pages, states = received.pop(tid)
-        state = engine._compiled[("import", bucket)](state, pages, leaves[0])
+        state = engine._compiled[IMPORT.key(bucket)](state, pages, leaves[0])
         if states is not None:
-            state = engine._compiled[("state_import", "states")](state, states, np.int32(slot))
+            state = engine._compiled[STATE_IMPORT.key("states")](state, states, np.int32(slot))
         return state
 
     follow_engine_calls(engine, StepChannel(prefix),
-                        {"decode": decode_and_reply, "receive": receive, "import": import_prefix})
+                        {DECODE.name: decode_and_reply, "receive": receive, IMPORT.name: import_prefix})
 
 
 def _states_layout(engine) -> list:
     """The shapes of one slot's row of every recurrent state part (what a hybrid's hand-over moves)."""
-    from ..engine.tiers import gather_states
+    from ..engine.state_rows import gather_states
 
     return jax.eval_shape(partial(gather_states, held="states"), jax.eval_shape(engine._empty_state), np.int32(0))
 

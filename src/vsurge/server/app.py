@@ -18,7 +18,7 @@ from .routes import GUARDED, METRICS, PUBLIC, RouteTable
 from .adapters.chat import ChatCompletionRequest
 from .adapters.completions import CompletionRequest
 from .adapters.embeddings import EmbeddingRequest
-from .adapters.messages import CountTokensRequest as MessagesCountTokensRequest
+from .adapters.messages import MessagesCountTokensRequest
 from .adapters.messages import MessagesRequest
 from .adapters.responses import ResponsesRequest
 from .protocol import CountTokensRequest, DetokenizeRequest, TokenizeRequest

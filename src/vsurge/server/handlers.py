@@ -101,7 +101,7 @@ class OpenAIHandlers:
         """POST /v1/messages (Anthropic Messages)."""
         return await messages.respond(self, request)
 
-    async def messages_count_tokens(self, request: "messages.CountTokensRequest"):
+    async def messages_count_tokens(self, request: "messages.MessagesCountTokensRequest"):
         """POST /v1/messages/count_tokens."""
         return await messages.count_tokens(self, request)
 

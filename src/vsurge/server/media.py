@@ -8,9 +8,10 @@ from __future__ import annotations
 import asyncio
 
 from ..multimodal import ImageError, MediaPolicy, image_bytes
-from ..multimodal.chat import chat_prompt, image_parts
+from ..multimodal.chat import chat_prompt
 from ..structured.errors import ParamError
 from ..tokenizer.chat_template import ChatTemplateError
+from ..tokenizer.vision_chat import image_parts
 from .errors import APIError
 
 NOT_SUPPORTED = "image inputs are not supported by this model"

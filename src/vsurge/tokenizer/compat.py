@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .chat_template import normalize_messages
+from .vision_chat import render_text
 
 
 def chat_prompt_ids(processor, messages, tools: list[dict] | None = None, **variables) -> list[int]:
@@ -16,8 +17,6 @@ def chat_prompt_ids(processor, messages, tools: list[dict] | None = None, **vari
 def render_chat_prompt(processor, messages, tools: list[dict] | None = None, **variables) -> tuple[str, list[int]]:
     """(text, token ids) of `messages` rendered with the chat template, ready for generation."""
     if getattr(processor, "images", None) is not None:  # a vision-language model's template reads parts
-        from ..multimodal.chat import render_text
-
         text = render_text(processor, messages, tools, variables)
         return text, list(processor.encode(text, add_special_tokens=False))
     if tools is not None:

@@ -25,9 +25,9 @@ from ...structured.output_parser import OutputParser
 from ...structured.reasoning import get_reasoning_parser
 from ...tokenizer.chat_template import ChatTemplateError
 from ...tokenizer.compat import render_chat_prompt
+from ...tokenizer.vision_chat import image_parts
 from ...multimodal import MediaPolicy
 from ..errors import APIError
-from ...multimodal.chat import image_parts
 from ..media import render_with_images
 from ..protocol import RequestBody, WholeInt
 

@@ -56,7 +56,7 @@ class MessagesRequest(SamplingFields):
     chat_template_kwargs: Optional[dict[str, Any]] = None
 
 
-class CountTokensRequest(WireModel):
+class MessagesCountTokensRequest(WireModel):
     model: Optional[StrictStr] = None
     messages: list[dict[str, Any]]
     system: Optional[Union[StrictStr, list[dict[str, Any]]]] = None
@@ -389,7 +389,7 @@ async def respond(server, body: MessagesRequest):
     return JSONResponse(builder.message, headers=headers)
 
 
-async def count_tokens(server, body: CountTokensRequest):
+async def count_tokens(server, body: MessagesCountTokensRequest):
     surge = await server.surge_for(body.model)
     _, ids, _ = await prompt(server, body, surge)
     return {"input_tokens": len(ids)}
