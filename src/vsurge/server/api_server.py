@@ -32,6 +32,19 @@ from .unix_socket import release_socket_path
 log = logging.getLogger(__name__)
 
 
+async def _abort_idle_connections(state, grace: float = 1.0) -> None:
+    """At shutdown uvicorn closes idle keep-alive connections and waits until they are gone; closing a TLS
+    one waits for the client's close_notify, up to asyncio's 30 s, and a client that keeps its pool open
+    (the openai SDK does) never sends it. Every `grace` seconds, connections with no request in flight are
+    dropped; requests in flight are left to finish (draining)."""
+    while True:
+        await asyncio.sleep(grace)
+        for connection in list(state.connections):
+            cycle = getattr(connection, "cycle", None)
+            if cycle is None or cycle.response_complete:
+                connection.transport.abort()
+
+
 class _EngineRegistries:
     """A prometheus collector that yields every engine's own registry."""
 
@@ -191,6 +204,13 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
                 super().handle_exit(sig, frame)
                 # uvicorn re-raises the signal after draining (exit 143); a drained server exits 0
                 self._captured_signals.clear()
+
+            async def shutdown(self, sockets=None):
+                closing = asyncio.create_task(_abort_idle_connections(self.server_state))
+                try:
+                    await super().shutdown(sockets)
+                finally:
+                    closing.cancel()
 
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, ssl_keyfile=ssl_keyfile,
                                 ssl_certfile=ssl_certfile, timeout_graceful_shutdown=None, access_log=False,
