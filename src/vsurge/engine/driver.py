@@ -91,6 +91,7 @@ class Driver(AbstractDriver):
         self._uncounted: set = set()  # live encodes that are not queue entries (all but the first of a call)
         self._threads: list[threading.Thread] = []
         self._running = self._accepting = False
+        self._stopped = threading.Event()
         self._error: BaseException | None = None
         # notified after compile() (listener.compiled(driver)) and when the driver stops or fails
         # (listener.stopped(driver, error)): the multi-host leader (scale/multihost.py)
@@ -206,6 +207,7 @@ class Driver(AbstractDriver):
         if self._running:
             return
         self._running = self._accepting = True
+        self._stopped = threading.Event()  # wakes the watchdog at a stop (it would sleep out its period)
         self._error = None
         for replica in self.replicas:
             thread = threading.Thread(target=self._guarded_call, args=(self._loop, replica),
@@ -521,8 +523,8 @@ class Driver(AbstractDriver):
         step's tokens for longer than its engine's step_timeout."""
         limits = {r.index: r.engine.config.step_timeout for r in self.replicas}
         period = min(1.0, max(0.05, min(t for t in limits.values() if t) / 4))
-        while self._running:
-            time.sleep(period)
+        stopped = self._stopped
+        while not stopped.wait(period):
             for replica in self.replicas:
                 since, limit = replica.busy_since, limits[replica.index]
                 if since is None or not limit or time.monotonic() - since <= limit:
@@ -543,6 +545,7 @@ class Driver(AbstractDriver):
     def _shutdown(self, error: BaseException) -> None:
         with self._lock:
             self._running = self._accepting = False
+            self._stopped.set()
             live, self._live, self._uncounted = list(self._live), set(), set()
         for request in live:
             request.channel.put(error)
