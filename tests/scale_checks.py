@@ -226,8 +226,9 @@ def check_lora(base, *adapters):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (25, 9)]
     jobs = [(name, p) for name in (None, "a0", "a1", "a2") for p in prompts]
-    config = EngineConfig(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), page_size=16,
-                          num_pages=48, decode_steps=4, max_loras=2, max_lora_rank=8)
+    # (one decode program of 8 rows: the 8 requests run at once, so 2- and 4-row programs only cost compiles)
+    config = EngineConfig(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), row_buckets=(8,),
+                          page_size=16, num_pages=48, decode_steps=4, max_loras=2, max_lora_rank=8)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
     def run(kind, **parallel):
