@@ -149,9 +149,15 @@ def vinference_on_data_and_model(path, model, processor) -> dict:
             "vinference_row_specs": row_specs, "vinference_bad_axis_error": bad_axis_error}
 
 
-def check_default_tp3():
-    """The embedded default model (9 query heads, 3 KV heads; GGUF dequantized per shard): greedy
-    text at TP 3 vs one device."""
+def check_default():
+    """The embedded default model (9 query heads, 3 KV heads), in one process (it loads once per form, and
+    the process starts once): dequantized to float32 per shard, greedy text at TP 3 vs one device; and
+    kept in its GGUF blocks (replicated on every device) at TP 3, logits and greedy tokens vs one device,
+    the blocks' shardings, and 3 data-parallel replicas, each on its own device."""
+    return {"float32": _default_float32_tp3(), "blocks": _default_blocks_tp3()}
+
+
+def _default_float32_tp3() -> dict:
     model, processor = vsurge.load("default", dtype="float32", progress=False)
     ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     one = greedy_generate(model, ids, 12)
@@ -159,15 +165,11 @@ def check_default_tp3():
     tp3, _ = vsurge.load("default", dtype="float32", progress=False, load_processor=False, tensor_parallel_size=3)
     three = greedy_generate(tp3, ids, 12)
     held = per_device_bytes(tp3.named_weights())
-    print("RESULT " + json.dumps({"tp1": processor.decode(one), "tp3": processor.decode(three),
-                                  "kv_heads": tp3.config.num_kv_heads, "devices": len(held),
-                                  "max_device_bytes": max(held.values()), "total_bytes": tp3.weight_bytes}),
-          flush=True)
+    return {"tp1": processor.decode(one), "tp3": processor.decode(three), "kv_heads": tp3.config.num_kv_heads,
+            "devices": len(held), "max_device_bytes": max(held.values()), "total_bytes": tp3.weight_bytes}
 
 
-def check_default_blocks_tp3():
-    """The default GGUF kept in its blocks (replicated on every device) at TP 3 (its 9 heads) vs one device: logits
-    and greedy tokens; the blocks' shardings; and 3 data-parallel replicas, each on its own device."""
+def _default_blocks_tp3() -> dict:
     model, processor = vsurge.load("default", progress=False)
     ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     ref, one = forward(model, [ids]), greedy_generate(model, ids, 8)
@@ -180,10 +182,10 @@ def check_default_blocks_tp3():
     del model, replicas
     tp3, _ = vsurge.load("default", progress=False, load_processor=False, tensor_parallel_size=3)
     blocks = {n: w for n, w in tp3.named_weights().items() if is_quantized(w)}
-    print("RESULT " + json.dumps({"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one,
-                                  "tp3": greedy_generate(tp3, ids, 8), "blocks": len(blocks), "dp3": dp3,
-                                  "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
-                                                    for w in blocks.values())}), flush=True)
+    return {"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one, "tp3": greedy_generate(tp3, ids, 8),
+            "blocks": len(blocks), "dp3": dp3,
+            "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
+                              for w in blocks.values())}
 
 
 def check_families(*named_paths):
@@ -224,8 +226,9 @@ def check_lora(base, *adapters):
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, model.config.vocab_size, n).tolist() for n in (25, 9)]
     jobs = [(name, p) for name in (None, "a0", "a1", "a2") for p in prompts]
-    config = EngineConfig(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), page_size=16,
-                          num_pages=48, decode_steps=4, max_loras=2, max_lora_rank=8)
+    # (one decode program of 8 rows: the 8 requests run at once, so 2- and 4-row programs only cost compiles)
+    config = EngineConfig(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), row_buckets=(8,),
+                          page_size=16, num_pages=48, decode_steps=4, max_loras=2, max_lora_rank=8)
     params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
 
     def run(kind, **parallel):
@@ -249,7 +252,8 @@ def check_lora(base, *adapters):
 
 
 if __name__ == "__main__":
-    checks = {"logits": check_logits, "engines": check_engines, "default_tp3": check_default_tp3,
-              "default_blocks_tp3": check_default_blocks_tp3,
-              "families": check_families, "lora": check_lora}
-    checks[sys.argv[1]](*sys.argv[2:])
+    checks = {"logits": check_logits, "engines": check_engines, "families": check_families, "lora": check_lora}
+    if sys.argv[1] == "default":
+        print("RESULT " + json.dumps(check_default()), flush=True)
+    else:
+        checks[sys.argv[1]](*sys.argv[2:])

@@ -105,14 +105,27 @@ def test_a_layer_can_hold_both_kv_and_a_state(tiny_checkpoints):
     assert dict(config.state_layout[0].parts) == {"conv": (3, 128 + 2 * 2 * 16), "ssm": (8, 16, 16)}
 
 
+# families whose shared-prefix resume is checked on the engine of their reference run (the same config:
+# one engine compiled, not two); Qwen3-Next's runs in test_a_shared_prefix_..., with its states updated row by row
+SHARED_PREFIX_ON_ENGINE_RUN = ("falcon_h1", "lfm2")
+
+
 @pytest.mark.parametrize("name, paged", ENGINE_RUNS, ids=[f"{n}-{'paged' if p else 'dense'}" for n, p in ENGINE_RUNS])
 def test_engines_give_the_reference_tokens(hybrids, name, paged):
-    """Five prompts on three slots; the longest (~18 tokens) takes several 8-token chunk rows."""
+    """Five prompts on three slots; the longest (~18 tokens) takes several 8-token chunk rows. (Falcon-H1 and
+    LFM2: first the shared-prefix check of test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot.)"""
     model, processor, ids, expected = hybrids(name)
     make = vSurge.create_odriver if paged else vSurge.create_vdriver
     surge = make(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
     assert max(len(p) for p in ids) > 16 and min(len(p) for p in ids) == 1
-    assert run(surge, PROMPTS) == [expected]
+    if name in SHARED_PREFIX_ON_ENGINE_RUN and paged:
+        prompts, cold, hits = shared_prefix_prompts(model, processor, surge)
+        got = run(surge, prompts[:1], PARAMS, prompts[1:], PROMPTS)
+        # (hits: the start-up warm-up's, the three shared prompts', then the five PROMPTS')
+        assert got[:2] == [cold[:1], cold[1:]] and hits[-8:-5] == [0, 40, 40], hits  # the 5 shared pages each
+        assert got[2:] == [expected]
+    else:
+        assert run(surge, PROMPTS) == [expected]
 
 
 def test_a_model_without_attention_layers_runs_with_no_kv_pages(hybrids):
@@ -272,17 +285,22 @@ def test_a_shared_prefix_computes_only_the_tail_after_its_latest_snapshot(hybrid
     from vsurge.kv import recurrent
 
     monkeypatch.setattr(recurrent, "ROW_BY_ROW_BYTES", 0)
-    for name in ("qwen3_next", "falcon_h1", "lfm2"):
-        model, processor, _, _ = hybrids(name)
-        shared = processor.encode(" ".join(PROMPTS[0] for _ in range(3)))[:41]  # 5 pages and a token
-        prompts = [shared + processor.encode(tail) for tail in (" and the end", " but then", " so")]
-        cold = [greedy_generate(model, p, 6) for p in prompts]
-        surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
-        pool = surge.driver.engines[0].pool
-        pool.add_sequence = counted(pool.add_sequence, hits := [])
-        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
-        assert run(surge, prompts[:1], params, prompts[1:]) == [cold[:1], cold[1:]], name
-        assert hits[-3:] == [0, 40, 40], name  # the 5 shared pages each
+    # (Falcon-H1's and LFM2's layers: on their engine runs' engines, test_engines_give_the_reference_tokens)
+    model, processor, _, _ = hybrids("qwen3_next")
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=3 * 8))
+    prompts, cold, hits = shared_prefix_prompts(model, processor, surge)
+    assert run(surge, prompts[:1], PARAMS, prompts[1:]) == [cold[:1], cold[1:]]
+    assert hits[-3:] == [0, 40, 40]  # the 5 shared pages each
+
+
+def shared_prefix_prompts(model, processor, surge):
+    """Three prompts sharing a 5-page prefix, their cold greedy tokens, and the list `surge`'s pool appends
+    each admitted prompt's cached tokens to."""
+    shared = processor.encode(" ".join(PROMPTS[0] for _ in range(3)))[:41]  # 5 pages and a token
+    prompts = [shared + processor.encode(tail) for tail in (" and the end", " but then", " so")]
+    pool = surge.driver.engines[0].pool
+    pool.add_sequence = counted(pool.add_sequence, hits := [])
+    return prompts, [greedy_generate(model, p, PARAMS.max_tokens) for p in prompts], hits
 
 
 def counted(add_sequence, hits: list):

@@ -197,7 +197,9 @@ def test_a_corrupt_weights_file_is_refused(tmp_path, default_model):
 
 
 # ------------------------------------------------------------ the engine: adapters mixed in its steps
-ENGINE = dict(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), page_size=16, decode_steps=4)
+# one decode program of 8 rows (the tests' 2 to 8 requests at once): the 2- and 4-row ones only cost compiles
+ENGINE = dict(max_slots=8, max_length=64, prefill_tokens=32, chunk_lengths=(16,), row_buckets=(8,), page_size=16,
+              decode_steps=4)
 
 
 @pytest.fixture(scope="module")

@@ -106,8 +106,14 @@ def test_vinference_honours_input_partition_spec(engines_result):
     assert "'dp'" in r["vinference_bad_axis_error"]  # an axis the mesh lacks is refused by name
 
 
-def test_default_model_answers_the_same_at_tp3():
-    r = run_check("default_tp3")
+@pytest.fixture(scope="session")
+def default_result():
+    """Both default-model checks from one process on 3 devices (they load the same GGUF)."""
+    return run_check("default", devices=3)
+
+
+def test_default_model_answers_the_same_at_tp3(default_result):
+    r = default_result["float32"]
     assert r["kv_heads"] == 3 and r["devices"] == 3  # 9 query heads, 3 KV heads: one KV head per device
     assert r["tp3"] == r["tp1"]
     assert r["tp1"].startswith("The capital of France is Paris."), r["tp1"]
@@ -145,10 +151,10 @@ def test_families_at_tensor_and_expert_parallel_sizes_equal_one_device(families_
         assert r["ep2"]["specs"] == {"layers.1.experts_gate_up": "P('model', None, None)"}, r["ep2"]
 
 
-def test_default_gguf_blocks_replicated_at_tp3():
+def test_default_gguf_blocks_replicated_at_tp3(default_result):
     """The default GGUF kept in its blocks at TP 3: every block matrix replicated, logits and greedy
     tokens those of one device; at DP 3 each replica's blocks on its own device (this crashed)."""
-    r = run_check("default_blocks_tp3", devices=3)
+    r = default_result["blocks"]
     assert r["blocks"] == 121 and r["replicated"]
     assert r["rel_err"] <= LOGIT_RTOL, r
     assert r["tp3"] == r["tp1"]
