@@ -269,7 +269,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     def _weight_shardings(self) -> tuple:
         return (jax.tree.map(lambda x: x.sharding, self.graphstate), jax.tree.map(lambda x: x.sharding, self.graphother))
 
-    def _encode_shardings(self, state, batch) -> dict:
+    def _encode_shardings(self, batch) -> dict:
         """(weights, host batch) -> host outputs: no engine state."""
         if self.mesh is None:
             return {}

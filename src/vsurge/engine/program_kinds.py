@@ -97,7 +97,7 @@ def _encode_builder(program):
     """The build of a whole-prompt pass (`program`: programs.embed or programs.score); key (kind, rows, length)."""
     def build(engine, key, state, gs, go):
         batch = _abstract(encode.batch_of(key[1:], [], []))
-        fn = jax.jit(partial(program, engine.graphdef), **engine._encode_shardings(state, batch))
+        fn = jax.jit(partial(program, engine.graphdef), **engine._encode_shardings(batch))
         return fn.lower(gs, go, batch).compile()
     return build
 
@@ -105,7 +105,7 @@ def _encode_builder(program):
 def _build_vision(engine, key, state, gs, go):
     h, w = key[2:] if len(key) > 2 else engine.model.config.tile_size  # (1, H, W): one image's size
     pixels = jax.ShapeDtypeStruct((key[1], h, w, 3), np.uint8)
-    fn = jax.jit(partial(programs.vision, engine.graphdef), **engine._encode_shardings(state, pixels))
+    fn = jax.jit(partial(programs.vision, engine.graphdef), **engine._encode_shardings(pixels))
     return fn.lower(gs, go, pixels).compile()
 
 
