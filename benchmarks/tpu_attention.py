@@ -6,6 +6,11 @@ per block given, and prints the best. Decode rows (one query each) at the roofli
 `--prefill` adds one prompt of that many tokens.
 
     python benchmarks/tpu_attention.py --rows 64,256 --blocks 4x32,8x32,8x64,16x64      # on the TPU
+    python benchmarks/tpu_attention.py --rows 64,256 --kernel ejkernel-v3   # ejkernel's v3 kernel, same rows
+
+`--kernel ejkernel-v3` times the v3-design kernel of ejkernel (PyPI `ejkernel`, EasyDeL's kernels; it writes
+the step's K/V itself and has a head_dim-64 variant) on its own page layout, at the same rows and lengths:
+a measurement to choose by, not a backend vsurge uses.
 """
 
 from __future__ import annotations
@@ -51,6 +56,53 @@ def timed(fn, reps=20) -> float:
     return statistics.median(walls)
 
 
+def v3_table(args) -> int:
+    """The same decode rows (and optional prompt) through ejkernel's ragged_page_attention_v3."""
+    from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import ragged_page_attention_v3
+    from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import _pallas_impl_fwd as wide
+    from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import _pallas_impl_fwd_h64 as narrow
+
+    kind = jax.devices()[0].device_kind
+    bandwidth = next((v for k, v in BANDWIDTH.items() if k in kind), None)
+    print(f"device {kind}; ejkernel ragged_page_attention_v3", flush=True)
+    print("| shape | rows | prefill | kernel | ms | bytes/bandwidth ms | % |\n|---|---|---|---|---|---|---|")
+    for shape in args.shapes.split(","):
+        heads, kv_heads, dim = SHAPES[shape]
+        for rows in (int(r) for r in args.rows.split(",")):
+            seqs = rows + (1 if args.prefill else 0)
+            width = -(-(args.context + args.prefill) // args.page_size)
+            num_pages = seqs * width + 1
+            shape_of = (narrow if dim == 64 else wide).get_kv_cache_shape
+            cache = jnp.ones(shape_of(num_pages, args.page_size, kv_heads, dim, jnp.bfloat16), jnp.bfloat16)
+            tokens = rows + args.prefill
+            q = jnp.ones((tokens, heads, dim), jnp.bfloat16)
+            k = v = jnp.ones((tokens, kv_heads, dim), jnp.bfloat16)
+            tables = jnp.asarray(np.random.default_rng(0).permutation(num_pages)[: seqs * width], jnp.int32)
+            lens = jnp.asarray([args.context] * rows + ([args.prefill] if args.prefill else []), jnp.int32)
+            starts = jnp.asarray([*range(rows + 1)] + ([tokens] if args.prefill else []), jnp.int32)
+            distribution = jnp.asarray([rows, rows, seqs], jnp.int32)  # decode-only end, prefill end, all
+            step = jax.jit(lambda q, k, v, cache: ragged_page_attention_v3(
+                q, k, v, cache, lens, tables, starts, distribution, softmax_scale=dim ** -0.5), donate_argnums=3)
+            holder = {"cache": cache}
+
+            def call():
+                out, holder["cache"] = step(q, k, v, holder["cache"])
+                return out
+
+            need = (rows * args.context + args.prefill) * 2 * kv_heads * dim * 2
+            floor = need / bandwidth if bandwidth else None
+            try:
+                wall = timed(call)
+            except Exception as error:  # noqa: BLE001
+                print(f"| {shape} | {rows} | {args.prefill} | v3 | {type(error).__name__}: {str(error)[:100]} | | |",
+                      flush=True)
+                continue
+            pct = f"{100 * floor / wall:.0f}%" if floor else "-"
+            print(f"| {shape} | {rows} | {args.prefill} | v3 | {wall * 1e3:.3f} | {floor * 1e3 if floor else 0:.3f} | "
+                  f"{pct} |", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1b,3b")
@@ -60,7 +112,10 @@ def main(argv=None) -> int:
     p.add_argument("--prefill", type=int, default=0)
     p.add_argument("--blocks", default="", help="comma-separated KVPAGESxQUERIES block sizes to try")
     p.add_argument("--vmem-mb", type=int, default=None)
+    p.add_argument("--kernel", default="jax", choices=("jax", "ejkernel-v3"))
     args = p.parse_args(argv)
+    if args.kernel == "ejkernel-v3":
+        return v3_table(args)
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
     kind = jax.devices()[0].device_kind

@@ -65,3 +65,20 @@ def test_fp8_refuses_a_second_quantization(tmp_path, default_processor_dir):
     with pytest.raises(ValueError, match="quantized already"):
         model.quantize("int8")
     assert model.quantize("fp8") is model
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_the_accelerators_converted_dot_is_the_float_product_of_the_quantized_weight(kind):
+    """int8 weights on a TPU/GPU (and fp8 everywhere) multiply through converted_dot; run here on CPU against the
+    float product of the dequantized weight, in bfloat16 activations as on the chip."""
+    from vsurge.ops.linear import converted_dot, quantize_int8
+
+    rng = np.random.default_rng(0)
+    w = jnp.asarray(rng.normal(0, 0.05, (96, 40)), jnp.float32)
+    q, scale = (quantize_int8 if kind == "int8" else quantize_fp8)(w)
+    x = jnp.asarray(rng.normal(0, 1, (3, 5, 96)), jnp.bfloat16)
+    got = converted_dot(x, q, scale)
+    assert got.shape == (3, 5, 40) and got.dtype == jnp.bfloat16
+    want = x.astype(jnp.float32) @ (q.astype(jnp.float32) * scale)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want), rtol=2e-2, atol=2e-2)
+    assert float(jnp.abs(want - x.astype(jnp.float32) @ w).max()) < 0.1  # and that is near the float weight's

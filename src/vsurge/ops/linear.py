@@ -18,7 +18,9 @@ fp8 weights (float8_e4m3fn with per-output-channel scales) are for accelerators 
 activations' dtype inside the jitted dot, where XLA fuses the conversion into the matmul; on CPU
 that conversion runs every call, so the block formats (int4 / q8_0) are the CPU's quantizations.
 
-The int8 path exists for XLA:CPU, where a float32 dot is bandwidth-bound at
+int8 weights on an accelerator (TPU, GPU) take the fp8 path: converted to the activations' dtype inside
+the dot's fusion, so a memory-bound decode reads one byte a weight (an 8B model fits one 16 GB TPU v5e).
+On XLA:CPU the int8 path is different: a float32 dot is bandwidth-bound at
 batch 1 and an int8 x int8 -> int32 dot is several times cheaper per weight.
 Activations are quantized per row in two passes (the value, then its
 rounding error), stacked as extra rows of one dot, so they keep ~15 bits
@@ -93,6 +95,12 @@ def matmul_t(x: jax.Array, w: jax.Array) -> jax.Array:
     return mixed_dot(x, w, 1)
 
 
+def converted_dot(x: jax.Array, w: jax.Array, scale: jax.Array) -> jax.Array:
+    """x (..., K) @ (w (K, N) int8 or fp8 * scale (N,)) -> (..., N) in x.dtype: w converted to x's dtype inside
+    the dot's fusion (an accelerator reads one byte a weight), the scale applied per output channel after it."""
+    return (mixed_dot(x, w.astype(x.dtype), 0) * scale.astype(x.dtype)).astype(x.dtype)
+
+
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
     """x (..., K) @ w (K, N) -> (..., N); w int8 or float8_e4m3fn with `scale` (N,) selects the int8
     or fp8 path, w in blocks (a QuantizedWeight of logical shape (N, K)) the block kernel."""
@@ -100,8 +108,8 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
         return qmatmul(x, w).astype(x.dtype)
     if scale is None:
         return mixed_dot(x, w, 0)
-    if w.dtype == FP8:  # converted inside the dot's fusion; the scale applies per output channel after it
-        return (mixed_dot(x, w.astype(x.dtype), 0) * scale.astype(x.dtype)).astype(x.dtype)
+    if w.dtype == FP8 or jax.default_backend() != "cpu":
+        return converted_dot(x, w, scale)
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).astype(jnp.float32)
     m = rows.shape[0]

@@ -108,8 +108,9 @@ def ragged_attention(q, pool, layout, spec, kv_heads: int, call=None):
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as call
     fold = pool.shape[-1] // q.shape[-1]
     args = ragged_inputs(layout, pool.shape[0], pool.shape[1])
+    options = {"vmem_limit_bytes": VMEM_LIMIT} if q.shape[0] > 1024 and _large_vmem() else {}
     out = call(fold_queries(q, kv_heads, fold), pool, *args, sm_scale=spec.scale, sliding_window=spec.window,
-               soft_cap=spec.softcap)
+               soft_cap=spec.softcap, **options)
     return unfold_outputs(out, kv_heads, fold)
 
 
@@ -167,6 +168,16 @@ class TpuPages:
             parts.append(column_attention(qc, read, kv_heads, ps, dv, lay.chunk_tables, lay.chunk_pos, spec, sinks,
                                           lay.num_columns, lay.chunk_limit).reshape(p * c, heads, dv))
         return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], cache
+
+
+# a step of more than 1024 tokens (a 2048-token prompt chunk) ran out of the kernel's default scoped VMEM on a
+# v5e; v5e and v6e chips have 128 MiB of VMEM, so such steps may take most of it
+VMEM_LIMIT = 96 << 20
+
+
+def _large_vmem() -> bool:
+    kind = jax.devices()[0].device_kind.lower()
+    return "v5 lite" in kind or "v5e" in kind or "v6" in kind
 
 
 def _kernel_serves(q, pool, spec, sinks, layout) -> bool:

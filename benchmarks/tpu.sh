@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# docs/tpu.md's tables on a borrowed TPU (this workplace's `run` tool: one v5e chip, no TCP, 64 MiB a call),
+# run from the repository root there:
+#
+#   bash benchmarks/tpu.sh STAGES SECONDS [DIR ...]
+#
+# STAGES, comma-separated, in this order:
+#   roofline    benchmarks/roofline.py: the 8B shape with int8 weights at 1 / 64 streams; 1B and 3B prefill at
+#               2048 tokens; the default model at 1 / 16 / 64; the 1B shape at 1 / 16 / 64 / 256 and the 3B
+#               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
+#   serving     benchmarks/tpu_serving.py: vSurge in-process (1B shape, default model; 1 and 64 concurrent
+#               512-token prompts, 128 greedy tokens) and `vsurge serve --uds` + `vsurge bench serve --uds` on the
+#               default model under the same load; the server's ready time cold and from the compilation cache
+#   agreement   benchmarks/tpu_agreement.py check: the real default model's float32 logits against transformers'
+#               and its bfloat16 greedy tokens against the CPU's (references made here, below)
+#   attention   benchmarks/tpu_attention.py: JAX's ragged kernel (what the tpu backend runs) and ejkernel's v3
+#               kernel on the same decode rows (needs the ejkernel wheels)
+# SECONDS bounds the whole script (each stage gets what is left, the roofline's steps a share). Every DIR may
+# hold wheels (*.whl: installed into /tmp/site; the machine lacks fastapi, uvicorn, gguf, ...), parts of the
+# default model (*.bin: benchmarks/model_parts.py) and the agreement references (*.npz). The machine keeps
+# what it was given while it stays warm, so a later call needs only what is new. Everything printed also
+# goes to $OUT/tpu.log, the server's log to $OUT/serve.log.
+#
+# Here, before the calls (folders listed in .git/info/exclude; wheels as ../shared/tpu/README.md says):
+#   python benchmarks/model_parts.py split .tpu-a .tpu-b
+#   python benchmarks/tpu_agreement.py reference .tpu-ref/agreement.npz
+#   call 1, carry [.tpu/whl, .tpu-a]:   bash benchmarks/tpu.sh roofline 570 .tpu/whl .tpu-a
+#   call 2, carry [.tpu-b, .tpu-ref]:   bash benchmarks/tpu.sh agreement,serving 570 .tpu-b .tpu-ref
+# (the file's halves and the wheels do not fit one call; without part b the weights are random of the same
+# shapes, which the timings do not mind and the agreement stage says.)
+set -u
+STAGES=${1:?stages}
+BUDGET=${2:-570}
+shift 2
+START=$(date +%s)
+OUT=${OUT:-/tmp/tpu-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/tpu.log") 2>&1
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export VSURGE_COMPILATION_CACHE=/tmp/xla-cache JAX_COMPILATION_CACHE_DIR=/tmp/xla-cache
+CODE=$(pwd)
+
+echo "== $(date -u +%FT%TZ) code $(git rev-parse --short HEAD 2>/dev/null || echo '(no git)') stages $STAGES, $BUDGET s"
+mkdir -p /tmp/site /tmp/vsurge-refs
+for dir in "$@"; do
+    wheels=$(ls "$dir"/*.whl 2>/dev/null)
+    if [ -n "$wheels" ]; then
+        echo "== wheels from $dir"
+        python3 -m pip install -q --isolated --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site $wheels 2>&1 | grep -v "already exists" | tail -3
+    fi
+    cp "$dir"/*.npz /tmp/vsurge-refs/ 2>/dev/null
+done
+if [ ! -d /tmp/site-flax ]; then  # the machine's own index has flax (not its default path)
+    PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
+        --index-url file:///opt/pypi/simple --target /tmp/site-flax flax 2>&1 | tail -3
+fi
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$CODE/src:$CODE/benchmarks:/tmp/model-site:/tmp/site:/tmp/site-flax
+
+echo "== the default model's file"
+PARTS=$(for dir in "$@"; do ls "$dir"/*.bin >/dev/null 2>&1 && echo "$dir"; done | head -1)
+python3 benchmarks/model_parts.py assemble "${PARTS:-/nonexistent}" || exit 1
+python3 -c 'import jax, flax, vsurge, vsurge.server.app
+print("jax", jax.__version__, "flax", flax.__version__, jax.devices())' || exit 1
+
+step() {  # step SHARE_OF_WHAT_IS_LEFT_PERCENT TITLE COMMAND...
+    local share=$1 title=$2
+    shift 2
+    local t=$(($(left) * share / 100))
+    if [ "$t" -lt 40 ]; then echo "== skipped (time): $title"; return; fi
+    echo "== $title ($t s of $(left) s left)"
+    timeout --signal=INT "$t" "$@"
+    echo "== exit $? ($title)"
+}
+
+for stage in ${STAGES//,/ }; do
+    case $stage in
+    roofline)
+        R="python3 benchmarks/roofline.py --decode-steps 8"
+        step 30 "8B shape, int8 weights" $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8
+        step 30 "prefill, 2048-token prompts" $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048
+        step 35 "default model" $R --models default --streams 1,16,64
+        step 50 "1B shape" $R --models 1b --streams 1,16,64,256
+        step 95 "3B shape" $R --models 3b --streams 1,64,256
+        ;;
+    serving)
+        step 95 "vSurge in-process and serve --uds" python3 benchmarks/tpu_serving.py --models 1b,default \
+            --concurrency 1,64 --serve --out "$OUT"
+        ;;
+    agreement)
+        step 60 "the real default model against the CPU's references" \
+            python3 benchmarks/tpu_agreement.py check /tmp/vsurge-refs/agreement.npz
+        ;;
+    attention)
+        step 50 "JAX's ragged kernel" python3 benchmarks/tpu_attention.py --rows 64,256
+        step 95 "ejkernel's v3 kernel" python3 benchmarks/tpu_attention.py --rows 64,256 --kernel ejkernel-v3
+        ;;
+    *) echo "unknown stage $stage" ;;
+    esac
+done
+echo "== done in $(($(date +%s) - START)) s"

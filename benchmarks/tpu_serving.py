@@ -1,0 +1,179 @@
+"""vSurge end to end on an accelerator: in-process and through `vsurge serve --uds` under the same load, and
+how long `vsurge serve` takes to be ready, cold and from the compilation cache.
+
+Every load sends N prompts at once (`vsurge bench serve`'s random words, the same seed on both sides),
+`--input-len` tokens each, `--output-len` greedy tokens with the end token banned. In-process, the prompts
+go to `vSurge.complete` in this process; through the server, `vsurge bench serve`'s client sends them
+over a unix socket (the TPU machine here has no TCP at all) to `vsurge serve --uds` started with the same
+engine flags. The server starts twice with one compilation cache folder, first empty: cold, then warm.
+
+    python benchmarks/tpu_serving.py --models 1b,default --concurrency 1,64            # in-process rows
+    python benchmarks/tpu_serving.py --models default --concurrency 1,64 --serve       # and the server rows
+
+Random models (1b, 3b: benchmarks/roofline.py's shapes, random bfloat16 weights) run in-process only:
+the server loads files, and the default model is the file it serves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
+
+import jax.numpy as jnp  # noqa: E402
+
+import vsurge  # noqa: E402
+from vsurge import bench_serve  # noqa: E402
+from vsurge.engine.config import EngineConfig  # noqa: E402
+from vsurge.loading import load_processor  # noqa: E402
+
+ROW = "| {where} | {model} | {n} | {tok_s:,.0f} | {ttft:.3f} | {tpot:.1f} | {note} |"
+HEADER = ("| where | model | concurrent | output tok/s | TTFT p50 s | TPOT p50 ms | note |\n"
+          "|---|---|---|---|---|---|---|")
+
+
+def prompts(n: int, input_len: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)  # what bench_serve.run sends with the same seed
+    return [bench_serve.random_prompt(rng, input_len) for _ in range(n)]
+
+
+def load_model(which: str):
+    if which == "default":
+        return vsurge.load("default", dtype=jnp.bfloat16, progress=False)[0], "default model (SmolLM2-135M)"
+    import roofline
+
+    model = roofline.random_llama(roofline.SHAPES[which])
+    return model, model.config.name
+
+
+async def one(surge, prompt: str, tokens: int) -> tuple[float, float, int]:
+    start, first, count = time.perf_counter(), None, 0
+    request = vsurge.vSurgeRequest(prompt=prompt, max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    async for samples in surge.complete(request):
+        count += len(samples[0].token_ids)
+        first = first or time.perf_counter()
+    end = time.perf_counter()
+    return first - start, (end - first) / max(count - 1, 1), count
+
+
+async def level(surge, texts: list[str], tokens: int) -> dict:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(surge, t, tokens) for t in texts))
+    wall = time.perf_counter() - start
+    return {"tok_s": sum(r[2] for r in results) / wall, "ttft": statistics.median(r[0] for r in results),
+            "tpot": 1e3 * statistics.median(r[1] for r in results)}
+
+
+def in_process(which: str, processor, args) -> dict[int, dict]:
+    model, name = load_model(which)
+    config = EngineConfig(max_slots=max(args.concurrency), max_length=args.max_length)
+    start = time.perf_counter()
+    surge = vsurge.vSurge.from_config(model, processor, config)
+    surge.compile()
+    print(f"{name}: vSurge compiled in {time.perf_counter() - start:.0f} s "
+          f"(attention backend {surge.engine.attention_backend})", flush=True)
+    surge.start()
+    out = {}
+    try:
+        asyncio.run(level(surge, prompts(2, 16, seed=99), 4))  # warm-up
+        for n in args.concurrency:
+            out[n] = asyncio.run(level(surge, prompts(n, args.input_len), args.output_len))
+            print(ROW.format(where="in-process", model=name, n=n, note="", **out[n]), flush=True)
+    finally:
+        surge.stop()
+    return out
+
+
+def start_server(socket: str, cache: str, args) -> tuple[subprocess.Popen, float]:
+    """`vsurge serve --uds` with the in-process engine's flags; (process, seconds until /readiness said 200)."""
+    cmd = [sys.executable, "-c", "import sys, vsurge.cli; sys.exit(vsurge.cli.main())", "serve", "--uds", socket, "--compilation-cache", cache,
+           "--max-concurrent-decodes", str(max(args.concurrency)), "--max-length", str(args.max_length)]
+    start = time.perf_counter()
+    log = open(Path(args.out) / "serve.log", "a")
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        bench_serve.wait_ready("http://localhost", args.ready_timeout, uds=socket)
+    except Exception:
+        server.kill()
+        raise
+    return server, time.perf_counter() - start
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+def through_server(args) -> tuple[dict[int, dict], float, float]:
+    socket, cache = tempfile.mktemp(suffix=".sock"), tempfile.mkdtemp(prefix="vsurge-cache-")
+    server, cold = start_server(socket, cache, args)
+    print(f"vsurge serve --uds: ready in {cold:.1f} s cold (empty compilation cache)", flush=True)
+    stop_server(server)
+    server, warm = start_server(socket, cache, args)
+    print(f"vsurge serve --uds: ready in {warm:.1f} s from the compilation cache", flush=True)
+    out = {}
+    try:
+        model = bench_serve.first_model("http://localhost", None, uds=socket)
+        for n in args.concurrency:
+            s = asyncio.run(bench_serve.run("http://localhost", model, n, args.input_len, args.output_len,
+                                            float("inf"), n, None, args.eos_token_id, uds=socket))
+            if s["failed"]:
+                print(f"serve @ {n}: {s['failed']} failed: {s['errors']}", flush=True)
+            out[n] = {"tok_s": s["output_throughput"], "ttft": s["ttft"]["median"], "tpot": 1e3 * s["tpot"]["median"]}
+            print(ROW.format(where="serve --uds", model="default model (SmolLM2-135M)", n=n, note="", **out[n]),
+                  flush=True)
+    finally:
+        stop_server(server)
+    return out, cold, warm
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="1b,default", help="any of 1b, 3b (random shapes) and default")
+    p.add_argument("--concurrency", default="1,64", type=bench_serve.concurrency_levels)
+    p.add_argument("--input-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--max-length", type=int, default=1024)
+    p.add_argument("--serve", action="store_true", help="also the default model through `vsurge serve --uds`")
+    p.add_argument("--ready-timeout", type=float, default=300)
+    p.add_argument("--eos-token-id", type=int, default=2, help="banned on the server side (the default model's)")
+    p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for serve.log")
+    args = p.parse_args(argv)
+    processor = load_processor("default")
+    rows = []
+    for which in args.models.split(","):
+        for n, r in in_process(which, processor, args).items():
+            rows.append(("in-process", which, n, r, ""))
+    if args.serve:
+        served, cold, warm = through_server(args)
+        alone = {n: r for where, which, n, r, _ in rows if which == "default"}
+        for n, r in served.items():
+            note = f"{r['tok_s'] / alone[n]['tok_s']:.2f}x in-process" if n in alone else ""
+            rows.append(("serve --uds", "default", n, r, note))
+    print(f"\n`python benchmarks/tpu_serving.py {' '.join(argv if argv is not None else sys.argv[1:])}`, "
+          f"{time.strftime('%Y-%m-%d')}, {args.input_len}-token prompts, {args.output_len} greedy tokens\n")
+    print(HEADER)
+    for where, which, n, r, note in rows:
+        print(ROW.format(where=where, model=which, n=n, note=note, **r))
+    if args.serve:
+        print(f"\n`vsurge serve --uds` ready (process start to /readiness 200): {cold:.1f} s cold, {warm:.1f} s "
+              f"from the compilation cache")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
