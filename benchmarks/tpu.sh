@@ -78,9 +78,9 @@ for stage in ${STAGES//,/ }; do
     case $stage in
     roofline)
         R="python3 benchmarks/roofline.py --decode-steps 8"
-        step 30 "8B shape, int8 weights" $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8
-        step 30 "prefill, 2048-token prompts" $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048
-        step 35 "default model" $R --models default --streams 1,16,64
+        step 45 "8B shape, int8 weights" $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8
+        step 50 "prefill, 2048-token prompts" $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048
+        step 60 "default model" $R --models default --streams 1,16,64
         step 50 "1B shape" $R --models 1b --streams 1,16,64,256
         step 95 "3B shape" $R --models 3b --streams 1,64,256
         ;;
