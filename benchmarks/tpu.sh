@@ -4,7 +4,7 @@
 #
 #   bash benchmarks/tpu.sh STAGES SECONDS [DIR ...]
 #
-# STAGES, comma-separated, in this order:
+# STAGES, comma-separated, in this order (int8, prefill, default and shapes: the roofline's parts alone):
 #   roofline    benchmarks/roofline.py: the 8B shape with int8 weights at 1 / 64 streams; 1B and 3B prefill at
 #               2048 tokens; the default model at 1 / 16 / 64; the 1B shape at 1 / 16 / 64 / 256 and the 3B
 #               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
@@ -76,13 +76,15 @@ step() {  # step SHARE_OF_WHAT_IS_LEFT_PERCENT TITLE COMMAND...
 
 for stage in ${STAGES//,/ }; do
     case $stage in
-    roofline)
+    roofline|int8|prefill|default|shapes)
         R="python3 benchmarks/roofline.py --decode-steps 8"
-        step 45 "8B shape, int8 weights" $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8
-        step 50 "prefill, 2048-token prompts" $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048
-        step 60 "default model" $R --models default --streams 1,16,64
-        step 50 "1B shape" $R --models 1b --streams 1,16,64,256
-        step 95 "3B shape" $R --models 3b --streams 1,64,256
+        case $stage in roofline|int8) step 45 "8B shape, int8 weights" \
+            $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8 ;; esac
+        case $stage in roofline|prefill) step 70 "prefill, 2048-token prompts" \
+            $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048 ;; esac
+        case $stage in roofline|default) step 60 "default model" $R --models default --streams 1,16,64 ;; esac
+        case $stage in roofline|shapes) step 50 "1B shape" $R --models 1b --streams 1,16,64,256
+                                        step 95 "3B shape" $R --models 3b --streams 1,64,256 ;; esac
         ;;
     serving)
         step 95 "vSurge in-process and serve --uds" python3 benchmarks/tpu_serving.py --models 1b,default \

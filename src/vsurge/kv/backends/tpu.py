@@ -108,7 +108,7 @@ def ragged_attention(q, pool, layout, spec, kv_heads: int, call=None):
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as call
     fold = pool.shape[-1] // q.shape[-1]
     args = ragged_inputs(layout, pool.shape[0], pool.shape[1])
-    options = {"vmem_limit_bytes": VMEM_LIMIT} if q.shape[0] > 1024 and _large_vmem() else {}
+    options = {"vmem_limit_bytes": VMEM_LIMIT} if _large_vmem() else {}
     out = call(fold_queries(q, kv_heads, fold), pool, *args, sm_scale=spec.scale, sliding_window=spec.window,
                soft_cap=spec.softcap, **options)
     return unfold_outputs(out, kv_heads, fold)
@@ -170,8 +170,8 @@ class TpuPages:
         return (jnp.concatenate(parts) if len(parts) > 1 else parts[0])[None], cache
 
 
-# a step of more than 1024 tokens (a 2048-token prompt chunk) ran out of the kernel's default scoped VMEM on a
-# v5e; v5e and v6e chips have 128 MiB of VMEM, so such steps may take most of it
+# the kernel's default 16 MiB of scoped VMEM was too little on a v5e for the 8B shape's 512-token prompt step
+# (18.5 MiB) and for the 3B shape's decode at a 2,256-token context (18.1 MiB); v5e and v6e chips have 128 MiB
 VMEM_LIMIT = 96 << 20
 
 
