@@ -155,7 +155,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     processor = load_processor("default")
     rows = []
-    for which in args.models.split(","):
+    for which in filter(None, args.models.split(",")):  # --models "": the server alone
         for n, r in in_process(which, processor, args).items():
             rows.append(("in-process", which, n, r, ""))
     if args.serve:
