@@ -23,6 +23,8 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+from .memory_stats import MemoryStats, memory_stats
+
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -127,6 +129,8 @@ class ServerStats(BaseModel):
         "unloaded, failed), how many times it was loaded and the last load's seconds"))
     adapters: dict[str, dict[str, int]] = Field(default_factory=dict, description=(
         "LoRA adapters per model: each adapter loaded in a device slot -> running requests using it"))
+    memory: Optional[MemoryStats] = Field(default=None, description=(
+        "where the process's resident memory goes: parts that add up to it (server/memory_stats.py)"))
 
 
 # ---------------------------------------------------------------- reading one registry
@@ -319,4 +323,4 @@ def server_stats(server, started: float) -> ServerStats:
     catalog = server.router.describe() if server.router is not None else []
     adapters = {name: surge.resident_adapters() for name, surge in server.surges.items() if surge.serves_adapters}
     return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models,
-                       catalog=catalog, adapters=adapters)
+                       catalog=catalog, adapters=adapters, memory=memory_stats(list(server.surges.values())))
