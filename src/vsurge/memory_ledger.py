@@ -89,6 +89,31 @@ def loading():
     mark("loaded", trim=True)
 
 
+def arrays_on_host() -> bool:
+    """Whether JAX's arrays (weights, KV pool) live in this process's memory: the CPU backend."""
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def jax_arrays_bytes() -> int:
+    """Bytes of every live JAX array in the process."""
+    import jax
+
+    return sum(a.nbytes for a in jax.live_arrays())
+
+
+def device_bytes_in_use() -> tuple[int | None, int | None]:
+    """(in use, peak) bytes of the local devices' allocators, summed; None where a device reports none."""
+    import jax
+
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    if not all("bytes_in_use" in s for s in stats):
+        return None, None
+    return (sum(s["bytes_in_use"] for s in stats),
+            sum(s.get("peak_bytes_in_use", s["bytes_in_use"]) for s in stats))
+
+
 def clear() -> None:
     """Forget every mark (a test's fresh start)."""
     with _lock:

@@ -53,7 +53,8 @@ class MemoryStats(BaseModel):
     peak_rss_bytes: Optional[int] = Field(description="its high-water mark (VmHWM): the peak since the start")
     peak_reached_while: Optional[str] = Field(
         description="the start-up phase in which the peak was reached (importing, loading, building the "
-                    "engine, compiling, making the KV pool), or serving")
+                    "engine, compiling, making the KV pool), serving, or now (the resident set is within 1% "
+                    "of the peak)")
     parts: MemoryParts
     unattributed: Optional[int] = Field(
         description="rss_bytes less every part: engine buffers, warm-up, growth while serving, and the parts' "
@@ -78,6 +79,29 @@ def weights_by_format(models) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
+def memory_fields(surge) -> dict:
+    """weight_bytes, kv_cache_bytes, kv_cache_pages and state_cache_bytes of a vSurge's engines (each
+    model and pool once)."""
+    from ..engine.pools import state_cache_bytes
+    from ..kv.paged import pool_page_bytes
+
+    engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
+    # a remote (other-process) decode engine holds no model here: its pool is of the same model
+    models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
+    same = next(iter(models.values()), None)
+    pools = {id(e.pool): (e.pool, getattr(e, "model", same), e.config) for e in engines}
+    return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
+                kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
+                kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
+                state_cache_bytes=sum(state_cache_bytes(m, config, _snapshot_rows(p))
+                                      for p, m, config in pools.values()))
+
+
+def _snapshot_rows(pool) -> int:
+    snapshots = getattr(pool, "snapshots", None)
+    return snapshots.rows if snapshots is not None else 0
+
+
 def _models(surges) -> list:
     models = {}
     for surge in surges:
@@ -100,37 +124,28 @@ def _transient(marks: dict, begin: str, end: str) -> int:
     return marks[end].hwm - marks[end].rss
 
 
-def _peak_phase(marks: dict, peak: int) -> str:
+def _peak_phase(marks: dict, now: memory_ledger.Reading) -> str:
+    if now.hwm - now.rss <= now.rss // 100:
+        return "now"  # the resident set is its peak (within 1%): no phase's transient set it
     for phase in memory_ledger.PHASES:
-        if phase in marks and marks[phase].hwm >= peak:
+        if phase in marks and marks[phase].hwm >= now.hwm:
             return _REACHED_WHILE[phase]
     return "serving"
 
 
 def _device_memory(weights: int, kv: int, states: int) -> DeviceMemory:
-    import jax
-
-    used = peak = None
-    stats = [d.memory_stats() or {} for d in jax.local_devices()]
-    if all("bytes_in_use" in s for s in stats):
-        used = sum(s["bytes_in_use"] for s in stats)
-        peak = sum(s.get("peak_bytes_in_use", s["bytes_in_use"]) for s in stats)
+    used, peak = memory_ledger.device_bytes_in_use()
     return DeviceMemory(weights=weights, kv_pool=kv, recurrent_states=states, bytes_in_use=used,
                         peak_bytes_in_use=peak)
 
 
 def memory_stats(surges) -> MemoryStats:
     """The breakdown for the vSurges a server holds (each model and pool once)."""
-    import jax
-
-    from ..devices import platform
-    from .stats import memory_fields
-
     fields = [memory_fields(s) for s in surges]
     weights = sum(f["weight_bytes"] for f in fields)
     kv = sum(f["kv_cache_bytes"] for f in fields)
     states = sum(f["state_cache_bytes"] for f in fields)
-    on_host = platform() == "cpu"
+    on_host = memory_ledger.arrays_on_host()
     host_weights, host_kv, host_states = (weights, kv, states) if on_host else (0, 0, 0)
     marks, now = memory_ledger.marks(), memory_ledger.read()
     loaded = _grew(marks, "load_begin", "loaded")
@@ -141,12 +156,12 @@ def memory_stats(surges) -> MemoryStats:
     known = [v for v in parts.model_dump().values() if v is not None]
     return MemoryStats(
         rss_bytes=now and now.rss, peak_rss_bytes=now and now.hwm,
-        peak_reached_while=_peak_phase(marks, now.hwm) if now else None, parts=parts,
+        peak_reached_while=_peak_phase(marks, now) if now else None, parts=parts,
         unattributed=now.rss - sum(known) if now else None,
         transients={"load": _transient(marks, "load_begin", "loaded"),
                     "compile": _transient(marks, "compile_begin", "compiled")},
         weights_by_format=weights_by_format(_models(surges)),
-        jax_arrays_bytes=sum(a.nbytes for a in jax.live_arrays()),
+        jax_arrays_bytes=memory_ledger.jax_arrays_bytes(),
         device=None if on_host else _device_memory(weights, kv, states))
 
 
@@ -158,5 +173,6 @@ def describe(stats: MemoryStats) -> str:
              "runtime": (stats.parts.runtime or 0) + (stats.parts.python or 0), "weights": stats.parts.weights,
              "loading": stats.parts.loading, "other": stats.unattributed}
     listed = ", ".join(f"{name} {value / 2**30:.2f}" for name, value in parts.items() if value)
-    return (f"memory {stats.rss_bytes / 2**30:.2f} GiB resident, peak {stats.peak_rss_bytes / 2**30:.2f} GiB "
-            f"while {stats.peak_reached_while} ({listed} GiB)")
+    peak = ("its peak so far" if stats.peak_reached_while == "now" else
+            f"peak {stats.peak_rss_bytes / 2**30:.2f} GiB while {stats.peak_reached_while}")
+    return f"memory {stats.rss_bytes / 2**30:.2f} GiB resident, {peak} ({listed} GiB)"

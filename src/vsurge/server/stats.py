@@ -23,7 +23,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
-from .memory_stats import MemoryStats, memory_stats
+from .memory_stats import MemoryStats, memory_fields, memory_stats
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -285,29 +285,6 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
                       replicas=[ReplicaStats(id=i, role=getattr(r.metrics, "role", "both"), **raw.fields())
                                 for i, (r, raw) in enumerate(zip(replicas, raws))],
                       **total.fields())
-
-
-def memory_fields(surge) -> dict:
-    """weight_bytes, kv_cache_bytes, kv_cache_pages and state_cache_bytes of a vSurge's engines (each
-    model and pool once)."""
-    from ..engine.pools import state_cache_bytes
-    from ..kv.paged import pool_page_bytes
-
-    engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
-    # a remote (other-process) decode engine holds no model here: its pool is of the same model
-    models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
-    same = next(iter(models.values()), None)
-    pools = {id(e.pool): (e.pool, getattr(e, "model", same), e.config) for e in engines}
-    return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
-                kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
-                kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
-                state_cache_bytes=sum(state_cache_bytes(m, config, _snapshot_rows(p))
-                                      for p, m, config in pools.values()))
-
-
-def _snapshot_rows(pool) -> int:
-    snapshots = getattr(pool, "snapshots", None)
-    return snapshots.rows if snapshots is not None else 0
 
 
 class _Replica:
