@@ -30,7 +30,7 @@ LAYERS = [
     ["errors", "config", "metrics", "streams", "kernels", "structured", "bench_plot"],
     ["tokenizer"],  # chat templates, detokenizing (no JAX)
     ["multimodal"],  # images: decoded, tiled, their placeholders in the chat prompt (no JAX)
-    ["sampling_params", "devices", "sharding"],  # SamplingParams (its structured-output field); meshes
+    ["sampling_params", "devices", "sharding", "memory_ledger"],  # SamplingParams; meshes; memory by phase
     ["ops"],  # JAX ops: attention, RoPE, MoE, sampling, matmuls
     ["kv"],  # the KV caches and page pools
     ["models"],  # the model families

@@ -471,6 +471,39 @@ def test_dashboard_follows_a_catalog_and_adapters(browser, server):
     wait(browser, lambda d: row_cells(d, MODEL)["state"] == "loaded", timeout=10)
 
 
+# ---------------------------------------------------------------- /v1/stats' memory
+def resident_bytes(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, bytes, as this test reads them (not as the server does)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in lines) if k in ("VmRSS", "VmHWM")}
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
+def test_stats_memory_parts_add_up_to_the_servers_resident_memory(server):
+    """Each part is measured on its own (the weights, KV pool and states by their bytes, the runtime, loading
+    and programs by the resident set's growth while they were made): each is positive, and together they come
+    within 15% of the resident set that this test reads from /proc. A part counted twice, or a copy of the
+    weights that no part names, would break the sum."""
+    body = server.get("/v1/stats", headers=AUTH).json()
+    memory, model = body["memory"], body["models"][0]
+    seen = resident_bytes(server.proc.pid)
+    parts = memory["parts"]
+    assert {k for k, v in parts.items() if not v} == {"recurrent_states"}, parts  # no recurrent layers here
+    assert (parts["weights"], parts["kv_pool"]) == (model["weight_bytes"], model["kv_cache_bytes"])
+    assert sum(memory["weights_by_format"].values()) == parts["weights"]
+    assert set(memory["weights_by_format"]) >= {"q4_1", "float32"}  # the default model's file: Q4_1 blocks
+    assert memory["jax_arrays_bytes"] >= parts["weights"] + parts["kv_pool"]
+    assert abs(memory["rss_bytes"] - seen["VmRSS"]) < 0.05 * seen["VmRSS"]  # (it moves a little between reads)
+    assert memory["peak_rss_bytes"] >= memory["rss_bytes"] and memory["peak_rss_bytes"] <= seen["VmHWM"]
+    assert abs(sum(parts.values()) - seen["VmRSS"]) <= 0.15 * seen["VmRSS"], (parts, seen)
+    assert sum(parts.values()) + memory["unattributed"] == memory["rss_bytes"]
+    assert memory["peak_reached_while"] in ("importing", "loading", "building the engine", "compiling",
+                                            "making the KV pool", "serving", "now")
+    assert memory["device"] is None  # CPU: the weights and pool are host memory, counted in the parts
+    line = next(line for line in server.output.splitlines() if line.startswith("vsurge: serving"))
+    assert " GiB resident, " in line and "programs " in line and "KV pool " in line
+
+
 # ---------------------------------------------------------------- /v1/stats against /metrics
 def metric_samples(server) -> dict:
     samples = {}

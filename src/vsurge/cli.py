@@ -203,6 +203,9 @@ def _load(args):
 
 
 def cmd_serve(args) -> int:
+    from . import memory_ledger
+
+    memory_ledger.mark("start")  # before anything heavy is imported: the interpreter and the CLI alone
     import logging
 
     from .cli_engine import describe_kv_pool, describe_model, status, use_cache_dir
@@ -228,6 +231,7 @@ def cmd_serve(args) -> int:
     from .scale import flags as scale_flags
 
     multihost = scale_flags.init_distributed(args)  # before anything else touches JAX
+    memory_ledger.mark_runtime()
     try:
         specs = cli_models.model_specs(args)
     except ValueError as e:
@@ -260,7 +264,8 @@ def cmd_serve(args) -> int:
         if adapters and not model_settings.get("max_loras"):
             model_settings["max_loras"] = 4
         defaults = _generation_defaults(model_args)
-        model, processor = _load(model_args)
+        with memory_ledger.loading():
+            model, processor = _load(model_args)
         status(describe_model(model))
         if name is None:
             name = args.served_model_name or (model.config.name or Path(model_args.model).name.removesuffix(".gguf")
@@ -336,7 +341,10 @@ def cmd_serve(args) -> int:
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
     def announce():
-        print(_serving_line(name, scheme, args), file=sys.stderr, flush=True)
+        from .server.memory_stats import describe, memory_stats
+
+        memory = describe(memory_stats(list(server.surges.values())))
+        print(_serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
 
     server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
                 ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)

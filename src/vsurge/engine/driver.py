@@ -161,11 +161,12 @@ class Driver(AbstractDriver):
         by the engine threads."""
         local = all(getattr(r.engine, "on_call", None) is None and hasattr(r.engine, "warm_up")
                     for r in self.replicas)
-        from ..devices import release_freed_host_memory
+        from .. import memory_ledger
 
+        memory_ledger.mark("compile_begin", trim=True)
         for engine in dict.fromkeys(self.engines):
             engine.compile()
-        release_freed_host_memory()
+        memory_ledger.mark("compiled", trim=True)  # (the trim also keeps the compiler's freed heap out of the peak)
         init = [threading.Thread(target=self._make_state, args=(r,), daemon=True)
                 for r in self.replicas if local and r.state is None]
         for thread in init:  # one thread per replica: each zeroes its own pages
@@ -180,6 +181,7 @@ class Driver(AbstractDriver):
             replica.reported.update(preemptions=s.num_preemptions, queries=s.pool.prefix_queries,
                                     hits=s.pool.prefix_hits, **_tier_totals(s))
             self._prefetch(replica)  # (its disk reads are reported as the tiers' traffic)
+        memory_ledger.mark("ready")
         for listener in self.listeners:
             listener.compiled(self)
 

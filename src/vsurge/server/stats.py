@@ -23,6 +23,8 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
+from .memory_stats import MemoryStats, memory_fields, memory_stats
+
 QUANTILES = (0.5, 0.9, 0.99)
 
 
@@ -127,6 +129,8 @@ class ServerStats(BaseModel):
         "unloaded, failed), how many times it was loaded and the last load's seconds"))
     adapters: dict[str, dict[str, int]] = Field(default_factory=dict, description=(
         "LoRA adapters per model: each adapter loaded in a device slot -> running requests using it"))
+    memory: Optional[MemoryStats] = Field(default=None, description=(
+        "where the process's resident memory goes: parts that add up to it (server/memory_stats.py)"))
 
 
 # ---------------------------------------------------------------- reading one registry
@@ -283,29 +287,6 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
                       **total.fields())
 
 
-def memory_fields(surge) -> dict:
-    """weight_bytes, kv_cache_bytes, kv_cache_pages and state_cache_bytes of a vSurge's engines (each
-    model and pool once)."""
-    from ..engine.pools import state_cache_bytes
-    from ..kv.paged import pool_page_bytes
-
-    engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
-    # a remote (other-process) decode engine holds no model here: its pool is of the same model
-    models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
-    same = next(iter(models.values()), None)
-    pools = {id(e.pool): (e.pool, getattr(e, "model", same), e.config) for e in engines}
-    return dict(weight_bytes=sum(m.weight_bytes for m in models.values()),
-                kv_cache_bytes=sum(p.num_pages * pool_page_bytes(m, config) for p, m, config in pools.values()),
-                kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
-                state_cache_bytes=sum(state_cache_bytes(m, config, _snapshot_rows(p))
-                                      for p, m, config in pools.values()))
-
-
-def _snapshot_rows(pool) -> int:
-    snapshots = getattr(pool, "snapshots", None)
-    return snapshots.rows if snapshots is not None else 0
-
-
 class _Replica:
     def __init__(self, metrics):
         self.metrics = metrics
@@ -319,4 +300,4 @@ def server_stats(server, started: float) -> ServerStats:
     catalog = server.router.describe() if server.router is not None else []
     adapters = {name: surge.resident_adapters() for name, surge in server.surges.items() if surge.serves_adapters}
     return ServerStats(timestamp=now, uptime_s=max(0.0, now - started), ready=bool(server.ready), models=models,
-                       catalog=catalog, adapters=adapters)
+                       catalog=catalog, adapters=adapters, memory=memory_stats(list(server.surges.values())))
