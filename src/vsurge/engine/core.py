@@ -28,7 +28,7 @@ from flax import nnx
 from ..lora import serving as lora_serving
 from ..sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
-from . import encode, programs
+from . import compile_counts, encode, programs
 from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
@@ -154,17 +154,26 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         from tqdm.auto import tqdm
 
         jobs = [job for job in self.buckets() if job not in self._compiled]
-        start = time.perf_counter()
+        start, cache_before, seconds = time.perf_counter(), compile_counts.cache_counts(), {}
+
+        def timed_build(job):
+            began = time.perf_counter()
+            program = self._build(job)
+            seconds[job] = time.perf_counter() - began
+            return program
+
         with ThreadPoolExecutor(max(1, min(len(jobs), os.cpu_count() or 1))) as pool, \
                 tqdm(total=len(jobs), desc=f"Compiling {type(self).__name__}", unit="program",
                      disable=not progress) as bar:
-            futures = {pool.submit(self._build, job): job for job in jobs}
+            futures = {pool.submit(timed_build, job): job for job in jobs}
             for future in as_completed(futures):
                 program = future.result()
                 with self._compile_lock:
                     self._compiled.setdefault(futures[future], program)
                 bar.update()
         self.compile_seconds += time.perf_counter() - start
+        if jobs:
+            log.info("compiled %s", compile_counts.summary(seconds, time.perf_counter() - start, cache_before))
 
     def _program(self, key: tuple):
         program = self._built(key)
