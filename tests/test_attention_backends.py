@@ -19,7 +19,7 @@ import pytest
 from vsurge.config import AttentionSpec, KVLayer
 from vsurge.kv import backends
 from vsurge.kv.backends import tpu
-from vsurge.kv.paged import PagedAttentionCache, StepLayout
+from vsurge.kv.paged import PagedAttentionCache, StepLayout, page_bytes
 
 
 def test_auto_picks_the_platforms_backend_and_names_are_checked():
@@ -44,14 +44,21 @@ def test_tpu_layout_refuses_quantized_pages_by_name():
         backends.get("tpu").init_pools((KVLayer(heads=2, k_dim=64, v_dim=64),), 4, 8, jnp.int8)
 
 
-@pytest.mark.parametrize("heads,k_dim,v_dim,fold", [(8, 64, 64, 2), (3, 64, 64, 1), (2, 128, 128, 1),
-                                                   (4, 32, 32, 4), (2, 96, 64, 1)])
-def test_tpu_pools_keep_the_bytes_of_their_keys_and_values(heads, k_dim, v_dim, fold):
-    k, v = backends.get("tpu").init_pools((KVLayer(heads=heads, k_dim=k_dim, v_dim=v_dim),), 5, 16, jnp.bfloat16)
-    assert k[0].size + v[0].size == 5 * 16 * heads * (k_dim + v_dim)  # no lanes padded
-    assert tpu.fold_of(heads, k_dim, v_dim) == fold
+@pytest.mark.parametrize("heads,k_dim,v_dim,held,fold", [(8, 64, 64, 8, 2), (3, 64, 64, 4, 2), (2, 128, 128, 2, 1),
+                                                        (4, 32, 32, 4, 4), (2, 96, 64, 2, 1), (3, 128, 128, 4, 1),
+                                                        (1, 256, 256, 1, 1), (3, 80, 80, 3, 1)])
+def test_tpu_pools_keep_the_bytes_of_their_keys_and_values(heads, k_dim, v_dim, held, fold):
+    """No lanes padded; a head count the kernel does not tile gets the fewest zero heads that it does (three KV
+    heads: four), and the pool's page bytes (what sizes it) say so."""
+    layer = KVLayer(heads=heads, k_dim=k_dim, v_dim=v_dim)
+    k, v = backends.get("tpu").init_pools((layer,), 5, 16, jnp.bfloat16)
+    assert tpu.held_heads(heads, k_dim, v_dim, jnp.bfloat16) == held
+    assert k[0].size + v[0].size == 5 * 16 * held * (k_dim + v_dim)
+    assert page_bytes((layer,), 16, jnp.bfloat16, backends.get("tpu").held_heads) * 5 == \
+        (k[0].size + v[0].size) * 2
+    assert tpu.fold_of(held, k_dim, v_dim) == fold
     if k_dim == v_dim:
-        assert k[0].shape == (5, 16, 2 * heads // fold, fold * k_dim) and v[0].shape == (5, 0)
+        assert k[0].shape == (5, 16, 2 * held // fold, fold * k_dim) and v[0].shape == (5, 0)
 
 
 def test_the_kernel_is_asked_only_for_head_counts_it_tiles():
@@ -143,7 +150,7 @@ def real_rows(layout):
 
 CASES = [  # kv_heads, group, dim, page, decode positions, chunk rows (start, real tokens, C)
     (8, 4, 64, 8, [0, 9, 30, -1, 17], [(5, 7, 8), (0, 3, 8)]),  # head_dim 64 folded in pairs, a window below
-    (3, 3, 64, 16, [40, -1, 2], [(16, 16, 16)]),  # the default model's heads: odd KVH, no fold
+    (3, 3, 64, 16, [40, -1, 2], [(16, 16, 16)]),  # the default model's heads: odd KVH, held as four, folded
     (2, 1, 128, 8, [23, 7], [(9, 4, 4)]),  # MHA, full lanes
 ]
 

@@ -24,10 +24,11 @@ from .backends import get as get_backend
 from .recurrent import init_states, replace_part, run_packed
 
 
-def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype) -> int:
+def page_bytes(layout: tuple[KVLayer, ...], page_size: int, dtype, held=lambda layer, dtype: layer.heads) -> int:
     """Bytes one page takes over all layers, keys and values (layout: `config.kv_layout`; dtype: the
-    pages' storage dtype, int8 = quantized with its scales, kv/quant.py)."""
-    per_token = sum(l.heads * (quant.token_bytes(l.k_dim, dtype) + quant.token_bytes(l.v_dim, dtype))
+    pages' storage dtype, int8 = quantized with its scales, kv/quant.py; held: the KV heads a backend's pool
+    holds per layer, kv/backends: the tpu layout pads some counts)."""
+    per_token = sum(held(l, dtype) * (quant.token_bytes(l.k_dim, dtype) + quant.token_bytes(l.v_dim, dtype))
                     for l in layout)
     return page_size * per_token
 
@@ -52,7 +53,10 @@ def half_pages_on_cpu(model) -> bool:
 
 def pool_page_bytes(model, config) -> int:
     """Bytes of one page of an engine's pool (`config`: its EngineConfig) over every layer."""
-    return page_bytes(model.config.kv_layout, config.page_size, pool_dtype(model, config))
+    from .backends import resolve
+
+    backend = get_backend(resolve(config.attention_backend))
+    return page_bytes(model.config.kv_layout, config.page_size, pool_dtype(model, config), backend.held_heads)
 
 
 @jax.tree_util.register_dataclass

@@ -76,6 +76,11 @@ class ColumnPages:
     K_AXES = ("pages", "kv_heads", "head_dim", "page_offset")
     V_AXES = ("pages", "kv_heads", "page_offset", "head_dim")
 
+    @staticmethod
+    def held_heads(layer, dtype) -> int:
+        """KV heads the pool holds for `layer`: its own."""
+        return layer.heads
+
     def init_pools(self, layers, num_pages: int, page_size: int, dtype) -> tuple[list, list]:
         dim = lambda d: quant.stored_dim(d, dtype)  # noqa: E731  (int8: with its scales)
         return ([jnp.zeros((num_pages, l.heads, dim(l.k_dim), page_size), dtype) for l in layers],

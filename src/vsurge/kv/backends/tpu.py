@@ -8,6 +8,11 @@ query is zero-padded to 128 lanes with its values in its own KV head's half, so 
 product, and the output keeps that half. The pages hold the same bytes as unfolded ones (the peers pad dk 64
 to 128: twice the KV bytes); only the queries' small arithmetic doubles.
 
+Held heads: a KV head count the kernel does not tile (the default model's three KV heads of 64 lanes: 1.5
+combined heads' packed rows) is padded with zero heads to the fewest that it does (four: two combined heads);
+no real query reads a padded head (queries are padded to match, their outputs dropped), and the pool is
+sized by the held count (kv/paged.pool_page_bytes).
+
 Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] into the donated pool, in place, so a step
 copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
 rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
@@ -35,6 +40,24 @@ def fold_of(heads: int, k_dim: int, v_dim: int) -> int:
         return 1
     f = LANES // k_dim
     return f if heads % f == 0 else 1
+
+
+def held_heads(heads: int, k_dim: int, v_dim: int, dtype) -> int:
+    """KV heads a layer's pool holds: `heads`, or the fewest more, up to twice as many, that the kernel tiles
+    (three KV heads of 64 lanes: four). Layers the kernel cannot serve anyway (dk != dv, lanes that never
+    fill 128) keep their count."""
+    if k_dim != v_dim:
+        return heads
+    for held in range(heads, 2 * heads + 1):
+        f = fold_of(held, k_dim, v_dim)
+        if (f * k_dim) % LANES == 0 and tileable(2 * held // f, dtype):
+            return held
+    return heads
+
+
+def pad_heads(x, held: int):
+    """x (T, H, d) -> (T, held, d): zero heads after the real ones."""
+    return x if x.shape[1] == held else jnp.pad(x, ((0, 0), (0, held - x.shape[1]), (0, 0)))
 
 
 def interleave(k, v, fold: int):
@@ -102,16 +125,19 @@ def ragged_inputs(layout, num_pages: int, page_size: int):
 
 
 def ragged_attention(q, pool, layout, spec, kv_heads: int, call=None):
-    """q (N, H, d) every token of the step; pool (P, ps, 2 KVH / f, f d) -> (N, H, d) through `call`
-    (JAX's Pallas kernel; its pure-JAX reference in the tests: same arguments)."""
+    """q (N, H, d) every token of the step; pool (P, ps, 2 KVH' / f, f d), KVH' >= kv_heads held heads ->
+    (N, H, d) through `call` (JAX's Pallas kernel; its pure-JAX reference in the tests: same arguments). Each
+    held zero head gets as many zero queries as a real head has; their outputs are dropped."""
     if call is None:
         from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention as call
     fold = pool.shape[-1] // q.shape[-1]
+    held, heads = pool.shape[2] * fold // 2, q.shape[1]
+    queries = pad_heads(q, held * (heads // kv_heads))
     args = ragged_inputs(layout, pool.shape[0], pool.shape[1])
     options = {"vmem_limit_bytes": VMEM_LIMIT} if _large_vmem() else {}
-    out = call(fold_queries(q, kv_heads, fold), pool, *args, sm_scale=spec.scale, sliding_window=spec.window,
+    out = call(fold_queries(queries, held, fold), pool, *args, sm_scale=spec.scale, sliding_window=spec.window,
                soft_cap=spec.softcap, **options)
-    return unfold_outputs(out, kv_heads, fold)
+    return unfold_outputs(out, held, fold)[:, :heads]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,13 +156,19 @@ class TpuPages:
         k, v = [], []
         for l in layers:
             if l.k_dim == l.v_dim:
-                f = fold_of(l.heads, l.k_dim, l.v_dim)
-                k.append(jnp.zeros((num_pages, page_size, 2 * l.heads // f, f * l.k_dim), dtype))
+                held = self.held_heads(l, dtype)
+                f = fold_of(held, l.k_dim, l.v_dim)
+                k.append(jnp.zeros((num_pages, page_size, 2 * held // f, f * l.k_dim), dtype))
                 v.append(jnp.zeros((num_pages, 0), dtype))
             else:
                 k.append(jnp.zeros((num_pages, page_size, l.heads, l.k_dim), dtype))
                 v.append(jnp.zeros((num_pages, page_size, l.heads, l.v_dim), dtype))
         return k, v
+
+    @staticmethod
+    def held_heads(layer, dtype) -> int:
+        """KV heads this backend's pool holds for `layer` (a KVLayer): its own, or more (held_heads above)."""
+        return held_heads(layer.heads, layer.k_dim, layer.v_dim, dtype)
 
     def attend(self, cache, layer, q, k, v, spec, sinks):
         """q (1, N, H, dk), k (1, N, KVH, dk), v (1, N, KVH, dv) -> ((1, N, H, dv), the cache written)."""
@@ -147,8 +179,10 @@ class TpuPages:
         combined = values.ndim == 2
         if combined:
             fold = pool.shape[-1] // k.shape[-1]
-            pool = pool.at[page, offset].set(interleave(k[0], v[0], fold).astype(pool.dtype), mode="drop")
-            read = lambda ids: split_pages(pool[ids], kv_heads, q.dtype)  # noqa: E731
+            held = pool.shape[2] * fold // 2  # kv_heads, or more: zero heads the kernel tiles
+            rows = interleave(pad_heads(k[0], held), pad_heads(v[0], held), fold)
+            pool = pool.at[page, offset].set(rows.astype(pool.dtype), mode="drop")
+            read = lambda ids: tuple(x[:, :kv_heads] for x in split_pages(pool[ids], held, q.dtype))  # noqa: E731
         else:
             pool = pool.at[page, offset].set(k[0].astype(pool.dtype), mode="drop")
             values = values.at[page, offset].set(v[0].astype(values.dtype), mode="drop")
