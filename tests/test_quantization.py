@@ -52,3 +52,48 @@ def test_int8_default_model_agrees_with_float32(int8_model, default_model):
     prompt = processor.apply_chat_template(CHAT_PROMPT)
     answer = greedy_generate(model, prompt, 16, stop_token_ids=processor.eos_token_ids)
     assert processor.decode(answer, skip_special_tokens=True) == "The capital of France is Paris."
+
+
+@pytest.mark.parametrize("kind", ["int8", "fp8"])
+def test_loading_quantizes_each_matrix_as_it_is_placed(tiny_checkpoints, kind, monkeypatch):
+    """load(quantization=...) quantizes every layer matrix as it reaches the device (the float model never exists
+    whole there: an 8B checkpoint as int8 on a 16 GB chip), and gives exactly what quantizing the loaded float
+    model gives."""
+    from vsurge.loading import weights as placing
+
+    from vsurge import loading
+
+    path = tiny_checkpoints["llama"][0]
+    model, _ = vsurge.load(path, dtype=jnp.bfloat16, quantization=kind, progress=False, load_processor=False)
+    after, _ = vsurge.load(path, dtype=jnp.bfloat16, progress=False, load_processor=False)
+    after.quantize(kind)
+    assert jax_tree_equal(nnx.state(model, nnx.Param), nnx.state(after, nnx.Param))
+    assert model.quantization == kind and model.layers[0].wqkv[...].dtype.itemsize == 1
+
+    # each matrix is quantized right after it is placed, before the next is: one float matrix at a time
+    last, quantized = {}, []
+    real_put, real_quantizer = placing.jax.device_put, loading.PLACED_QUANTIZERS[kind]
+
+    def put(x, *a, **k):
+        last["placed"] = real_put(x, *a, **k)
+        return last["placed"]
+
+    def quantizer(w):
+        assert w is last.pop("placed")
+        quantized.append(w.shape)
+        return real_quantizer(w)
+
+    monkeypatch.setattr(placing.jax, "device_put", put)
+    monkeypatch.setitem(loading.PLACED_QUANTIZERS, kind, quantizer)
+    vsurge.load(path, dtype=jnp.bfloat16, quantization=kind, progress=False, load_processor=False)
+    spec = model.layer_weights(model.config, 0)
+    assert len(quantized) == model.config.num_layers * sum(1 for w in spec.values() if w.quantize and not w.indexed)
+
+
+def jax_tree_equal(a, b) -> bool:
+    import jax
+
+    leaves_a, tree_a = jax.tree_util.tree_flatten(a)
+    leaves_b, tree_b = jax.tree_util.tree_flatten(b)
+    return tree_a == tree_b and all(np.array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32))
+                                    for x, y in zip(leaves_a, leaves_b))

@@ -141,8 +141,8 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     if mesh is None:
         weights = assemble_weights(family, config, source, dtype, fmt, progress=progress, blocks=blocks,
                                    stack_dtype=stack_dtype)
-        model = build_model(family, config, weights, dtype, compute_dtype(dtype),
-                            stack_dtype).prepare_mixed_dtypes()
+        model = build_model(family, config, weights, dtype, compute_dtype(dtype), stack_dtype,
+                            quantizer=PLACED_QUANTIZERS.get(quantization)).prepare_mixed_dtypes()
     else:
         from ..sharding import tensor_parallel_size as tp_of
         from .sharded import load_sharded
@@ -177,6 +177,15 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
              f" with mmproj {mmproj}" if mmproj is not None else "", config.architecture,
              model.num_params / 1e6, model.weight_bytes / 2**20, time.perf_counter() - start)
     return model, processor
+
+
+def _placed_quantizers():
+    from ..ops.linear import quantize_fp8, quantize_int8
+
+    return {"int8": quantize_int8, "fp8": quantize_fp8}
+
+
+PLACED_QUANTIZERS = _placed_quantizers()  # quantizations applied to each layer matrix as it is placed
 
 
 def keeps_blocks(explicit_dtype: bool, quantization: str | None = None) -> tuple[bool, str]:

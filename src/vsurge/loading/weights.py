@@ -133,11 +133,14 @@ def assemble_weights(family, config: ModelConfig, source: TensorSource, dtype, f
 
 
 def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dtype, compute_dtype=None,
-                stack_dtype=None):
+                stack_dtype=None, quantizer=None):
     """Create the nnx module without random init, then place the given weights on the device.
 
     dtype: the weights'; compute_dtype: the activations' (default: the weights'); stack_dtype: the
-    expert stacks', where not `dtype`.
+    expert stacks', where not `dtype`; quantizer: ops/linear.quantize_int8 / quantize_fp8, applied to each
+    layer matrix that quantize() would quantize as it is placed (its scale beside it as NAME_scale), so the
+    float model never exists whole on the device (an 8B checkpoint as int8 on a 16 GB chip); the head is
+    left to CausalLM.quantize.
     weights: name -> numpy array, or an already placed jax.Array (sharded loading)."""
     model = nnx.eval_shape(lambda: family(config, dtype=compute_dtype or dtype, param_dtype=dtype))
     expected = family.weight_specs(config)
@@ -155,5 +158,9 @@ def build_model(family, config: ModelConfig, weights: dict[str, np.ndarray], dty
         elif not isinstance(value, jax.Array):
             value = jax.device_put(jnp.asarray(value, dtype=stack_dtype if expected[name].indexed and stack_dtype
                                                else dtype))
+        if quantizer is not None and name.startswith("layers.") and expected[name].quantize \
+                and not expected[name].indexed:
+            value, scale = quantizer(value)
+            setattr(holder, leaf + "_scale", nnx.Param(scale))
         getattr(holder, leaf).set_value(value)
     return model

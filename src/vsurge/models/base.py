@@ -249,7 +249,7 @@ class CausalLM(nnx.Module):
             return self
         for i, layer in enumerate(self.layers):
             for name, spec in self.layer_weights(self.config, i).items():
-                if spec.quantize:
+                if spec.quantize and not hasattr(layer, name + "_scale"):  # (loading quantizes as it places)
                     q, scale = quantizer(getattr(layer, name)[...])
                     getattr(layer, name).set_value(q)
                     setattr(layer, name + "_scale", nnx.Param(scale))
