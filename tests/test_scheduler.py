@@ -490,3 +490,27 @@ def test_a_model_whose_images_attend_both_ways_gets_each_image_in_one_step():
     plan = scheduler.schedule()
     assert [(c.start, c.start + c.length) for c in plan.chunks][0][0] == 10
     assert sum(c.length for c in plan.chunks) == 10  # 10-19: the image and the rest
+
+
+def test_decode_row_ladders_follow_what_a_padded_row_costs():
+    """Float weights on a CPU: 2, 4, 8, ...; the block kernel (padding rows cost it work): 1, 4, 16, ...; an
+    accelerator (a step below ~100 rows costs its weights' bytes, each program a start-up compile): 8, 32, ..."""
+    assert EngineConfig(max_slots=64).decode_rows == [2, 4, 8, 16, 32, 64]
+    assert EngineConfig(max_slots=64, one_row_decode=True).decode_rows == [1, 4, 16, 64]
+    assert EngineConfig(max_slots=64, coarse_rows=True).decode_rows == [8, 32, 64]
+    assert EngineConfig(max_slots=128, coarse_rows=True).decode_rows == [8, 32, 128]
+    assert EngineConfig(max_slots=4, coarse_rows=True).decode_rows == [4]
+    assert EngineConfig(max_slots=64, coarse_rows=True, row_buckets=(2, 64)).decode_rows == [2, 64]
+
+
+def test_the_engine_takes_the_coarse_ladder_on_an_accelerator(monkeypatch, tiny_checkpoints):
+    import jax.numpy as jnp
+
+    import vsurge
+    from vsurge import devices
+
+    model, processor = vsurge.load(tiny_checkpoints["llama"][0], dtype=jnp.float32, progress=False)
+    config = EngineConfig(max_slots=64, max_length=64, page_size=16)
+    assert vsurge.oEngine(model, processor, config=config).config.decode_rows[0] == 2
+    monkeypatch.setattr(devices, "platform", lambda: "tpu")
+    assert vsurge.oEngine(model, processor, config=config).config.decode_rows == [8, 32, 64]

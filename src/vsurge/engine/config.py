@@ -188,6 +188,10 @@ class EngineConfig:
     # a one-row decode program (EngineCore sets it when the model multiplies in GGUF blocks: the block
     # kernel's cost grows with its rows, while a float one-row dot runs as two rows anyway)
     one_row_decode: bool = False
+    # decode programs at 8, 32, 128 ... rows (EngineCore sets it on an accelerator: below ~100 rows a decode
+    # step's cost is its weights' bytes, so padding rows are nearly free, and each program is a compile at
+    # start-up: a TPU v5e took 110 s for 25 programs)
+    coarse_rows: bool = False
     window_buckets: tuple[int, ...] = ()  # pages per row of decode programs
     prefill_first: bool = False  # no decode rows while a prompt is being prefilled
     # "fcfs": first come, first served; "priority": requests' `priority` orders the queue and may preempt
@@ -352,11 +356,13 @@ class EngineConfig:
         `one_row_decode` (weights in blocks) 1, 4, 16, ... and max_slots: the kernel skips padding
         rows, so a coarser ladder costs little, and each program held ~25-35 MiB (two fewer, with the
         kernel's row map: the ~1B Q8_0 file's peak RSS 1.24x -> 1.20x llama-server's, 8 concurrent
-        no slower)."""
+        no slower). With `coarse_rows` (an accelerator) 8, 32, 128, ... and max_slots."""
+        least = 1 if self.one_row_decode else 2
         if self.row_buckets:
             return sorted(self.row_buckets)
-        least = 1 if self.one_row_decode else 2
         most = max(self.max_slots, self.speculative_rows if self.speculative_tokens else 0)
+        if self.coarse_rows:
+            return sorted({*_powers(8, most, 4), most})
         return sorted({*_powers(least, most, 4 if self.one_row_decode else 2), max(least, most)})
 
     @functools.cached_property

@@ -53,6 +53,12 @@ def multiplies_in_blocks(model) -> bool:
     return bool(model.block_formats()) and platform() == "cpu" and kernels.available()
 
 
+def on_accelerator() -> bool:
+    from ..devices import platform
+
+    return platform() != "cpu"
+
+
 class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
     """Owns the model's split state, the compiled programs and the page pool. Its config's `role`
     decides which programs it runs: both kinds of step, or (disaggregated serving) prompt steps and
@@ -64,6 +70,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         config = config.for_model(self.model.config)
         if not config.row_buckets and multiplies_in_blocks(self.model):
             config = config.replace(one_row_decode=True)
+        elif not config.row_buckets and on_accelerator():
+            config = config.replace(coarse_rows=True)
         self.config = config
         self.pool = pool
         self.adapters = lora_serving.enable(self.model, config)  # LoRA slots (None: no adapters)
