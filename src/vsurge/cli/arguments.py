@@ -1,15 +1,15 @@
 """The command line's flags: each command's parser (`build_parser`), the model and sampling flags the
-commands share, and `vsurge serve`'s. cli.py runs the commands."""
+commands share, and `vsurge serve`'s. commands.py runs the commands."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from . import cli_models
-from .config import QUANTIZATIONS
-from .engine.config import EngineConfig
-from .scale.flags import add_parallel_args
+from ..config import QUANTIZATIONS
+from ..engine.config import EngineConfig
+from ..scale.flags import add_parallel_args
+from . import served_models
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
@@ -62,8 +62,8 @@ def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     """One flag per SamplingParams field that declares `cli=` flags (sampling_params.py)."""
-    from .generation_defaults import VSURGE_DEFAULTS
-    from .sampling_params import cli_fields
+    from ..generation_defaults import VSURGE_DEFAULTS
+    from ..sampling_params import cli_fields
 
     g = p.add_argument_group("sampling (unset: from --generation-config; --temperature 0 is greedy)")
     for name, spec, kind in cli_fields():
@@ -126,7 +126,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mmproj", default=None, metavar="FILE",
                    help=MMPROJ_HELP + "; with several models, each its own \"mmproj\" in --models-config")
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
-    cli_models.add_arguments(p)
+    served_models.add_arguments(p)
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
                    help="serve a LoRA adapter (a PEFT directory) as model NAME; repeat for more (turns on "
                         "--enable-lora)")
@@ -164,8 +164,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "
                         "max-length run of pages per slot")
     EngineConfig.add_flags(p.add_argument_group("engine (EngineConfig's settings: engine/config.py)"))
-    from .structured.reasoning import REASONING_PARSERS
-    from .structured.tool_parsers import PARSER_NAMES
+    from ..structured.reasoning import REASONING_PARSERS
+    from ..structured.tool_parsers import PARSER_NAMES
 
     p.add_argument("--tool-call-parser", default="auto", choices=list(PARSER_NAMES),
                    help="how tool calls are read from the model's text (auto: from the chat template)")
