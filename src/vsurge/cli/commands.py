@@ -94,8 +94,9 @@ def _start_engine(args):
     from .local_engine import LocalEngine
 
     return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
-                             activation_passes=args.activation_passes, max_length=args.max_length, compilation_cache=args.compilation_cache,
-                             tensor_parallel_size=args.tensor_parallel_size, lora=args.lora, mmproj=args.mmproj)
+                             activation_passes=args.activation_passes, settings=_engine_flags(args),
+                             compilation_cache=args.compilation_cache, tensor_parallel_size=args.tensor_parallel_size,
+                             lora=args.lora, mmproj=args.mmproj)
 
 
 def _describe_sampling(params, defaults) -> str:

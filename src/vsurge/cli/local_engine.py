@@ -12,9 +12,9 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from ..engine.config import DEFAULT_MAX_LENGTH, EngineConfig
+from ..engine.config import EngineConfig
 from ..sampling_params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
@@ -98,9 +98,11 @@ class LocalEngine:
 
     @classmethod
     def start(cls, model: str, *, dtype=None, quantization=None, activation_passes=None,
-              max_length: int = DEFAULT_MAX_LENGTH,
+              settings: Mapping[str, object] | None = None,
               compilation_cache: str | None = None, tensor_parallel_size: int | None = None,
               lora: str | None = None, mmproj: str | None = None) -> "LocalEngine":
+        """settings: EngineConfig values from the command line (arguments.CHAT_ENGINE_FLAGS: --max-length), over
+        the one-user sizing above; the rest are EngineConfig's defaults (its one default context length too)."""
         from ..errors import ModelLoadError
         from ..loading import DEFAULT_MODEL_NAME, load, resolve_model_path
         from ..vsurge import vSurge
@@ -116,10 +118,10 @@ class LocalEngine:
             raise SystemExit(f"vsurge: error: {e}") from None
         status(describe_model(loaded))
         try:
-            config = EngineConfig.fitted(loaded.config.max_position_embeddings, max_slots=CLI_SLOTS,
-                                         max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, max_length=max_length,
-                                         page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
-                                         **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
+            sizing = dict(max_slots=CLI_SLOTS, max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, page_size=CLI_PAGE_SIZE,
+                          decode_steps=CLI_DECODE_STEPS, prefill_first=True,
+                          **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
+            config = EngineConfig.fitted(loaded.config.max_position_embeddings, **(sizing | dict(settings or {})))
             surge = vSurge.from_config(loaded, processor, config, paged=True,
                                        vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
             if lora:

@@ -79,7 +79,7 @@ def one_of(choices) -> Check:
 class Setting:
     """What EngineConfig declares about one field (its dataclass metadata): its check, and the
     `vsurge serve` flag that sets it (cli/arguments.py adds the flags with `add_flags`, cli/commands.py
-    reads them with `flag_values`; `vsurge generate` / `chat` take --max-length only)."""
+    reads them with `flag_values`; `vsurge generate` / `chat` take those in `CHAT_ENGINE_FLAGS`)."""
 
     check: Check | None = None
     flag: str | None = None  # None: not on the command line
