@@ -118,8 +118,8 @@ class LocalEngine:
             raise SystemExit(f"vsurge: error: {e}") from None
         status(describe_model(loaded))
         try:
-            sizing = dict(max_slots=CLI_SLOTS, max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, page_size=CLI_PAGE_SIZE,
-                          decode_steps=CLI_DECODE_STEPS, prefill_first=True,
+            sizing = dict(max_slots=CLI_SLOTS, max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS,
+                          page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
                           **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
             config = EngineConfig.fitted(loaded.config.max_position_embeddings, **(sizing | dict(settings or {})))
             surge = vSurge.from_config(loaded, processor, config, paged=True,
