@@ -141,7 +141,7 @@ def main() -> int:
     if jax.device_count() < args.devices:
         raise SystemExit(f"{args.devices} devices wanted, {jax.device_count()} visible (XLA_FLAGS was set before?)")
     if args.compilation_cache:
-        from vsurge.cli_engine import use_cache_dir
+        from vsurge.cli.local_engine import use_cache_dir
 
         use_cache_dir(args.compilation_cache)
     model, processor = vsurge.load(args.model, dtype=args.dtype, progress=False)

@@ -3,7 +3,7 @@
 Counts, for each sampling setting, how often "What is the capital of France?" is answered with a
 reply naming Paris (32 seeds, with and without `--system "You are terse."`), and how often "Write a
 short poem about the sea." repeats one line 3 or more times (16 seeds). Replies come from the engine
-`vsurge generate` runs (cli_engine.LocalEngine, one start for all replies), with the same chat
+`vsurge generate` runs (cli/local_engine.py's LocalEngine, one start for all replies), with the same chat
 prompt and the same SamplingParams as `vsurge generate --seed N [flags]`.
 
     python benchmarks/first_answers.py                          # the defaults `vsurge generate` uses now
@@ -81,8 +81,8 @@ def main() -> int:
         return 0
 
     from vsurge import kernels
-    from vsurge.cli import DEFAULT_MAX_TOKENS
-    from vsurge.cli_engine import LocalEngine
+    from vsurge.cli.arguments import DEFAULT_MAX_TOKENS
+    from vsurge.cli.local_engine import LocalEngine
     from vsurge.generation_defaults import resolve_generation_defaults
     from vsurge.loading import resolve_model_path
 

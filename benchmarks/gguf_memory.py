@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 
 from serve import Server, isa_line, llama_server_binary, vsurge_cmd, write_readme  # noqa: E402
 
-from vsurge.bench_serve import TABLE_HEADER, format_summary, run  # noqa: E402
+from vsurge.cli.bench_serve import TABLE_HEADER, format_summary, run  # noqa: E402
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vsurge-bench"
 COMMON = {"max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}

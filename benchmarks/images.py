@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import Server, isa_line, vsurge_cmd, write_readme  # noqa: E402
 
-from vsurge.bench_serve import photo_jpeg  # noqa: E402
+from vsurge.cli.bench_serve import photo_jpeg  # noqa: E402
 
 CACHE = Path(os.environ.get("VSURGE_BENCH_CACHE", Path.home() / ".cache" / "vsurge-bench")) / "smolvlm-256m-random"
 WORDS = ("river stone garden window morning silver quiet lantern harbor meadow orchard candle thunder "

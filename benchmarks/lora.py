@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import Server, isa_line, vsurge_cmd, write_readme  # noqa: E402
 
-from vsurge.bench_serve import format_summary, run  # noqa: E402
+from vsurge.cli.bench_serve import format_summary, run  # noqa: E402
 
 RANK, ADAPTERS = 16, 8
 MODULES = {"self_attn": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}

@@ -28,7 +28,7 @@ sys.path.insert(0, str(HERE))
 import httpx  # noqa: E402
 from serve import Server, isa_line, llama_server_binary, vsurge_cmd  # noqa: E402
 
-from vsurge.bench_serve import run  # noqa: E402
+from vsurge.cli.bench_serve import run  # noqa: E402
 from vsurge.loading import default_model_path  # noqa: E402
 
 GiB = 2**30

@@ -25,7 +25,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import Server, isa_line, vsurge_cmd, write_readme  # noqa: E402
 
-from vsurge.bench_serve import run  # noqa: E402
+from vsurge.cli.bench_serve import run  # noqa: E402
 from vsurge.loading import default_model_path  # noqa: E402
 
 NAMES = ("SmolLM2-135M-Instruct", "copy")

@@ -19,7 +19,7 @@ import time
 
 from serve import Server, vsurge_cmd
 
-from vsurge.bench_serve import run
+from vsurge.cli.bench_serve import run
 from vsurge.kernels import cpu_isa
 
 LOADS = [("1 stream", 4, 1), ("32 concurrent", 32, 32)]  # (name, prompts, concurrency)

@@ -42,7 +42,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve import Server, vsurge_cmd  # noqa: E402
 
-from vsurge.bench_serve import format_summary, random_prompt, run  # noqa: E402
+from vsurge.cli.bench_serve import format_summary, random_prompt, run  # noqa: E402
 
 
 def isa() -> str:

@@ -111,7 +111,7 @@ def serve_and_bench(device: str, tp: int, dp: int, levels: list[int], input_len:
     sys.path.insert(0, str(HERE))
     from serve import Server  # benchmarks/serve.py
 
-    from vsurge.bench_serve import run
+    from vsurge.cli.bench_serve import run
 
     slots = max(levels)
     cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--dtype", "bfloat16", "--port", "{port}",

@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from vsurge import kernels
-from vsurge.bench_serve import TABLE_HEADER, format_summary, format_trace, run
+from vsurge.cli.bench_serve import TABLE_HEADER, format_summary, format_trace, run
 from vsurge.devices import xla_cpu_isa_cap
 from vsurge.loading import default_model_path
 

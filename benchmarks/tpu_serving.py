@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import jax.numpy as jnp  # noqa: E402
 
 import vsurge  # noqa: E402
-from vsurge import bench_serve  # noqa: E402
+from vsurge.cli import bench_serve  # noqa: E402
 from vsurge.engine.config import EngineConfig  # noqa: E402
 from vsurge.loading import load_processor  # noqa: E402
 

@@ -223,8 +223,8 @@ def test_bad_arguments_fail_cleanly(tmp_path, capsys):
 
 def test_ctrl_c_between_reading_a_message_and_its_reply_stops_that_reply(capsys):
     """The race's window, without timing: Ctrl-C lands while the chat template renders."""
-    from vsurge.cli_chat import run_chat
-    from vsurge.cli_engine import Reply
+    from vsurge.cli.chat_session import run_chat
+    from vsurge.cli.local_engine import Reply
     from vsurge.sampling_params import SamplingParams
 
     class Surge:

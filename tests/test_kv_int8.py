@@ -224,7 +224,7 @@ def test_disk_tier_fingerprint_and_prefix_signature_name_the_kv_dtype(tiny_check
 
 # ------------------------------------------------------------------ sizing, start-up line, bad input
 def test_the_startup_line_prints_the_int8_pool(tiny_checkpoints):
-    from vsurge.cli_engine import describe_kv_pool
+    from vsurge.cli.local_engine import describe_kv_pool
     from vsurge.kv.paged import half_pages_on_cpu, pool_page_bytes
 
     model, processor = load_tiny(tiny_checkpoints, "llama")

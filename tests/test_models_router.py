@@ -180,7 +180,7 @@ def test_a_models_config_entry_takes_its_own_options(server):
     ({"path": "x", "max-length": 1}, "max-length must be at least 2"),
 ])
 def test_bad_models_config_options_are_named(tmp_path, options, message):
-    from vsurge.cli_models import model_options
+    from vsurge.cli.served_models import model_options
 
     (tmp_path / "m.json").write_text(json.dumps({"m": options}))
     with pytest.raises(ValueError, match=message):
@@ -194,7 +194,7 @@ def test_bad_models_config_options_are_named(tmp_path, options, message):
     ({"sql": 3}, "lora takes"),
 ])
 def test_a_models_config_entrys_adapters(tmp_path, lora, want):
-    from vsurge.cli_models import config_adapters, model_options
+    from vsurge.cli.served_models import config_adapters, model_options
 
     (tmp_path / "m.json").write_text(json.dumps({"m": {"path": "x", "lora": lora}}))
     args = argparse.Namespace(models_config=str(tmp_path / "m.json"))

@@ -137,7 +137,7 @@ def test_runtime_adapter_loading_is_off_unless_asked_for():
 
 
 def test_the_runtime_flags(tmp_path):
-    from vsurge.cli_args import build_parser, runtime_lora_allowed
+    from vsurge.cli.arguments import build_parser, runtime_lora_allowed
 
     def runtime(*flags):
         return runtime_lora_allowed(build_parser().parse_args(["serve", *flags]))

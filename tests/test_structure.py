@@ -27,7 +27,7 @@ SRC = ROOT / "src" / "vsurge"
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to vsurge).
 LAYERS = [
     # plain data and leaves: no vsurge imports beyond this layer
-    ["errors", "config", "metrics", "streams", "kernels", "structured", "bench_plot"],
+    ["errors", "config", "metrics", "streams", "kernels", "structured"],
     ["tokenizer"],  # chat templates, detokenizing (no JAX)
     ["multimodal"],  # images: decoded, tiled, their placeholders in the chat prompt (no JAX)
     ["sampling_params", "devices", "sharding", "memory_ledger"],  # SamplingParams; meshes; memory by phase
@@ -40,7 +40,7 @@ LAYERS = [
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
     ["generation", "generation_defaults", "vsurge", "vinference", "seed"],  # the Python faces
     ["server"],  # HTTP
-    ["cli", "cli_args", "cli_engine", "cli_chat", "cli_models", "bench_serve", ""],  # the command line; "" = vsurge/__init__.py
+    ["cli", ""],  # the command line; "" = vsurge/__init__.py
 ]
 
 

@@ -10,7 +10,7 @@ array of the compiled step. Everything else derives from this list:
 - ops/sampling.py: `SamplingArrays`, one column per `device=` field (per-row arrays:
   changing a value never recompiles);
 - generation_defaults.py: which fields `--generation-config` may set, and their types;
-- cli.py: the sampling flags of `vsurge generate` / `vsurge chat`;
+- cli/arguments.py: the sampling flags of `vsurge generate` / `vsurge chat`;
 - vsurge.py: `vSurgeRequest`, the seed's request type (its fields plus all of these).
 
 Every number a request carries is bounded here, by what the engine can represent: a `device=`

@@ -78,8 +78,8 @@ def one_of(choices) -> Check:
 @dataclass(frozen=True)
 class Setting:
     """What EngineConfig declares about one field (its dataclass metadata): its check, and the
-    `vsurge serve` flag that sets it (cli.py adds the flags with `add_flags`, reads them with
-    `from_flags`; `vsurge generate` / `chat` take the ones in `CHAT_FLAGS`)."""
+    `vsurge serve` flag that sets it (cli/arguments.py adds the flags with `add_flags`, cli/commands.py
+    reads them with `flag_values`; `vsurge generate` / `chat` take those in `CHAT_ENGINE_FLAGS`)."""
 
     check: Check | None = None
     flag: str | None = None  # None: not on the command line
@@ -296,7 +296,7 @@ class EngineConfig:
         """A hybrid model's prefix cache: prompt rows end on page boundaries, where states are kept."""
         return self.recurrent_state and self.enable_prefix_caching
 
-    # ------------------------------------------------------------ the command line (cli.py)
+    # ------------------------------------------------------------ the command line (cli/)
     @staticmethod
     def add_flags(parser, names: Sequence[str] | None = None) -> None:
         """One flag per declared setting (`names`: only these fields; default all with a flag)."""

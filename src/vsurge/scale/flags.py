@@ -1,4 +1,4 @@
-"""Command-line flags for tensor/data parallelism and multi-host runs (used by cli.py).
+"""Command-line flags for tensor/data parallelism and multi-host runs (used by cli/).
 
     vsurge serve --tensor-parallel-size 4                       one host, 4 devices
     vsurge serve --tensor-parallel-size 2 --data-parallel-size 2

@@ -19,7 +19,7 @@ answer them; chat, Responses or Messages: /v1/completions is text only), the ima
 `--concurrency 1,16,32` runs one load per level (that many prompts, all in flight
 at once) and `--base-url` may be given several times (`--label` names each):
 one table row per (server, level); `--plot FILE.png` draws tok/s and TTFT against
-concurrency, one line per server (vsurge.bench_plot, matplotlib extra `plot`).
+concurrency, one line per server (vsurge.cli.bench_plot, matplotlib extra `plot`).
 
 `--uds PATH` sends every request over a unix domain socket (a `vsurge serve --uds PATH` server;
 the base URL's host is then ignored), and `--wait-ready SECONDS` waits for the server's

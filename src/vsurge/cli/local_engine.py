@@ -12,10 +12,10 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from .engine.config import DEFAULT_MAX_LENGTH, EngineConfig
-from .sampling_params import SamplingParams
+from ..engine.config import EngineConfig
+from ..sampling_params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
 # prefilled 64 tokens a step, with no decode rows beside them. One prompt-row length only: the
@@ -98,12 +98,14 @@ class LocalEngine:
 
     @classmethod
     def start(cls, model: str, *, dtype=None, quantization=None, activation_passes=None,
-              max_length: int = DEFAULT_MAX_LENGTH,
+              settings: Mapping[str, object] | None = None,
               compilation_cache: str | None = None, tensor_parallel_size: int | None = None,
               lora: str | None = None, mmproj: str | None = None) -> "LocalEngine":
-        from .errors import ModelLoadError
-        from .loading import DEFAULT_MODEL_NAME, load, resolve_model_path
-        from .vsurge import vSurge
+        """settings: EngineConfig values from the command line (arguments.CHAT_ENGINE_FLAGS: --max-length), over
+        the one-user sizing above; the rest are EngineConfig's defaults (its one default context length too)."""
+        from ..errors import ModelLoadError
+        from ..loading import DEFAULT_MODEL_NAME, load, resolve_model_path
+        from ..vsurge import vSurge
 
         use_cache_dir(compilation_cache)
         status(f"Loading {model} ...")
@@ -116,10 +118,10 @@ class LocalEngine:
             raise SystemExit(f"vsurge: error: {e}") from None
         status(describe_model(loaded))
         try:
-            config = EngineConfig.fitted(loaded.config.max_position_embeddings, max_slots=CLI_SLOTS,
-                                         max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS, max_length=max_length,
-                                         page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
-                                         **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
+            sizing = dict(max_slots=CLI_SLOTS, max_prefill_rows=1, chunk_lengths=CLI_PROMPT_ROWS,
+                          page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
+                          **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
+            config = EngineConfig.fitted(loaded.config.max_position_embeddings, **(sizing | dict(settings or {})))
             surge = vSurge.from_config(loaded, processor, config, paged=True,
                                        vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
             if lora:
@@ -144,9 +146,9 @@ class LocalEngine:
     def chat_prompt(self, messages: list[dict]):
         """Token ids of the conversation; with image parts ({"type": "image", "data": bytes}) a
         MultimodalPrompt (ValueError: the model takes no images, or one cannot be decoded)."""
-        from .multimodal.chat import chat_prompt
-        from .tokenizer.compat import chat_prompt_ids
-        from .tokenizer.vision_chat import image_parts
+        from ..multimodal.chat import chat_prompt
+        from ..tokenizer.compat import chat_prompt_ids
+        from ..tokenizer.vision_chat import image_parts
 
         parts = image_parts(messages)
         if not parts:
@@ -203,8 +205,8 @@ class LocalEngine:
 def describe_kv_pool(model, engine) -> str:
     """The start-up line about an engine's KV page pool: pages, tokens, bytes, storage dtype, pages
     per GiB. `model`: this process's model (a remote decode engine holds none; its pool is of it)."""
-    from .kv.paged import pool_dtype, pool_page_bytes
-    from .kv.quant import is_quantized
+    from ..kv.paged import pool_dtype, pool_page_bytes
+    from ..kv.quant import is_quantized
 
     pool, role = engine.pool, engine.config.role
     dtype, per_page = pool_dtype(model, engine.config), pool_page_bytes(model, engine.config)
@@ -219,8 +221,8 @@ def describe_kv_pool(model, engine) -> str:
 def describe_model(model) -> str:
     """The start-up line about the loaded weights: their bytes, how they are held, and the CPU's ISA
     with the kernel that multiplies blocks (what decides the speed here)."""
-    from . import kernels
-    from .devices import platform
+    from .. import kernels
+    from ..devices import platform
 
     formats = model.block_formats()
     listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))
@@ -240,6 +242,6 @@ def describe_model(model) -> str:
 def use_cache_dir(directory: str | None) -> None:
     """Turn on JAX's persistent compilation cache (None or "none": compile in memory only)."""
     if directory and directory.lower() != "none":
-        from .vinference.persistence import use_compilation_cache
+        from ..vinference.persistence import use_compilation_cache
 
         use_compilation_cache(Path(directory).expanduser())

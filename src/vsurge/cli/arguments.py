@@ -1,15 +1,15 @@
 """The command line's flags: each command's parser (`build_parser`), the model and sampling flags the
-commands share, and `vsurge serve`'s. cli.py runs the commands."""
+commands share, and `vsurge serve`'s. commands.py runs the commands."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from . import cli_models
-from .config import QUANTIZATIONS
-from .engine.config import EngineConfig
-from .scale.flags import add_parallel_args
+from ..config import QUANTIZATIONS
+from ..engine.config import EngineConfig
+from ..scale.flags import add_parallel_args
+from . import served_models
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
 DEFAULT_COMPILATION_CACHE = "~/.cache/vsurge/xla"
@@ -28,30 +28,49 @@ PASSES_HELP = ("how the block kernel multiplies weights held in blocks: 2 also m
                "default: 2 below ~1B parameters (hidden size < 1024), 1 from there; either holds in every step")
 
 
-def _default_cache() -> str:
-    return os.environ.get(COMPILATION_CACHE_ENV) or DEFAULT_COMPILATION_CACHE
-
-
 MMPROJ_HELP = ("llama.cpp's mmproj .gguf (a vision-language model's tower and projector) for the text model "
                "--model's .gguf: the pair serves images (SmolVLM / Idefics3, Gemma 3)")
+MODEL_HELP = "HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)"
+CHAT_ENGINE_FLAGS = ["max_length"]  # EngineConfig's flags generate / chat take (local_engine.py sizes the rest)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="default",
-                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--mmproj", default=None, metavar="FILE", help=MMPROJ_HELP)
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its blocks "
-                        "on CPU; other weights bfloat16 where the CPU multiplies it natively, else float32)")
-    p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
-    p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
-    p.add_argument("--lora", default=None, metavar="PATH",
-                   help="generate with this LoRA adapter (a PEFT directory or a llama.cpp LoRA .gguf)")
-    EngineConfig.add_flags(p, ["max_length"])
-    p.add_argument("--compilation-cache", default=_default_cache(),
-                   help=f"directory of compiled programs reused across runs ('none' to disable; default "
-                        f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE}, shared with `vsurge serve`)")
-    add_parallel_args(p, multihost=False)
+def _model_flags() -> dict[str, tuple[dict, dict]]:
+    """Every command's model flags, declared once: flag -> (its argparse keywords, what `vsurge serve` changes:
+    serve takes several models and names its LoRA adapters). Built per parser: the cache default reads the
+    environment then (tests set it)."""
+    cache = os.environ.get(COMPILATION_CACHE_ENV) or DEFAULT_COMPILATION_CACHE
+    return {
+        "--model": (dict(default="default", help=MODEL_HELP),
+                    dict(action="append", default=None, metavar="[NAME=]PATH",
+                         help=MODEL_HELP + "; repeat to serve several (the first loaded at start, the others on "
+                                           "their first request)")),
+        "--mmproj": (dict(default=None, metavar="FILE", help=MMPROJ_HELP),
+                     dict(help=MMPROJ_HELP + "; with several models, each its own \"mmproj\" in --models-config")),
+        "--dtype": (dict(default=None, choices=["float32", "bfloat16", "float16"],
+                         help="weights dtype, dequantizing a GGUF file's blocks (default: a GGUF file keeps its "
+                              "blocks on CPU; other weights bfloat16 where the CPU multiplies it natively, else "
+                              "float32)"), {}),
+        "--quantization": (dict(default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP), {}),
+        "--activation-passes": (dict(type=int, default=None, choices=[1, 2], help=PASSES_HELP), {}),
+        "--lora": (dict(default=None, metavar="PATH",
+                        help="generate with this LoRA adapter (a PEFT directory or a llama.cpp LoRA .gguf)"),
+                   dict(action="append", default=[], metavar="NAME=PATH",
+                        help="serve a LoRA adapter (a PEFT directory) as model NAME; repeat for more (turns on "
+                             "--enable-lora)")),
+        "--compilation-cache": (dict(default=cache, help=f"directory of compiled programs reused across runs, one "
+                                     f"for generate, chat and serve ('none' to disable; default "
+                                     f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE})"), {}),
+    }
+
+
+def _add_model_args(p: argparse.ArgumentParser, serve: bool = False) -> None:
+    """Which model runs and how: the model flags, EngineConfig's (serve: all of them, in their own group;
+    generate / chat: CHAT_ENGINE_FLAGS) and the parallelism flags (serve: multi-host ones too)."""
+    for flag, (options, for_serve) in _model_flags().items():
+        p.add_argument(flag, **(options | for_serve if serve else options))
+    engine = p.add_argument_group("engine (EngineConfig's settings: engine/config.py)") if serve else p
+    EngineConfig.add_flags(engine, None if serve else CHAT_ENGINE_FLAGS)
+    add_parallel_args(p, multihost=serve)
 
 
 def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
@@ -62,8 +81,8 @@ def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     """One flag per SamplingParams field that declares `cli=` flags (sampling_params.py)."""
-    from .generation_defaults import VSURGE_DEFAULTS
-    from .sampling_params import cli_fields
+    from ..generation_defaults import VSURGE_DEFAULTS
+    from ..sampling_params import cli_fields
 
     g = p.add_argument_group("sampling (unset: from --generation-config; --temperature 0 is greedy)")
     for name, spec, kind in cli_fields():
@@ -120,16 +139,9 @@ def runtime_lora_allowed(args) -> bool:
 
 
 def _add_serve_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", action="append", default=None, metavar="[NAME=]PATH",
-                   help="HF model directory, .gguf file, or 'default' (embedded SmolLM2-135M-Instruct); repeat to "
-                        "serve several (the first loaded at start, the others on their first request)")
-    p.add_argument("--mmproj", default=None, metavar="FILE",
-                   help=MMPROJ_HELP + "; with several models, each its own \"mmproj\" in --models-config")
+    _add_model_args(p, serve=True)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
-    cli_models.add_arguments(p)
-    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
-                   help="serve a LoRA adapter (a PEFT directory) as model NAME; repeat for more (turns on "
-                        "--enable-lora)")
+    served_models.add_arguments(p)
     p.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters: --lora at start, POST /v1/load_lora_adapter at run time "
                         "(--max-loras on the device at once, default 4)")
@@ -139,9 +151,6 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-dir", default=None, metavar="DIR",
                    help="runtime adapter paths are read under DIR and must resolve inside it (implies "
                         "--allow-runtime-lora)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--quantization", default=None, choices=QUANTIZATION_CHOICES, help=QUANTIZATION_HELP)
-    p.add_argument("--activation-passes", type=int, default=None, choices=[1, 2], help=PASSES_HELP)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=11556)
     p.add_argument("--uds", default=None, metavar="PATH",
@@ -163,9 +172,8 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="paged", choices=["dense", "paged"],
                    help="paged: KV pages on demand with prefix caching and preemption; dense: a fixed "
                         "max-length run of pages per slot")
-    EngineConfig.add_flags(p.add_argument_group("engine (EngineConfig's settings: engine/config.py)"))
-    from .structured.reasoning import REASONING_PARSERS
-    from .structured.tool_parsers import PARSER_NAMES
+    from ..structured.reasoning import REASONING_PARSERS
+    from ..structured.tool_parsers import PARSER_NAMES
 
     p.add_argument("--tool-call-parser", default="auto", choices=list(PARSER_NAMES),
                    help="how tool calls are read from the model's text (auto: from the chat template)")
@@ -186,11 +194,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="/v1/responses kept for previous_response_id and GET (oldest dropped beyond; 0: none)")
     p.add_argument("--responses-store-ttl", type=float, default=3600.0,
                    help="seconds a stored response is kept (default 3600)")
-    p.add_argument("--compilation-cache", default=_default_cache(),
-                   help=f"directory of compiled programs reused across restarts ('none' to disable; default "
-                        f"${COMPILATION_CACHE_ENV} or {DEFAULT_COMPILATION_CACHE})")
     _add_generation_config_arg(p)
     p.add_argument("--ssl-keyfile", default=None)
     p.add_argument("--ssl-certfile", default=None)
     p.add_argument("--log-level", default="warning")
-    add_parallel_args(p, multihost=True)

@@ -1,4 +1,5 @@
-"""Command line: `vsurge serve`, `vsurge generate PROMPT` and `vsurge chat` on any supported model."""
+"""The commands: `vsurge serve`, `vsurge generate PROMPT`, `vsurge chat` on any supported model, and
+`vsurge bench serve` (bench_serve.py); `main` parses the flags (arguments.py) and runs one."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from . import cli_models
-from .cli_args import build_parser  # noqa: F401 (the tests' and docs' entry)
-from .cli_args import DEFAULT_MAX_TOKENS, runtime_lora_allowed
-from .engine.config import EngineConfig
+from ..engine.config import EngineConfig
+from . import served_models
+from .arguments import DEFAULT_MAX_TOKENS, build_parser, runtime_lora_allowed
 
 
 def _fail(message: str) -> SystemExit:
@@ -18,9 +18,9 @@ def _fail(message: str) -> SystemExit:
 
 
 def _generation_defaults(args):
-    from .errors import ModelLoadError
-    from .generation_defaults import resolve_generation_defaults
-    from .loading import resolve_model_path
+    from ..errors import ModelLoadError
+    from ..generation_defaults import resolve_generation_defaults
+    from ..loading import resolve_model_path
 
     try:
         path = resolve_model_path(args.model)
@@ -36,7 +36,7 @@ def _sampling_params(args, defaults, seed: int):
     """The flags over the generation defaults -> SamplingParams (bad values exit with the flag's name)."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise _fail("--max-tokens must be at least 1")
-    from .sampling_params import cli_fields
+    from ..sampling_params import cli_fields
 
     flags = {name: spec.cli[0] for name, spec, _ in cli_fields()}
     explicit = {name: getattr(args, name) for name in flags}
@@ -51,7 +51,7 @@ def _sampling_params(args, defaults, seed: int):
 
 
 def _check_model_args(args) -> None:
-    from .scale.flags import validate
+    from ..scale.flags import validate
 
     validate(args)
     _engine_flags(args)
@@ -91,11 +91,12 @@ def _prepare(args):
 
 
 def _start_engine(args):
-    from .cli_engine import LocalEngine
+    from .local_engine import LocalEngine
 
     return LocalEngine.start(args.model, dtype=args.dtype, quantization=args.quantization,
-                             activation_passes=args.activation_passes, max_length=args.max_length, compilation_cache=args.compilation_cache,
-                             tensor_parallel_size=args.tensor_parallel_size, lora=args.lora, mmproj=args.mmproj)
+                             activation_passes=args.activation_passes, settings=_engine_flags(args),
+                             compilation_cache=args.compilation_cache, tensor_parallel_size=args.tensor_parallel_size,
+                             lora=args.lora, mmproj=args.mmproj)
 
 
 def _describe_sampling(params, defaults) -> str:
@@ -109,7 +110,7 @@ def _describe_sampling(params, defaults) -> str:
 
 def _structured(args):
     """--json-schema / --regex -> a StructuredOutput (checked before the model loads), or None."""
-    from .structured.spec import StructuredOutput
+    from ..structured.spec import StructuredOutput
 
     if args.json_schema is not None and args.regex is not None:
         raise _fail("give --json-schema or --regex, not both")
@@ -126,8 +127,8 @@ def _structured(args):
 def cmd_generate(args) -> int:
     import json
 
-    from .cli_chat import write_text
-    from .cli_engine import status
+    from .chat_session import write_text
+    from .local_engine import status
 
     if args.prompt is not None and args.file is not None:
         raise _fail("give the prompt as an argument or with --file, not both")
@@ -177,8 +178,8 @@ def _read_image(path: str) -> bytes:
 
 
 def cmd_chat(args) -> int:
-    from .cli_chat import run_chat
-    from .cli_engine import status
+    from .chat_session import run_chat
+    from .local_engine import status
 
     defaults, params = _prepare(args)
     first = _read_prompt_file(args.file) if args.file else None
@@ -188,9 +189,9 @@ def cmd_chat(args) -> int:
 
 
 def _load(args):
-    from .scale.flags import load_kwargs, validate
-    from .errors import ModelLoadError
-    from .loading import load
+    from ..scale.flags import load_kwargs, validate
+    from ..errors import ModelLoadError
+    from ..loading import load
 
     validate(args)
     print(f"Loading {args.model} ...", file=sys.stderr, flush=True)
@@ -203,14 +204,14 @@ def _load(args):
 
 
 def cmd_serve(args) -> int:
-    from . import memory_ledger
+    from .. import memory_ledger
 
     memory_ledger.mark("start")  # before anything heavy is imported: the interpreter and the CLI alone
     import logging
 
-    from .cli_engine import describe_kv_pool, describe_model, status, use_cache_dir
-    from .server import vSurgeApiServer
-    from .vsurge import vSurge
+    from .local_engine import describe_kv_pool, describe_model, status, use_cache_dir
+    from ..server import vSurgeApiServer
+    from ..vsurge import vSurge
 
     settings = _engine_flags(args)
     loras = _lora_flags(args)
@@ -221,35 +222,35 @@ def cmd_serve(args) -> int:
     if args.responses_store_size < 0 or args.responses_store_ttl <= 0:
         raise _fail("--responses-store-size must be >= 0 and --responses-store-ttl > 0")
     if args.uds:  # checked (and a dead server's socket file cleared) before the model loads
-        from .server.unix_socket import claim_socket_path
+        from ..server.unix_socket import claim_socket_path
 
         try:
             args.uds = claim_socket_path(args.uds)
         except ValueError as e:
             raise _fail(str(e)) from None
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    from .scale import flags as scale_flags
+    from ..scale import flags as scale_flags
 
     multihost = scale_flags.init_distributed(args)  # before anything else touches JAX
     memory_ledger.mark_runtime()
     try:
-        specs = cli_models.model_specs(args)
+        specs = served_models.model_specs(args)
     except ValueError as e:
         raise _fail(str(e)) from None
-    cli_models.check(args, specs, _fail)
-    if args.mmproj and cli_models.several(args, specs):
+    served_models.check(args, specs, _fail)
+    if args.mmproj and served_models.several(args, specs):
         raise _fail("--mmproj goes with one --model; to serve several, give a model's mmproj as its \"mmproj\" "
                     "in --models-config")
     first_name, args.model = specs[0]
     use_cache_dir(args.compilation_cache)
     parallel = (scale_flags.disaggregated_kwargs(args) if scale_flags.disaggregated(args)
                 else scale_flags.load_kwargs(args))
-    if parallel and cli_models.several(args, specs):
+    if parallel and served_models.several(args, specs):
         raise _fail("several models per server are served on one device each for now (no --tensor-parallel-size, "
                     "--data-parallel-size or disaggregated devices with them)")
     paged = args.engine == "paged"
     if paged and "kv_host_cache_bytes" not in settings:
-        from .kv.memory import default_host_cache_bytes
+        from ..kv.memory import default_host_cache_bytes
 
         settings["kv_host_cache_bytes"] = default_host_cache_bytes()
     served: dict = {}  # name -> (sampling defaults, pooling) of each model built
@@ -258,7 +259,7 @@ def cmd_serve(args) -> int:
         """Load, size and build model `name` with its LoRA adapters [(name, path)]; strict: an adapter that
         cannot be read stops vsurge (at start-up), else it is left out with a warning (a reload)."""
         try:  # a --models-config entry's own options over the command line's
-            model_args, model_settings = cli_models.model_options(model_args, name or "", settings)
+            model_args, model_settings = served_models.model_options(model_args, name or "", settings)
         except ValueError as e:
             raise _fail(str(e)) from None
         if adapters and not model_settings.get("max_loras"):
@@ -299,9 +300,9 @@ def cmd_serve(args) -> int:
     defaults = served[name][0]
     if multihost and scale_flags.is_follower():
         return scale_flags.follow(surge)
-    from .server.adapters.response_store import ResponseStore
+    from ..server.adapters.response_store import ResponseStore
 
-    from .multimodal import MediaPolicy
+    from ..multimodal import MediaPolicy
 
     server = vSurgeApiServer({name: surge}, api_key=args.api_key, admin_api_key=args.admin_api_key,
                              guard_metrics=args.guard_metrics, lora_dir=args.lora_dir,
@@ -314,21 +315,21 @@ def cmd_serve(args) -> int:
     server_box.append(server)
     server.generation_defaults = {name: defaults}  # what requests get for the sampling fields they leave unset
     server.pooling = {name: served[name][1]}
-    if cli_models.several(args, specs):
-        from .server.router import ModelRouter
+    if served_models.several(args, specs):
+        from ..server.router import ModelRouter
 
         budget = args.models_memory_budget
         router = ModelRouter(server, args.max_loaded_models, args.sleep_idle_seconds,
                              memory_budget=None if budget is None else int(budget * 2**30))
-        router.add(name, args.model, cli_models.builder(copy.copy(args), name, args.model, server, build_surge),
+        router.add(name, args.model, served_models.builder(copy.copy(args), name, args.model, server, build_surge),
                    loaded=surge, adapters=dict(loras))
         for other, path in specs[1:]:
-            other = other or cli_models.model_name(path)
+            other = other or served_models.model_name(path)
             try:
-                adapters = cli_models.config_adapters(args, other)
+                adapters = served_models.config_adapters(args, other)
             except ValueError as e:
                 raise _fail(str(e)) from None
-            router.add(other, path, cli_models.builder(args, other, path, server, build_surge), adapters=adapters)
+            router.add(other, path, served_models.builder(args, other, path, server, build_surge), adapters=adapters)
         server.router = router
         status(f"Models: {', '.join(router.entries)} (loaded on demand"
                + (f", at most {args.max_loaded_models} at once" if args.max_loaded_models else "")
@@ -341,7 +342,7 @@ def cmd_serve(args) -> int:
     print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
 
     def announce():
-        from .server.memory_stats import describe, memory_stats
+        from ..server.memory_stats import describe, memory_stats
 
         memory = describe(memory_stats(list(server.surges.values())))
         print(_serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
@@ -354,7 +355,7 @@ def cmd_serve(args) -> int:
 
 def _serving_line(name: str, scheme: str, args) -> str:
     """The start-up line: where clients reach the API (a URL, or the unix socket's path) and the web pages."""
-    from .server.web import page_url
+    from ..server.web import page_url
 
     metrics = f" (metrics on port {args.metrics_port or args.port + 1})" if args.metrics_port != -1 else ""
     if args.uds:
@@ -378,8 +379,8 @@ def _lora_flags(args) -> list[tuple[str, str]]:
 def _pooling(args) -> str:
     if args.pooling != "auto":
         return args.pooling
-    from .loading import resolve_model_path
-    from .server.adapters.embeddings import pooling_for_model
+    from ..loading import resolve_model_path
+    from ..server.adapters.embeddings import pooling_for_model
 
     return pooling_for_model(resolve_model_path(args.model))
 
@@ -398,7 +399,3 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C while loading or compiling: no traceback
         print("\nvsurge: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -47,7 +47,7 @@ def split_model(given: str) -> tuple[str | None, str]:
 def model_specs(args) -> list[tuple[str | None, str]]:
     """The models to serve, in order: each --model (default: the embedded one), then --models-dir's, then
     --models-config's."""
-    from .server.router import models_in_dir
+    from ..server.router import models_in_dir
 
     given = args.model if isinstance(args.model, list) else [args.model] if args.model else []
     specs = [split_model(m) for m in (given or ["default"])]
@@ -77,7 +77,7 @@ def models_config(args) -> dict[str, dict]:
 def model_options(args, name: str, settings: dict) -> tuple[object, dict]:
     """(the model's args, its engine settings): the command line's, with its --models-config options over them.
     Options are flag names ("max-length" or "max_length"); ValueError for an unknown one or a bad value."""
-    from .engine.config import SETTINGS
+    from ..engine.config import SETTINGS
 
     options = dict(models_config(args).get(name, {}))
     options.pop("path", None)

@@ -14,8 +14,8 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from .cli_engine import LocalEngine, Reply, status
-from .sampling_params import SamplingParams
+from ..sampling_params import SamplingParams
+from .local_engine import LocalEngine, Reply, status
 
 BLOCK = '"""'
 CONTINUATION = "\\"
