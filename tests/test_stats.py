@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from vsurge.metrics import EngineMetrics
+from vsurge.engine.metrics import EngineMetrics
 from vsurge.server.stats import ModelStats, EngineSnapshot, bucket_quantile, histogram_stats, model_stats
 
 

@@ -27,10 +27,10 @@ SRC = ROOT / "src" / "vsurge"
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to vsurge).
 LAYERS = [
     # plain data and leaves: no vsurge imports beyond this layer
-    ["errors", "config", "metrics", "streams", "kernels", "structured"],
+    ["errors", "config", "kernels", "structured"],
     ["tokenizer"],  # chat templates, detokenizing (no JAX)
     ["multimodal"],  # images: decoded, tiled, their placeholders in the chat prompt (no JAX)
-    ["sampling_params", "devices", "sharding", "memory_ledger"],  # SamplingParams; meshes; memory by phase
+    ["sampling_params", "devices", "sharding"],  # SamplingParams; meshes
     ["ops"],  # JAX ops: attention, RoPE, MoE, sampling, matmuls
     ["kv"],  # the KV caches and page pools
     ["models"],  # the model families

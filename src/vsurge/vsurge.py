@@ -19,7 +19,7 @@ from . import sampling_params
 from . import sampling_params as sampling_params_module
 from .sampling_params import SamplingParams
 from .seed.vsurge_api import vSurgeSeedAPI
-from .streams import merged_updates
+from .engine.streams import merged_updates
 from .tokenizer.compat import chat_prompt_ids
 
 _TOKENIZE_IN_THREAD_CHARS = 4000  # longer prompts are tokenized off the event loop

@@ -204,7 +204,7 @@ def _load(args):
 
 
 def cmd_serve(args) -> int:
-    from .. import memory_ledger
+    from ..engine import memory_ledger
 
     memory_ledger.mark("start")  # before anything heavy is imported: the interpreter and the CLI alone
     import logging

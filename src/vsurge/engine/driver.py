@@ -30,7 +30,7 @@ import queue
 import threading
 import time
 
-from ..metrics import EngineMetrics
+from .metrics import EngineMetrics
 from .arrivals import gather_burst, prefill_started
 from .disaggregated import TRANSFER_BACKLOG, Handover, check_disaggregated
 from .encode import EncodeRequest
@@ -161,7 +161,7 @@ class Driver(AbstractDriver):
         by the engine threads."""
         local = all(getattr(r.engine, "on_call", None) is None and hasattr(r.engine, "warm_up")
                     for r in self.replicas)
-        from .. import memory_ledger
+        from . import memory_ledger
 
         memory_ledger.mark("compile_begin", trim=True)
         for engine in dict.fromkeys(self.engines):

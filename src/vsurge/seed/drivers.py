@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..metrics import EngineMetrics
+from ..engine.metrics import EngineMetrics
 from ..engine.disaggregated import TRANSFER_BACKLOG
 from ..engine.driver import Driver
 

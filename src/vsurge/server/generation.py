@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import AsyncIterator, Callable
 
 from ..engine.request import DriverNotReadyError, QueueFullError, ReturnSample
-from ..streams import merged_updates
+from ..engine.streams import merged_updates
 from ..structured.tools import finish_reason_with_calls
 from .errors import APIError, error_body
 from .formatting import SSE_DONE, Formatter, sse

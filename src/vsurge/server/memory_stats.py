@@ -16,7 +16,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
-from .. import memory_ledger
+from ..engine import memory_ledger
 
 # where the high-water mark was reached: the phase that ends at each mark (memory_ledger.PHASES)
 _REACHED_WHILE = {"start": "starting", "runtime": "importing", "load_begin": "importing",

@@ -24,7 +24,7 @@ from ..engine.request import ActiveRequest, ReturnChannel
 from ..engine.sequence import Sequence as EngineSequence
 from ..engine.validation import prepare_requests
 from ..kv.slot_pages import SlotPages
-from ..metrics import EngineMetrics
+from ..engine.metrics import EngineMetrics
 from ..sampling_params import SamplingParams
 from ..sharding import check_input_partition_spec, mesh_of
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
