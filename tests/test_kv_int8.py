@@ -203,7 +203,7 @@ def test_prefix_hits_preemption_host_tier_and_speculation_keep_the_int8_tokens(t
 
 
 def test_disk_tier_fingerprint_and_prefix_signature_name_the_kv_dtype(tiny_checkpoints, tmp_path):
-    from vsurge.engine.tiers import fingerprint, make_host_tier
+    from vsurge.engine.tier_mover import fingerprint, make_host_tier
     from vsurge.kv.backends.tpu import fold_of as tpu_fold
 
     model, _ = load_tiny(tiny_checkpoints, "llama")

@@ -123,7 +123,7 @@ def test_a_hybrid_model_with_the_prefix_cache_prefills_rows_of_a_page():
 
 
 class _Row:
-    """A snapshot row's states copied off the device (what engine/tiers.py StateRow gives the tiers)."""
+    """A snapshot row's states copied off the device (what engine/tier_mover.py StateRow gives the tiers)."""
 
     def __init__(self, value):
         self.leaves = [np.full((2, 3), value, np.float32), np.full((4,), value, np.float32)]

@@ -16,7 +16,7 @@ from .config import EOS_WIDTH
 from .faults import blame
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
 from .programs import DecodeBatch, DraftRows, MixedBatch
-from .media import rope_positions
+from .image_encoder import rope_positions
 from .plan import StepPlan
 from .sequence import Sequence
 

@@ -146,7 +146,7 @@ class EngineConfig:
     kv_disk_cache_bytes: int = setting(
         4 * GiB, check=Check("positive", lambda v: _integer(v) and v > 0), flag="--kv-cache-dir-gb", unit=GiB,
         help="size cap of --kv-cache-dir (LRU)")
-    kv_disk_prefetch_bytes: int = setting(  # engine/tiers.py
+    kv_disk_prefetch_bytes: int = setting(  # engine/tier_mover.py
         GiB // 2, check=at_least(0), flag="--kv-prefetch-gb", unit=GiB,
         help="at start-up, read this much of --kv-cache-dir's most recent pages into the KV pool (0: none)")
     # KV pages' storage: None / "auto" = the model dtype; "int8" / "fp8" (float8_e4m3fn) = quantized

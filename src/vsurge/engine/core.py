@@ -32,7 +32,7 @@ from . import compile_counts, encode, programs
 from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
-from .media import MediaEncoder, tile_buckets
+from .image_encoder import MediaEncoder, tile_buckets
 from .config import EngineConfig
 from .programs import EngineState, StepOutput
 from .plan import StepPlan
@@ -94,10 +94,10 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
         # publishes the call to the followers first (scale/multihost.py)
         self.on_call = None
-        # copies between the pool and its host/disk tiers (engine/tiers.py); None without tiers
+        # copies between the pool and its host/disk tiers (engine/tier_mover.py); None without tiers
         self.tiers = None
         if getattr(pool, "host", None) is not None:
-            from .tiers import TierMover
+            from .tier_mover import TierMover
 
             self.tiers = TierMover(self)
 
@@ -396,7 +396,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
     def sync_tiers(self, state: EngineState) -> EngineState:
         """Run the page copies the pool queued: to and from the prefix cache's host/disk tiers
-        (engine/tiers.py) and tails copied on write (kv/page_manager.py)."""
+        (engine/tier_mover.py) and tails copied on write (kv/page_manager.py)."""
         if self.tiers is not None:
             return self.tiers.sync(state)
         take = getattr(self.pool, "take_copies", None)

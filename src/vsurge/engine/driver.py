@@ -509,7 +509,7 @@ class Driver(AbstractDriver):
         if totals["queries"] > seen["queries"]:
             replica.metrics.prefix_cache(totals["queries"] - seen["queries"], totals["hits"] - seen["hits"])
         media = getattr(replica.engine, "media", None)
-        if media is not None:  # a vision-language model's encoder (engine/media.py)
+        if media is not None:  # a vision-language model's encoder (engine/image_encoder.py)
             totals.update(images=media.encoded, image_hits=media.hits)
             if media.encoded + media.hits > seen.get("images", 0) + seen.get("image_hits", 0):
                 replica.metrics.images(media.encoded - seen.get("images", 0), media.hits - seen.get("image_hits", 0))

@@ -81,7 +81,7 @@ def make_page_pool(model, config: EngineConfig) -> HBMPageManager:
     if state_row:
         log.info("recurrent states: %.1f MiB per sequence (%s), %d slots + %d prefix-cache snapshots",
                  state_row / 2**20, state_dtype(config.state_dtype, model), config.max_slots, rows)
-    from .tiers import make_host_tier, make_state_tier
+    from .tier_mover import make_host_tier, make_state_tier
 
     snapshots = StateSnapshots(rows, host=make_state_tier(model, config)) if rows else None
     pool = HBMPageManager(int(num_pages), config.page_size, config.enable_prefix_caching,

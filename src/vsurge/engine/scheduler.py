@@ -43,7 +43,7 @@ from . import speculation
 from .config import EngineConfig
 from .decode_budget import DecodeBudget
 from .faults import SequenceFault, find_culprit
-from .media import waits_for_program, whole_images, within_image_budget
+from .image_encoder import waits_for_program, whole_images, within_image_budget
 from .plan import ChunkRow, HostStepOutput, NextIterationPlan, StepPlan  # noqa: F401 (re-exported)
 from ..kv.page_table import PageTable
 from ..kv.state_snapshots import chain_to
@@ -57,7 +57,7 @@ class _NeedsResults(Exception):
 class Scheduler:
     def __init__(self, pool, config: EngineConfig, adapters=None, media=None):
         """adapters: the engine's LoRA adapter slots (lora/slots.py), or None. media: a vision-language
-        engine's MediaEncoder (engine/media.py: which images are encoded already), or None."""
+        engine's MediaEncoder (engine/image_encoder.py: which images are encoded already), or None."""
         self.pool = pool
         self.config = config
         self.adapters = adapters
@@ -361,7 +361,7 @@ class Scheduler:
                 continue
             want = min(seq.remaining, (rows - len(plan.chunks)) * length)
             whole = bool(seq.request.media) and self.media is not None and self.media.whole_images
-            if seq.request.media:  # (a vision model: the step's image budget, engine/media.py)
+            if seq.request.media:  # (a vision model: the step's image budget, engine/image_encoder.py)
                 want = within_image_budget(seq, want, images, self.config.prefill_tokens, self.media)
                 want = whole_images(seq, want) if whole else want
                 if not want:

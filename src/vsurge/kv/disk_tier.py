@@ -5,7 +5,7 @@ One file per page, `<dir>/<fingerprint>/<key as 16 hex digits>.kvp`, holding
     b"VSURGEKV" | header length (u32 LE) | header (JSON) | payload (each array's raw bytes, in order)
 
 The header repeats the fingerprint (model identity, weights sample, dtype, page size, KV
-layout, LAYOUT_VERSION: engine/tiers.py `fingerprint`), the page's chained key, its parent
+layout, LAYOUT_VERSION: engine/tier_mover.py `fingerprint`), the page's chained key, its parent
 key and tokens, each array's shape and dtype, and a digest of the payload. A read checks all
 of it against what was asked for, so a damaged, truncated or foreign file is ignored with a
 warning, never trusted. Files are written by a background thread (to a temporary name, then

@@ -38,7 +38,7 @@ only hands out page ids, like vLLM's block manager. Each sequence carries its ow
   be copied to the host tier (`take_saves`); a lookup that misses the device pool but
   hits the host (or disk) tier takes a fresh page and queues the copy back
   (`take_loads`). With a disk tier, each newly registered page is queued to be written
-  (`take_persists`). The engine (engine/tiers.py) runs every queued copy off the device
+  (`take_persists`). The engine (engine/tier_mover.py) runs every queued copy off the device
   before it writes any page back, and both before the next step.
 
 kv/slot_pages.py's ``SlotPages`` is the dense engine's pool with the same interface.
@@ -353,7 +353,7 @@ class HBMPageManager(PoolSizes, TierQueues):
 
     def take_copies(self) -> list[tuple[int, int]]:
         """(source, destination) pages to copy before the next step (after the tiers' gathers,
-        before their loads: engine/tiers.py)."""
+        before their loads: engine/tier_mover.py)."""
         copies, self._copies = [(src, dst) for dst, src in self._copies.items()], {}
         return copies
 
@@ -400,7 +400,7 @@ class HBMPageManager(PoolSizes, TierQueues):
         self.pages_to_host += 1
         return True
 
-    # --- copies for the engine (engine/tiers.py): run every save and persist, then every load
+    # --- copies for the engine (engine/tier_mover.py): run every save and persist, then every load
     def take_loads(self) -> list[tuple[int, TierEntry]]:
         loads = super().take_loads()
         self.pages_from_host += len(loads)

@@ -13,7 +13,7 @@ into the same array, as its 2 bytes (bitcast) appended to the head_dim axis:
     values  (P, KVH, ps, dv + 2)   columns [:dv] the values, columns [dv:] the scale
 
 so a page is one array per layer side, exactly as in the float pool: everything that gathers,
-copies, ships or stores pages (engine/transfer.py, engine/tiers.py, kv/disk_tier.py, the
+copies, ships or stores pages (engine/transfer.py, engine/tier_mover.py, kv/disk_tier.py, the
 remote decode engine, sharding over KV heads) carries the scales with the values and cannot
 lose them. Why float16 for the scale: 2 bytes (bfloat16 costs the same), and its 11-bit mantissa
 rounds the scale by <= 0.05%, far under the int8 step (1/254 of absmax); bfloat16's 8 bits

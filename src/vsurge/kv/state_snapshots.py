@@ -17,7 +17,7 @@ cached prefix that has a snapshot: its pages give the KV, the snapshot its state
   pages: an evicted snapshot is queued to be copied to the host tier (`take_saves`), a snapshot a
   step wrote is queued for the disk tier once that step is dispatched (`written`, `take_persists`),
   and a restore that misses the device rows but hits a lower tier takes a row and queues the copy
-  back (`take_loads`). The engine (engine/tiers.py) runs the copies off the device before the
+  back (`take_loads`). The engine (engine/tier_mover.py) runs the copies off the device before the
   next step, and the copies back after them, as it does pages.
 """
 

@@ -7,7 +7,7 @@ which asks the disk tier (kv/disk_tier.py) on a miss and keeps what it reads. Ev
 keeps its parent key and tokens, and a hit compares them, so a key collision never serves
 the wrong KV.
 
-An entry's `payload` is filled by the engine (engine/tiers.py) once it has copied the
+An entry's `payload` is filled by the engine (engine/tier_mover.py) once it has copied the
 page off the device: the page manager only decides which page goes where.
 """
 
@@ -39,7 +39,7 @@ class TierEntry:
     key: int
     parent: int | None
     tokens: tuple[int, ...]
-    payload: object = None  # the page's K/V (engine/tiers.py PageRef); None until copied off the device
+    payload: object = None  # the page's K/V (engine/tier_mover.py PageRef); None until copied off the device
     from_disk: bool = False  # read back from the disk tier (for its hit count)
     tail: bool = False  # a partly filled page kept under tail_key(parent); a newer one replaces it
 
@@ -48,7 +48,7 @@ class TierEntry:
 
 
 class TierQueues:
-    """The copies a pool queues for the engine (engine/tiers.py), by the pool's row or page index:
+    """The copies a pool queues for the engine (engine/tier_mover.py), by the pool's row or page index:
     saves (to the host tier), persists (to disk), both run off the device first, then loads back."""
 
     def __init__(self):

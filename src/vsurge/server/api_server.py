@@ -101,7 +101,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.tool_call_parser = tool_call_parser
         self.reasoning_parser = reasoning_parser
         self.response_store = response_store or ResponseStore()
-        self.media_policy = media_policy or MediaPolicy()  # where image inputs may come from (server/media.py)
+        self.media_policy = media_policy or MediaPolicy()  # where image inputs may come from (server/chat_images.py)
         self.max_workers = max_workers
         self.oai_like_processor = oai_like_processor
         self.api_key = api_key

@@ -89,7 +89,7 @@ TokenId = Annotated[StrictInt, BeforeValidator(_token_id)]
 
 
 def refuse_media_parts(content):
-    """audio/file content parts: a clear 400 (image parts are read: server/media.py)."""
+    """audio/file content parts: a clear 400 (image parts are read: server/chat_images.py)."""
     if isinstance(content, list):
         for part in content:
             kind = part.get("type") if isinstance(part, dict) else None
@@ -105,7 +105,7 @@ class TextPart(BaseModel):
 
 
 class ImagePart(BaseModel):
-    """{"type": "image_url", "image_url": {"url": ..., "detail": ...}} (server/media.py reads it)."""
+    """{"type": "image_url", "image_url": {"url": ..., "detail": ...}} (server/chat_images.py reads it)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -177,8 +177,8 @@ class DetokenizeRequest(RequestBody):
 
 def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:
     """Chat messages as the template's dicts: text parts joined, or (with images) a list of text and
-    image parts (server/media.py)."""
-    from .media import openai_image_part
+    image parts (server/chat_images.py)."""
+    from .chat_images import openai_image_part
 
     out = []
     for i, m in enumerate(messages):

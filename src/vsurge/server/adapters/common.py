@@ -28,7 +28,7 @@ from ...tokenizer.compat import render_chat_prompt
 from ...tokenizer.vision_chat import image_parts
 from ...multimodal import MediaPolicy
 from ..errors import APIError
-from ..media import render_with_images
+from ..chat_images import render_with_images
 from ..protocol import RequestBody, WholeInt
 
 LARGE_INPUT_CHARS = 4000  # longer inputs are tokenized off the event loop
@@ -106,7 +106,7 @@ def template_variables(value, param: str = "chat_template_kwargs") -> dict:
 async def render_chat(processor, messages: list[dict], tools: list[dict] | None = None,
                       variables: dict | None = None, media_policy=None) -> tuple[str, list[int]]:
     """(prompt text, token ids) of chat messages through the template; ChatTemplateError -> 400. Messages
-    holding image parts (server/media.py) -> (text, MultimodalPrompt), fetched as `media_policy` allows."""
+    holding image parts (server/chat_images.py) -> (text, MultimodalPrompt), fetched as `media_policy` allows."""
     if image_parts(messages):
         return await render_with_images(processor, messages, tools, variables or {}, media_policy or MediaPolicy())
     large = sum(len(m.get("content") or "") for m in messages if isinstance(m.get("content"), str)) > LARGE_INPUT_CHARS

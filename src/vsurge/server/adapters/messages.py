@@ -32,7 +32,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
-from ..media import anthropic_image_block, text_or_parts
+from ..chat_images import anthropic_image_block, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (generation_failed, GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
@@ -103,7 +103,7 @@ def chat_messages(system, messages, param: str = "messages") -> list[dict]:
         if not content and not (role == "assistant" and i == len(messages) - 1):  # Anthropic's rule
             raise ParamError(f"{where}.content must not be empty (only a final assistant message may be)",
                              f"{where}.content")
-        text, calls = [], []  # text: strings, and image parts (server/media.py) where images are
+        text, calls = [], []  # text: strings, and image parts (server/chat_images.py) where images are
         for j, block in enumerate(content):
             at = f"{where}.content[{j}]"
             kind = block.get("type") if isinstance(block, dict) else None

@@ -30,7 +30,7 @@ from ...structured.output_parser import Piece
 from ...structured.tools import ToolCallConfig
 from ..errors import APIError
 from ..generation import ChoiceStreams
-from ..media import responses_image_part, text_or_parts
+from ..chat_images import responses_image_part, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
 from .common import (generation_failed, GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
@@ -80,7 +80,7 @@ def _text_of(content, param: str, images: bool = False) -> str | list[dict]:
         return content
     if not isinstance(content, list):
         raise ParamError(f"{param} must be a string or a list of content parts", param)
-    texts = []  # strings, and image parts (server/media.py) where images are
+    texts = []  # strings, and image parts (server/chat_images.py) where images are
     for j, part in enumerate(content):
         where = f"{param}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
