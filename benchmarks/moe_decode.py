@@ -31,7 +31,7 @@ from flax import nnx  # noqa: E402
 
 import vsurge  # noqa: E402
 from vsurge.config import Rope  # noqa: E402
-from vsurge.engine.config import EngineConfig  # noqa: E402
+from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.models.qwen2_moe import Qwen2MoeConfig  # noqa: E402

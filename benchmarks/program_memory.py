@@ -34,7 +34,7 @@ def main(argv=None) -> int:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     import vsurge
     from vsurge import kernels
-    from vsurge.engine.config import EngineConfig
+    from vsurge.engine.engine_config import EngineConfig
 
     libc = ctypes.CDLL("libc.so.6")
     libc.mallinfo2.restype = _MallInfo2

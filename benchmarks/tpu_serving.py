@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import vsurge  # noqa: E402
 from vsurge.cli import bench_serve  # noqa: E402
-from vsurge.engine.config import EngineConfig  # noqa: E402
+from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.loading import load_processor  # noqa: E402
 
 ROW = "| {where} | {model} | {n} | {tok_s:,.0f} | {ttft:.3f} | {tpot:.1f} | {note} |"

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from vsurge.engine import ActiveRequest, ReturnChannel
-from vsurge.engine.config import EngineConfig
+from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.scheduler import Scheduler
 from vsurge.kv.slot_pages import SlotPages
 from vsurge.sampling_params import SamplingParams

@@ -32,7 +32,7 @@ def test_auto_picks_the_platforms_backend_and_names_are_checked():
 
 
 def test_engine_config_declares_the_flag():
-    from vsurge.engine.config import EngineConfig
+    from vsurge.engine.engine_config import EngineConfig
 
     assert EngineConfig().attention_backend == "auto"
     with pytest.raises(ValueError, match="attention_backend"):

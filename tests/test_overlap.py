@@ -19,7 +19,7 @@ import pytest
 
 import vsurge
 from vsurge import SamplingParams, vSurge
-from vsurge.engine.config import EngineConfig
+from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.plan import HostStepOutput
 from vsurge.engine.request import ActiveRequest, ReturnChannel
 from vsurge.engine.scheduler import Scheduler
@@ -47,7 +47,7 @@ def tiny(tmp_path_factory, default_processor_dir):
 
 def set_overlap(surge, on: bool) -> None:
     for engine in surge.driver.engines:  # the loop reads it every step
-        engine.config = engine.config.replace(async_scheduling=on)
+        engine.engine_config = engine.engine_config.replace(async_scheduling=on)
 
 
 def results(surge, prompts, params, overlap: bool):

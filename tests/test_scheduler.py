@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from vsurge.engine.config import EngineConfig
+from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.request import ActiveRequest, ReturnChannel
 from vsurge.engine.scheduler import Scheduler
 from vsurge.engine.sequence import Sequence, Status

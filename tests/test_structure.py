@@ -7,7 +7,7 @@
   layer and those below), and docs/architecture.md's layer diagram lists LAYERS as they are;
 - no class name is defined in two modules (one name, one thing);
 - program kinds are spelled only in their table (engine/program_kinds.py);
-- the default context length is written in one file (engine/config.py declares it, every CLI
+- the default context length is written in one file (engine/engine_config.py declares it, every CLI
   flag and default reads it from there).
 
 LAYERS, here, is where the layering is declared; docs/architecture.md's diagram is checked against it.
@@ -196,7 +196,7 @@ def _cycles() -> list[list[str]]:
 
 def test_the_walk_sees_the_package():
     assert {"engine.core", "engine.scheduler", "kv.page_manager", "server.app", "cli"} <= set(MODULES)
-    assert "engine.config" in GRAPH["engine.core"]
+    assert "engine.engine_config" in GRAPH["engine.core"]
     assert "kv.page_table" in GRAPH["kv.page_manager"]
 
 
@@ -274,7 +274,7 @@ def test_program_kinds_are_spelled_only_in_their_table():
     assert spelled == []
 
 
-@pytest.mark.parametrize("module", ["engine.config", "engine.scheduler", "kv.page_manager", "sampling_params",
+@pytest.mark.parametrize("module", ["engine.engine_config", "engine.scheduler", "kv.page_manager", "sampling_params",
                                     "server.protocol"])
 def test_pure_python_modules_import_no_jax(module):
     """What the server and the CLI's argument parsing load must not pull in JAX (a second of start-up)."""
@@ -293,7 +293,7 @@ def test_pure_python_modules_import_no_jax(module):
 
 
 def test_default_context_length_is_written_once():
-    """The default context length (2048) lives in engine/config.py; every other default reads it."""
+    """The default context length (2048) lives in engine/engine_config.py; every other default reads it."""
     allowed = {"server/adapters/embeddings.py"}  # MAX_INPUTS = 2048: OpenAI's inputs per request, not a length
     files = set()
     for path in SRC.rglob("*.py"):
@@ -303,4 +303,4 @@ def test_default_context_length_is_written_once():
         if any(isinstance(n, ast.Constant) and n.value == 2048 and type(n.value) is int
                for n in ast.walk(ast.parse(path.read_text()))):
             files.add(rel)
-    assert files == {"engine/config.py"}
+    assert files == {"engine/engine_config.py"}

@@ -17,7 +17,7 @@ _EXPORTS = {
     "Processor": ".tokenizer",
     "SamplingParams": ".sampling_params",
     "StructuredOutput": ".structured.spec",
-    "EngineConfig": ".engine.config",
+    "EngineConfig": ".engine.engine_config",
     "PromptOutput": ".vinference",
     "SampleState": ".vinference",
     "vInference": ".vinference",

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .engine.config import DEFAULT_MAX_LENGTH
+from .engine.engine_config import DEFAULT_MAX_LENGTH
 from .kv.dense import DenseKVCache
 from .ops.sampling import greedy_tokens
 from .kv.quant import storage_dtype

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 from typing import AsyncGenerator, Sequence
 
-from .engine.config import EngineConfig
+from .engine.engine_config import EngineConfig
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
 from .lora.api import AdapterAPI

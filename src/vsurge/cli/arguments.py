@@ -7,7 +7,7 @@ import argparse
 import os
 
 from ..config import QUANTIZATIONS
-from ..engine.config import EngineConfig
+from ..engine.engine_config import EngineConfig
 from ..scale.flags import add_parallel_args
 from . import served_models
 
@@ -68,7 +68,7 @@ def _add_model_args(p: argparse.ArgumentParser, serve: bool = False) -> None:
     generate / chat: CHAT_ENGINE_FLAGS) and the parallelism flags (serve: multi-host ones too)."""
     for flag, (options, for_serve) in _model_flags().items():
         p.add_argument(flag, **(options | for_serve if serve else options))
-    engine = p.add_argument_group("engine (EngineConfig's settings: engine/config.py)") if serve else p
+    engine = p.add_argument_group("engine (EngineConfig's settings: engine/engine_config.py)") if serve else p
     EngineConfig.add_flags(engine, None if serve else CHAT_ENGINE_FLAGS)
     add_parallel_args(p, multihost=serve)
 

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..engine.config import EngineConfig
+from ..engine.engine_config import EngineConfig
 from . import served_models
 from .arguments import DEFAULT_MAX_TOKENS, build_parser, runtime_lora_allowed
 
@@ -58,7 +58,7 @@ def _check_model_args(args) -> None:
 
 
 def _engine_flags(args) -> dict:
-    """The EngineConfig settings given on the command line (engine/config.py), each checked."""
+    """The EngineConfig settings given on the command line (engine/engine_config.py), each checked."""
     try:
         return EngineConfig.flag_values(args)
     except ValueError as e:

@@ -77,7 +77,7 @@ def models_config(args) -> dict[str, dict]:
 def model_options(args, name: str, settings: dict) -> tuple[object, dict]:
     """(the model's args, its engine settings): the command line's, with its --models-config options over them.
     Options are flag names ("max-length" or "max_length"); ValueError for an unknown one or a bad value."""
-    from ..engine.config import SETTINGS
+    from ..engine.engine_config import SETTINGS
 
     options = dict(models_config(args).get(name, {}))
     options.pop("path", None)

@@ -1,13 +1,13 @@
 """Continuous batching: engines (device work) and drivers (a scheduling thread per engine).
 
-Submodules load on first use, so the pure-Python ones (config, scheduler,
+Submodules load on first use, so the pure-Python ones (engine_config, scheduler,
 sequence) import no JAX.
 """
 
 from importlib import import_module
 
 _EXPORTS = {
-    "EngineConfig": ".config",
+    "EngineConfig": ".engine_config",
     "EngineCore": ".core",
     "Scheduler": ".scheduler",
     "StepPlan": ".plan",

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..kv.paged import StepLayout
 from ..ops.sampling import SamplingArrays
-from .config import EOS_WIDTH
+from .engine_config import EOS_WIDTH
 from .faults import blame
 from ..structured.bitmask import ALL_ALLOWED, bitmask_words
 from .programs import DecodeBatch, DraftRows, MixedBatch

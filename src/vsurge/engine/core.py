@@ -33,7 +33,7 @@ from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
 from .image_encoder import MediaEncoder, tile_buckets
-from .config import EngineConfig
+from .engine_config import EngineConfig
 from .programs import EngineState, StepOutput
 from .plan import StepPlan
 from .program_kinds import DECODE, INIT, MIXED, PROGRAMS, SET_SLOT, VISION, _abstract, kind_of

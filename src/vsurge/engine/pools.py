@@ -13,7 +13,7 @@ from ..kv.paged import pool_dtype, pool_page_bytes
 from ..kv.recurrent import state_dtype, stored_row_bytes
 from ..kv.slot_pages import SlotPages
 from ..kv.state_snapshots import StateSnapshots
-from .config import EngineConfig
+from .engine_config import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ import heapq
 from typing import Sequence as Seq
 
 from . import speculation
-from .config import EngineConfig
+from .engine_config import EngineConfig
 from .decode_budget import DecodeBudget
 from .faults import SequenceFault, find_culprit
 from .image_encoder import waits_for_program, whole_images, within_image_budget

@@ -8,7 +8,7 @@ which OpenAI clients already handle).
 from __future__ import annotations
 
 from ..structured.errors import ParamError
-from .config import EOS_WIDTH
+from .engine_config import EOS_WIDTH
 from .request import ActiveRequest, ReturnChannel
 
 

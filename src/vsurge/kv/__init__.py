@@ -7,7 +7,7 @@ page belongs to whom) is pure Python and imports no JAX.
 """
 
 # The KV cache's storage dtypes (--kv-cache-dtype): quant.py stores them; here, apart from quant.py
-# (which imports JAX), so engine/config.py and the CLI can check the name without JAX.
+# (which imports JAX), so engine/engine_config.py and the CLI can check the name without JAX.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8", "fp8")
 # hybrid models' recurrent states (--state-dtype; recurrent.py state_dtype)
 STATE_DTYPES = ("auto", "float32", "bfloat16")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..engine.config import EngineConfig
+from ..engine.engine_config import EngineConfig
 
 # the seed's keywords that size an engine (EngineConfig.from_seed_kwargs maps them)
 SEED_ENGINE_KWARGS = ("max_concurrent_decodes", "max_concurrent_prefill", "prefill_lengths", "max_prefill_length",

@@ -1,6 +1,6 @@
 """vInference: simple batch generation with precompiled buckets (the seed's first API)."""
 
-from .config import PromptOutput, vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
+from .inference_config import PromptOutput, vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
 from .state import SampleState
 from .vinference import vInference
 

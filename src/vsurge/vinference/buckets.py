@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.config import EngineConfig
+from ..engine.engine_config import EngineConfig
 from ..engine.core import EngineCore, multiplies_in_blocks
 from ..kv.slot_pages import SlotPages
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-from .config import vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
+from .inference_config import vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
 
 METADATA_FILE = "vinference_metadata.json"
 CACHE_DIR = "xla_cache"

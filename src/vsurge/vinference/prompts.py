@@ -13,7 +13,7 @@ from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
 
 from ..sampling_params import SamplingParams
 from ..tokenizer.compat import chat_prompt_ids, text_prompt_ids
-from .config import PromptOutput
+from .inference_config import PromptOutput
 
 
 def is_messages(prompt) -> bool:

@@ -29,7 +29,7 @@ from ..sampling_params import SamplingParams
 from ..sharding import check_input_partition_spec, mesh_of
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
 from .buckets import BucketEngines
-from .config import vInferenceConfig, vInferencePreCompileConfig
+from .inference_config import vInferenceConfig, vInferencePreCompileConfig
 from .prompts import PromptMixin
 from .steps import StepMixin
 from .state import SampleState
@@ -215,7 +215,7 @@ class vInference(StepMixin, PromptMixin):  # noqa: N801 (the seed's name)
         if run is not None:
             run.bucket_key = (bucket.batch, bucket.prefill_length)
         engine = bucket.engine
-        config = engine.config
+        config = engine.engine_config
         # Each run owns its slots and state, so two suspended runs never share a slot.
         scheduler = engine.new_scheduler(SlotPages(config.max_slots, config.max_length, config.page_size))
         seqs = [EngineSequence.of(r, self.processor, engine.vocab_size) for r in rows]
