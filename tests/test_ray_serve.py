@@ -27,7 +27,8 @@ SERVE_FLAGS = ("--max-concurrent-decodes", "4", "--max-length", "256", "--prefil
                "--max-queue", "64")
 PREAMBLE = ("You are the assistant of a small bakery. The bakery opens at seven, sells rye and wheat bread, "
             "croissants on weekends, and closes at six. Answer in one short sentence, politely, and never "
-            "invent prices. Orders above ten loaves need a day's notice. ")  # 5 blocks of 64 characters
+            "invent prices. Orders above ten loaves need a day's notice, and gifts go out on Fridays. ")
+# (~330 characters: 5 routing blocks of 64, prefixes.py; the router wants 4 shared)
 
 
 def _args(model: Path, cache: str):
@@ -137,44 +138,57 @@ def test_requests_sharing_a_long_preamble_land_on_one_replica(ray_app):
 
 
 def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
-    """12 non-streamed and 4 streamed requests in flight on two replicas; the busier one is killed. Every
-    non-streamed request answers (retried on the other replica); every stream ends, cut ones with an error."""
+    """4 streamed requests sharing a preamble (on one replica by prefix, mostly) and 12 non-streamed ones with
+    it (on both: the preamble's replica is soon overloaded, the rest go to the least loaded) in flight; the
+    replica holding the most streams is killed. Every non-streamed request answers (those it held are retried
+    on the other replica); the streams it held end with the ingress's error event, the others whole."""
+
     client, name = _client(ray_app, timeout=180.0), ray_app["name"]
     results, stream_ends = {}, {}
-    first_chunks = threading.Barrier(5)
+    first_began, streams_began = threading.Event(), threading.Barrier(5)
+    before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
 
     def ask(i):
-        results[i] = _chat(client, name, f"Tell a story number {i}.", max_tokens=40,
+        results[i] = _chat(client, name, PREAMBLE + f"Tell a story number {i}.", max_tokens=100,
                            extra_body={"ignore_eos": True})
 
     def stream(i):
         try:
             chunks = client.chat.completions.create(
-                model=name, messages=[{"role": "user", "content": f"Describe river {i}."}], temperature=0,
-                max_tokens=160, stream=True, extra_body={"ignore_eos": True})
+                model=name, messages=[{"role": "user", "content": PREAMBLE + f"Describe river {i}."}], temperature=0,
+                max_tokens=100, stream=True, extra_body={"ignore_eos": True})
             for n, _ in enumerate(chunks):
                 if n == 1:
-                    first_chunks.wait(timeout=120)
+                    first_began.set()
+                    streams_began.wait(timeout=120)
             stream_ends[i] = "done"
         except openai.APIError as e:
             stream_ends[i] = f"error: {e}"
 
     with ThreadPoolExecutor(16) as pool:
-        streams = [pool.submit(stream, i) for i in range(4)]
-        first_chunks.wait(timeout=120)  # every stream has begun
+        streams = [pool.submit(stream, 0)]
+        assert first_began.wait(timeout=120)  # the preamble is on a replica: the next three follow it there
+        streams += [pool.submit(stream, i) for i in range(1, 4)]
+        streams_began.wait(timeout=120)
         asks = [pool.submit(ask, i) for i in range(12)]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until both replicas hold requests
-            loads = {actor: (handle, stats["queue_len"]) for actor, (handle, stats) in _replicas().items()}
-            if len(loads) == 2 and all(q > 0 for _, q in loads.values()):
+        while time.monotonic() < deadline:  # until (nearly) all 16 are in flight
+            replicas = _replicas()
+            if sum(stats["queue_len"] for _, stats in replicas.values()) >= 14:
                 break
-            time.sleep(0.05)
-        victim = max(loads.values(), key=lambda hq: hq[1])
-        assert victim[1] > 0
-        ray.kill(victim[0], no_restart=True)
+            time.sleep(0.02)
+        victim, (handle, stats) = max(replicas.items(), key=lambda item: item[1][1]["streaming"])
+        assert 0 < stats["streaming"] < stats["queue_len"], replicas  # it holds streams and non-streamed ones
+        ray.kill(handle, no_restart=True)
         for f in asks + streams:
             f.result(timeout=240)  # nothing hangs
+    after = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
+    survivor = next(actor for actor in after if actor in before and actor != victim)
     assert sorted(results) == list(range(12)) and all(results.values())
+    # the requests the victim had taken, and every one the survivor took: more than were sent, so some of
+    # them (the victim's unanswered ones) were answered by the survivor on a second try
+    assert (stats["requests"] - before[victim]) + (after[survivor] - before[survivor]) > 16
     assert sorted(stream_ends) == list(range(4))
     cut = [end for end in stream_ends.values() if end != "done"]
+    assert len(cut) == stats["streaming"], stream_ends  # the victim's streams ended with the error, the rest whole
     assert all("replica serving this stream was lost" in end for end in cut), stream_ends

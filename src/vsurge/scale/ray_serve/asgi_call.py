@@ -15,6 +15,11 @@ def request_record(method: str, path: str, query_string: bytes, headers: list[tu
             "client": client}
 
 
+def is_event_stream(head: dict) -> bool:
+    """Whether a response head (call_app's first piece) starts server-sent events."""
+    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in head["headers"])
+
+
 async def call_app(app, request: dict) -> AsyncIterator[dict | bytes]:
     """Runs `request` (request_record) through `app`; yields the head {"status", "headers"}, then the
     body's chunks as the app sends them. Closing the iterator early is a client disconnect: the app's

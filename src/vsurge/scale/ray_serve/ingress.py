@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ...server.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body, error_response
-from .asgi_call import request_record
+from .asgi_call import is_event_stream, request_record
 from .prefixes import routing_text
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class VsurgeIngress:
             pieces = self.replicas.handle_http.remote(record, prefix_text=prefix_text)
             try:
                 head, held = await _head_and_first(pieces)
-                if not _is_stream(head):
+                if not is_event_stream(head):
                     content = b"".join(held + [c async for c in pieces])
                     return _with_headers(Response(content, status_code=head["status"]), head)
             except REPLICA_LOST as exc:
@@ -66,7 +66,7 @@ async def _head_and_first(pieces) -> tuple[dict, list[bytes]]:
     """The response head and, for a stream, its first body chunk (nothing sent to the client yet)."""
     head = await pieces.__anext__()
     held = []
-    if _is_stream(head):
+    if is_event_stream(head):
         try:
             held.append(await pieces.__anext__())
         except StopAsyncIteration:
@@ -89,10 +89,6 @@ def _stream_error(path: str, message: str) -> bytes:
     if any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS):
         return f"event: error\ndata: {json.dumps(anthropic_error_body(503, message))}\n\n".encode()
     return f"data: {json.dumps(error_body(503, message))}\n\ndata: [DONE]\n\n".encode()
-
-
-def _is_stream(head: dict) -> bool:
-    return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in head["headers"])
 
 
 def _with_headers(response: Response, head: dict) -> Response:

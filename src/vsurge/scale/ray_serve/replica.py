@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from .asgi_call import call_app
+from .asgi_call import call_app, is_event_stream
 from .prefixes import RecentPrefixes, block_chain
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class VsurgeReplica:
         if self.server._startup_error is not None:
             raise RuntimeError(f"start-up failed: {self.server._startup_error!r}")
         self.in_flight = 0
+        self.streaming = 0  # of in_flight: responses being streamed (server-sent events)
         self.requests = 0
         self.prefix_hits = 0
         self.recent = RecentPrefixes()
@@ -48,15 +49,20 @@ class VsurgeReplica:
             self.prefix_hits += 1
         self.recent.add(chain)
         self.in_flight += 1
+        streamed = False
         try:
             async for piece in call_app(self.server.app, request):
+                if isinstance(piece, dict) and is_event_stream(piece):
+                    streamed = True
+                    self.streaming += 1
                 yield piece
         finally:
             self.in_flight -= 1
+            self.streaming -= streamed
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
-        return {"queue_len": self.in_flight, "requests": self.requests, "prefix_hits": self.prefix_hits,
+        return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests, "prefix_hits": self.prefix_hits,
                 "prefix_blocks": self.recent.hashes()}
 
     def check_health(self) -> None:
