@@ -9,6 +9,7 @@ import os
 from ..config import QUANTIZATIONS
 from ..engine.engine_config import EngineConfig
 from ..scale.flags import add_parallel_args
+from ..scale.ray_serve import add_ray_args
 from . import served_models
 
 DEFAULT_MAX_TOKENS = 512  # per reply, when neither --max-tokens nor the model's generation config says
@@ -142,6 +143,7 @@ def _add_serve_args(p: argparse.ArgumentParser) -> None:
     _add_model_args(p, serve=True)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: from the model)")
     served_models.add_arguments(p)
+    add_ray_args(p)  # --ray, --replicas (scale/ray_serve/; Ray itself is imported only with --ray)
     p.add_argument("--enable-lora", action="store_true",
                    help="serve LoRA adapters: --lora at start, POST /v1/load_lora_adapter at run time "
                         "(--max-loras on the device at once, default 4)")

@@ -204,6 +204,38 @@ def _load(args):
 
 
 def cmd_serve(args) -> int:
+    if getattr(args, "ray", False):  # replicas on a Ray cluster, each built by build_server (scale/ray_serve/)
+        from ..scale.ray_serve.launch import serve_on_ray
+
+        return serve_on_ray(args)
+    built = build_server(args)
+    if isinstance(built, int):  # a multi-host follower's exit status
+        return built
+    server, surge = built
+    name = surge.vsurge_name
+    scheme = "https" if args.ssl_certfile else "http"
+    if (args.guard_metrics or args.uds) and args.metrics_port is None:
+        # the separate Prometheus port takes no key, and --uds asks for no TCP: off unless named
+        args.metrics_port = -1
+    print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
+
+    def announce():
+        from ..server.memory_stats import describe, memory_stats
+
+        memory = describe(memory_stats(list(server.surges.values())))
+        print(_serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
+
+    server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
+                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)
+    from ..scale import flags as scale_flags
+
+    scale_flags.exit_after_serving(surge)
+    return 0
+
+
+def build_server(args):
+    """`vsurge serve`'s models and server from its flags, not started: (vSurgeApiServer, first vSurge), or a
+    multi-host follower's exit status. A Ray Serve replica builds its server here too (scale/ray_serve/)."""
     from ..engine import memory_ledger
 
     memory_ledger.mark("start")  # before anything heavy is imported: the interpreter and the CLI alone
@@ -335,22 +367,7 @@ def cmd_serve(args) -> int:
                + (f", at most {args.max_loaded_models} at once" if args.max_loaded_models else "")
                + (f", unloaded after {args.sleep_idle_seconds:g} s idle" if args.sleep_idle_seconds else "") + ")")
     status(f"Sampling defaults for unset request fields: {defaults.describe()}")
-    scheme = "https" if args.ssl_certfile else "http"
-    if (args.guard_metrics or args.uds) and args.metrics_port is None:
-        # the separate Prometheus port takes no key, and --uds asks for no TCP: off unless named
-        args.metrics_port = -1
-    print(f"Compiling {name} (readiness answers 503 until done) ...", file=sys.stderr, flush=True)
-
-    def announce():
-        from ..server.memory_stats import describe, memory_stats
-
-        memory = describe(memory_stats(list(server.surges.values())))
-        print(_serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
-
-    server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
-                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)
-    scale_flags.exit_after_serving(surge)
-    return 0
+    return server, surge
 
 
 def _serving_line(name: str, scheme: str, args) -> str:

@@ -1,0 +1,41 @@
+"""vsurge replicas on Ray Serve (issue 62): many `vsurge serve` engines behind one endpoint.
+
+    launch.py     `vsurge serve --ray [--replicas N]`: a local Ray cluster (or --ray-address), the app, HTTP
+    app.py        the Serve application: `build_app` (also for `serve run` and Serve config files)
+    replica.py    one deployment replica: `vsurge serve`'s own server (cli.commands.build_server), its
+                  FastAPI app called in-process, routing stats (queue length, prefix hits, recent prefixes)
+    ingress.py    the HTTP ingress: every route forwarded to a replica through a Serve handle, streaming
+                  included; a replica lost before anything was sent is retried elsewhere
+    router.py     prefix-aware routing through Ray Serve's request-router API (`RequestRouter`)
+    prefixes.py   the prompt text of a request body, its chained block hashes, a replica's recent ones
+    asgi_call.py  one HTTP request through an ASGI app without a socket
+
+Ray is an optional extra (`pip install 'vsurge[ray]'`): nothing here imports it at module level except the
+modules that need it (app, launch, replica, ingress, router), and this file never imports them.
+"""
+
+from __future__ import annotations
+
+RAY_MISSING = ("--ray needs Ray Serve, which is not installed: pip install 'vsurge[ray]' "
+               "(or pip install 'ray[serve]')")
+
+
+def require_ray() -> None:
+    """A clear error instead of an ImportError deep in a stack."""
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"vsurge: error: {RAY_MISSING}") from None
+
+
+def add_ray_args(p) -> None:
+    g = p.add_argument_group("Ray Serve (replicas on a Ray cluster: docs/scaling.md#ray-serve)")
+    g.add_argument("--ray", action="store_true",
+                   help="serve through Ray Serve: --replicas copies of this server behind one HTTP endpoint, "
+                        "requests routed by shared prompt prefix, then by load")
+    g.add_argument("--replicas", type=int, default=1, help="with --ray: how many replicas (default 1)")
+    g.add_argument("--ray-address", default=None,
+                   help="with --ray: the cluster to join (default: start a local one)")
+    g.add_argument("--replica-cpus", type=float, default=1.0,
+                   help="with --ray: CPUs Ray reserves per replica (default 1)")

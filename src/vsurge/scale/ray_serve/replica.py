@@ -1,0 +1,79 @@
+"""One vsurge replica of the Ray Serve deployment: `vsurge serve`'s own server, built by its own code
+(cli.commands.build_server) from the same flags, compiled before Serve puts it in rotation; requests arrive
+from the ingress as plain records and run through the server's FastAPI app in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .asgi_call import call_app, is_event_stream
+from .prefixes import RecentPrefixes, block_chain
+
+log = logging.getLogger(__name__)
+
+MIN_SHARED_BLOCKS = 4  # a request counts as a prefix hit when it shares this many blocks (~256 chars)
+
+
+class VsurgeReplica:
+    """The deployment's class (app.py wraps it with serve.deployment): args is `vsurge serve`'s Namespace."""
+
+    def __init__(self, args):
+        from ...cli.commands import build_server
+
+        args.ray = False
+        built = build_server(args)
+        if isinstance(built, int):
+            raise RuntimeError("a Ray Serve replica cannot be a multi-host follower")
+        self.server, self.surge = built
+        self.server.start_models()  # blocking: Serve sends no request before __init__ returns
+        if self.server._startup_error is not None:
+            raise RuntimeError(f"start-up failed: {self.server._startup_error!r}")
+        self.in_flight = 0
+        self.streaming = 0  # of in_flight: responses being streamed (server-sent events)
+        self.requests = 0
+        self.prefix_hits = 0
+        self.recent = RecentPrefixes()
+        self._loops_with_executor: set[int] = set()
+
+    async def handle_http(self, request: dict, prefix_text: str = ""):
+        """Streams the response to one HTTP request (asgi_call.request_record): its head, then its body.
+        prefix_text: the request's prompt text (the router read it too): counted against recent prompts."""
+        loop = asyncio.get_running_loop()
+        if id(loop) not in self._loops_with_executor:  # what the server's startup hook does under uvicorn
+            loop.set_default_executor(self.server.executor)
+            self._loops_with_executor.add(id(loop))
+        chain = block_chain(prefix_text)
+        self.requests += 1
+        if chain and self.recent.shared(chain) >= MIN_SHARED_BLOCKS:
+            self.prefix_hits += 1
+        self.recent.add(chain)
+        self.in_flight += 1
+        streamed = False
+        try:
+            async for piece in call_app(self.server.app, request):
+                if isinstance(piece, dict) and is_event_stream(piece):
+                    streamed = True
+                    self.streaming += 1
+                yield piece
+        finally:
+            self.in_flight -= 1
+            self.streaming -= streamed
+
+    def record_routing_stats(self) -> dict:
+        """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
+        return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests, "prefix_hits": self.prefix_hits,
+                "prefix_blocks": self.recent.hashes()}
+
+    def check_health(self) -> None:
+        """Serve calls this periodically: an engine whose device step failed takes the replica out of
+        rotation, and Serve starts a new one."""
+        broken = [f"{n}: {s.driver.error}" for n, s in self.server.surges.items()
+                  if getattr(s.driver, "error", None) is not None]
+        if broken or self.server.draining:
+            raise RuntimeError("engine failed: " + "; ".join(broken) if broken else "the server is draining")
+
+    def __del__(self):
+        server = getattr(self, "server", None)
+        if server is not None:
+            server.stop_models(timeout=5.0)

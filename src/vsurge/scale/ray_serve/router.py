@@ -1,0 +1,77 @@
+"""Prefix-aware routing through Ray Serve's request-router API (`ray.serve.request_router.RequestRouter`).
+
+A request whose prompt shares at least `min_shared_blocks` leading blocks (prefixes.py) with prompts a
+replica served recently goes to the replica sharing the most, unless that replica is overloaded: its queue
+`imbalance` requests longer than the shortest one, or full (max_ongoing_requests). Otherwise every
+candidate is offered in one rank, and Ray Serve takes the one with the shortest queue (it probes them).
+
+What a replica holds is what it reports in its routing stats (replica.py: `prefix_blocks`, polled every
+request_routing_stats_period_s) and, for the requests sent since its last report, what this router sent it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import List, Optional
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from .prefixes import RecentPrefixes, block_chain, shared_blocks
+
+
+class PrefixAwareRouter(RequestRouter):
+    def initialize_state(self, min_shared_blocks: int = 4, imbalance: int = 4):
+        self.min_shared_blocks = min_shared_blocks
+        self.imbalance = imbalance
+        self.sent: dict[ReplicaID, RecentPrefixes] = {}  # prompts routed here since the replicas' last report
+        self.choices: Counter = Counter()  # "prefix" / "least_loaded": how requests were routed
+
+    async def choose_replicas(self, candidate_replicas: List[RunningReplica],
+                              pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+        chain = block_chain(_prefix_text(pending_request))
+        best, best_shared = None, 0
+        for replica in candidate_replicas:
+            shared = self._shared(replica, chain)
+            if shared > best_shared:
+                best, best_shared = replica, shared
+        if best is not None and best_shared >= self.min_shared_blocks and not self._overloaded(best, candidate_replicas):
+            self.choices["prefix"] += 1
+            others = [r for r in candidate_replicas if r is not best]
+            return [[best], others] if others else [[best]]
+        self.choices["least_loaded"] += 1
+        return [list(candidate_replicas)]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+        chain = block_chain(_prefix_text(pending_request))
+        if chain:
+            self.sent.setdefault(replica_id, RecentPrefixes(capacity=512)).add(chain)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID):
+        self.sent.pop(replica_id, None)
+        super().on_replica_actor_died(replica_id)
+
+    def _shared(self, replica: RunningReplica, chain: list[str]) -> int:
+        if not chain:
+            return 0
+        reported = shared_blocks(chain, set((replica.routing_stats or {}).get("prefix_blocks", ())))
+        sent = self.sent.get(replica.replica_id)
+        return max(reported, sent.shared(chain) if sent is not None else 0)
+
+    def _queue_len(self, replica: RunningReplica) -> int:
+        cached = self.replica_queue_len_cache.get(replica.replica_id)
+        if cached is not None:
+            return cached
+        return int((replica.routing_stats or {}).get("queue_len", 0))
+
+    def _overloaded(self, replica: RunningReplica, candidates: List[RunningReplica]) -> bool:
+        queue = self._queue_len(replica)
+        shortest = min(self._queue_len(r) for r in candidates)
+        return queue >= replica.max_ongoing_requests or queue - shortest >= self.imbalance
+
+
+def _prefix_text(pending_request: Optional[PendingRequest]) -> str:
+    """The ingress passes the prompt text as handle_http's `prefix_text` (ingress.py)."""
+    if pending_request is None:
+        return ""
+    text = pending_request.kwargs.get("prefix_text", "")
+    return text if isinstance(text, str) else ""
