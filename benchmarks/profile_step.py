@@ -178,10 +178,10 @@ def main(argv=None) -> int:
         plan = scheduler.schedule()
     assert len(plan.decode) == rows, (len(plan.decode), rows)
     decode_wall = wall_ms(lambda: run(plan), args.reps)
-    d = next(n for n in engine.engine_config.decode_rows if n >= len(plan.decode))
-    w = next(x for x in engine.engine_config.page_windows if x >= engine.batches.decode_window(plan))
+    d = next(n for n in engine.config.decode_rows if n >= len(plan.decode))
+    w = next(x for x in engine.config.page_windows if x >= engine.batches.decode_window(plan))
     shape = prompt_plan.chunk_shape
-    prompt_program = engine._program(("mixed", engine.engine_config.mixed_rows(shape)[0], shape))
+    prompt_program = engine._program(("mixed", engine.config.mixed_rows(shape)[0], shape))
     if args.top:
         print("prompt step, the ops taking the most time:", flush=True)
     prompt = split(lambda: run(prompt_plan), prompt_program.as_text(), 1, prompt_wall, args.top)

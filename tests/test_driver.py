@@ -156,7 +156,7 @@ class StuckOutput:
 
 def test_a_step_that_never_finishes_fails_requests_and_readiness(driver_factory):
     engine = MockEngine(slots=2)
-    engine.engine_config = engine.engine_config.replace(step_timeout=0.5)
+    engine.config = engine.config.replace(step_timeout=0.5)
     release, step = threading.Event(), engine.step
     engine.step = lambda *a: (lambda state, out: (state, StuckOutput(out, release)))(*step(*a))
     driver = driver_factory(engine)
@@ -176,7 +176,7 @@ def test_a_step_that_never_finishes_fails_requests_and_readiness(driver_factory)
 
 def test_slow_steps_within_the_timeout_are_not_stuck(driver_factory):
     engine = MockEngine(slots=2, decode_delay=0.05)
-    engine.engine_config = engine.engine_config.replace(step_timeout=0.5)
+    engine.config = engine.config.replace(step_timeout=0.5)
     driver = driver_factory(engine)
     r = make_request([1], max_tokens=20)  # 20 steps of 0.05 s: 1 s in all, each step well within 0.5 s
     driver.submit_request(r)
@@ -330,7 +330,7 @@ def test_an_idle_driver_gathers_a_burst_into_one_step(driver_factory, monkeypatc
     monkeypatch.setattr(arrivals, "BURST_QUIET_S", 0.05)
     monkeypatch.setattr(arrivals, "BURST_MAX_S", 2.0)
     engine = MockEngine(slots=8)
-    engine.engine_config = engine.engine_config.replace(chunk_lengths=(4,), max_prefill_rows=8)  # a step of 8 short prompts
+    engine.config = engine.config.replace(chunk_lengths=(4,), max_prefill_rows=8)  # a step of 8 short prompts
     driver = driver_factory(engine)
     time.sleep(0.2)  # its thread waits for work
     burst = [make_request([i, i + 1], max_tokens=2) for i in range(8)]

@@ -138,7 +138,7 @@ def test_a_lone_decode_row_runs_alone_where_the_kernel_multiplies(tiny_gguf):
     alone = vSurge.create_odriver(blocks, processor, config=EngineConfig(**common))
     assert alone.driver.engines[0].config.decode_rows == [1, 2]
     float_engine = vSurge.create_odriver(floats, processor, config=EngineConfig(**common)).driver.engines[0]
-    assert float_engine.engine_config.decode_rows == [2]
+    assert float_engine.config.decode_rows == [2]
     # the ladders at 32 slots: every power of 4 where the kernel skips padding rows, of 2 otherwise
     assert EngineConfig(max_slots=32, one_row_decode=True).decode_rows == [1, 4, 16, 32]
     assert EngineConfig(max_slots=32).decode_rows == [2, 4, 8, 16, 32]

@@ -47,7 +47,7 @@ def tiny(tmp_path_factory, default_processor_dir):
 
 def set_overlap(surge, on: bool) -> None:
     for engine in surge.driver.engines:  # the loop reads it every step
-        engine.engine_config = engine.engine_config.replace(async_scheduling=on)
+        engine.config = engine.config.replace(async_scheduling=on)
 
 
 def results(surge, prompts, params, overlap: bool):

@@ -85,10 +85,10 @@ def _chat(client, name, content, max_tokens=8, **kw):
 
 
 def test_two_replicas_answer_the_greedy_text_of_one_vsurge(ray_app, cache_dir):
-    """The same flags built in this process (cli.commands.build_server, the replicas' code) answer the same."""
+    """The same flags built in this process (cli.serve_build.build_server, the replicas' code) answer the same."""
     import asyncio
 
-    from vsurge.cli.commands import build_server
+    from vsurge.cli.serve_build import build_server
 
     prompts = ["Name a fruit.", "Count to three.", "Say hello.", "What is rye?"]
     client, name = _client(ray_app), ray_app["name"]

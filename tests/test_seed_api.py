@@ -388,7 +388,7 @@ def test_from_config_builds_vsurges_own_engines_and_the_seed_constructors_its_cl
     config = EngineConfig(max_slots=2, max_length=64, page_size=16, num_pages=8)
     own = vSurge.from_config(model, processor, config, paged=True, vsurge_name="own")
     engine = own.driver.engines[0]
-    assert type(own.driver) is Driver and type(engine) is EngineCore and engine.engine_config.num_pages == 8
+    assert type(own.driver) is Driver and type(engine) is EngineCore and engine.config.num_pages == 8
     dense_pool = vSurge.from_config(model, processor, config, paged=False).driver.engines[0].pool
     assert type(dense_pool).__name__ == "SlotPages"
     paged = vSurge.create_odriver(model, processor, max_concurrent_decodes=2, max_length=64, page_size=16, num_pages=8,

@@ -208,8 +208,8 @@ def describe_kv_pool(model, engine) -> str:
     from ..kv.paged import pool_dtype, pool_page_bytes
     from ..kv.quant import is_quantized
 
-    pool, role = engine.pool, engine.engine_config.role
-    dtype, per_page = pool_dtype(model, engine.engine_config), pool_page_bytes(model, engine.engine_config)
+    pool, role = engine.pool, engine.config.role
+    dtype, per_page = pool_dtype(model, engine.config), pool_page_bytes(model, engine.config)
     held = f"{dtype.name} with float16 scales" if is_quantized(dtype) else dtype.name
     return (f"Paged KV cache{'' if role == 'both' else ' of a ' + role + ' engine'}: {pool.num_pages} pages of "
             f"{pool.page_size} tokens ({pool.max_tokens} tokens, {pool.num_pages * per_page / 2**20:.1f} MiB, "

@@ -186,7 +186,7 @@ def check_disaggregated(prefill: list, decode: list) -> None:
         for what, mine, theirs in (
                 ("max_length", first.max_length, engine.max_length),
                 ("vocab_size", first.vocab_size, engine.vocab_size),
-                ("page_size", first.config.page_size, engine.engine_config.page_size),
+                ("page_size", first.config.page_size, engine.config.page_size),
                 ("KV layout", _kv_signature(first), _kv_signature(engine))):
             if mine != theirs:
                 raise ValueError(f"prefill and decode engines must agree on {what}: {mine} vs {theirs}")

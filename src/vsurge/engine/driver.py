@@ -49,7 +49,7 @@ class Replica:
     def __init__(self, engine, index: int):
         self.engine = engine
         self.index = index
-        self.role = engine.engine_config.role  # "both" (interleaved), "prefill" or "decode"
+        self.role = engine.config.role  # "both" (interleaved), "prefill" or "decode"
         self.scheduler = engine.new_scheduler()
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
@@ -76,8 +76,8 @@ class Driver(AbstractDriver):
         if decode_engines:
             check_disaggregated(engines, decode_engines)
             for engine, role in [(e, "prefill") for e in engines] + [(e, "decode") for e in decode_engines]:
-                if engine.engine_config.role != role:  # the role decides the programs and the scheduling
-                    engine.engine_config = engine.engine_config.replace(role=role)
+                if engine.config.role != role:  # the role decides the programs and the scheduling
+                    engine.config = engine.config.replace(role=role)
         self.replicas = [Replica(engine, i) for i, engine in enumerate(engines + decode_engines)]
         self.max_queue = max_queue
         self.metrics = metrics or EngineMetrics(engines[0].model_name)
@@ -216,7 +216,7 @@ class Driver(AbstractDriver):
                                       name=f"vsurge-engine-{replica.index}", daemon=True)
             self._threads.append(thread)
             thread.start()
-        if any(r.engine.engine_config.step_timeout for r in self.replicas):
+        if any(r.engine.config.step_timeout for r in self.replicas):
             watchdog = threading.Thread(target=self._watch_steps, name="vsurge-step-watchdog", daemon=True)
             self._threads.append(watchdog)
             watchdog.start()
@@ -523,7 +523,7 @@ class Driver(AbstractDriver):
     def _watch_steps(self) -> None:
         """Fail the driver when a replica's thread has been inside one step call or one read of a
         step's tokens for longer than its engine's step_timeout."""
-        limits = {r.index: r.engine.engine_config.step_timeout for r in self.replicas}
+        limits = {r.index: r.engine.config.step_timeout for r in self.replicas}
         period = min(1.0, max(0.05, min(t for t in limits.values() if t) / 4))
         stopped = self._stopped
         while not stopped.wait(period):

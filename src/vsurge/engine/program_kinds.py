@@ -60,18 +60,18 @@ def _build_set_slot(engine, key, state, gs, go):
 
 
 def _decode_host(engine, key):  # a long window's program loops over its page columns: one more input
-    return (engine.batches.decode_spec(key[1], key[2], engine.engine_config.dynamic_window(key[2])),)
+    return (engine.batches.decode_spec(key[1], key[2], engine.config.dynamic_window(key[2])),)
 
 
 def _build_decode(engine, key, state, gs, go):
     batch = _abstract(_decode_host(engine, key)[0])
-    fn = jax.jit(partial(programs.decode, engine.graphdef, max_steps=engine.engine_config.decode_steps),
+    fn = jax.jit(partial(programs.decode, engine.graphdef, max_steps=engine.config.decode_steps),
                  donate_argnums=(2,), **engine._step_shardings(state, batch))
     return fn.lower(gs, go, state, batch).compile()
 
 
 def _decode_keys(engine):
-    c = engine.engine_config
+    c = engine.config
     return [] if c.role == "prefill" else [DECODE.key(rows, window) for window in c.page_windows
                                            for rows in c.decode_rows]
 
@@ -88,7 +88,7 @@ def _build_mixed(engine, key, state, gs, go):
 
 
 def _mixed_keys(engine):
-    c = engine.engine_config
+    c = engine.config
     return [] if c.role == "decode" else [MIXED.key(rows, shape) for shape in c.chunk_shapes
                                           for rows in c.mixed_rows(shape)]
 
@@ -125,7 +125,7 @@ def _state_copies(engine, kind) -> list[tuple]:
     keys = [STATE_EXPORT.key(), STATE_IMPORT.key()] if _tiered_snapshots(engine) else []
     if engine.model.config.recurrent_layers:
         keys += {"prefill": [STATE_EXPORT.key("states")], "decode": [STATE_IMPORT.key("states")]}.get(
-            engine.engine_config.role, [])
+            engine.config.role, [])
     return [key for key in keys if kind_of(key) is kind]
 
 

@@ -162,7 +162,7 @@ class TierMover:
         # Pages copied back are stacked into buffers made (and touched) once, here: fresh host memory
         # faulted in at ~0.3-2 GB/s on a VM here, 0.3 s of a 19-page restore from disk.
         fits = max(1, STAGING_BYTES // max(1, engine.page_nbytes))
-        self._load_pages = max([n for n in engine.engine_config.transfer_pages if n <= fits] or [1])
+        self._load_pages = max([n for n in engine.config.transfer_pages if n <= fits] or [1])
         spec = engine._prefix_spec(self._load_pages)
         self._staging = jax.tree.map(lambda a: _aligned(a.shape, a.dtype), spec)
 
@@ -176,7 +176,7 @@ class TierMover:
         copies = pool.take_copies()
         disk = pool.host.disk
         reads = [(p, e, False) for p, e in pool.take_saves()] + [(p, e, True) for p, e in pool.take_persists()]
-        for part in _parts(reads, engine.engine_config.transfer_pages[-1]):
+        for part in _parts(reads, engine.config.transfer_pages[-1]):
             bucket = engine._bucket(len(part))
             ids = np.zeros(bucket, np.int32)  # padding gathers page 0: never used
             ids[: len(part)] = [page for page, _, _ in part]

@@ -108,7 +108,7 @@ class StepChannel:
 def engine_fingerprint(engine) -> str:
     """What must match across processes for their programs to match."""
     mesh = engine.mesh
-    return repr((type(engine).__name__, engine.engine_config, engine.model.config, engine.pool.num_pages,
+    return repr((type(engine).__name__, engine.config, engine.model.config, engine.pool.num_pages,
                  None if mesh is None else (dict(mesh.shape), [d.id for d in mesh.devices.flat])))
 
 

@@ -71,7 +71,7 @@ def _prefix(name: str, index: int) -> str:
 
 def describe(engine) -> str:
     """What process 0 needs to schedule this decode engine (published by its owner)."""
-    return json.dumps({"config": dataclasses.asdict(engine.engine_config), "num_pages": engine.pool.num_pages,
+    return json.dumps({"config": dataclasses.asdict(engine.config), "num_pages": engine.pool.num_pages,
                        "paged": isinstance(engine.pool, HBMPageManager), "vocab_size": engine.vocab_size,
                        "eos_token_ids": engine.eos_token_ids, "model_name": engine.model_name,
                        "kv": engine.kv_signature, "devices": [d.id for d in engine.mesh.devices.flat],

@@ -215,7 +215,7 @@ class vInference(StepMixin, PromptMixin):  # noqa: N801 (the seed's name)
         if run is not None:
             run.bucket_key = (bucket.batch, bucket.prefill_length)
         engine = bucket.engine
-        config = engine.engine_config
+        config = engine.config
         # Each run owns its slots and state, so two suspended runs never share a slot.
         scheduler = engine.new_scheduler(SlotPages(config.max_slots, config.max_length, config.page_size))
         seqs = [EngineSequence.of(r, self.processor, engine.vocab_size) for r in rows]

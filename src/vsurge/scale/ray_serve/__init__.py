@@ -2,7 +2,7 @@
 
     launch.py     `vsurge serve --ray [--replicas N]`: a local Ray cluster (or --ray-address), the app, HTTP
     app.py        the Serve application: `build_app` (also for `serve run` and Serve config files)
-    replica.py    one deployment replica: `vsurge serve`'s own server (cli.commands.build_server), its
+    replica.py    one deployment replica: `vsurge serve`'s own server (cli.serve_build.build_server), its
                   FastAPI app called in-process, routing stats (queue length, prefix hits, recent prefixes)
     ingress.py    the HTTP ingress: every route forwarded to a replica through a Serve handle, streaming
                   included; a replica lost before anything was sent is retried elsewhere

@@ -65,10 +65,13 @@ def shared_blocks(chain: list[str], held) -> int:
     return n
 
 
+RECENT_BLOCKS = 2048  # block hashes a replica remembers (its reports stay a few tens of KB)
+
+
 class RecentPrefixes:
     """The block hashes of the prompts served most recently, at most `capacity` (least recent dropped)."""
 
-    def __init__(self, capacity: int = 2048):
+    def __init__(self, capacity: int = RECENT_BLOCKS):
         self.capacity = capacity
         self._held: OrderedDict[str, None] = OrderedDict()
 

@@ -1,5 +1,5 @@
 """One vsurge replica of the Ray Serve deployment: `vsurge serve`'s own server, built by its own code
-(cli.commands.build_server) from the same flags, compiled before Serve puts it in rotation; requests arrive
+(cli.serve_build.build_server) from the same flags, compiled before Serve puts it in rotation; requests arrive
 from the ingress as plain records and run through the server's FastAPI app in this process."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class VsurgeReplica:
     """The deployment's class (app.py wraps it with serve.deployment): args is `vsurge serve`'s Namespace."""
 
     def __init__(self, args):
-        from ...cli.commands import build_server
+        from ...cli.serve_build import build_server
 
         args.ray = False
         built = build_server(args)
