@@ -40,6 +40,12 @@ def _session_cache_dir() -> str:
 SESSION_CACHE_DIR = _session_cache_dir()
 
 
+# The cache key of every program names the cache directory (jax adds its GPU autotune cache's path inside
+# it to the compile options it hashes): off here (a CPU run), a program's key is the same in any directory,
+# so a test of a saved cache can start from this run's entries (link_session_cache_into).
+jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+
+
 def use_session_compilation_cache() -> None:
     """Point JAX at the run's cache (again: a test that tried another directory calls this after)."""
     from vsurge.vinference.persistence import use_compilation_cache
@@ -48,6 +54,21 @@ def use_session_compilation_cache() -> None:
 
 
 use_session_compilation_cache()
+
+
+def link_session_cache_into(directory: Path) -> None:
+    """Hard-link (or copy) every entry of the run's compilation cache into `directory`: a test of a
+    persisted cache (vInference.save_inference) then loads the programs this run already compiled
+    instead of compiling them again, and still shows by its hits that it asked `directory` for them."""
+    root = Path(SESSION_CACHE_DIR)
+    for entry in root.rglob("*"):
+        if entry.is_file():
+            target = directory / entry.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(entry, target)
+            except OSError:  # another filesystem
+                shutil.copy2(entry, target)
 
 
 CHAT_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]

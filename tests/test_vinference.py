@@ -12,7 +12,7 @@ import torch
 from conftest import CHAT_PROMPT
 from vsurge import PromptOutput, SamplingParams, vInference, vInferenceConfig, vInferencePreCompileConfig
 from vsurge.generation import greedy_generate
-from conftest import use_session_compilation_cache
+from conftest import link_session_cache_into, use_session_compilation_cache
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
 
@@ -221,8 +221,14 @@ def test_metrics_count_requests_and_tokens(vinf):
 
 def test_save_and_load_serve_without_compiling(vinf, default_model, tmp_path, compile_counter):
     model, processor = default_model
+    # the run's cache holds vinf's programs (the fixture compiled them): saved beside them, save_inference's
+    # compiles of its 4 programs load from tmp_path's cache (they took ~15 s compiled again), and its hits
+    # there show it asked that directory for every bucket's programs
+    link_session_cache_into(tmp_path / "xla_cache")
     try:
-        vinf.save_inference(tmp_path)
+        with compile_counter as counts:
+            vinf.save_inference(tmp_path)
+        assert counts["miss"] == 0 and counts["hit"] >= 4, counts
         meta = (tmp_path / "vinference_metadata.json").read_text()
         assert vinf.uuid4 in meta and '"max_new_tokens": 64' in meta
         with compile_counter as counts:
