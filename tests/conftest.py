@@ -40,6 +40,20 @@ def _session_cache_dir() -> str:
 SESSION_CACHE_DIR = _session_cache_dir()
 
 
+def _run_dir() -> Path:
+    """A directory every pytest process of this run shares (xdist workers inherit it from the controller,
+    which removes it at the end), for what one process makes once and the others read."""
+    made = os.environ.get("VSURGE_TEST_RUN_DIR")
+    if not made:
+        made = tempfile.mkdtemp(prefix="vsurge-test-run-")
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        os.environ["VSURGE_TEST_RUN_DIR"] = made
+    return Path(made)
+
+
+RUN_DIR = _run_dir()
+
+
 # The cache key of every program names the cache directory (jax adds its GPU autotune cache's path inside
 # it to the compile options it hashes): off here (a CPU run), a program's key is the same in any directory,
 # so a test of a saved cache can start from this run's entries (link_session_cache_into).
@@ -93,14 +107,23 @@ def default_model(default_gguf_path):
 
 @pytest.fixture(scope="session")
 def hf_reference(default_gguf_path):
-    """transformers' own GGUF loader on the same file: (torch model, tokenizer)."""
+    """transformers' own GGUF loader on the same file: (torch model, tokenizer). The loader dequantizes and
+    converts the file in ~15 s: the run's first process to need the model saves what it loaded (the same
+    module, pickled) in the run's directory, and the other reads that in ~2 s."""
     import torch
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(default_gguf_path.parent), default_gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, tokenizer
+    saved = RUN_DIR / "hf_reference.pt"  # the whole module (save_pretrained refuses a GGUF-loaded model)
+    with FileLock(str(saved) + ".lock"):
+        if saved.exists():
+            model = torch.load(saved, weights_only=False)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+            torch.save(model, saved)
+    return model.eval(), tokenizer
 
 
 @pytest.fixture(scope="session")
