@@ -203,9 +203,8 @@ def test_enable_lora_in_bfloat16_compiles_and_generates():
     ~30 s; the served path is the float32 test's."""
     import asyncio
 
-    from vsurge import SamplingParams, load, vSurge
-    from vsurge.cli_args import build_parser
-    from vsurge.engine.config import EngineConfig
+    from vsurge import EngineConfig, SamplingParams, load, vSurge
+    from vsurge.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--model", "default", "--enable-lora", "--dtype", "bfloat16",
                                       *SMALL_ENGINE])
