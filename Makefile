@@ -50,10 +50,11 @@ generate: $(BASE_STAMP)
 chat: $(BASE_STAMP)
 	$(BIN)/vsurge chat
 
-# two processes, whole files each (module fixtures stay shared); TEST_WORKERS=0 runs in this process
+# two processes, whole files each (module fixtures stay shared), in tests/conftest.py's order (SLOW_FIRST;
+# xdist would otherwise start the files with the most tests first); TEST_WORKERS=0 runs in this process
 TEST_WORKERS ?= 2
 test: $(TEST_STAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 bench: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/decode.py

@@ -40,6 +40,26 @@ def _session_cache_dir() -> str:
 SESSION_CACHE_DIR = _session_cache_dir()
 
 
+def _run_dir() -> Path:
+    """A directory every pytest process of this run shares (xdist workers inherit it from the controller,
+    which removes it at the end), for what one process makes once and the others read."""
+    made = os.environ.get("VSURGE_TEST_RUN_DIR")
+    if not made:
+        made = tempfile.mkdtemp(prefix="vsurge-test-run-")
+        atexit.register(shutil.rmtree, made, ignore_errors=True)
+        os.environ["VSURGE_TEST_RUN_DIR"] = made
+    return Path(made)
+
+
+RUN_DIR = _run_dir()
+
+
+# The cache key of every program names the cache directory (jax adds its GPU autotune cache's path inside
+# it to the compile options it hashes): off here (a CPU run), a program's key is the same in any directory,
+# so a test of a saved cache can start from this run's entries (link_session_cache_into).
+jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
+
+
 def use_session_compilation_cache() -> None:
     """Point JAX at the run's cache (again: a test that tried another directory calls this after)."""
     from vsurge.vinference.persistence import use_compilation_cache
@@ -48,6 +68,21 @@ def use_session_compilation_cache() -> None:
 
 
 use_session_compilation_cache()
+
+
+def link_session_cache_into(directory: Path) -> None:
+    """Hard-link (or copy) every entry of the run's compilation cache into `directory`: a test of a
+    persisted cache (vInference.save_inference) then loads the programs this run already compiled
+    instead of compiling them again, and still shows by its hits that it asked `directory` for them."""
+    root = Path(SESSION_CACHE_DIR)
+    for entry in root.rglob("*"):
+        if entry.is_file():
+            target = directory / entry.relative_to(root)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(entry, target)
+            except OSError:  # another filesystem
+                shutil.copy2(entry, target)
 
 
 CHAT_PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -72,14 +107,23 @@ def default_model(default_gguf_path):
 
 @pytest.fixture(scope="session")
 def hf_reference(default_gguf_path):
-    """transformers' own GGUF loader on the same file: (torch model, tokenizer)."""
+    """transformers' own GGUF loader on the same file: (torch model, tokenizer). The loader dequantizes and
+    converts the file in ~15 s: the run's first process to need the model saves what it loaded (the same
+    module, pickled) in the run's directory, and the other reads that in ~2 s."""
     import torch
+    from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(default_gguf_path.parent), default_gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, tokenizer
+    saved = RUN_DIR / "hf_reference.pt"  # the whole module (save_pretrained refuses a GGUF-loaded model)
+    with FileLock(str(saved) + ".lock"):
+        if saved.exists():
+            model = torch.load(saved, weights_only=False)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+            torch.save(model, saved)
+    return model.eval(), tokenizer
 
 
 @pytest.fixture(scope="session")
@@ -119,11 +163,18 @@ class CompileCounter:
 
 
 # The files that take longest (setup included), run first: `make test` spreads whole files over two
-# processes (pytest-xdist --dist loadfile), and a long file started last would run alone at the end.
+# processes (pytest-xdist --dist loadfile --no-loadscope-reorder: without it xdist starts the files with
+# the most tests first, and files of a few long tests came last), and a long file started last would run
+# alone at the end. The first four stagger the shared default server's two starts: one process runs
+# test_sharding (~2.5 min), the other test_families_serving then test_server (the first start); the next
+# file, test_conformance_requests, starts it again after test_sharding and loads its programs from the
+# run's cache (xdist gives a process another file once its current one has <= 2 tests left).
 SLOW_FIRST = ("test_sharding.py", "test_families_serving.py", "test_server.py", "test_conformance_requests.py",
               "test_vinference.py", "test_disaggregated.py", "test_web.py", "test_hybrid_families.py", "test_paged.py",
-              "test_cli.py", "test_conformance_schemas.py", "test_readme_quickstart.py", "test_seed_api.py",
-              "test_vsurge.py", "test_kv_int8.py", "test_models_vs_transformers.py")
+              "test_cli.py", "test_lora_server.py", "test_conformance_schemas.py", "test_readme_quickstart.py",
+              "test_seed_api.py", "test_vsurge.py", "test_gguf_families.py", "test_mmproj.py", "test_kv_int8.py",
+              "test_models_vs_transformers.py", "test_models_router.py", "test_attention_backends.py",
+              "test_qwen_vl.py", "test_images_server.py")
 
 
 def pytest_collection_modifyitems(items):

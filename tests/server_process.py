@@ -17,7 +17,7 @@ from xla_flags import at_default_level
 ENV = at_default_level({**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu"})  # tests/xla_flags.py
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 # The default model's server of the test suite: small enough to compile fast (conftest.default_server).
-DEFAULT_SERVER_ARGS = ("--max-concurrent-decodes", "8", "--max-length", "512", "--prefill-lengths", "64,128",
+DEFAULT_SERVER_ARGS = ("--max-concurrent-decodes", "8", "--max-length", "512", "--prefill-lengths", "128",
                        "--max-queue", "128")
 
 

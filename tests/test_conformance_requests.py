@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from server_process import DEFAULT_NAME, ServerProcess, client_for
+from server_process import DEFAULT_NAME, client_for
 from tiny_models import add_special_tokens, write_tiny_model
 from vsurge.sampling_params import wire_fields
 
@@ -388,16 +388,28 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server):
 
 # ---------------------------------------------------------------- suffix: fill-in-the-middle
 @pytest.fixture(scope="module")
-def fim_server(tmp_path_factory, default_processor_dir, cache_dir):
-    """A tiny model whose tokenizer has Qwen2.5-Coder's FIM tokens (the default model's has none)."""
+def fim_server(tmp_path_factory, default_processor_dir):
+    """A tiny model whose tokenizer has Qwen2.5-Coder's FIM tokens (the default model's has none), served
+    by the real app in this process (a client of its routes): a server process of its own, for a model
+    nothing else serves, cost ~20 s to start; its programs compile on first use here."""
+    from fastapi.testclient import TestClient
+
+    import vsurge
+    from vsurge import EngineConfig, vSurge
+    from vsurge.server import vSurgeApiServer
+
     folder = tmp_path_factory.mktemp("tiny_fim")
     write_tiny_model("llama", folder, default_processor_dir, vocab_size=VOCAB_FIM[-1] + 1)
     assert add_special_tokens(folder, FIM) == list(VOCAB_FIM)
-    server = ServerProcess(str(folder), "--served-model-name", FIM_NAME, "--max-concurrent-decodes", "4",
-                           "--max-length", "128", "--max-prefill-length", "64", "--prefill-lengths", "64",
-                           cache_dir=cache_dir).wait_ready()
-    yield server
-    assert server.stop() == 0
+    model, processor = vsurge.load(folder, dtype="float32", progress=False)
+    surge = vSurge.create_odriver(model, processor, vsurge_name=FIM_NAME, config=EngineConfig(
+        max_slots=2, max_length=128, prefill_tokens=64, chunk_lengths=(64,), row_buckets=(2,)))
+    surge.start()
+    try:
+        with TestClient(vSurgeApiServer({FIM_NAME: surge}).app) as client:
+            yield client
+    finally:
+        surge.stop(5)
 
 
 def test_suffix_is_fill_in_the_middle_with_fim_tokens(fim_server):

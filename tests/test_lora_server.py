@@ -179,16 +179,46 @@ def test_an_adapter_takes_its_base_models_sampling_defaults():
     assert handlers.defaults_for(AdaptedSurge(handlers.surges["base"], "a0")) == "the base's defaults"
 
 
-@pytest.mark.parametrize("dtype", [(), ("--dtype", "bfloat16")], ids=["float32", "bfloat16"])
-def test_enable_lora_on_the_default_model_starts_and_serves(cache_dir, dtype):
+SMALL_ENGINE = ("--max-concurrent-decodes", "2", "--max-length", "128", "--prefill-lengths", "32")
+
+
+def test_enable_lora_on_the_default_model_starts_and_serves(cache_dir):
     """issue 63: `vsurge serve --enable-lora` on the default model (float32 activations beside its GGUF
     blocks; adapter stacks bfloat16 where the CPU multiplies it natively, lora/stacks.py) failed compiling
     ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503."""
-    server = ServerProcess("default", "--enable-lora", *dtype, "--max-concurrent-decodes", "2",
-                           "--max-length", "128", "--prefill-lengths", "32", cache_dir=cache_dir).wait_ready()
+    server = ServerProcess("default", "--enable-lora", *SMALL_ENGINE, cache_dir=cache_dir).wait_ready()
     try:
         reply = client_for(server).completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
                                                       max_tokens=3, temperature=0)
         assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
     finally:
         assert server.stop() == 0
+
+
+def test_enable_lora_in_bfloat16_compiles_and_generates():
+    """The same start-up with `--dtype bfloat16` (activations and adapter stacks then share a dtype), in
+    this process: the engine those flags configure (the CLI's own parser and EngineConfig flags, the LoRA
+    slots cmd_serve gives `--enable-lora`, the paged engine) compiles its prompt and decode steps, the
+    programs that carry the adapters' ops, on first use and generates. A second server process for it cost
+    ~30 s; the served path is the float32 test's."""
+    import asyncio
+
+    from vsurge import EngineConfig, SamplingParams, load, vSurge
+    from vsurge.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--model", "default", "--enable-lora", "--dtype", "bfloat16",
+                                      *SMALL_ENGINE])
+    model, processor = load(args.model[0], dtype=args.dtype, progress=False)
+    settings = EngineConfig.flag_values(args)
+    settings["max_loras"] = settings.get("max_loras") or 4  # what cmd_serve gives --enable-lora
+    config = EngineConfig.fitted(model.config.max_position_embeddings, **settings)
+    surge = vSurge.from_config(model, processor, config, paged=args.engine == "paged")
+    engine = surge.driver.engines[0]
+    assert engine.adapters is not None  # LoRA slots in the model the programs compile
+    surge.start()
+    try:
+        (out,) = asyncio.run(surge.generate(["The capital of France is"], SamplingParams(max_tokens=3, temperature=0)))
+    finally:
+        surge.stop(5)
+    assert out.finish_reason == "length" and len(out.token_ids) == 3
+    assert {key[0] for key in engine._compiled} >= {"mixed", "decode"}

@@ -200,8 +200,9 @@ def test_compile_makes_a_warm_state_and_leaves_nothing_behind(default_model):
     prefix-cache lookups are not reported as users', and the first request's tokens are a later
     identical request's."""
     processor = default_model[1]
+    # the `paged` fixture's engine (float32 pages too), so its programs load from the run's cache
     s = vSurge.create_odriver(*default_model, max_concurrent_decodes=4, prefill_lengths=[CHUNK],
-                              max_length=MAX_LENGTH, page_size=PAGE, num_pages=PAGES, seed=1)
+                              max_length=MAX_LENGTH, page_size=PAGE, num_pages=PAGES, seed=1, kv_cache_dtype="float32")
     s.compile()
     replica = s.driver.replicas[0]
     manager = s.driver.engine.manager

@@ -23,17 +23,17 @@ from pathlib import Path
 import httpx
 import pytest
 from cli_helpers import popen_cli, run_cli
-from server_process import free_port
+from server_process import DEFAULT_SERVER_ARGS, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 QUESTION = "What is the capital of France?\n"
 README_PORT = "11556"
-# The README's `vsurge serve` runs as written plus these: a free port, and an engine small enough to
-# compile in seconds (the server's default engine is sized for 32 concurrent requests).
-SERVE_TEST_FLAGS = ["--metrics-port", "-1", "--max-concurrent-decodes", "2", "--max-length", "256",
-                    "--prefill-tokens", "64", "--prefill-lengths", "64"]
+# The README's `vsurge serve` runs as written plus these: a free port, and the engine of the suite's shared
+# default server (the server's default engine is sized for 32 concurrent requests), whose programs the
+# run's cache holds by then (conftest.default_server starts earlier in SLOW_FIRST's order).
+SERVE_TEST_FLAGS = ["--metrics-port", "-1", *DEFAULT_SERVER_ARGS]
 
 
 def shell_blocks(section: str | None = None, page: Path = README) -> list[str]:

@@ -21,6 +21,8 @@ from tiny_models import write_tiny_model
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, default_processor_dir):
+    """A tiny Llama with the default model's tokenizer: the shims translate calls whatever the model, and
+    its programs compile in a fraction of the default model's 30 layers."""
     folder = tmp_path_factory.mktemp("tiny_seed")
     write_tiny_model("llama", folder, default_processor_dir)
     return vsurge.load(folder, dtype="float32", progress=False)
@@ -94,8 +96,8 @@ def test_oengine_forward_returns_a_model_output_batch(tiny):
     assert int(out.tokens[0, out.prefill_row]) == greedy_generate(model, [5, 17, 300], 1)[0]
 
 
-def test_vinference_step_methods(default_model):
-    model, processor = default_model
+def test_vinference_step_methods(tiny):
+    model, processor = tiny
     inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=4))
     kwargs = inf.adjust_kwargs(np.asarray([[0, 0, 5, 6], [7, 8, 9, 10]]), np.asarray([[0, 0, 1, 1], [1, 1, 1, 1]]))
     assert kwargs["prompts"] == [[5, 6], [7, 8, 9, 10]]
@@ -114,9 +116,9 @@ def test_vinference_step_methods(default_model):
     assert inf.precompile(vsurge.vInferencePreCompileConfig(batch_size=1, prefill_length=10**6)) is False
 
 
-def test_vinference_streams_of_a_list_can_be_read_in_turns(default_model):
+def test_vinference_streams_of_a_list_can_be_read_in_turns(tiny):
     """Old bug: the generators of process_prompt([a, b], stream=True) deadlocked when read in turns."""
-    model, processor = default_model
+    model, processor = tiny
     inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=2))
     gens = inf.process_prompt(["Hello", "Once upon a time"], SamplingParams(max_tokens=8, temperature=0.0),
                               stream=True)
@@ -307,8 +309,8 @@ def test_vinference_count_tokens_takes_the_seeds_keywords(default_model):
         inf.count_tokens()
 
 
-def test_vinference_generate_returns_the_final_sample_state(default_model):
-    model, processor = default_model
+def test_vinference_generate_returns_the_final_sample_state(tiny):
+    model, processor = tiny
     inf = vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=8, streaming_chunks=4))
     states, gen = [], inf.generate([[5, 6, 7]], sampling_params=SamplingParams(max_tokens=8, temperature=0.0))
     while True:

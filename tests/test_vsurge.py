@@ -20,9 +20,11 @@ def surge(dense_surge):
 
 @pytest.fixture(scope="module")
 def alone(default_model):
-    """vInference runs each request by itself: the reference for batch invariance."""
+    """vInference runs each request by itself: the reference for batch invariance. Its settings are
+    test_vinference.py's `vinf`, whose (1, 64) bucket's programs (all these prompts need) are then in the
+    run's cache."""
     model, processor = default_model
-    return vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=64, streaming_chunks=16))
+    return vInference(model, processor, generation_config=vInferenceConfig(max_new_tokens=64, streaming_chunks=4))
 
 
 def chat_text(processor, question):
