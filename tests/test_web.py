@@ -481,14 +481,17 @@ def resident_bytes(pid: int) -> dict[str, int]:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc (Linux)")
 def test_stats_memory_parts_add_up_to_the_servers_resident_memory(server):
     """Each part is measured on its own (the weights, KV pool and states by their bytes, the runtime, loading
-    and programs by the resident set's growth while they were made): each is positive, and together they come
-    within 15% of the resident set that this test reads from /proc. A part counted twice, or a copy of the
-    weights that no part names, would break the sum."""
+    and programs by the resident set's growth while they were made, serving by its growth since ready): each is
+    positive, and together they come within 15% of the resident set that this test reads from /proc. A part
+    counted twice, or a copy of the weights that no part names, would break the sum. (The sum first missed by
+    15.7% in a full run, where the module's server had grown 0.15 GB serving the file's earlier tests.)"""
     body = server.get("/v1/stats", headers=AUTH).json()
     memory, model = body["memory"], body["models"][0]
     seen = resident_bytes(server.proc.pid)
     parts = memory["parts"]
-    assert {k for k, v in parts.items() if not v} == {"recurrent_states"}, parts  # no recurrent layers here
+    # no recurrent layers here; `serving` is 0 until the server has served (the tests' order decides)
+    assert {k for k, v in parts.items() if not v} - {"serving"} == {"recurrent_states"}, parts
+    assert parts["serving"] is not None
     assert (parts["weights"], parts["kv_pool"]) == (model["weight_bytes"], model["kv_cache_bytes"])
     assert sum(memory["weights_by_format"].values()) == parts["weights"]
     assert set(memory["weights_by_format"]) >= {"q4_1", "float32"}  # the default model's file: Q4_1 blocks

@@ -38,6 +38,9 @@ class MemoryParts(BaseModel):
                     "pages were returned)")
     kv_pool: int = Field(description="the KV page pools (on CPU; 0 where they are device memory)")
     recurrent_states: int = Field(description="hybrid models' recurrent states and their snapshots (on CPU)")
+    serving: Optional[int] = Field(
+        description="the resident set's growth since the server was ready: requests' state, the allocator's "
+                    "caches, the tokenizer's (0 until it has served; null before it is ready)")
 
 
 class DeviceMemory(BaseModel):
@@ -152,7 +155,8 @@ def memory_stats(surges) -> MemoryStats:
     parts = MemoryParts(
         python=marks["start"].rss if "start" in marks else None, runtime=_grew(marks, "start", "runtime"),
         weights=host_weights, loading=None if loaded is None else loaded - host_weights,
-        programs=_grew(marks, "compile_begin", "compiled"), kv_pool=host_kv, recurrent_states=host_states)
+        programs=_grew(marks, "compile_begin", "compiled"), kv_pool=host_kv, recurrent_states=host_states,
+        serving=max(0, now.rss - marks["ready"].rss) if now and "ready" in marks else None)
     known = [v for v in parts.model_dump().values() if v is not None]
     return MemoryStats(
         rss_bytes=now and now.rss, peak_rss_bytes=now and now.hwm,
