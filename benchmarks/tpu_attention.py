@@ -56,16 +56,28 @@ def timed(fn, reps=20) -> float:
     return statistics.median(walls)
 
 
+def open_table(title: str, column: str) -> float | None:
+    """Print the device and the table's header; -> the chip's bandwidth (bytes/s; None where unknown)."""
+    kind = jax.devices()[0].device_kind
+    print(f"device {kind}{title}", flush=True)
+    print(f"| shape | rows | prefill | {column} | ms | bytes/bandwidth ms | % |\n|---|---|---|---|---|---|---|")
+    return next((v for k, v in BANDWIDTH.items() if k in kind), None)
+
+
+def row(shape, rows, prefill, label, wall, need, bandwidth) -> str:
+    """A table row: the call's median time against its K/V bytes read once at the chip's bandwidth."""
+    floor = need / bandwidth if bandwidth else None
+    pct = f"{100 * floor / wall:.0f}%" if floor else "-"
+    return f"| {shape} | {rows} | {prefill} | {label} | {wall * 1e3:.3f} | {floor * 1e3 if floor else 0:.3f} | {pct} |"
+
+
 def v3_table(args) -> int:
     """The same decode rows (and optional prompt) through ejkernel's ragged_page_attention_v3."""
     from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import ragged_page_attention_v3
     from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import _pallas_impl_fwd as wide
     from ejkernel.kernels._pallas.tpu.ragged_page_attention_v3 import _pallas_impl_fwd_h64 as narrow
 
-    kind = jax.devices()[0].device_kind
-    bandwidth = next((v for k, v in BANDWIDTH.items() if k in kind), None)
-    print(f"device {kind}; ejkernel ragged_page_attention_v3", flush=True)
-    print("| shape | rows | prefill | kernel | ms | bytes/bandwidth ms | % |\n|---|---|---|---|---|---|---|")
+    bandwidth = open_table("; ejkernel ragged_page_attention_v3", "kernel")
     for shape in args.shapes.split(","):
         heads, kv_heads, dim = SHAPES[shape]
         for rows in (int(r) for r in args.rows.split(",")):
@@ -90,16 +102,13 @@ def v3_table(args) -> int:
                 return out
 
             need = (rows * args.context + args.prefill) * 2 * kv_heads * dim * 2
-            floor = need / bandwidth if bandwidth else None
             try:
                 wall = timed(call)
             except Exception as error:  # noqa: BLE001
                 print(f"| {shape} | {rows} | {args.prefill} | v3 | {type(error).__name__}: {str(error)[:100]} | | |",
                       flush=True)
                 continue
-            pct = f"{100 * floor / wall:.0f}%" if floor else "-"
-            print(f"| {shape} | {rows} | {args.prefill} | v3 | {wall * 1e3:.3f} | {floor * 1e3 if floor else 0:.3f} | "
-                  f"{pct} |", flush=True)
+            print(row(shape, rows, args.prefill, "v3", wall, need, bandwidth), flush=True)
     return 0
 
 
@@ -118,10 +127,7 @@ def main(argv=None) -> int:
         return v3_table(args)
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
-    kind = jax.devices()[0].device_kind
-    bandwidth = next((v for k, v in BANDWIDTH.items() if k in kind), None)
-    print(f"device {kind}", flush=True)
-    print("| shape | rows | prefill | blocks | ms | bytes/bandwidth ms | % |\n|---|---|---|---|---|---|---|")
+    bandwidth = open_table("", "blocks")
     for shape in args.shapes.split(","):
         heads, kv_heads, dim = SHAPES[shape]
         fold = tpu.fold_of(kv_heads, dim, dim)
@@ -131,7 +137,6 @@ def main(argv=None) -> int:
             q = jnp.ones((rows + args.prefill, heads, dim), jnp.bfloat16)
             spec = AttentionSpec(scale=dim ** -0.5)
             need = (rows * args.context + args.prefill) * 2 * kv_heads * dim * 2  # every K/V read once
-            floor = need / bandwidth if bandwidth else None
             for blocks in [None, *(b for b in args.blocks.split(",") if b)]:
                 options = {}
                 if blocks:
@@ -147,9 +152,7 @@ def main(argv=None) -> int:
                     print(f"| {shape} | {rows} | {args.prefill} | {blocks or 'tuned'} | {type(error).__name__}: "
                           f"{str(error)[:80]} | | |", flush=True)
                     continue
-                pct = f"{100 * floor / wall:.0f}%" if floor else "-"
-                print(f"| {shape} | {rows} | {args.prefill} | {blocks or 'tuned'} | {wall * 1e3:.3f} | "
-                      f"{floor * 1e3 if floor else 0:.3f} | {pct} |", flush=True)
+                print(row(shape, rows, args.prefill, blocks or "tuned", wall, need, bandwidth), flush=True)
     return 0
 
 

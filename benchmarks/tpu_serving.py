@@ -100,8 +100,8 @@ def start_server(socket: str, cache: str, args) -> tuple[subprocess.Popen, float
     cmd = [sys.executable, "-c", "import sys, vsurge.cli; sys.exit(vsurge.cli.main())", "serve", "--uds", socket, "--compilation-cache", cache,
            "--max-concurrent-decodes", str(max(args.concurrency)), "--max-length", str(args.max_length)]
     start = time.perf_counter()
-    log = open(Path(args.out) / "serve.log", "a")
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    with open(Path(args.out) / "serve.log", "a") as log:  # the child keeps its own copy of the descriptor
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     try:
         bench_serve.wait_ready("http://localhost", args.ready_timeout, uds=socket)
     except Exception:
