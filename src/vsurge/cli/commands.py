@@ -181,11 +181,13 @@ def cmd_serve(args) -> int:
         memory = describe(memory_stats(list(server.surges.values())))
         print(serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
 
-    server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
-                ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)
     from ..scale import flags as scale_flags
 
-    scale_flags.exit_after_serving(surge)
+    try:
+        server.fire(host=args.host, port=args.port, metrics_port=args.metrics_port, log_level=args.log_level,
+                    ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, on_ready=announce, uds=args.uds)
+    finally:  # also when the engine's failure ends the server: a lost follower's leader must not tear down
+        scale_flags.exit_after_serving(surge)  # the distributed runtime (it aborted there once: status -6, not 1)
     return 0
 
 

@@ -148,5 +148,10 @@ def exit_after_serving(surge) -> None:
     """A leader that lost a follower cannot finish its stuck collectives: exit without waiting."""
     leader = getattr(surge, "_multihost_leader", None)
     if leader is not None and leader.lost:
+        failure = sys.exc_info()[1]  # (called from a finally: the error that ended the server, if any)
+        if isinstance(failure, SystemExit) and isinstance(failure.code, str):
+            print(failure.code, file=sys.stderr)  # what the interpreter would print on its way out
+        elif failure is not None and not isinstance(failure, SystemExit):
+            print(f"vsurge: error: {failure}", file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)
