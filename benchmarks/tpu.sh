@@ -8,6 +8,8 @@
 #   roofline    benchmarks/roofline.py: the 8B shape with int8 weights at 1 / 64 streams; 1B and 3B prefill at
 #               2048 tokens; the default model at 1 / 16 / 64; the 1B shape at 1 / 16 / 64 / 256 and the 3B
 #               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
+#   (inprocess and server: serving's two halves alone; TRACE=1 in the environment: the default stage writes
+#   perfetto traces of its decode calls to $OUT/trace)
 #   serving     benchmarks/tpu_serving.py: vSurge in-process (1B shape, default model; 1 and 64 concurrent
 #               512-token prompts, 128 greedy tokens) and `vsurge serve --uds` + `vsurge bench serve --uds` on the
 #               default model under the same load; the server's ready time cold and from the compilation cache
@@ -82,13 +84,21 @@ for stage in ${STAGES//,/ }; do
             $R --models 8b --quantization int8 --streams 1,64 --decode-steps 4 --reps 8 ;; esac
         case $stage in roofline|prefill) step 70 "prefill, 2048-token prompts" \
             $R --models 1b,3b --streams 1 --prompt-len 2048 --prefill-tokens 2048 ;; esac
-        case $stage in roofline|default) step 60 "default model" $R --models default --streams 1,16,64 ;; esac
+        case $stage in roofline|default) step 60 "default model" $R --models default --streams 1,16,64 \
+            ${TRACE:+--trace "$OUT/trace"} ;; esac
         case $stage in roofline|shapes) step 50 "1B shape" $R --models 1b --streams 1,16,64,256
                                         step 95 "3B shape" $R --models 3b --streams 1,64,256 ;; esac
         ;;
     serving)
         step 95 "vSurge in-process and serve --uds" python3 benchmarks/tpu_serving.py --models 1b,default \
             --concurrency 1,64 --serve --out "$OUT"
+        ;;
+    inprocess)
+        step 95 "vSurge in-process" python3 benchmarks/tpu_serving.py --models 1b,default --concurrency 1,64 \
+            --out "$OUT"
+        ;;
+    server)
+        step 95 "serve --uds" python3 benchmarks/tpu_serving.py --models "" --concurrency 1,64 --serve --out "$OUT"
         ;;
     agreement)
         step 60 "the real default model against the CPU's references" \

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -82,7 +83,7 @@ def in_process(which: str, processor, args) -> dict[int, dict]:
     surge = vsurge.vSurge.from_config(model, processor, config)
     surge.compile()
     print(f"{name}: vSurge compiled in {time.perf_counter() - start:.0f} s "
-          f"(attention backend {surge.engine.attention_backend})", flush=True)
+          f"(attention backend {surge.engine.attention_backend}): {surge.engine.compile_summary}", flush=True)
     surge.start()
     out = {}
     try:
@@ -95,13 +96,24 @@ def in_process(which: str, processor, args) -> dict[int, dict]:
     return out
 
 
+def timestamped_log(stream, path: Path, start: float) -> None:
+    """Copy the server's output to `path`, each line led by the seconds since its start (where start-up
+    time goes: importing, the TPU runtime, loading, compiling)."""
+    with open(path, "a") as log:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n").split("\r")[-1]  # a progress bar's last state
+            log.write(f"[{time.perf_counter() - start:6.1f} s] {line}\n")
+            log.flush()
+
+
 def start_server(socket: str, cache: str, args) -> tuple[subprocess.Popen, float]:
     """`vsurge serve --uds` with the in-process engine's flags; (process, seconds until /readiness said 200)."""
     cmd = [sys.executable, "-c", "import sys, vsurge.cli; sys.exit(vsurge.cli.main())", "serve", "--uds", socket, "--compilation-cache", cache,
            "--max-concurrent-decodes", str(max(args.concurrency)), "--max-length", str(args.max_length)]
     start = time.perf_counter()
-    with open(Path(args.out) / "serve.log", "a") as log:  # the child keeps its own copy of the descriptor
-        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    threading.Thread(target=timestamped_log, args=(server.stdout, Path(args.out) / "serve.log", start),
+                     daemon=True).start()
     try:
         bench_serve.wait_ready("http://localhost", args.ready_timeout, uds=socket)
     except Exception:
@@ -118,13 +130,22 @@ def stop_server(server: subprocess.Popen) -> None:
         server.kill()
 
 
+def print_compile_lines(out: str) -> None:
+    """The server log's newest line on what its compile cost, by program and phase."""
+    lines = (Path(out) / "serve.log").read_text(errors="replace").replace("\r", "\n").splitlines()
+    for line in [line for line in lines if ": compiled " in line][-1:]:
+        print("  server:", line, flush=True)
+
+
 def through_server(args) -> tuple[dict[int, dict], float, float]:
     socket, cache = tempfile.mktemp(suffix=".sock"), tempfile.mkdtemp(prefix="vsurge-cache-")
     server, cold = start_server(socket, cache, args)
     print(f"vsurge serve --uds: ready in {cold:.1f} s cold (empty compilation cache)", flush=True)
+    print_compile_lines(args.out)
     stop_server(server)
     server, warm = start_server(socket, cache, args)
     print(f"vsurge serve --uds: ready in {warm:.1f} s from the compilation cache", flush=True)
+    print_compile_lines(args.out)
     out = {}
     try:
         model = bench_serve.first_model("http://localhost", None, uds=socket)

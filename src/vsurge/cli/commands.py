@@ -179,6 +179,10 @@ def cmd_serve(args) -> int:
         from ..server.memory_stats import describe, memory_stats
 
         memory = describe(memory_stats(list(server.surges.values())))
+        for served in server.surges.values():
+            summary = getattr(served.engine, "compile_summary", None)
+            if summary:
+                print(f"{served.vsurge_name}: compiled {summary}", file=sys.stderr, flush=True)
         print(serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
 
     from ..scale import flags as scale_flags

@@ -91,6 +91,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self._background_failed: set = set()  # keys whose background build raised: built (and raised) inline
         self.background_compiles: list = []  # keys compiled on that thread, in order
         self.compile_seconds = 0.0
+        self.compile_summary: str | None = None  # the last compile() of start-up: programs, phases, cache
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
         # publishes the call to the followers first (scale/multihost.py)
         self.on_call = None
@@ -162,11 +163,12 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         from tqdm.auto import tqdm
 
         jobs = [job for job in self.buckets() if job not in self._compiled]
-        start, cache_before, seconds = time.perf_counter(), compile_counts.cache_counts(), {}
+        start, cache_before, seconds, phases = time.perf_counter(), compile_counts.cache_counts(), {}, {}
 
         def timed_build(job):
             began = time.perf_counter()
-            program = self._build(job)
+            with compile_counts.phases_of_this_thread() as phases[job]:
+                program = self._build(job)
             seconds[job] = time.perf_counter() - began
             return program
 
@@ -180,8 +182,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
                     self._compiled.setdefault(futures[future], program)
                 bar.update()
         self.compile_seconds += time.perf_counter() - start
-        if jobs:
-            log.info("compiled %s", compile_counts.summary(seconds, time.perf_counter() - start, cache_before))
+        if jobs:  # the start-up output shows it (vsurge serve): a slow start names its programs
+            self.compile_summary = compile_counts.summary(seconds, time.perf_counter() - start, cache_before, phases)
+            log.info("compiled %s", self.compile_summary)
 
     def _program(self, key: tuple):
         program = self._built(key)
