@@ -65,6 +65,8 @@ PARTS=$(for dir in "$@"; do ls "$dir"/*.bin >/dev/null 2>&1 && echo "$dir"; done
 python3 benchmarks/model_parts.py assemble "${PARTS:-/nonexistent}" || exit 1
 python3 -c 'import jax, flax, vsurge, vsurge.server.app
 print("jax", jax.__version__, "flax", flax.__version__, jax.devices())' || exit 1
+python3 -c 'import time; began = time.time(); import jax; jax.devices()  # what every process pays before its work
+print(f"== the TPU runtime opened in {time.time() - began:.1f} s (import jax, jax.devices())")'
 
 step() {  # step SHARE_OF_WHAT_IS_LEFT_PERCENT TITLE COMMAND...
     local share=$1 title=$2
@@ -111,4 +113,8 @@ for stage in ${STAGES//,/ }; do
     *) echo "unknown stage $stage" ;;
     esac
 done
+for trace in "$OUT"/trace/*/plugins/profile/*/*.trace.json.gz; do  # the tool brings back 16 folders deep at most
+    [ -f "$trace" ] && mv "$trace" "$OUT/trace-$(basename "$(dirname "$(dirname "$(dirname "$(dirname "$trace")")")")").json.gz"
+done
+rm -rf "$OUT/trace"
 echo "== done in $(($(date +%s) - START)) s"

@@ -37,6 +37,14 @@ def _on_duration(name: str, seconds: float, **_) -> None:
         phases[phase] = phases.get(phase, 0.0) + seconds
 
 
+def note(phase: str, seconds: float) -> None:
+    """Add `seconds` of `phase` to the program compiling on this thread (e.g. "store read": the program came
+    whole from vsurge's program store, engine/program_store.py)."""
+    phases = getattr(_job, "phases", None)
+    if phases is not None:
+        phases[phase] = phases.get(phase, 0.0) + seconds
+
+
 def cache_counts() -> dict[str, int]:
     """Persistent-cache hits and misses in this process so far (listening starts on the first call)."""
     global _registered
@@ -62,14 +70,14 @@ def phases_of_this_thread():
 
 
 def _program_line(key: tuple, seconds: float, phases: dict) -> str:
-    parts = ", ".join(f"{name} {phases[name]:.1f}" for name in ("trace", "mlir", "xla", "cache read")
+    parts = ", ".join(f"{name} {phases[name]:.1f}" for name in ("trace", "mlir", "xla", "cache read", "store read")
                       if phases.get(name, 0.0) >= 0.05)
-    hit = " cached" if phases.get("cache") else ""
+    hit = " stored" if "store read" in phases else " cached" if phases.get("cache") else ""
     return f"{key[0]} {key[1:]} {seconds:.1f} s{hit}" + (f" ({parts})" if parts else "")
 
 
 def summary(seconds_by_program: dict, wall: float, before: dict[str, int], phases_by_program: dict | None = None,
-            slowest: int = 5) -> str:
+            slowest: int = 8) -> str:
     """One line: programs, wall seconds, cache hits / compiled, and the slowest programs with their phases
     (programs compile on several threads at once, so their seconds overlap)."""
     now = cache_counts()
@@ -77,5 +85,8 @@ def summary(seconds_by_program: dict, wall: float, before: dict[str, int], phase
     phases_by_program = phases_by_program or {}
     ranked = sorted(seconds_by_program.items(), key=lambda kv: -kv[1])[:slowest]
     named = "; ".join(_program_line(key, s, phases_by_program.get(key, {})) for key, s in ranked)
+    stored = sum("store read" in phases_by_program.get(key, {}) for key in seconds_by_program)
     cache = f"{hits} from the compilation cache, {misses} compiled" if hits or misses else "no compilation cache"
+    if stored:
+        cache = f"{stored} from vsurge's program store, " + (cache if hits or misses else "none compiled")
     return f"{len(seconds_by_program)} programs in {wall:.1f} s ({cache}; slowest: {named})"

@@ -92,6 +92,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self.background_compiles: list = []  # keys compiled on that thread, in order
         self.compile_seconds = 0.0
         self.compile_summary: str | None = None  # the last compile() of start-up: programs, phases, cache
+        self._store = False  # the ProgramStore (or None), made on the first build
         # on_call(key, program, *args) runs every program call when set: the multi-host leader
         # publishes the call to the followers first (scale/multihost.py)
         self.on_call = None
@@ -305,10 +306,29 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         return dict(in_shardings=(*self._weight_shardings(), kv, inputs), out_shardings=(kv, rep))
 
     def _build(self, key: tuple):
+        store = self._program_store()
+        began = time.perf_counter()
+        program = store.load(key) if store is not None else None
+        if program is not None:  # no tracing at all (engine/program_store.py)
+            compile_counts.note("store read", time.perf_counter() - began)
+            return program
         if self.mesh is None:
-            return self._lower_and_compile(key)
-        with jax.set_mesh(self.mesh):  # the model pins a few shardings (sharding.constrain)
-            return self._lower_and_compile(key)
+            program = self._lower_and_compile(key)
+        else:
+            with jax.set_mesh(self.mesh):  # the model pins a few shardings (sharding.constrain)
+                program = self._lower_and_compile(key)
+        if store is not None:
+            store.save(key, program)
+        return program
+
+    def _program_store(self):
+        """The store of this engine's compiled programs (None: no compilation cache, or turned off)."""
+        with self._compile_lock:
+            if self._store is False:
+                from .program_store import ProgramStore
+
+                self._store = ProgramStore.for_engine(self, jax.eval_shape(self._empty_state))
+            return self._store
 
     def _lower_and_compile(self, key: tuple):
         state = jax.eval_shape(self._empty_state)

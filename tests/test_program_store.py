@@ -1,0 +1,111 @@
+"""Compiled programs stored whole (engine/program_store.py): a second engine of the same model and config
+loads every program without tracing and answers the same; anything else that differs compiles anew; a
+broken file is compiled again; the switch turns it off."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import jax
+import pytest
+
+import vsurge
+from vsurge import vSurge
+from vsurge.engine.engine_config import EngineConfig
+from vsurge.engine.program_store import FOLDER, SWITCH_ENV, store_folder
+from vsurge.sampling_params import SamplingParams
+from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
+from tiny_models import write_tiny_model
+
+CONFIG = EngineConfig(max_slots=2, max_length=64, prefill_tokens=32)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, default_processor_dir):
+    path = tmp_path_factory.mktemp("store_model")
+    write_tiny_model("llama_tied_mha", path, default_processor_dir)
+    return vsurge.load(path, dtype="float32", progress=False)
+
+
+@pytest.fixture
+def store_on(tmp_path, monkeypatch):
+    monkeypatch.setenv(SWITCH_ENV, "1")
+    use_compilation_cache(tmp_path / "xla")
+    yield tmp_path / "xla" / FOLDER
+    stop_using_compilation_cache()
+
+
+def surge_of(model, processor, config=CONFIG):
+    surge = vSurge.from_config(model, processor, config)
+    surge.compile()
+    return surge
+
+
+def greedy(surge, processor) -> list[list[int]]:
+    surge.start()
+    try:
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        prompts = ["Hello there", "The capital of France is a city that"]
+        return [r.token_ids for r in asyncio.run(surge.generate(prompts, params))]
+    finally:
+        surge.stop(5)
+
+
+def traced(fn) -> int:
+    """How many jaxprs JAX traced while `fn` ran."""
+    count = [0]
+
+    def listen(name, seconds, **_):
+        if name == "/jax/core/compile/jaxpr_trace_duration":
+            count[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        fn()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return count[0]
+
+
+def test_a_second_engine_loads_every_program_untraced_and_answers_the_same(tiny, store_on, caplog):
+    model, processor = tiny
+    holder = {}
+    first_traces = traced(lambda: holder.setdefault("first", surge_of(model, processor)))
+    first = holder["first"]
+    programs = len(first.engine.buckets())
+    assert first.engine._store.saved == programs and first.engine._store.loaded == 0
+    assert len(list(store_on.glob("*/*.bin"))) == programs
+    expected = greedy(first, processor)
+
+    # no program traced again: what is left is the engine's own set-up (its state's shapes)
+    assert traced(lambda: holder.setdefault("second", surge_of(model, processor))) <= first_traces - programs
+    second = holder["second"]
+    assert second.engine._store.loaded == programs and second.engine._store.saved == 0
+    assert f"{programs} from vsurge's program store" in second.engine.compile_summary
+    assert greedy(second, processor) == expected
+
+    broken = sorted(store_on.glob("*/*.bin"))[0]  # cut short: compiled again and replaced
+    broken.write_bytes(broken.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING, logger="vsurge.engine.program_store"):
+        third = surge_of(model, processor)
+    assert "could not be loaded" in caplog.text
+    assert third.engine._store.loaded == programs - 1 and third.engine._store.saved == 1
+    assert greedy(third, processor) == expected
+
+
+def test_another_config_has_its_own_fingerprint(tiny, store_on):
+    model, processor = tiny
+    folders = {vSurge.from_config(model, processor, config).engine._program_store().folder
+               for config in (CONFIG, CONFIG, CONFIG.replace(max_length=96), CONFIG.replace(prefill_tokens=16))}
+    assert len(folders) == 3
+
+
+def test_the_switch_and_no_cache_turn_it_off(tiny, store_on, monkeypatch):
+    model, processor = tiny
+    assert store_folder() == store_on
+    monkeypatch.setenv(SWITCH_ENV, "0")
+    assert store_folder() is None and vSurge.from_config(model, processor, CONFIG).engine._program_store() is None
+    monkeypatch.setenv(SWITCH_ENV, "1")
+    stop_using_compilation_cache()
+    assert store_folder() is None
