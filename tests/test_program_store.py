@@ -109,3 +109,17 @@ def test_the_switch_and_no_cache_turn_it_off(tiny, store_on, monkeypatch):
     monkeypatch.setenv(SWITCH_ENV, "1")
     stop_using_compilation_cache()
     assert store_folder() is None
+
+
+def test_only_the_newest_fingerprints_are_kept(tmp_path):
+    import os
+
+    from vsurge.engine.program_store import KEEP, ProgramStore
+
+    for i in range(KEEP + 2):  # older engines' folders, oldest first
+        (tmp_path / f"old{i}").mkdir()
+        os.utime(tmp_path / f"old{i}", (1000 + i, 1000 + i))
+    store = ProgramStore(tmp_path, "new")
+    store.save(("add",), jax.jit(lambda x: x + 1).lower(1.0).compile())
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new"] + [f"old{i}" for i in range(3, KEEP + 2)])
+    assert float(store.load(("add",))(1.0)) == 2.0 and store.load(("other",)) is None

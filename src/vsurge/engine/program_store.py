@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 SWITCH_ENV = "VSURGE_PROGRAM_STORE"  # "0": never stored nor loaded
 FOLDER = "vsurge-programs"
+KEEP = 4  # fingerprints kept (engines of several models or configs share one cache folder)
 _ENV_PREFIXES = ("VSURGE_", "XLA_", "JAX_", "LIBTPU_", "TPU_")
 _JAX_SETTINGS = ("jax_default_matmul_precision", "jax_enable_x64", "jax_default_prng_impl",
                  "jax_threefry_partitionable", "jax_numpy_dtype_promotion")
@@ -89,7 +90,9 @@ class ProgramStore:
     @classmethod
     def for_engine(cls, engine, abstract_state) -> "ProgramStore | None":
         folder = store_folder()
-        if folder is None or engine.mesh is not None:  # sharded programs: JAX's cache alone
+        # sharded programs (and multi-host ones) keep JAX's cache alone; a one-device mesh is what an
+        # accelerator's weights are placed on
+        if folder is None or jax.process_count() > 1 or (engine.mesh is not None and engine.mesh.size > 1):
             return None
         return cls(folder, engine_fingerprint(engine, abstract_state))
 
@@ -122,12 +125,23 @@ class ProgramStore:
             blob, in_tree, out_tree = serialize_executable.serialize(program)
             data = pickle.dumps((repr(key), blob, in_tree, out_tree))
         except Exception as exc:  # e.g. host callbacks: such a program is compiled at every start
-            log.info("program %s is not stored: %r", key, exc)
+            log.warning("program %s is not stored (compiled at every start): %r", key, exc)
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
+        if not self.folder.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            self._prune()
         path = self._path(key)
         partial = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         partial.write_bytes(data)
         partial.replace(path)  # whole or absent: a reader never sees half a file
         with self._lock:
             self.saved += 1
+
+    def _prune(self) -> None:
+        """Keep the KEEP newest fingerprints' folders: an edit or another config makes a new one, and a TPU's
+        programs are large (the default model's 22: ~1.3 GB)."""
+        import shutil
+
+        folders = sorted((p for p in self.folder.parent.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        for old in folders[:-KEEP]:
+            shutil.rmtree(old, ignore_errors=True)
