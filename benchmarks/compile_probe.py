@@ -50,9 +50,18 @@ def main() -> int:
 
     store = ProgramStore.for_engine(engine, jax.eval_shape(engine._empty_state))
     print(f"mesh {engine.mesh}; program store {store and store.folder}", flush=True)
+    from vsurge.engine.program_store import fingerprint_parts
+    import hashlib
+
+    for i, part in enumerate(fingerprint_parts(engine, jax.eval_shape(engine._empty_state))):
+        print(f"  part {i}: {hashlib.sha256(part.encode()).hexdigest()[:12]} {part[:300]!r}", flush=True)
     print(f"{len(keys)} programs: {keys}", flush=True)
     from jax.experimental import serialize_executable
 
+    began = time.perf_counter()
+    engine.compile(progress=False)  # every program through the engine's own path (the store included)
+    print(f"engine.compile: {time.perf_counter() - began:.1f} s: {engine.compile_summary}; store "
+          f"{engine._store and (engine._store.loaded, engine._store.saved)}", flush=True)
     big = sorted(keys, key=lambda k: (k[0] != "mixed", k[0] != "decode"))[:args.programs]
     for key in big:
         began = time.perf_counter()

@@ -96,9 +96,17 @@ def test_a_second_engine_loads_every_program_untraced_and_answers_the_same(tiny,
 
 def test_another_config_has_its_own_fingerprint(tiny, store_on):
     model, processor = tiny
-    folders = {vSurge.from_config(model, processor, config).engine._program_store().folder
-               for config in (CONFIG, CONFIG, CONFIG.replace(max_length=96), CONFIG.replace(prefill_tokens=16))}
+    def folder(config):
+        return vSurge.from_config(model, processor, config).engine._program_store().folder
+
+    folders = {folder(config) for config in (CONFIG, CONFIG, CONFIG.replace(max_length=96),
+                                             CONFIG.replace(prefill_tokens=16))}
     assert len(folders) == 3
+    # what only the host sees keeps the programs: a TPU's default host tier (a quarter of the RAM free at
+    # start) differed at every start, and so did the fingerprint
+    assert folder(CONFIG.replace(seed=5, decode_call_ms=50.0, step_timeout=9.0)) == folder(CONFIG)
+    tiered = folder(CONFIG.replace(kv_host_cache_bytes=1 << 20))
+    assert tiered == folder(CONFIG.replace(kv_host_cache_bytes=2 << 20)) and tiered != folder(CONFIG)
 
 
 def test_the_switch_and_no_cache_turn_it_off(tiny, store_on, monkeypatch):

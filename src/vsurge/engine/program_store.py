@@ -55,19 +55,39 @@ def _avals(tree) -> str:
                                    for x in leaves)
 
 
-def engine_fingerprint(engine, abstract_state) -> str:
+# EngineConfig fields no compiled program depends on (the host's side: sizes of host tiers, timings, the
+# scheduler's policy, seeds drawn on the host); a byte count only says whether its tier exists. An accelerator's
+# default host tier is a quarter of the RAM free at start, different at every start.
+_HOST_SIDE = ("decode_call_ms", "hbm_utilization", "prefix_wait_steps", "kv_cache_dir", "seed",
+              "scheduling_policy", "step_timeout", "image_cache_mb", "async_scheduling")
+_TIER_BYTES = ("kv_host_cache_bytes", "kv_disk_cache_bytes", "kv_disk_prefetch_bytes")
+
+
+def programs_config(config) -> str:
+    """The engine config as its programs see it."""
+    import dataclasses
+
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in _HOST_SIDE}
+    fields.update({name: bool(fields[name]) for name in _TIER_BYTES if name in fields})
+    return repr(sorted(fields.items()))
+
+
+def fingerprint_parts(engine, abstract_state) -> list[str]:
     from ..devices import platform
 
     devices = jax.devices()
-    parts = [
+    return [
         code_digest(), jax.__version__, getattr(jax.lib, "__version__", ""), platform(),
         repr([(d.platform, getattr(d, "device_kind", ""), d.id) for d in devices]), str(jax.process_count()),
         repr(sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV_PREFIXES) and k != SWITCH_ENV)),
         repr([(name, getattr(jax.config, name, None)) for name in _JAX_SETTINGS]),
-        repr(engine.graphdef), _avals(engine.graphstate), _avals(engine.graphother), repr(engine.config),
+        repr(engine.graphdef), _avals(engine.graphstate), _avals(engine.graphother), programs_config(engine.config),
         repr(engine.model.config), _avals(abstract_state), repr(engine.input_partition_spec), repr(engine.mesh),
     ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def engine_fingerprint(engine, abstract_state) -> str:
+    return hashlib.sha256("\n".join(fingerprint_parts(engine, abstract_state)).encode()).hexdigest()[:24]
 
 
 def store_folder() -> Path | None:
