@@ -192,24 +192,3 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     cut = [end for end in stream_ends.values() if end != "done"]
     assert len(cut) == stats["streaming"], stream_ends  # the victim's streams ended with the error, the rest whole
     assert all("replica serving this stream was lost" in end for end in cut), stream_ends
-
-
-def test_the_serve_config_in_the_docs_names_the_app_and_flags_the_code_has():
-    """docs/scaling.md's Serve config: its import path is the application builder, its args are flags of
-    `vsurge serve` (no cluster: the application is only built)."""
-    import importlib
-    import re
-
-    import yaml
-
-    docs = (Path(__file__).parents[1] / "docs" / "scaling.md").read_text()
-    config = yaml.safe_load(re.search(r"```yaml\n# vsurge.yaml\n(.*?)```", docs, re.S).group(1))
-    app = config["applications"][0]
-    module, _, attr = app["import_path"].partition(":")
-    builder = getattr(importlib.import_module(module), attr)
-    from vsurge.scale.ray_serve.app import build_app
-
-    assert builder is build_app
-    assert isinstance(builder(app["args"]), serve.Application)
-    with pytest.raises(SystemExit):
-        builder({"serve_args": "--no-such-flag 1"})

@@ -29,6 +29,16 @@ def require_ray() -> None:
         raise SystemExit(f"vsurge: error: {RAY_MISSING}") from None
 
 
+# `vsurge serve` flags a replica cannot take yet: each replica is one process serving HTTP through Serve
+NOT_WITH_RAY = {"uds": "--uds", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile",
+                "coordinator_address": "--coordinator-address", "num_processes": "--num-processes",
+                "distributed": "--distributed", "prefill_devices": "--prefill-devices"}
+
+
+def unsupported_flags(args) -> list[str]:
+    return [flag for name, flag in NOT_WITH_RAY.items() if getattr(args, name, None)]
+
+
 def add_ray_args(p) -> None:
     g = p.add_argument_group("Ray Serve (replicas on a Ray cluster: docs/scaling.md#ray-serve)")
     g.add_argument("--ray", action="store_true",
@@ -39,3 +49,6 @@ def add_ray_args(p) -> None:
                    help="with --ray: the cluster to join (default: start a local one)")
     g.add_argument("--replica-cpus", type=float, default=1.0,
                    help="with --ray: CPUs Ray reserves per replica (default 1)")
+    g.add_argument("--replica-tpus", type=int, default=0,
+                   help="with --ray: TPU chips Ray reserves per replica (its \"TPU\" resource; default 0: none), "
+                        "e.g. 4 for a v5e 2x2 host with --tensor-parallel-size 4")

@@ -2,7 +2,8 @@
 
     vsurge serve --ray --replicas 2 --model M ...                      (launch.py)
     serve run vsurge.scale.ray_serve.app:build_app serve_args="--model M" replicas=2
-    a Serve config file: import_path vsurge.scale.ray_serve.app:build_app, args {serve_args, replicas}
+    a Serve config file: import_path vsurge.scale.ray_serve.app:build_app, args {serve_args, replicas, ...}
+    (deploy/ray/: a Serve config and KubeRay RayService manifests for CPU nodes and GKE TPU v5e)
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shlex
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from . import unsupported_flags
 from .ingress import VsurgeIngress
 from .replica import VsurgeReplica
 from .router import PrefixAwareRouter
@@ -24,12 +26,18 @@ INGRESS_DEPLOYMENT = "VsurgeIngress"
 MAX_ONGOING_PER_REPLICA = 64
 
 
+# what build_app reads from a Serve config's `args` (deploy/ray/*.yaml are checked against it)
+BUILD_ARGS = ("serve_args", "replicas", "replica_cpus", "replica_tpus")
+
+
 def vsurge_application(args, replicas: int = 1, replica_cpus: float = 1.0, stats_period_s: float = 1.0,
-                       min_shared_blocks: int = 4, imbalance: int = 4):
-    """args: `vsurge serve`'s parsed flags, the same for every replica."""
+                       min_shared_blocks: int = 4, imbalance: int = 4, replica_tpus: int = 0):
+    """args: `vsurge serve`'s parsed flags, the same for every replica. replica_tpus: chips of Ray's "TPU"
+    resource each replica reserves (a TPU host's chips: KubeRay's TPU worker groups advertise them)."""
+    actor = {"num_cpus": replica_cpus, **({"resources": {"TPU": replica_tpus}} if replica_tpus else {})}
     replica = serve.deployment(
         VsurgeReplica, name=REPLICA_DEPLOYMENT, num_replicas=replicas,
-        ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
+        ray_actor_options=actor, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
         health_check_period_s=2.0, health_check_timeout_s=30.0,
         request_router_config=RequestRouterConfig(
             request_router_class=PrefixAwareRouter,
@@ -42,11 +50,18 @@ def vsurge_application(args, replicas: int = 1, replica_cpus: float = 1.0, stats
 
 def build_app(config: dict):
     """Serve's application builder (`serve run`, config files): serve_args is `vsurge serve`'s flags as one
-    string or a list; replicas, replica_cpus as in `vsurge serve --ray`."""
+    string or a list; replicas, replica_cpus, replica_tpus as in `vsurge serve --ray`."""
     from ...cli.arguments import build_parser
 
+    unknown = sorted(set(config) - set(BUILD_ARGS))
+    if unknown:
+        raise ValueError(f"vsurge's Serve application takes args {', '.join(BUILD_ARGS)}; got {', '.join(unknown)}")
     given = config.get("serve_args", "")
     argv = shlex.split(given) if isinstance(given, str) else [str(a) for a in given]
     args = build_parser().parse_args(["serve", *argv])
+    given = unsupported_flags(args)
+    if given:
+        raise ValueError(f"serve_args: {', '.join(given)} cannot be used on Ray Serve yet")
     return vsurge_application(args, replicas=int(config.get("replicas", args.replicas)),
-                              replica_cpus=float(config.get("replica_cpus", args.replica_cpus)))
+                              replica_cpus=float(config.get("replica_cpus", args.replica_cpus)),
+                              replica_tpus=int(config.get("replica_tpus", args.replica_tpus)))

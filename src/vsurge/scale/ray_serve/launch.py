@@ -7,19 +7,14 @@ import signal
 import sys
 import threading
 
-from . import require_ray
+from . import require_ray, unsupported_flags
 
 # Flags of a single server that a Ray deployment does not take (yet): named in the error, not ignored.
-NOT_WITH_RAY = {"uds": "--uds", "ssl_certfile": "--ssl-certfile", "ssl_keyfile": "--ssl-keyfile",
-                "coordinator_address": "--coordinator-address", "num_processes": "--num-processes",
-                "distributed": "--distributed", "prefill_devices": "--prefill-devices"}
-
-
 def serve_on_ray(args) -> int:
     require_ray()
     if args.replicas < 1:
         raise SystemExit(f"vsurge: error: --replicas must be at least 1, got {args.replicas}")
-    given = [flag for name, flag in NOT_WITH_RAY.items() if getattr(args, name, None)]
+    given = unsupported_flags(args)
     if given:
         raise SystemExit(f"vsurge: error: {', '.join(given)} cannot be used with --ray yet")
     import ray
@@ -31,7 +26,8 @@ def serve_on_ray(args) -> int:
     serve.start(http_options={"host": args.host, "port": args.port})
     print(f"Starting {args.replicas} vsurge replica(s) on Ray Serve (each loads and compiles the model) ...",
           file=sys.stderr, flush=True)
-    serve.run(vsurge_application(args, replicas=args.replicas, replica_cpus=args.replica_cpus), name=APP_NAME,
+    serve.run(vsurge_application(args, replicas=args.replicas, replica_cpus=args.replica_cpus,
+                                 replica_tpus=args.replica_tpus), name=APP_NAME,
               route_prefix="/", blocking=False)
     print(f"vsurge: serving on Ray Serve at http://{args.host}:{args.port}/v1 ({args.replicas} replica(s))",
           file=sys.stderr, flush=True)
