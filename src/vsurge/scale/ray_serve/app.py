@@ -26,23 +26,29 @@ INGRESS_DEPLOYMENT = "VsurgeIngress"
 MAX_ONGOING_PER_REPLICA = 64
 
 
+# Serve's own default (its RequestRouterConfig's), named so the baseline is the router users get without ours
+DEFAULT_ROUTER = RequestRouterConfig().request_router_class
+
 # what build_app reads from a Serve config's `args` (deploy/ray/*.yaml are checked against it)
 BUILD_ARGS = ("serve_args", "replicas", "replica_cpus", "replica_tpus")
 
 
 def vsurge_application(args, replicas: int = 1, replica_cpus: float = 1.0, stats_period_s: float = 1.0,
-                       min_shared_blocks: int = 4, imbalance: int = 4, replica_tpus: int = 0):
+                       min_shared_blocks: int = 4, imbalance: int = 4, replica_tpus: int = 0,
+                       prefix_routing: bool = True):
     """args: `vsurge serve`'s parsed flags, the same for every replica. replica_tpus: chips of Ray's "TPU"
-    resource each replica reserves (a TPU host's chips: KubeRay's TPU worker groups advertise them)."""
+    resource each replica reserves (a TPU host's chips: KubeRay's TPU worker groups advertise them).
+    prefix_routing=False leaves Serve's default router (power of two choices by queue length): the baseline
+    benchmarks/ray_serve.py measures the prefix-aware one against."""
     actor = {"num_cpus": replica_cpus, **({"resources": {"TPU": replica_tpus}} if replica_tpus else {})}
+    routing = RequestRouterConfig(
+        request_router_class=PrefixAwareRouter if prefix_routing else DEFAULT_ROUTER,
+        request_router_kwargs={"min_shared_blocks": min_shared_blocks, "imbalance": imbalance} if prefix_routing else {},
+        request_routing_stats_period_s=stats_period_s, request_routing_stats_timeout_s=10.0)
     replica = serve.deployment(
         VsurgeReplica, name=REPLICA_DEPLOYMENT, num_replicas=replicas,
         ray_actor_options=actor, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
-        health_check_period_s=2.0, health_check_timeout_s=30.0,
-        request_router_config=RequestRouterConfig(
-            request_router_class=PrefixAwareRouter,
-            request_router_kwargs={"min_shared_blocks": min_shared_blocks, "imbalance": imbalance},
-            request_routing_stats_period_s=stats_period_s, request_routing_stats_timeout_s=10.0))
+        health_check_period_s=2.0, health_check_timeout_s=30.0, request_router_config=routing)
     ingress = serve.deployment(VsurgeIngress, name=INGRESS_DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=4096)
     return ingress.bind(replica.bind(args))

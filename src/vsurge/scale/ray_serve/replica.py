@@ -62,8 +62,15 @@ class VsurgeReplica:
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
-        return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests, "prefix_hits": self.prefix_hits,
-                "prefix_blocks": self.recent.hashes()}
+        return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
+                "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), **self.token_counts()}
+
+    def token_counts(self) -> dict:
+        """Prompt tokens this replica's engines were given and, of them, found in their prefix caches (summed
+        over its models): what a router's placement saves shows as the gap (benchmarks/ray_serve.py)."""
+        surges = list(self.server.surges.values())
+        return {"prompt_tokens": int(sum(s.metrics.value("vsurge:prompt_tokens_total") for s in surges)),
+                "prefix_cache_hit_tokens": int(sum(s.metrics.value("vsurge:prefix_cache_hits_total") for s in surges))}
 
     def check_health(self) -> None:
         """Serve calls this periodically: an engine whose device step failed takes the replica out of
