@@ -47,6 +47,9 @@ def ray_app(tiny_checkpoints, cache_dir):
     src = str(Path(vsurge.__file__).parents[1])
     env = {k: ENV[k] for k in ("HF_HUB_OFFLINE", "JAX_PLATFORMS", "XLA_FLAGS") if k in ENV}
     env["PYTHONPATH"] = os.pathsep.join([src, *sys.path[1:]])  # the replicas import this checkout's vsurge
+    # replicas push their autoscaling stats every 0.5 s, not Serve's 10 (the autoscaling test's bounded time)
+    env["RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"] = "0.5"
+    os.environ["RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S"] = "0.5"
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -192,3 +195,69 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     cut = [end for end in stream_ends.values() if end != "done"]
     assert len(cut) == stats["streaming"], stream_ends  # the victim's streams ended with the error, the rest whole
     assert all("replica serving this stream was lost" in end for end in cut), stream_ends
+
+
+def _ctx(replicas: int, **metrics):
+    """What Serve's controller hands a policy: per metric, each replica's value over the look-back window."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(current_num_replicas=replicas,
+                           aggregated_metrics={name: dict(enumerate(values)) for name, values in metrics.items()})
+
+
+def test_the_load_policy_sizes_by_held_requests_against_slots_and_grows_on_a_full_kv_pool():
+    from vsurge.scale.ray_serve.autoscale import VsurgeLoadPolicy, autoscaling_config
+
+    policy = VsurgeLoadPolicy(target=0.75)
+    assert policy(_ctx(1, held=[0], slots=[8], waiting=[0], kv_usage=[0.0]))[0] == 1  # idle: the floor
+    assert policy(_ctx(1, held=[6], slots=[8], waiting=[0], kv_usage=[0.5]))[0] == 1  # 6 of 8 slots: fits
+    assert policy(_ctx(1, held=[20], slots=[8], waiting=[12], kv_usage=[0.5]))[0] == 4
+    assert policy(_ctx(3, held=[2, 1, 0], slots=[8, 8, 8], waiting=[0, 0, 0], kv_usage=[0.1] * 3))[0] == 1
+    # few requests but long ones: the pool is full while requests wait, so slots are not the limit
+    assert policy(_ctx(2, held=[3, 2], slots=[8, 8], waiting=[2, 0], kv_usage=[0.95, 0.4]))[0] == 3
+    assert policy(_ctx(1, **{}))[0] == 1  # no metrics yet
+    with pytest.raises(ValueError, match="fraction of a replica's slots"):
+        VsurgeLoadPolicy(target=1.5)
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        autoscaling_config(3, 2)
+
+
+def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_app, cache_dir):
+    """Redeploys the module's application autoscaled between 1 and 2 replicas (this test runs last): 12 long
+    requests on one replica of 4 slots bring a second, none is lost, and idle it goes back to one."""
+    from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
+    from vsurge.scale.ray_serve.autoscale import autoscaling_config
+
+    def running() -> int:
+        status = serve.status().applications[APP_NAME].deployments["VsurgeReplica"]
+        return status.replica_states.get("RUNNING", 0)
+
+    def wait_for(count: int, seconds: float) -> float:
+        began = time.monotonic()
+        while running() != count:
+            assert time.monotonic() - began < seconds, f"{running()} replicas after {seconds} s, waiting for {count}"
+            time.sleep(0.5)
+        return time.monotonic() - began
+
+    config = autoscaling_config(1, 2, upscale_delay_s=1.0, downscale_delay_s=3.0, look_back_period_s=2.0)
+    serve.run(vsurge_application(_args(ray_app["model"], cache_dir), stats_period_s=0.2, autoscaling=config),
+              name=APP_NAME, route_prefix="/")
+    assert running() == 1
+    client, name = _client(ray_app, timeout=240.0), ray_app["name"]
+    scaled, answers = threading.Event(), []
+
+    def keep_asking(worker: int):  # 12 requests in flight until the second replica runs
+        while not scaled.is_set():
+            answers.append(_chat(client, name, f"Tell story {worker}.", 64, extra_body={"ignore_eos": True}))
+
+    with ThreadPoolExecutor(12) as pool:
+        workers = [pool.submit(keep_asking, i) for i in range(12)]
+        try:
+            up = wait_for(2, 90)
+        finally:
+            scaled.set()
+        for f in workers:
+            f.result(timeout=240)  # none lost (an error would raise here) while the second replica joined
+    assert len(answers) >= 12 and all(answers)
+    down = wait_for(1, 90)
+    print(f"autoscaling: 1 -> 2 in {up:.1f} s under load, 2 -> 1 in {down:.1f} s idle")

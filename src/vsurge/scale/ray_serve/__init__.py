@@ -45,6 +45,11 @@ def add_ray_args(p) -> None:
                    help="serve through Ray Serve: --replicas copies of this server behind one HTTP endpoint, "
                         "requests routed by shared prompt prefix, then by load")
     g.add_argument("--replicas", type=int, default=1, help="with --ray: how many replicas (default 1)")
+    g.add_argument("--min-replicas", type=int, default=None,
+                   help="with --ray: autoscale between --min-replicas and --max-replicas on vsurge's load (the "
+                        "requests each replica holds against its slots, waiting requests and KV use) instead of "
+                        "a fixed --replicas; a replica scaled down finishes its requests first")
+    g.add_argument("--max-replicas", type=int, default=None, help="with --ray: see --min-replicas")
     g.add_argument("--ray-address", default=None,
                    help="with --ray: the cluster to join (default: start a local one)")
     g.add_argument("--replica-cpus", type=float, default=1.0,

@@ -30,25 +30,29 @@ MAX_ONGOING_PER_REPLICA = 64
 DEFAULT_ROUTER = RequestRouterConfig().request_router_class
 
 # what build_app reads from a Serve config's `args` (deploy/ray/*.yaml are checked against it)
-BUILD_ARGS = ("serve_args", "replicas", "replica_cpus", "replica_tpus")
+BUILD_ARGS = ("serve_args", "replicas", "replica_cpus", "replica_tpus", "min_replicas", "max_replicas")
+DRAIN_TIMEOUT_S = 300.0  # a replica scaled down or deleted finishes the requests it holds, at most this long
 
 
 def vsurge_application(args, replicas: int = 1, replica_cpus: float = 1.0, stats_period_s: float = 1.0,
                        min_shared_blocks: int = 4, imbalance: int = 4, replica_tpus: int = 0,
-                       prefix_routing: bool = True):
+                       prefix_routing: bool = True, autoscaling: dict | None = None):
     """args: `vsurge serve`'s parsed flags, the same for every replica. replica_tpus: chips of Ray's "TPU"
     resource each replica reserves (a TPU host's chips: KubeRay's TPU worker groups advertise them).
     prefix_routing=False leaves Serve's default router (power of two choices by queue length): the baseline
-    benchmarks/ray_serve.py measures the prefix-aware one against."""
+    benchmarks/ray_serve.py measures the prefix-aware one against. autoscaling: Serve's autoscaling_config
+    (autoscale.autoscaling_config: vsurge's load policy between min and max replicas) instead of `replicas`."""
     actor = {"num_cpus": replica_cpus, **({"resources": {"TPU": replica_tpus}} if replica_tpus else {})}
     routing = RequestRouterConfig(
         request_router_class=PrefixAwareRouter if prefix_routing else DEFAULT_ROUTER,
         request_router_kwargs={"min_shared_blocks": min_shared_blocks, "imbalance": imbalance} if prefix_routing else {},
         request_routing_stats_period_s=stats_period_s, request_routing_stats_timeout_s=10.0)
+    count = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": replicas}
     replica = serve.deployment(
-        VsurgeReplica, name=REPLICA_DEPLOYMENT, num_replicas=replicas,
+        VsurgeReplica, name=REPLICA_DEPLOYMENT, **count,
         ray_actor_options=actor, max_ongoing_requests=MAX_ONGOING_PER_REPLICA,
-        health_check_period_s=2.0, health_check_timeout_s=30.0, request_router_config=routing)
+        health_check_period_s=2.0, health_check_timeout_s=30.0, request_router_config=routing,
+        graceful_shutdown_wait_loop_s=1.0, graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
     ingress = serve.deployment(VsurgeIngress, name=INGRESS_DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=4096)
     return ingress.bind(replica.bind(args))
@@ -68,6 +72,20 @@ def build_app(config: dict):
     given = unsupported_flags(args)
     if given:
         raise ValueError(f"serve_args: {', '.join(given)} cannot be used on Ray Serve yet")
+    for name in ("min_replicas", "max_replicas"):
+        if name in config:
+            setattr(args, name, int(config[name]))
     return vsurge_application(args, replicas=int(config.get("replicas", args.replicas)),
                               replica_cpus=float(config.get("replica_cpus", args.replica_cpus)),
-                              replica_tpus=int(config.get("replica_tpus", args.replica_tpus)))
+                              replica_tpus=int(config.get("replica_tpus", args.replica_tpus)),
+                              autoscaling=autoscaling_of(args))
+
+
+def autoscaling_of(args) -> dict | None:
+    """Serve's autoscaling_config for --min-replicas / --max-replicas (None: a fixed --replicas)."""
+    from .autoscale import autoscaling_config
+
+    low, high = getattr(args, "min_replicas", None), getattr(args, "max_replicas", None)
+    if low is None and high is None:
+        return None
+    return autoscaling_config(low if low is not None else 1, high if high is not None else max(low, 1))

@@ -20,17 +20,22 @@ def serve_on_ray(args) -> int:
     import ray
     from ray import serve
 
-    from .app import APP_NAME, vsurge_application
+    from .app import APP_NAME, autoscaling_of, vsurge_application
 
     ray.init(address=args.ray_address)
     serve.start(http_options={"host": args.host, "port": args.port})
     print(f"Starting {args.replicas} vsurge replica(s) on Ray Serve (each loads and compiles the model) ...",
           file=sys.stderr, flush=True)
+    try:
+        autoscaling = autoscaling_of(args)
+    except ValueError as e:
+        raise SystemExit(f"vsurge: error: --min-replicas / --max-replicas: {e}") from None
     serve.run(vsurge_application(args, replicas=args.replicas, replica_cpus=args.replica_cpus,
-                                 replica_tpus=args.replica_tpus), name=APP_NAME,
+                                 replica_tpus=args.replica_tpus, autoscaling=autoscaling), name=APP_NAME,
               route_prefix="/", blocking=False)
-    print(f"vsurge: serving on Ray Serve at http://{args.host}:{args.port}/v1 ({args.replicas} replica(s))",
-          file=sys.stderr, flush=True)
+    count = (f"{autoscaling['min_replicas']}-{autoscaling['max_replicas']} replicas, autoscaled" if autoscaling
+             else f"{args.replicas} replica(s)")
+    print(f"vsurge: serving on Ray Serve at http://{args.host}:{args.port}/v1 ({count})", file=sys.stderr, flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -65,6 +65,15 @@ class VsurgeReplica:
         return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
                 "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), **self.token_counts()}
 
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """What vsurge's autoscaling policy reads (autoscale.py; Serve pushes it to its controller): requests
+        held, of them waiting for a slot, decode slots, and the fullest KV pool's use."""
+        surges = list(self.server.surges.values())
+        return {"held": float(self.in_flight),
+                "waiting": float(sum(s.metrics.value("vsurge:num_requests_waiting") for s in surges)),
+                "slots": float(sum(e.max_concurrent_decodes for s in surges for e in s.driver.decode_engines)),
+                "kv_usage": float(max((s.metrics.value("vsurge:kv_cache_usage_perc") for s in surges), default=0.0))}
+
     def token_counts(self) -> dict:
         """Prompt tokens this replica's engines were given and, of them, found in their prefix caches (summed
         over its models): what a router's placement saves shows as the gap (benchmarks/ray_serve.py)."""
