@@ -147,8 +147,6 @@ EVERY_IMPORT = {module: _imports(module, path) for module, path in MODULES.items
 KNOWN = {
     ("engine", "seed.engines"): "engine/__init__.py re-exports the seed's vEngine, oEngine, GenerationState, ...",
     ("engine", "seed.drivers"): "engine/__init__.py re-exports the seed's vDriver, oDriver",
-    ("server.protocol", "server.adapters.chat"): "server/protocol.py re-exports ChatCompletionRequest (a circle)",
-    ("server.protocol", "server.adapters.completions"): "server/protocol.py re-exports CompletionRequest (a circle)",
 }
 GRAPH = {module: {t for t in targets if (module, t) not in KNOWN} for module, targets in EVERY_IMPORT.items()}
 
