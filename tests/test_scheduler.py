@@ -18,7 +18,7 @@ from vsurge.engine.scheduler import Scheduler
 from vsurge.engine.sequence import Sequence, Status
 from vsurge.kv.page_manager import HBMPageManager
 from vsurge.kv.slot_pages import SlotPages
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 
 
 class Letters:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..engine.engine_config import EngineConfig
-from ..sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
 # prefilled 64 tokens a step, with no decode rows beside them. One prompt-row length only: the

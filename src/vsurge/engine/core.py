@@ -343,7 +343,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         prompt's step, then decode steps): their first runs cost ~0.2-0.3 s each (buffers
         allocated, code paged in), which the first request's TTFT paid before. Slots and pages
         it takes are free again when it returns."""
-        from ..sampling_params import SamplingParams
+        from ..sampling.params import SamplingParams
         from .request import ActiveRequest, ReturnChannel
         from .sequence import Sequence
 

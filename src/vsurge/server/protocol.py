@@ -2,7 +2,7 @@
 
 Each generation wire format's own body lives with its adapter (adapters/: chat,
 completions, responses, messages, embeddings); their sampling fields are generated
-from sampling_params.py. Unknown fields are ignored, as OpenAI and vLLM do.
+from sampling/params.py. Unknown fields are ignored, as OpenAI and vLLM do.
 """
 
 from __future__ import annotations
