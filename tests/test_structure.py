@@ -30,7 +30,7 @@ LAYERS = [
     ["errors", "config", "kernels", "structured"],
     ["tokenizer"],  # chat templates, detokenizing (no JAX)
     ["multimodal"],  # images: decoded, tiled, their placeholders in the chat prompt (no JAX)
-    ["sampling", "devices", "sharding"],  # SamplingParams and the defaults of its fields; meshes
+    ["sampling", "hardware"],  # SamplingParams and the defaults of its fields; platform, dtypes, meshes
     ["ops"],  # JAX ops: attention, RoPE, MoE, sampling, matmuls
     ["kv"],  # the KV caches and page pools
     ["models"],  # the model families

@@ -222,7 +222,7 @@ def describe_model(model) -> str:
     """The start-up line about the loaded weights: their bytes, how they are held, and the CPU's ISA
     with the kernel that multiplies blocks (what decides the speed here)."""
     from .. import kernels
-    from ..devices import platform
+    from ..hardware.devices import platform
 
     formats = model.block_formats()
     listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))
