@@ -137,8 +137,9 @@ def declared_names() -> set[str]:
 
 def test_loaders_sharding_and_quantization_name_no_family_weight():
     package = Path(vsurge.__file__).parent
-    sources = [*sorted((package / "loading").glob("*.py")), package / "hardware" / "sharding.py", package / "ops" / "linear.py",
-               package / "kv" / "dense.py", package / "kv" / "paged.py", package / "engine" / "programs.py"]
+    sources = [*sorted((package / "loading").glob("*.py")), package / "hardware" / "sharding.py",
+               package / "ops" / "linear.py", package / "kv" / "dense.py", package / "kv" / "paged.py",
+               package / "engine" / "programs.py"]
     names = declared_names()
     assert {"wqkv", "w_gate_up", "q_proj", "experts_gate_up", "attn_k_b"} <= names  # the scan sees them
     for path in sources:
