@@ -83,7 +83,7 @@ def main() -> int:
     from vsurge import kernels
     from vsurge.cli.arguments import DEFAULT_MAX_TOKENS
     from vsurge.cli.local_engine import LocalEngine
-    from vsurge.generation_defaults import resolve_generation_defaults
+    from vsurge.loading.generation_config import resolve_generation_defaults
     from vsurge.loading import resolve_model_path
 
     defaults = resolve_generation_defaults("auto", resolve_model_path("default"))

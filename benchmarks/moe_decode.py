@@ -38,7 +38,7 @@ from vsurge.models.qwen2_moe import Qwen2MoeConfig  # noqa: E402
 from vsurge.models.qwen3 import Qwen3  # noqa: E402
 from vsurge.models.qwen3_moe import Qwen3Moe  # noqa: E402
 from vsurge.config import ModelConfig  # noqa: E402
-from vsurge.sampling_params import SamplingParams  # noqa: E402
+from vsurge.sampling.params import SamplingParams  # noqa: E402
 
 SHAPE = dict(vocab_size=32000, hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=4, head_dim=64,
              qk_norm=True, rope=Rope(theta=1e6), max_position_embeddings=4096, eos_token_ids=(0,))

@@ -36,7 +36,7 @@ import vsurge  # noqa: E402
 from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
-from vsurge.sampling_params import SamplingParams  # noqa: E402
+from vsurge.sampling.params import SamplingParams  # noqa: E402
 
 MATMUL_OPS = ("dot_general", "ffi_call")  # XLA's dots and the block kernel's custom call (GGUF blocks kept)
 CATEGORIES = ("weight matmuls", "attention", "cache writes", "output head", "sampling", "elementwise")

@@ -43,7 +43,7 @@ from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.kernels import cpu_isa  # noqa: E402
 from vsurge.models.llama import Llama  # noqa: E402
 from vsurge.ops.linear import quantize_int8  # noqa: E402
-from vsurge.sampling_params import SamplingParams  # noqa: E402
+from vsurge.sampling.params import SamplingParams  # noqa: E402
 
 LLAMA_8B = dict(architecture="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
                 num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, max_position_embeddings=131072,

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     from vsurge import kernels
     from vsurge.ops.sampling import SamplingArrays, draw_tokens
-    from vsurge.sampling_params import SamplingParams
+    from vsurge.sampling.params import SamplingParams
 
     print(f"CPU ISA {kernels.cpu_isa()}; vocabulary {args.vocab}; median ms of {args.reps} calls\n")
     print("| rows | greedy | temperature 1 | temperature 1, top-p 0.9 |")

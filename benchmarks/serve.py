@@ -43,7 +43,7 @@ import httpx
 
 from vsurge import kernels
 from vsurge.cli.bench_serve import TABLE_HEADER, format_summary, format_trace, run
-from vsurge.devices import xla_cpu_isa_cap
+from vsurge.hardware.devices import xla_cpu_isa_cap
 from vsurge.loading import default_model_path
 
 ROOT = Path(__file__).resolve().parents[1]

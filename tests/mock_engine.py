@@ -22,7 +22,7 @@ from vsurge.engine import ActiveRequest, ReturnChannel
 from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.scheduler import Scheduler
 from vsurge.kv.slot_pages import SlotPages
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 
 TIMEOUT = 20
 

@@ -25,7 +25,7 @@ import vsurge  # noqa: E402
 from vsurge.generation import greedy_generate  # noqa: E402
 from vsurge.loading.hf import SafetensorsSource  # noqa: E402
 from vsurge.ops.quantized import is_quantized  # noqa: E402
-from vsurge.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
+from vsurge.hardware.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
 
 IDS = [[1, 5, 9, 200, 3000, 7, 11, 400, 42, 4242, 17, 99]]
 PROMPTS = ["Hello there", "The capital of France", "1 2 3 4", "Once upon a time in a land far away"]

@@ -106,7 +106,7 @@ def test_a_new_family_needs_only_its_file_and_a_registry_line(toy_registered, ti
     ids = jnp.asarray([np.random.default_rng(0).integers(0, 49152, 12)], jnp.int32)
     np.testing.assert_allclose(np.asarray(toy(ids)[0]), 0.5 * np.asarray(llama(ids)[0]), rtol=1e-5, atol=1e-6)
     assert toy.quantize("int8").quantization == "int8"  # quantization reads the declarations too
-    from vsurge.sharding import make_mesh, place_model
+    from vsurge.hardware.sharding import make_mesh, place_model
 
     placed = place_model(toy, make_mesh(1))
     assert set(placed.weight_axes()) == set(toy.named_weights())
@@ -137,8 +137,9 @@ def declared_names() -> set[str]:
 
 def test_loaders_sharding_and_quantization_name_no_family_weight():
     package = Path(vsurge.__file__).parent
-    sources = [*sorted((package / "loading").glob("*.py")), package / "sharding.py", package / "ops" / "linear.py",
-               package / "kv" / "dense.py", package / "kv" / "paged.py", package / "engine" / "programs.py"]
+    sources = [*sorted((package / "loading").glob("*.py")), package / "hardware" / "sharding.py",
+               package / "ops" / "linear.py", package / "kv" / "dense.py", package / "kv" / "paged.py",
+               package / "engine" / "programs.py"]
     names = declared_names()
     assert {"wqkv", "w_gate_up", "q_proj", "experts_gate_up", "attn_k_b"} <= names  # the scan sees them
     for path in sources:

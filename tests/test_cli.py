@@ -225,7 +225,7 @@ def test_ctrl_c_between_reading_a_message_and_its_reply_stops_that_reply(capsys)
     """The race's window, without timing: Ctrl-C lands while the chat template renders."""
     from vsurge.cli.chat_session import run_chat
     from vsurge.cli.local_engine import Reply
-    from vsurge.sampling_params import SamplingParams
+    from vsurge.sampling.params import SamplingParams
 
     class Surge:
         vsurge_name = "fake"

@@ -17,7 +17,7 @@ import pytest
 
 from server_process import DEFAULT_NAME, client_for
 from tiny_models import add_special_tokens, write_tiny_model
-from vsurge.sampling_params import wire_fields
+from vsurge.sampling.params import wire_fields
 
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "The capital of France is"

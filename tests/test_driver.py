@@ -9,7 +9,7 @@ import pytest
 
 from mock_engine import TIMEOUT, MockEngine, drain, expected_tokens, make_request, tokens_of
 from vsurge.engine import DriverNotReadyError, QueueFullError, vDriver
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 
 
 @pytest.fixture

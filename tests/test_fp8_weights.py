@@ -37,7 +37,7 @@ def test_quantize_fp8_rounds_each_channel_to_e4m3():
 
 def test_fp8_model_equals_float_model_holding_its_weights(tmp_path, default_processor_dir):
     from tiny_models import write_tiny_model
-    from vsurge.sharding import _holder_param
+    from vsurge.hardware.sharding import _holder_param
 
     write_tiny_model("qwen2", tmp_path, default_processor_dir)
     floats, processor = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from vsurge.errors import ModelLoadError
-from vsurge.generation_defaults import (OPENAI_DEFAULTS, VSURGE_DEFAULTS, GenerationDefaults,
-                                        resolve_generation_defaults)
+from vsurge.loading.generation_config import resolve_generation_defaults
+from vsurge.sampling.defaults import OPENAI_DEFAULTS, VSURGE_DEFAULTS, GenerationDefaults
 from vsurge.server.adapters.chat import ChatCompletionRequest
 from vsurge.server.adapters.common import sampling_params
 from vsurge.server.adapters.completions import CompletionRequest

@@ -20,7 +20,8 @@ import vsurge
 from gguf_files import Q, write_gguf
 from test_gguf_loading import tiny_torch_model
 from xla_flags import xla_flags
-from vsurge import devices, kernels
+from vsurge import kernels
+from vsurge.hardware import devices
 from vsurge.ops.quantized import QuantizedParts, QuantizedWeight, dequantize, is_quantized
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"no block kernel: {kernels.unavailable_reason()}")
@@ -220,7 +221,7 @@ def test_hf_checkpoint_quantized_at_load_to_blocks(kind, fmt, tmp_path, default_
     import gguf
 
     from tiny_models import write_tiny_model
-    from vsurge.sharding import _holder_param
+    from vsurge.hardware.sharding import _holder_param
 
     write_tiny_model("llama", tmp_path, default_processor_dir)
     floats, processor = vsurge.load(tmp_path, dtype=jnp.float32, progress=False)
@@ -262,7 +263,7 @@ def test_hf_checkpoint_quantized_with_larger_groups(kind, tmp_path, default_proc
     model holding the reference's weights, within the activations' rounding."""
     from tiny_models import write_tiny_model
     from vsurge.config import BLOCK_QUANTIZATIONS
-    from vsurge.sharding import _holder_param
+    from vsurge.hardware.sharding import _holder_param
 
     fmt, group = BLOCK_QUANTIZATIONS[kind]
     write_tiny_model("llama", tmp_path, default_processor_dir)

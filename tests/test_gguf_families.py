@@ -90,7 +90,7 @@ def test_quantized_experts_load_in_the_cpus_fast_dtype(tiny_checkpoints, tmp_pat
     """Without a dtype, a Q8_0 file's expert stacks (not held in blocks) load as the CPU's default weight
     dtype, bfloat16 where it multiplies it natively (half the bytes a decode step reads), the rest
     float32; the logits stay within the format's error of the float32 load."""
-    from vsurge.devices import default_dtype
+    from vsurge.hardware.devices import default_dtype
 
     folder, _ = tiny_checkpoints["qwen3_moe"]
     types = {k: Q.Q8_0 for k in ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")}

@@ -14,7 +14,7 @@ import vsurge
 from vsurge import vSurge
 from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.program_store import FOLDER, SWITCH_ENV, store_folder
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
 from tiny_models import write_tiny_model
 

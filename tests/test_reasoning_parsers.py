@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 from vsurge.server.adapters.common import GenerationRequest, output_parsers
 from vsurge.structured.output_parser import OutputParser
 from vsurge.structured.reasoning import DeepSeekR1Parser, GptOssParser, Qwen3Parser, get_reasoning_parser

@@ -9,7 +9,7 @@ import pytest
 
 from vsurge.ops.sampling import (SamplingArrays, _filter, _filter_sorted, apply_penalties, inverse_cdf, sample,
                                  seed_key_data)
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 
 V = 12
 

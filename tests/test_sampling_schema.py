@@ -1,4 +1,4 @@
-"""The sampling fields are declared once (sampling_params.py); everything that lists them derives from
+"""The sampling fields are declared once (sampling/params.py); everything that lists them derives from
 that declaration: the compiled step's per-row arrays, every wire format's body, the CLI flags, the
 seed's vSurgeRequest and what generation defaults may set."""
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from vsurge.cli import build_parser
-from vsurge.generation_defaults import GenerationDefaults
+from vsurge.sampling.defaults import GenerationDefaults
 from vsurge.ops.sampling import SamplingArrays
-from vsurge.sampling_params import FIELD_NAMES, SamplingParams, cli_fields, device_columns, knob_of, wire_fields
+from vsurge.sampling.params import FIELD_NAMES, SamplingParams, cli_fields, device_columns, knob_of, wire_fields
 from vsurge.server.adapters.chat import ChatCompletionRequest
 from vsurge.server.adapters.completions import CompletionRequest
 from vsurge.server.adapters.messages import MessagesRequest

@@ -10,7 +10,7 @@ from vsurge.scale.multihost import decode, encode
 from vsurge.engine.metrics import EngineMetrics
 from vsurge.models.fused import fuse_qkv_rows, replicate_kv_groups, split_gate_up, unfuse_qkv
 from vsurge.server.stats import model_stats
-from vsurge.sharding import partition_spec, tensor_parallel_config
+from vsurge.hardware.sharding import partition_spec, tensor_parallel_config
 
 CONFIG = ModelConfig("llama", vocab_size=64, hidden_size=8, intermediate_size=12, num_layers=1, num_heads=4,
                      num_kv_heads=2, head_dim=2)

@@ -18,7 +18,7 @@ from vsurge.engine.scheduler import Scheduler
 from vsurge.engine.sequence import Sequence, Status
 from vsurge.kv.page_manager import HBMPageManager
 from vsurge.kv.slot_pages import SlotPages
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 
 
 class Letters:
@@ -507,7 +507,7 @@ def test_the_engine_takes_the_coarse_ladder_on_an_accelerator(monkeypatch, tiny_
     import jax.numpy as jnp
 
     import vsurge
-    from vsurge import devices
+    from vsurge.hardware import devices
 
     model, processor = vsurge.load(tiny_checkpoints["llama"][0], dtype=jnp.float32, progress=False)
     config = EngineConfig(max_slots=64, max_length=64, page_size=16)

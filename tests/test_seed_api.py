@@ -14,7 +14,8 @@ import vsurge
 from vsurge import SamplingParams, oEngine, vEngine, vInference, vInferenceConfig, vSurge, vSurgeRequest
 from vsurge.seed.engines import ModelOutputBatch, Prefix, ResultTokens
 from vsurge.generation import greedy_generate
-from vsurge.server.protocol import ChatCompletionRequest, CountTokenRequest
+from vsurge.server.adapters.chat import ChatCompletionRequest
+from vsurge.server.protocol import CountTokenRequest
 from vsurge.vsurge import vSurgeMetadata
 from tiny_models import write_tiny_model
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from structured_helpers import assert_tokens_allowed, processor, random_walk, walk_text
 
-from vsurge.sampling_params import SamplingParams
+from vsurge.sampling.params import SamplingParams
 from vsurge.structured.bitmask import allocate_bitmask, allowed_tokens, token_allowed
 from vsurge.structured.compiler import compiler_for
 from vsurge.structured.matcher import fill_bitmasks

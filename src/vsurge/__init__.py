@@ -15,7 +15,7 @@ _EXPORTS = {
     "ModelConfig": ".config",
     "Rope": ".config",
     "Processor": ".tokenizer",
-    "SamplingParams": ".sampling_params",
+    "SamplingParams": ".sampling.params",
     "StructuredOutput": ".structured.spec",
     "EngineConfig": ".engine.engine_config",
     "PromptOutput": ".vinference",

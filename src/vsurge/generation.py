@@ -21,7 +21,7 @@ from .engine.engine_config import DEFAULT_MAX_LENGTH
 from .kv.dense import DenseKVCache
 from .ops.sampling import greedy_tokens
 from .kv.quant import storage_dtype
-from .sharding import create_state, mesh_of
+from .hardware.sharding import create_state, mesh_of
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:

@@ -15,9 +15,7 @@ from .engine.engine_config import EngineConfig
 from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
 from .lora.api import AdapterAPI
-from . import sampling_params
-from . import sampling_params as sampling_params_module
-from .sampling_params import SamplingParams
+from .sampling.params import FIELD_NAMES, FIELDS, SamplingParams
 from .seed.vsurge_api import vSurgeSeedAPI
 from .engine.streams import merged_updates
 from .tokenizer.compat import chat_prompt_ids
@@ -40,7 +38,7 @@ _SEED_DEFAULTS = {"temperature": 0.7}
 
 
 def _request_fields() -> list[tuple]:
-    by_name = {f.name: f for f in sampling_params.FIELDS}
+    by_name = {f.name: f for f in FIELDS}
 
     def spec(name):
         if name == "prompt":
@@ -58,7 +56,7 @@ def _request_fields() -> list[tuple]:
             return (name, f.type, dataclasses.field(default_factory=f.default_factory))
         return (name, f.type, dataclasses.field(default=f.default))
 
-    rest = [f.name for f in sampling_params.FIELDS if f.name not in _SEED_FIELDS]
+    rest = [f.name for f in FIELDS if f.name not in _SEED_FIELDS]
     return [spec(name) for name in (*_SEED_FIELDS, *rest)]
 
 
@@ -71,11 +69,11 @@ def _from_sampling_params(cls, prompt, sampling_params: SamplingParams | None = 
     if chosen is None:
         raise TypeError("from_sampling_params needs sampling_params")
     chosen = SamplingParams.coerce(chosen)
-    return cls(prompt=prompt, **{name: getattr(chosen, name) for name in sampling_params_module.FIELD_NAMES})
+    return cls(prompt=prompt, **{name: getattr(chosen, name) for name in FIELD_NAMES})
 
 
 def _to_sampling_params(self) -> SamplingParams:
-    values = {name: getattr(self, name) for name in sampling_params.FIELD_NAMES}
+    values = {name: getattr(self, name) for name in FIELD_NAMES}
     values["extra"] = values["extra"] or {}
     return SamplingParams(**values)
 

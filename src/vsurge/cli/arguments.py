@@ -81,9 +81,9 @@ def _add_generation_config_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    """One flag per SamplingParams field that declares `cli=` flags (sampling_params.py)."""
-    from ..generation_defaults import VSURGE_DEFAULTS
-    from ..sampling_params import cli_fields
+    """One flag per SamplingParams field that declares `cli=` flags (sampling/params.py)."""
+    from ..sampling.defaults import VSURGE_DEFAULTS
+    from ..sampling.params import cli_fields
 
     g = p.add_argument_group("sampling (unset: from --generation-config; --temperature 0 is greedy)")
     for name, spec, kind in cli_fields():

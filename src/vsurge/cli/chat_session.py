@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Callable, TextIO
 
-from ..sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
 from .local_engine import LocalEngine, Reply, status
 
 BLOCK = '"""'

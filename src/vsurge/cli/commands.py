@@ -15,7 +15,7 @@ def _sampling_params(args, defaults, seed: int):
     """The flags over the generation defaults -> SamplingParams (bad values exit with the flag's name)."""
     if args.max_tokens is not None and args.max_tokens < 1:
         raise fail("--max-tokens must be at least 1")
-    from ..sampling_params import cli_fields
+    from ..sampling.params import cli_fields
 
     flags = {name: spec.cli[0] for name, spec, _ in cli_fields()}
     explicit = {name: getattr(args, name) for name in flags}

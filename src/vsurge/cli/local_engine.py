@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ..engine.engine_config import EngineConfig
-from ..sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
 
 # One user: 2 decode slots (with weights in blocks a lone row has its own program) and prompts
 # prefilled 64 tokens a step, with no decode rows beside them. One prompt-row length only: the
@@ -222,7 +222,7 @@ def describe_model(model) -> str:
     """The start-up line about the loaded weights: their bytes, how they are held, and the CPU's ISA
     with the kernel that multiplies blocks (what decides the speed here)."""
     from .. import kernels
-    from ..devices import platform
+    from ..hardware.devices import platform
 
     formats = model.block_formats()
     listed = ", ".join(f"{f} {n}" for f, n in sorted(formats.items()))

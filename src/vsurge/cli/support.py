@@ -20,7 +20,7 @@ def engine_flags(args) -> dict:
 
 def model_generation_defaults(args):
     from ..errors import ModelLoadError
-    from ..generation_defaults import resolve_generation_defaults
+    from ..loading.generation_config import resolve_generation_defaults
     from ..loading import resolve_model_path
 
     try:

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 
 from ..lora import serving as lora_serving
-from ..sharding import mesh_of, replicated, row_shardings, state_shardings
+from ..hardware.sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import compile_counts, encode, programs
 from ..models.vision_lm import accepts_images
@@ -48,13 +48,13 @@ def multiplies_in_blocks(model) -> bool:
     """The model's matrices go through the CPU block kernel (ops/quantized.py), whose work grows
     with every row it is given, padding rows too."""
     from .. import kernels
-    from ..devices import platform
+    from ..hardware.devices import platform
 
     return bool(model.block_formats()) and platform() == "cpu" and kernels.available()
 
 
 def on_accelerator() -> bool:
-    from ..devices import platform
+    from ..hardware.devices import platform
 
     return platform() != "cpu"
 
@@ -343,7 +343,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         prompt's step, then decode steps): their first runs cost ~0.2-0.3 s each (buffers
         allocated, code paged in), which the first request's TTFT paid before. Slots and pages
         it takes are free again when it returns."""
-        from ..sampling_params import SamplingParams
+        from ..sampling.params import SamplingParams
         from .request import ActiveRequest, ReturnChannel
         from .sequence import Sequence
 

@@ -59,7 +59,7 @@ def mark(phase: str, trim: bool = False) -> None:
     if phase not in PHASES:
         raise ValueError(f"unknown memory phase {phase!r} (phases: {', '.join(PHASES)})")
     if trim:
-        from ..devices import release_freed_host_memory
+        from ..hardware.devices import release_freed_host_memory
 
         release_freed_host_memory()
     reading = read()

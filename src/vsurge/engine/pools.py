@@ -50,7 +50,7 @@ def pages_that_fit(model, config: EngineConfig, snapshots: int | None = None) ->
 
 def pool_size(model, config: EngineConfig, snapshots: int | None = None) -> tuple[int, str]:
     """(pages, why): `pages_that_fit`, with the reason the start-up line prints."""
-    from ..sharding import kv_page_shards
+    from ..hardware.sharding import kv_page_shards
 
     if config.num_pages is not None:
         return config.num_pages, "as asked (--num-pages)"

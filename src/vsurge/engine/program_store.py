@@ -73,7 +73,7 @@ def programs_config(config) -> str:
 
 
 def fingerprint_parts(engine, abstract_state) -> list[str]:
-    from ..devices import platform
+    from ..hardware.devices import platform
 
     devices = jax.devices()
     return [

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from ..sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
 
 
 class QueueFullError(RuntimeError):

@@ -29,7 +29,7 @@ def _shardings(engine, state) -> tuple[dict, dict]:
     """jax.jit's shardings of (gather, scatter) on the engine's mesh ({} on one device)."""
     if engine.mesh is None:
         return {}, {}
-    from ..sharding import replicated, state_shardings
+    from ..hardware.sharding import replicated, state_shardings
 
     kv, rep = state_shardings(state, engine.mesh), replicated(engine.mesh)
     return dict(in_shardings=(kv, rep), out_shardings=rep), dict(in_shardings=(kv, rep, rep), out_shardings=kv)

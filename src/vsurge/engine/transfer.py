@@ -31,7 +31,7 @@ import numpy as np
 
 from ..kv.access import put_pages, take_pages
 from ..kv.dense import DenseKVCache
-from ..sharding import named_sharding
+from ..hardware.sharding import named_sharding
 from .program_kinds import COPY, EXPORT, IMPORT, STATE_EXPORT, STATE_IMPORT
 from .programs import EngineState
 
@@ -141,7 +141,7 @@ class PrefixTransferAPI:
         moved = jax.device_put(prefix.pages, dest if dest is not None else jax.devices()[0])
         states = None
         if prefix.states is not None:  # replicated, as the recurrent states are on a mesh
-            from ..sharding import replicated
+            from ..hardware.sharding import replicated
 
             states = jax.device_put(prefix.states, replicated(self.mesh) if self.mesh is not None
                                     else jax.devices()[0])
@@ -183,7 +183,7 @@ class PrefixTransferAPI:
 
     def _page_shardings(self, state):
         """(the pool's, replicated) shardings on the engine's mesh, for the page copies' jax.jit."""
-        from ..sharding import replicated, state_shardings
+        from ..hardware.sharding import replicated, state_shardings
 
         return state_shardings(state, self.mesh), replicated(self.mesh)
 

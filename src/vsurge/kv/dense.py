@@ -43,7 +43,7 @@ class NoCache:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class DenseKVCache:
-    # logical axes (sharding.py): KV heads split over `model`
+    # logical axes (hardware/sharding.py): KV heads split over `model`
     K_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "head_dim", "sequence")
     V_AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "sequence", "head_dim")
 

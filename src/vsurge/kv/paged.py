@@ -44,7 +44,7 @@ def pool_dtype(model, config):
 
 
 def half_pages_on_cpu(model) -> bool:
-    from ..sharding import mesh_of
+    from ..hardware.sharding import mesh_of
 
     mesh = mesh_of(model)
     return (jax.default_backend() == "cpu" and jnp.dtype(model.dtype) == jnp.float32 and cpu_attention.ENABLED
@@ -97,7 +97,7 @@ class StepLayout:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class PagedAttentionCache:
-    # logical axes (sharding.py): pages are shared by every sequence, KV heads split over `model`
+    # logical axes (hardware/sharding.py): pages are shared by every sequence, KV heads split over `model`
     K_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "head_dim", "page_offset")
     V_AXES: ClassVar[tuple[str, ...]] = ("pages", "kv_heads", "page_offset", "head_dim")
 
@@ -136,7 +136,7 @@ class PagedAttentionCache:
 
     @property
     def k_axes(self) -> tuple[str, ...]:
-        """The logical axes of this backend's key pools (sharding.py)."""
+        """The logical axes of this backend's key pools (hardware/sharding.py)."""
         return get_backend(self.backend).K_AXES
 
     @property

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jax.numpy as jnp
 
-from ..devices import compute_dtype, default_dtype, platform
+from ..hardware.devices import compute_dtype, default_dtype, platform
 from ..errors import ModelLoadError
 from ..tokenizer import Processor
 from .default_model import DEFAULT_MODEL_NAME, default_model_path
@@ -112,7 +112,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
     else:
         raise ModelLoadError(f"model path {str(p)!r} is neither a directory nor a .gguf file")
     if mesh is None and (tensor_parallel_size or data_parallel_size):
-        from ..sharding import make_mesh
+        from ..hardware.sharding import make_mesh
 
         mesh = make_mesh(tensor_parallel_size or 1, data_parallel_size or 1)
     if expert_parallel:
@@ -144,7 +144,7 @@ def load(path: str | Path | None = "default", dtype=None, *, quantization: str |
         model = build_model(family, config, weights, dtype, compute_dtype(dtype), stack_dtype,
                             quantizer=PLACED_QUANTIZERS.get(quantization)).prepare_mixed_dtypes()
     else:
-        from ..sharding import tensor_parallel_size as tp_of
+        from ..hardware.sharding import tensor_parallel_size as tp_of
         from .sharded import load_sharded
 
         check_source(family, config, source, fmt)

@@ -1,7 +1,8 @@
-"""The sampling settings a model ships with: HF `generation_config.json` or GGUF `general.sampling.*`.
+"""The sampling settings a model ships with: HF `generation_config.json` or GGUF `general.sampling.*`,
+and `--generation-config` resolved for a model: the settings read here over vsurge's defaults.
 
-Only reading happens here; which of them apply, and what fills the gaps, is
-`vsurge.generation_defaults`. Keys are returned under SamplingParams' names.
+Keys are returned under SamplingParams' names; which fields may be set, how they are checked and
+what fills the gaps is `vsurge.sampling.defaults`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelLoadError
+from ..sampling.defaults import VSURGE_DEFAULTS, GenerationDefaults, defaults_over_vsurge
 from .hf import read_json
 
 GENERATION_CONFIG_FILE = "generation_config.json"
@@ -84,3 +86,18 @@ def _is_default_model(model_path: Path) -> bool:
         return model_path.resolve() == default_model_path().resolve()
     except ModelLoadError:  # the default model is not installed: this path is not it
         return False
+
+
+def resolve_generation_defaults(choice: str, model_path: Path | None) -> GenerationDefaults:
+    """`--generation-config` ("vsurge", "auto" or a path) for the model at `model_path` (resolved).
+
+    Raises ValueError (bad values) or ModelLoadError (unreadable file)."""
+    if choice == "vsurge":
+        return VSURGE_DEFAULTS
+    if choice == "auto":
+        if model_path is None:
+            return VSURGE_DEFAULTS
+        found, source = model_sampling_config(model_path)
+        return defaults_over_vsurge(found, source) if found else VSURGE_DEFAULTS
+    path = Path(choice).expanduser()
+    return defaults_over_vsurge(read_generation_config_file(path), str(path))

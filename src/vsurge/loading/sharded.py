@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..models.spec import TensorSource
-from ..sharding import named_sharding, replicated
+from ..hardware.sharding import named_sharding, replicated
 from .gguf_blocks import keep_blocks
 from .weights import WeightReader
 

@@ -17,7 +17,7 @@ def enable(model, config) -> AdapterSlots | None:
     if not config.max_loras:
         return None
     check_servable(model)
-    from ..sharding import mesh_of
+    from ..hardware.sharding import mesh_of
 
     if config.role != "both":
         raise ValueError("LoRA adapters are not served by disaggregated prefill/decode engines yet")

@@ -25,7 +25,7 @@ from .layout import adapter_holders, site_weight
 def stack_dtype(model):
     """The weights' dtype; for a model held in GGUF blocks (float32 beside them), bfloat16 where the device
     multiplies it natively (devices.default_dtype): half the bytes each step reads, twice the dot rate."""
-    from ..devices import default_dtype
+    from ..hardware.devices import default_dtype
 
     if model.block_formats() and model.param_dtype == jnp.float32:
         return jnp.dtype(default_dtype())
@@ -51,10 +51,10 @@ def attach(model, slots: int, rank: int, mesh=None) -> None:
 
 
 def _zeros(shape, dtype, mesh, axes):
-    """Zeros of `shape`, on `mesh` by the logical `axes` (sharding.py's rules) when given one."""
+    """Zeros of `shape`, on `mesh` by the logical `axes` (hardware/sharding.py's rules) when given one."""
     if mesh is None:
         return jnp.zeros(shape, dtype)
-    from ..sharding import named_sharding
+    from ..hardware.sharding import named_sharding
 
     return jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=named_sharding(mesh, axes, shape))()
 

@@ -45,7 +45,7 @@ from ..ops.linear import FP8, linear, matmul_t, quantize_fp8, quantize_int8
 from ..ops.norm import rms_norm
 from ..ops.quantized import activation_passes, gather_rows, held_bytes, is_quantized, quantize, with_passes
 from ..ops.rope import rope_cos_sin
-from ..sharding import constrain
+from ..hardware.sharding import constrain
 from .fused import replicate_kv_groups
 from .spec import Weight, tensor
 
@@ -268,7 +268,7 @@ class CausalLM(nnx.Module):
         it (logged; K not a multiple of 32 stays float), replicated on the model's mesh if it has one."""
         if self.quantization:
             raise ValueError(f"the model is quantized already ({self.quantization})")
-        from ..sharding import mesh_of, replicated
+        from ..hardware.sharding import mesh_of, replicated
 
         mesh = mesh_of(self)
         smaller: dict[int, int] = {}  # group size -> matrices whose K needs it

@@ -1,7 +1,7 @@
 """A family's weights, declared: shape, logical axes and where each comes from in a checkpoint.
 
 Every model weight is a `Weight`: its shape in the model's layout, the logical
-name of each axis (sharding.py maps names onto mesh axes), whether int8
+name of each axis (hardware/sharding.py maps names onto mesh axes), whether int8
 quantization may replace it, and one `Recipe` per checkpoint format (HF
 safetensors, GGUF) saying which stored tensors build it and how. Loaders,
 sharding and quantization read these declarations and never name a weight.

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..sampling_params import device_columns
+from ..sampling.params import device_columns
 
 _NEG_INF = -jnp.inf
 TOP_LOGPROBS = 20  # most alternatives a request may ask for (OpenAI's limit)
@@ -38,7 +38,7 @@ def _neutral(cls, batch: int):
 # Per-row sampling parameters, each (B,): one column per SamplingParams field declared with
 # `device=` (temperature f32 0 = greedy, top_p, top_k i32 0 = off, min_p, the penalties), plus
 # key_data (B, 2) uint32, the row's base PRNG key (from its seed). Built from the schema, so a new
-# per-row knob is declared once, in sampling_params.py.
+# per-row knob is declared once, in sampling/params.py.
 _COLUMNS = device_columns()
 SamplingArrays = jax.tree_util.register_dataclass(dataclasses.make_dataclass(
     "SamplingArrays", [(name, jax.Array) for name, _, _ in _COLUMNS] + [("key_data", jax.Array)],

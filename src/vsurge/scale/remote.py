@@ -190,7 +190,7 @@ class RemoteDecodeEngine:
     # -- prefixes
     def prefix_shardings(self, pages: int):
         from ..kv.dense import DenseKVCache
-        from ..sharding import named_sharding
+        from ..hardware.sharding import named_sharding
 
         return named_sharding(self.mesh, DenseKVCache.K_AXES)
 
@@ -199,7 +199,7 @@ class RemoteDecodeEngine:
 
     def receive_prefix(self, prefix: KVPrefix) -> KVPrefix:
         """Tell the owner a prefix is coming, then send it: jax.device_put onto this engine's mesh."""
-        from ..sharding import replicated
+        from ..hardware.sharding import replicated
 
         tid = next(self._transfers)
         source = prefix.pages.k[0].sharding.mesh
@@ -243,7 +243,7 @@ def disaggregated_engines(model, processor, make_engine, config: EngineConfig, p
                           prefill_tensor_parallel_size, tensor_parallel_size, name: str) -> tuple[list, list]:
     """(prefill engines, decode engines) of this process: on process 0 its prefill engines and every
     decode engine (remote ones as RemoteDecodeEngine); elsewhere the decode engines on its devices."""
-    from ..sharding import replica_meshes
+    from ..hardware.sharding import replica_meshes
     from .replicas import group_mesh, replica_models
 
     pid = jax.process_index()
@@ -278,7 +278,7 @@ def attach(surge) -> None:
 def local_mesh(prefill_devices, decode_devices, prefill_tensor_parallel_size=None, tensor_parallel_size=None):
     """The mesh this process loads the model onto: process 0 its prefill group, another process its
     (first) decode engine's devices."""
-    from ..sharding import replica_meshes
+    from ..hardware.sharding import replica_meshes
     from .replicas import group_mesh
 
     if jax.process_index() == 0:
@@ -334,7 +334,7 @@ def _receive(engine, bucket: int, shape, device_ids, states_layout: list | None)
     heads) and, with `states_layout` (a hybrid model's), its slot's recurrent states (replicated)."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from ..sharding import replicated
+    from ..hardware.sharding import replicated
 
     by_id = {d.id: d for d in jax.devices()}
     source = Mesh(np.asarray([by_id[int(i)] for i in device_ids], dtype=object).reshape(shape), ("data", "model"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import jax
 
-from ..sharding import (make_mesh, mesh_of, place_model, replica_meshes, replica_model,
+from ..hardware.sharding import (make_mesh, mesh_of, place_model, replica_meshes, replica_model,
                         tensor_parallel_size as tp_of)
 
 

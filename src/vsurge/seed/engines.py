@@ -21,9 +21,9 @@ from flax import nnx
 
 from ..kv.dense import DenseKVCache
 from ..kv.access import KEY_AXIS, VALUE_AXIS, write_tokens
-from ..sharding import replicated, state_shardings
+from ..hardware.sharding import replicated, state_shardings
 from ..ops.sampling import SamplingArrays, draw_tokens
-from ..sampling_params import SamplingParams
+from ..sampling.params import SamplingParams
 from ..engine.core import EngineCore
 from ..engine.pools import make_page_pool, make_slot_pages
 from ..engine.programs import EngineState, StepOutput

@@ -70,7 +70,7 @@ async def save(server, body: CacheSlotRequest) -> dict:
     folder = _slot_dir(disk, body.name)
     if not body.prompt:
         raise APIError(400, "give the 'prompt' to save", "prompt")
-    from ..sampling_params import SamplingParams
+    from ..sampling.params import SamplingParams
 
     # two tokens: the prompt's pages are committed after its first (a sequence that ends there is not)
     try:

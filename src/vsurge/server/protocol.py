@@ -2,7 +2,7 @@
 
 Each generation wire format's own body lives with its adapter (adapters/: chat,
 completions, responses, messages, embeddings); their sampling fields are generated
-from sampling_params.py. Unknown fields are ignored, as OpenAI and vLLM do.
+from sampling/params.py. Unknown fields are ignored, as OpenAI and vLLM do.
 """
 
 from __future__ import annotations
@@ -196,14 +196,3 @@ def messages_as_dicts(messages: list[ChatMessage]) -> list[dict]:
         out.append(message)
     return out
 
-
-_MOVED = {"ChatCompletionRequest": ".adapters.chat", "CompletionRequest": ".adapters.completions",
-          "UNSUPPORTED_FIELDS": ".adapters.chat"}
-
-
-def __getattr__(name):  # the generation bodies moved to their adapters; old imports keep working
-    if name in _MOVED:
-        from importlib import import_module
-
-        return getattr(import_module(_MOVED[name], __package__), name)
-    raise AttributeError(name)

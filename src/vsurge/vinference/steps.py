@@ -134,7 +134,7 @@ class BatchRun:
         temperature, top_p, top_k, min_p, penalties and logit_bias at the next step, and its
         max_tokens (capped by max_new_tokens) when given. A row's seed, stop strings, structured
         output and n stay as the batch started (they are fixed when its rows are made)."""
-        from ..sampling_params import SamplingParams
+        from ..sampling.params import SamplingParams
 
         from ..engine.validation import fit_vocabulary
 

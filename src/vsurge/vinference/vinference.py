@@ -25,8 +25,8 @@ from ..engine.sequence import Sequence as EngineSequence
 from ..engine.validation import prepare_requests
 from ..kv.slot_pages import SlotPages
 from ..engine.metrics import EngineMetrics
-from ..sampling_params import SamplingParams
-from ..sharding import check_input_partition_spec, mesh_of
+from ..sampling.params import SamplingParams
+from ..hardware.sharding import check_input_partition_spec, mesh_of
 from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
 from .buckets import BucketEngines
 from .inference_config import vInferenceConfig, vInferencePreCompileConfig

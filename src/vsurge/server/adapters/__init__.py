@@ -8,6 +8,6 @@ updates -> its wire events.
     embeddings.py   POST /v1/embeddings         (OpenAI)
 
 common.py holds what they share: the sampling fields every body carries (generated from
-sampling_params.py), `GenerationRequest` (token ids + SamplingParams + structured output
+sampling/params.py), `GenerationRequest` (token ids + SamplingParams + structured output
 and tools) and each choice's OutputParser (reasoning, content, tool calls).
 """

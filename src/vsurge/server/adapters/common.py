@@ -2,7 +2,7 @@
 request, chat-template rendering, and each choice's output parser.
 
 A body is parsed once, by FastAPI into the wire format's pydantic model (its sampling
-fields generated from sampling_params.py); the adapter maps that model onto a
+fields generated from sampling/params.py); the adapter maps that model onto a
 `GenerationRequest` (token ids + SamplingParams + structured output and tools), and
 maps the engine's updates back onto its wire format's events.
 """
@@ -17,8 +17,8 @@ from typing import Callable, Optional
 from pydantic import BaseModel, StrictInt, create_model
 
 from ...engine.request import DriverNotReadyError
-from ...generation_defaults import OPENAI_DEFAULTS
-from ...sampling_params import SamplingParams, wire_fields
+from ...sampling.defaults import OPENAI_DEFAULTS
+from ...sampling.params import SamplingParams, wire_fields
 from ...structured.errors import ParamError
 from ...structured.openai_fields import StructuredRequest
 from ...structured.output_parser import OutputParser

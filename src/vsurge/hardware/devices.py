@@ -25,7 +25,7 @@ def cpu_bf16_native() -> bool:
     """Whether XLA:CPU's bfloat16 dots run on native instructions here (AVX512-BF16 or AMX), where
     they are ~2x float32's; elsewhere XLA emulates them and they are slower than float32
     (issue 20: 20.7 vs 26.0 tok/s on an AVX2-only CPU)."""
-    from . import kernels
+    from .. import kernels
 
     cap = xla_cpu_isa_cap()
     if cap is not None and not cap.startswith("avx512"):

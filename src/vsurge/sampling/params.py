@@ -9,7 +9,7 @@ array of the compiled step. Everything else derives from this list:
   (chat, completions, responses, messages) and their mapping onto SamplingParams;
 - ops/sampling.py: `SamplingArrays`, one column per `device=` field (per-row arrays:
   changing a value never recompiles);
-- generation_defaults.py: which fields `--generation-config` may set, and their types;
+- defaults.py: which fields `--generation-config` may set, and their types;
 - cli/arguments.py: the sampling flags of `vsurge generate` / `vsurge chat`;
 - vsurge.py: `vSurgeRequest`, the seed's request type (its fields plus all of these).
 
@@ -30,8 +30,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from pydantic import StrictInt, StrictStr
 
-from .structured.errors import ParamError
-from .structured.spec import StructuredOutput
+from ..structured.errors import ParamError
+from ..structured.spec import StructuredOutput
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 INT32_MAX = 2**31 - 1  # the widest count a compiled step's int32 arrays hold (token ids, budgets, top_k)

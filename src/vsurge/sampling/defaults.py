@@ -10,14 +10,15 @@
   `general.sampling.*`) for the fields it sets, VSURGE_DEFAULTS for the rest.
 - a path: a generation_config.json file (or a directory holding one), over VSURGE_DEFAULTS.
 
+The choice is resolved for a model by loading/generation_config.py (`resolve_generation_defaults`),
+which reads the model's files; this module reads none.
+
 Explicit values (CLI flags, OpenAI request fields) always win over these.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .sampling_params import FIELD_NAMES, SamplingParams, default_of
+from .params import FIELD_NAMES, SamplingParams, default_of
 
 GENERATION_CONFIG_CHOICES = ("vsurge", "auto")  # or a path
 
@@ -106,19 +107,3 @@ def defaults_over_vsurge(found: dict, source: str) -> GenerationDefaults:
         raise ValueError(f"{source}: {exc}") from None
     return defaults
 
-
-def resolve_generation_defaults(choice: str, model_path: Path | None) -> GenerationDefaults:
-    """`--generation-config` ("vsurge", "auto" or a path) for the model at `model_path` (resolved).
-
-    Raises ValueError (bad values) or ModelLoadError (unreadable file)."""
-    from .loading.generation_config import model_sampling_config, read_generation_config_file
-
-    if choice == "vsurge":
-        return VSURGE_DEFAULTS
-    if choice == "auto":
-        if model_path is None:
-            return VSURGE_DEFAULTS
-        found, source = model_sampling_config(model_path)
-        return defaults_over_vsurge(found, source) if found else VSURGE_DEFAULTS
-    path = Path(choice).expanduser()
-    return defaults_over_vsurge(read_generation_config_file(path), str(path))
