@@ -4,7 +4,7 @@ vEngine (dense: a fixed run of pages per slot) and oEngine (paged: pages on
 demand, prefix caching, preemption) are this class with different page pools.
 Every program is compiled by `compile()` (a progress bar; the persistent
 compilation cache makes restarts fast), so nothing compiles while serving.
-The engine runs where the model's weights are: on their mesh (sharding.py),
+The engine runs where the model's weights are: on their mesh (hardware/sharding.py),
 every program gets explicit shardings (KV cache split over KV heads, host
 inputs and outputs replicated) and XLA partitions it; otherwise on the default
 device.
