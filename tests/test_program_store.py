@@ -131,3 +131,12 @@ def test_only_the_newest_fingerprints_are_kept(tmp_path):
     store.save(("add",), jax.jit(lambda x: x + 1).lower(1.0).compile())
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["new"] + [f"old{i}" for i in range(3, KEEP + 2)])
     assert float(store.load(("add",))(1.0)) == 2.0 and store.load(("other",)) is None
+
+
+def test_weights_that_differ_only_in_how_the_kernel_multiplies_them_differ_in_fingerprint(store_on):
+    """The default model's GGUF blocks carry the block kernel's passes (1: llama.cpp's arithmetic, 2: with the
+    activations' rounding residual) as static data of each weight: a program of one must not serve the other."""
+    model, processor = vsurge.load("default", progress=False)
+    two = vSurge.from_config(model, processor, CONFIG).engine._program_store().folder
+    one = vSurge.from_config(model.use_activation_passes(1), processor, CONFIG).engine._program_store().folder
+    assert model.activation_passes == 1 and one != two
