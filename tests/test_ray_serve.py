@@ -139,6 +139,18 @@ def test_requests_sharing_a_long_preamble_land_on_one_replica(ray_app):
     busy = max(served, key=served.get)
     assert hits[busy] == len(questions) - 1, hits  # every one after the first found its preamble there
 
+    # the one scrape shows it: the router's choices and each replica's counters beside the engine's series
+    text = httpx.get(ray_app["base"] + "/metrics", timeout=30).text
+    assert "vsurge:num_requests_running" in text  # the answering replica's engine
+    series = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(("vsurge:router_", "vsurge:replica_"))}
+    assert series['vsurge:router_requests_total{choice="prefix"}'] >= len(questions) - 1, series
+    replica_hits = [v for k, v in series.items() if k.startswith("vsurge:replica_prefix_hits_total")]
+    assert len(replica_hits) == 2 and sum(replica_hits) >= len(questions) - 1, series
+    given = sum(v for k, v in series.items() if k.startswith("vsurge:replica_prompt_tokens_total"))
+    found = sum(v for k, v in series.items() if k.startswith("vsurge:replica_prefix_cache_hit_tokens_total"))
+    assert 0 < found < given, series
+
 
 def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     """4 streamed requests sharing a preamble (on one replica by prefix, mostly) and 12 non-streamed ones with

@@ -20,7 +20,9 @@ from starlette.responses import Response, StreamingResponse
 
 from ...server.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body, error_response
 from .asgi_call import is_event_stream, request_record
+from .cluster_metrics import exposition, replica_stats
 from .prefixes import routing_text
+from .router import routing_choices
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ class VsurgeIngress:
                 head, held = await _head_and_first(pieces)
                 if not is_event_stream(head):
                     content = b"".join(held + [c async for c in pieces])
+                    if record["path"] == "/metrics" and head["status"] == 200:  # + the router's and every replica's
+                        content += exposition(routing_choices(), await replica_stats())
                     return _with_headers(Response(content, status_code=head["status"]), head)
             except REPLICA_LOST as exc:
                 last_error = exc

@@ -11,6 +11,8 @@ request_routing_stats_period_s) and, for the requests sent since its last report
 
 from __future__ import annotations
 
+import importlib
+import weakref
 from collections import Counter
 from typing import List, Optional
 
@@ -19,12 +21,27 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 from .prefixes import RecentPrefixes, block_chain, shared_blocks
 
 
+_ROUTERS: "weakref.WeakSet[PrefixAwareRouter]" = weakref.WeakSet()  # this process's (the ingress's handles')
+
+
+def routing_choices() -> Counter:
+    """How this process's routers routed requests: "prefix" (to the replica sharing the prompt's prefix) or
+    "least_loaded"; the ingress's /metrics shows them."""
+    total: Counter = Counter()
+    for router in list(_ROUTERS):
+        total.update(router.choices)
+    return total
+
+
 class PrefixAwareRouter(RequestRouter):
     def initialize_state(self, min_shared_blocks: int = 4, imbalance: int = 4):
         self.min_shared_blocks = min_shared_blocks
         self.imbalance = imbalance
         self.sent: dict[ReplicaID, RecentPrefixes] = {}  # prompts routed here since the replicas' last report
         self.choices: Counter = Counter()  # "prefix" / "least_loaded": how requests were routed
+        # Serve may unpickle this class by value, with its own copy of this module's globals: register in the
+        # module as imported in this process, where the ingress reads it
+        importlib.import_module(__name__)._ROUTERS.add(self)
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
