@@ -209,6 +209,31 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     assert all("replica serving this stream was lost" in end for end in cut), stream_ends
 
 
+def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(ray_app, tiny_checkpoints, cache_dir):
+    """Redeploys the module's application with two models (each replica loads the second on demand): the
+    requests for it go to the replica holding it (Serve's multiplexing through the prefix-aware router)."""
+    from vsurge.cli.arguments import build_parser
+    from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
+
+    first, second = tiny_checkpoints["llama"][0], tiny_checkpoints["qwen2"][0]
+    args = build_parser().parse_args(["serve", "--model", f"first={first}", "--model", f"second={second}",
+                                      "--compilation-cache", cache_dir, *SERVE_FLAGS])
+    serve.run(vsurge_application(args, replicas=2, stats_period_s=0.2), name=APP_NAME, route_prefix="/")
+    client = _client(ray_app)
+    assert {m.id for m in client.models.list().data} == {"first", "second"}
+    assert all(set(stats["models"]) == {"first"} for _, stats in _replicas().values())
+    assert _chat(client, "second", "Hello there.")  # loads it on one replica
+    time.sleep(1.0)  # Serve hears which replica holds it
+    before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
+    with ThreadPoolExecutor(2) as pool:
+        assert all(pool.map(lambda i: _chat(client, "second", f"Say {i}."), range(6)))
+    replicas = _replicas()
+    holding = [actor for actor, (_, stats) in replicas.items() if "second" in stats["models"]]
+    assert len(holding) == 1, replicas
+    took = {actor: stats["requests"] - before[actor] for actor, (_, stats) in replicas.items()}
+    assert took[holding[0]] == 6, took
+
+
 def _ctx(replicas: int, **metrics):
     """What Serve's controller hands a policy: per metric, each replica's value over the look-back window."""
     from types import SimpleNamespace

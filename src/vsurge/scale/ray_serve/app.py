@@ -55,7 +55,15 @@ def vsurge_application(args, replicas: int = 1, replica_cpus: float = 1.0, stats
         graceful_shutdown_wait_loop_s=1.0, graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S)
     ingress = serve.deployment(VsurgeIngress, name=INGRESS_DEPLOYMENT, ray_actor_options={"num_cpus": 0},
                                max_ongoing_requests=4096)
-    return ingress.bind(replica.bind(args))
+    return ingress.bind(replica.bind(args), multiplexed=serves_several_models(args))
+
+
+def serves_several_models(args) -> bool:
+    """Whether the replicas load models on demand (several --model, --models-dir, --models-config): then each
+    request names its model to Serve's multiplexing, which routes it to a replica holding that model."""
+    from ...cli import served_models
+
+    return served_models.several(args, served_models.model_specs(args))
 
 
 def build_app(config: dict):

@@ -21,7 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from ...server.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body, error_response
 from .asgi_call import is_event_stream, request_record
 from .cluster_metrics import exposition, replica_stats
-from .prefixes import routing_text
+from .prefixes import requested_model, routing_text
 from .router import routing_choices
 
 log = logging.getLogger(__name__)
@@ -35,9 +35,10 @@ class VsurgeIngress:
     """The deployment's class (app.py wraps it with serve.deployment); `replicas`: the replica deployment's
     handle."""
 
-    def __init__(self, replicas, attempts: int = 3):
+    def __init__(self, replicas, attempts: int = 3, multiplexed: bool = False):
         self.replicas = replicas.options(stream=True)
         self.attempts = attempts
+        self.multiplexed = multiplexed  # the replicas serve several models: route each request by its model
 
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
@@ -45,9 +46,13 @@ class VsurgeIngress:
                                 [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()],
                                 body, (request.client.host, request.client.port) if request.client else None)
         prefix_text = routing_text(body) if request.method == "POST" else ""
+        replicas = self.replicas
+        model = requested_model(body) if self.multiplexed and request.method == "POST" else None
+        if model:
+            replicas = replicas.options(multiplexed_model_id=model)
         last_error = None
         for attempt in range(self.attempts):
-            pieces = self.replicas.handle_http.remote(record, prefix_text=prefix_text)
+            pieces = replicas.handle_http.remote(record, prefix_text=prefix_text)
             try:
                 head, held = await _head_and_first(pieces)
                 if not is_event_stream(head):

@@ -31,6 +31,16 @@ def routing_text(body: bytes) -> str:
     return "\n".join(parts)
 
 
+def requested_model(body: bytes) -> str | None:
+    """The `model` an API request body names (None: none, or not a JSON object: the replica rejects it)."""
+    try:
+        data = json.loads(body) if body else None
+    except ValueError:
+        return None
+    model = data.get("model") if isinstance(data, dict) else None
+    return model if isinstance(model, str) and model else None
+
+
 def _collect(value, parts: list[str]) -> None:
     if isinstance(value, str):
         parts.append(value)

@@ -7,12 +7,31 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ray import serve
+
 from .asgi_call import call_app, is_event_stream
 from .prefixes import RecentPrefixes, block_chain
 
 log = logging.getLogger(__name__)
 
 MIN_SHARED_BLOCKS = 4  # a request counts as a prefix hit when it shares this many blocks (~256 chars)
+# Serve's record of the models a replica holds (multiplexing) never evicts first: vsurge's own LRU does
+# (--max-loaded-models), and a model it unloaded is loaded again by the next request routed here for it
+SERVE_MODEL_RECORD = 1024
+
+
+class HeldModel:
+    """What Serve's multiplexing keeps per model a replica holds; dropped by its LRU, the model is unloaded
+    (unless requests still use it: vsurge's router then unloads it when it needs the room)."""
+
+    def __init__(self, router, name: str):
+        self.router, self.name = router, name
+
+    async def __del__(self):
+        try:
+            await self.router.unload(self.name)
+        except Exception as exc:  # noqa: BLE001: busy (409) or already gone
+            log.info("model %s stays loaded: %r", self.name, exc)
 
 
 class VsurgeReplica:
@@ -36,6 +55,13 @@ class VsurgeReplica:
         self.recent = RecentPrefixes()
         self._loops_with_executor: set[int] = set()
 
+    @serve.multiplexed(max_num_models_per_replica=SERVE_MODEL_RECORD)
+    async def hold_model(self, name: str) -> HeldModel:
+        """Load model `name` here (vsurge's router, as a request for it would) and tell Serve this replica holds
+        it, so its router sends the next requests for `name` here."""
+        await self.server.router.ensure_loaded(name)
+        return HeldModel(self.server.router, name)
+
     async def handle_http(self, request: dict, prefix_text: str = ""):
         """Streams the response to one HTTP request (asgi_call.request_record): its head, then its body.
         prefix_text: the request's prompt text (the router read it too): counted against recent prompts."""
@@ -43,6 +69,9 @@ class VsurgeReplica:
         if id(loop) not in self._loops_with_executor:  # what the server's startup hook does under uvicorn
             loop.set_default_executor(self.server.executor)
             self._loops_with_executor.add(id(loop))
+        model = serve.get_multiplexed_model_id()  # set by the ingress when the server has several models
+        if model and getattr(self.server, "router", None) is not None and self.server.router.knows(model):
+            await self.hold_model(model)
         chain = block_chain(prefix_text)
         self.requests += 1
         if chain and self.recent.shared(chain) >= MIN_SHARED_BLOCKS:
@@ -62,8 +91,11 @@ class VsurgeReplica:
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
+        router = getattr(self.server, "router", None)
+        loaded = sorted(name for name, e in router.entries.items() if e.state == "loaded") if router else []
         return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
-                "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), **self.token_counts()}
+                "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), "models": loaded,
+                **self.token_counts()}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """What vsurge's autoscaling policy reads (autoscale.py; Serve pushes it to its controller): requests

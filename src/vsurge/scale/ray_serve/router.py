@@ -4,6 +4,8 @@ A request whose prompt shares at least `min_shared_blocks` leading blocks (prefi
 replica served recently goes to the replica sharing the most, unless that replica is overloaded: its queue
 `imbalance` requests longer than the shortest one, or full (max_ongoing_requests). Otherwise every
 candidate is offered in one rank, and Ray Serve takes the one with the shortest queue (it probes them).
+A request for one of several models (Serve's multiplexed model id, set by the ingress) is first narrowed to
+the replicas that hold that model (MultiplexMixin).
 
 What a replica holds is what it reports in its routing stats (replica.py: `prefix_blocks`, polled every
 request_routing_stats_period_s) and, for the requests sent since its last report, what this router sent it.
@@ -16,7 +18,7 @@ import weakref
 from collections import Counter
 from typing import List, Optional
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+from ray.serve.request_router import MultiplexMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from .prefixes import RecentPrefixes, block_chain, shared_blocks
 
@@ -33,7 +35,7 @@ def routing_choices() -> Counter:
     return total
 
 
-class PrefixAwareRouter(RequestRouter):
+class PrefixAwareRouter(MultiplexMixin, RequestRouter):
     def initialize_state(self, min_shared_blocks: int = 4, imbalance: int = 4):
         self.min_shared_blocks = min_shared_blocks
         self.imbalance = imbalance
@@ -45,6 +47,13 @@ class PrefixAwareRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: List[RunningReplica],
                               pending_request: Optional[PendingRequest] = None) -> List[List[RunningReplica]]:
+        if pending_request is not None and pending_request.metadata.multiplexed_model_id:
+            # a request for one of several models: the replicas holding it first (Serve's multiplexing; after
+            # its matching timeout, those holding the fewest models, then all), then by prefix and load
+            holding = self.apply_multiplex_routing(pending_request=pending_request)
+            candidate_replicas = [r for r in candidate_replicas if r.replica_id in holding]
+            if not candidate_replicas:
+                return []
         chain = block_chain(_prefix_text(pending_request))
         best, best_shared = None, 0
         for replica in candidate_replicas:
