@@ -15,6 +15,7 @@ import torch
 from server_process import ServerProcess, client_for
 from test_lora import peft_greedy, write_peft_adapter
 from tiny_models import write_tiny_model
+from xla_flags import xla_flags
 
 STEPS = 8
 
@@ -185,8 +186,11 @@ SMALL_ENGINE = ("--max-concurrent-decodes", "2", "--max-length", "128", "--prefi
 def test_enable_lora_on_the_default_model_starts_and_serves(cache_dir):
     """issue 63: `vsurge serve --enable-lora` on the default model (float32 activations beside its GGUF
     blocks; adapter stacks bfloat16 where the CPU multiplies it natively, lora/stacks.py) failed compiling
-    ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503."""
-    server = ServerProcess("default", "--enable-lora", *SMALL_ENGINE, cache_dir=cache_dir).wait_ready()
+    ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503.
+    The server compiles at the suite's XLA level (tests/xla_flags.py): it answers one request, and a type
+    error of that kind is found when lowering, before any LLVM pass."""
+    server = ServerProcess("default", "--enable-lora", *SMALL_ENGINE, cache_dir=cache_dir,
+                           env={"XLA_FLAGS": xla_flags()}).wait_ready()
     try:
         reply = client_for(server).completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
                                                       max_tokens=3, temperature=0)
