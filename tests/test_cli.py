@@ -31,23 +31,23 @@ def test_generate_greedy_answers_with_paris_and_reports_speed():
     assert "tok/s]" in out.stderr
 
 
-def test_generate_json_from_a_file_for_scripts(tmp_path):
+def test_generate_json_from_a_file_for_scripts_and_a_raw_prompt_skips_the_template(tmp_path):
+    """--file, --json and --raw in one run (a `vsurge` start costs ~9 s): the file's text, its final newline
+    dropped, is the whole prompt, no chat template around it."""
+    from vsurge.loading import load_processor
+
+    raw = "The capital of France is"
     prompt = tmp_path / "prompt.txt"
-    prompt.write_text(FRANCE + "\n")
-    out = run_cli("generate", "--file", str(prompt), "--json", "--temperature", "0", "--max-tokens", "12")
+    prompt.write_text(raw + "\n")
+    out = run_cli("generate", "--file", str(prompt), "--raw", "--json", "--temperature", "0", "--max-tokens", "12")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # exactly one JSON object on stdout, nothing else
-    assert result["text"].startswith("The capital of France is Paris.")
+    assert "Paris" in result["text"], result
+    assert result["prompt_tokens"] == len(load_processor("default").encode(raw)), result  # no template
     assert result["finish_reason"] in ("stop", "length") and 0 < len(result["tokens"]) <= 12
-    assert result["completion_tokens"] == len(result["tokens"]) and result["prompt_tokens"] > 10
+    assert result["completion_tokens"] == len(result["tokens"])
     timings = result["timings"]
     assert 0 < timings["first_token_s"] <= timings["total_s"] and timings["decode_tokens_per_s"] > 0
-
-
-def test_raw_prompt_skips_template():
-    out = run_cli("generate", "The capital of France is", "--raw", "--temperature", "0", "--max-tokens", "4")
-    assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout
 
 
 def test_generate_follows_a_json_schema(tmp_path):
@@ -75,10 +75,14 @@ def test_default_sampling_does_not_loop_on_a_poem():
     assert lines and max(lines.values()) <= 2, text
 
 
-def test_chat_keeps_history_joins_multiline_input_and_obeys_commands():
+def test_chat_keeps_history_joins_multiline_input_obeys_commands_and_drops_its_oldest_exchanges():
+    """One chat (a `vsurge` start each costs ~9 s): first history, joined lines and the commands; after a
+    /reset, five questions in a 160-token context, where the 3rd outgrows it and the oldest exchanges go."""
     from vsurge.loading import load_processor
     from vsurge.tokenizer.compat import chat_prompt_ids
 
+    countries = [f"What is the capital of {country}?"
+                 for country in ("France", "Italy", "Spain", "Germany", "Portugal")]
     stdin = "\n".join([
         FRANCE,
         "And of \\",  # a trailing backslash continues the message on the next line
@@ -90,13 +94,15 @@ def test_chat_keeps_history_joins_multiline_input_and_obeys_commands():
         "",
         "in French.",
         '"""',
+        "/reset",
+        *countries,
         "/exit",
         "never sent",
     ]) + "\n"
-    out = run_cli("chat", "--temperature", "0", "--max-tokens", "24", "--json", stdin=stdin)
+    out = run_cli("chat", "--max-length", "160", "--max-tokens", "48", "--temperature", "0", "--json", stdin=stdin)
     assert out.returncode == 0, out.stderr
     replies = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(replies) == 3, out.stdout  # /help, /reset and /exit are commands; "never sent" is not read
+    assert len(replies) == 3 + len(countries), out.stdout  # commands are not sent; "never sent" is not read
     assert "Paris" in replies[0]["text"] and "Rome" in replies[1]["text"], replies
     assert "/reset forgets the conversation" in out.stderr
     # each prompt is exactly the conversation the commands leave: history, joined lines, reset
@@ -105,17 +111,10 @@ def test_chat_keeps_history_joins_multiline_input_and_obeys_commands():
     second = first + [{"role": "assistant", "content": replies[0]["text"]},
                       {"role": "user", "content": "And of \nItaly?"}]
     third = [{"role": "user", "content": "Say hello\n\nin French."}]
-    assert [r["prompt_tokens"] for r in replies] == [len(chat_prompt_ids(processor, m)) for m in (first, second, third)]
-
-
-def test_a_chat_longer_than_the_context_drops_its_oldest_exchanges():
-    questions = [f"What is the capital of {country}?" for country in
-                 ("France", "Italy", "Spain", "Germany", "Portugal")]  # the 3rd outgrows 160 tokens
-    out = run_cli("chat", "--max-length", "160", "--max-tokens", "48", "--temperature", "0", "--json",
-                  stdin="\n".join(questions) + "\n")
-    assert out.returncode == 0, out.stderr
-    replies = [json.loads(line) for line in out.stdout.splitlines()]
-    assert len(replies) == len(questions), out.stdout
+    assert [r["prompt_tokens"] for r in replies[:3]] == [len(chat_prompt_ids(processor, m))
+                                                         for m in (first, second, third)]
+    # the countries' conversation starts afresh and keeps within the context by dropping its oldest exchanges
+    assert replies[3]["prompt_tokens"] == replies[0]["prompt_tokens"]
     assert "dropped the oldest exchange" in out.stderr
     assert all(r["prompt_tokens"] + 48 <= 160 for r in replies), replies
 

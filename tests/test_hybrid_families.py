@@ -312,8 +312,11 @@ def counted(add_sequence, hits: list):
 
 
 def test_preemption_recomputes_the_state(hybrid):
+    """Nine pages for three sequences of up to 48 tokens: preempted ones recompute their states. One
+    snapshot row, as the host-tier test's engine below: its programs are these (that test then loads them
+    from the run's cache: ~8 s of compiling less)."""
     model, processor, ids, expected = hybrid
-    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=9))
+    surge = vSurge.create_odriver(model, processor, config=EngineConfig(**CONFIG, num_pages=9, state_snapshots=1))
     params = SamplingParams(max_tokens=30, temperature=0.0, ignore_eos=True)
     [got] = run(surge, PROMPTS[:3], params)
     assert surge.metrics.value("vsurge:num_preemptions_total") > 0

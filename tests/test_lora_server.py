@@ -15,6 +15,7 @@ import torch
 from server_process import ServerProcess, client_for
 from test_lora import peft_greedy, write_peft_adapter
 from tiny_models import write_tiny_model
+from xla_flags import xla_flags
 
 STEPS = 8
 
@@ -144,11 +145,13 @@ def test_embeddings_for_an_adapter_say_so(server):
     assert r.status_code == 400 and "LoRA adapters" in r.json()["error"]["message"]
 
 
-def test_generate_with_a_lora_from_the_command_line(lora_setup, default_model, tmp_path):
-    """`vsurge generate --lora PATH` answers with the adapter's greedy tokens; a bad adapter exits naming it."""
+def test_generate_with_a_lora_from_the_command_line(lora_setup, default_model, tmp_path, cache_dir):
+    """`vsurge generate --lora PATH` answers with the adapter's greedy tokens; a bad adapter exits naming it
+    (through the CLI's main() in this process: it fails before compiling, where a `vsurge` start cost ~4 s)."""
     import json
 
     from cli_helpers import run_cli
+    from vsurge.cli import main
 
     root, _, adapters = lora_setup
     text = "one two three four"
@@ -159,8 +162,10 @@ def test_generate_with_a_lora_from_the_command_line(lora_setup, default_model, t
     tokens = json.loads(out.stdout)["tokens"]  # (it may end early at an end token; PEFT's reference runs on)
     assert tokens and tokens == peft_greedy(adapters["a1"][1], ids, STEPS)[:len(tokens)]
     assert "LoRA adapter" in out.stderr
-    bad = run_cli("generate", "--model", str(root / "base"), "--lora", str(tmp_path), "--raw", "--max-tokens", "2", "hi")
-    assert bad.returncode != 0 and "no adapter_config.json" in bad.stderr
+    with pytest.raises(SystemExit) as bad:  # (the run's cache: main() points this process's JAX at it)
+        main(["generate", "--model", str(root / "base"), "--lora", str(tmp_path), "--raw", "--max-tokens", "2",
+              "--compilation-cache", cache_dir, "hi"])
+    assert "vsurge: error: " in str(bad.value.code) and "no adapter_config.json" in str(bad.value.code)
 
 
 def test_an_adapter_takes_its_base_models_sampling_defaults():
@@ -185,8 +190,11 @@ SMALL_ENGINE = ("--max-concurrent-decodes", "2", "--max-length", "128", "--prefi
 def test_enable_lora_on_the_default_model_starts_and_serves(cache_dir):
     """issue 63: `vsurge serve --enable-lora` on the default model (float32 activations beside its GGUF
     blocks; adapter stacks bfloat16 where the CPU multiplies it natively, lora/stacks.py) failed compiling
-    ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503."""
-    server = ServerProcess("default", "--enable-lora", *SMALL_ENGINE, cache_dir=cache_dir).wait_ready()
+    ("cond branches must have equal output types ... bfloat16 vs float32", ops/lora.py) and sat at 503.
+    The server compiles at the suite's XLA level (tests/xla_flags.py): it answers one request, and a type
+    error of that kind is found when lowering, before any LLVM pass."""
+    server = ServerProcess("default", "--enable-lora", *SMALL_ENGINE, cache_dir=cache_dir,
+                           env={"XLA_FLAGS": xla_flags()}).wait_ready()
     try:
         reply = client_for(server).completions.create(model="SmolLM2-135M-Instruct", prompt="The capital of France is",
                                                       max_tokens=3, temperature=0)

@@ -29,7 +29,7 @@ QUESTIONS = ["What is the capital of France?", "Name three primary colors.", "Hi
              "mango, nectarine, orange and papaya. Which of them are usually yellow when ripe?"]
 
 
-def make_paged(model, processor, num_pages=PAGES, decodes=4, prefix_caching=True, compile=True):
+def make_paged(model, processor, num_pages=PAGES, decodes=4, prefix_caching=True, compile=True, start=True):
     # float32 pages, as the dense engine it is compared with: 16-bit pages round K/V, and a near-tie's
     # greedy token can then follow the batch's summation order (docs/performance.md: batch invariance)
     s = vSurge.create_odriver(model, processor, max_concurrent_decodes=decodes, prefill_lengths=[CHUNK],
@@ -37,16 +37,30 @@ def make_paged(model, processor, num_pages=PAGES, decodes=4, prefix_caching=True
                               enable_prefix_caching=prefix_caching, kv_cache_dtype="float32")
     if compile:
         s.compile()
-    s.start()
+    if start:
+        s.start()
     return s
 
 
 @pytest.fixture(scope="module")
-def paged(default_model):
-    """Pages for ~one sequence at full length over 4 slots: every test runs under memory pressure."""
-    s = make_paged(*default_model, num_pages=PAGES)
-    yield s
+def compiled_paged(default_model):
+    """The module's paged engine, compiled, and what compile() left before start() (the `paged` fixture
+    starts it): test_compile_makes_a_warm_state_... reads it, where a second engine cost ~10 s."""
+    s = make_paged(*default_model, num_pages=PAGES, start=False)
+    replica, manager = s.driver.replicas[0], s.driver.engine.manager
+    manager.check()
+    warm = {"has_state": replica.state is not None, "used_pages": manager.num_used_pages,
+            "running": len(replica.scheduler.running), "prefix_queries": manager.prefix_queries}
+    yield s, warm
     s.stop(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def paged(compiled_paged):
+    """Pages for ~one sequence at full length over 4 slots: every test runs under memory pressure."""
+    s, _ = compiled_paged
+    s.start()
+    return s
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +82,25 @@ def wait_idle(driver):
         if driver.num_used_slots == 0 and driver.num_waiting == 0:
             return
         asyncio.run(asyncio.sleep(0.02))
+
+
+def test_compile_makes_a_warm_state_and_leaves_nothing_behind(compiled_paged, paged, default_model, compile_counter):
+    """compile() makes the engine state and runs one short sequence through the programs a lone
+    request uses first (readiness follows it): afterwards every page and slot is free, the warm-up's
+    prefix-cache lookups are not reported as users', and the first request's tokens are a later
+    identical request's. (The file's first test: its first request is the engine's first.)"""
+    processor = default_model[1]
+    _, warm = compiled_paged
+    assert warm["has_state"] and warm["used_pages"] == 0 and warm["running"] == 0
+    assert warm["prefix_queries"] > 0  # the warm-up did run a sequence through the pool
+    prompt = chat_text(processor, QUESTIONS[0])
+    with compile_counter as counts:
+        first = token_ids(paged, [prompt], [greedy(10)])
+    assert counts["compile"] == 0, counts  # (as every later request's: test_greedy_equals_dense_...)
+    assert first == token_ids(paged, [prompt], [greedy(10)])
+    wait_idle(paged.driver)
+    manager = paged.driver.engine.manager
+    assert paged.metrics.value("vsurge:prefix_cache_queries_total") == manager.prefix_queries - warm["prefix_queries"]
 
 
 def test_greedy_equals_dense_engine_and_vinference(paged, dense, default_model, compile_counter):
@@ -192,31 +225,3 @@ def test_a_failing_step_fails_requests_loudly(default_model, monkeypatch):
         assert not s.ready
     finally:
         s.stop(timeout=1)
-
-
-def test_compile_makes_a_warm_state_and_leaves_nothing_behind(default_model):
-    """compile() makes the engine state and runs one short sequence through the programs a lone
-    request uses first (readiness follows it): afterwards every page and slot is free, the warm-up's
-    prefix-cache lookups are not reported as users', and the first request's tokens are a later
-    identical request's."""
-    processor = default_model[1]
-    # the `paged` fixture's engine (float32 pages too), so its programs load from the run's cache
-    s = vSurge.create_odriver(*default_model, max_concurrent_decodes=4, prefill_lengths=[CHUNK],
-                              max_length=MAX_LENGTH, page_size=PAGE, num_pages=PAGES, seed=1, kv_cache_dtype="float32")
-    s.compile()
-    replica = s.driver.replicas[0]
-    manager = s.driver.engine.manager
-    assert replica.state is not None
-    manager.check()
-    assert manager.num_used_pages == 0 and len(replica.scheduler.running) == 0
-    warm_queries = manager.prefix_queries
-    assert warm_queries > 0  # the warm-up did run a sequence through the pool
-    s.start()
-    try:
-        prompt = chat_text(processor, QUESTIONS[0])
-        first = token_ids(s, [prompt], [greedy(10)])
-        assert first == token_ids(s, [prompt], [greedy(10)])
-        wait_idle(s.driver)
-        assert s.metrics.value("vsurge:prefix_cache_queries_total") == manager.prefix_queries - warm_queries
-    finally:
-        s.stop(timeout=5)

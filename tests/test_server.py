@@ -20,7 +20,7 @@ TINY_NAME = "tiny"
 API_KEY = "sk-test-123"
 FRANCE = [{"role": "user", "content": "What is the capital of France?"}]
 # the tiny model's engine in every server of this file that can share it: the first start compiles its
-# programs into the run's cache, the later ones (drain, step failure) load them (~16 s less each)
+# programs into the run's cache, the later one (step failure) loads them (~16 s less)
 TINY_ENGINE = ("--max-concurrent-decodes", "16", "--max-length", "128", "--max-prefill-length", "64",
                "--prefill-lengths", "64")
 
@@ -34,6 +34,7 @@ def tiny_dir(tmp_path_factory, default_processor_dir):
 
 @pytest.fixture(scope="module")
 def tiny_server(tiny_dir, cache_dir):
+    """Ended by its last test, test_sigterm_drains_in_flight_requests (SIGTERM: it exits 0)."""
     server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, "--api-key", API_KEY, *TINY_ENGINE,
                            "--max-queue", "128", cache_dir=cache_dir).wait_ready()
     yield server
@@ -337,15 +338,17 @@ def test_openai_spec_fuzz_finds_no_server_errors_and_the_server_serves_on(tiny_s
 
 
 # ---------------------------------------------------------------- TLS and draining
-def test_sigterm_drains_in_flight_requests(tiny_dir, cache_dir):
-    server = ServerProcess(str(tiny_dir), "--served-model-name", TINY_NAME, *TINY_ENGINE,
-                           cache_dir=cache_dir).wait_ready()
+def test_sigterm_drains_in_flight_requests(tiny_server):
+    """The module's tiny server, after its last other test (a server of its own cost ~6 s): SIGTERM while a
+    stream runs; the stream ends whole and the process exits 0 (the fixture's stop() then finds it so)."""
+    server = tiny_server
     received = {}
 
     def long_stream():
         body = {"model": TINY_NAME, "prompt": "go", "max_tokens": 60, "stream": True, "ignore_eos": True}
         lines = []
-        with httpx.stream("POST", server.base + "/v1/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", server.base + "/v1/completions", json=body, timeout=60,
+                          headers={"Authorization": f"Bearer {API_KEY}"}) as r:
             for line in r.iter_lines():
                 if line.startswith("data: "):
                     lines.append(line)

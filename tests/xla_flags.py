@@ -9,8 +9,9 @@ about half the time again: two hybrid families' engine tests (tests/test_hybrid_
 12-15 s of compiling, 2026-12-06 on a 2-core AMD EPYC.
 The pytest workers and the check scripts (sharding, disaggregation, the family server) run at level 0.
 `vsurge serve` and the CLI run as users run them, at XLA's default level: they answer many requests
-(the schemathesis run over a tiny server took 92 s at level 0, 53 s at the default). Benchmarks never
-set it. VSURGE_TEST_XLA_OPTIMIZE=1 runs everything at the default level.
+(the schemathesis run over a tiny server took 92 s at level 0, 53 s at the default); a server that
+compiles the default model cold to answer one request passes env={"XLA_FLAGS": xla_flags()} (test_lora_server's
+--enable-lora start: 19.7 -> 17.0 s of compiling). Benchmarks never set it. VSURGE_TEST_XLA_OPTIMIZE=1 runs everything at the default level.
 """
 
 from __future__ import annotations
