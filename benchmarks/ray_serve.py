@@ -4,6 +4,7 @@
     python benchmarks/ray_serve.py                       # both parts
     python benchmarks/ray_serve.py --parts one           # 1 replica behind Ray Serve vs vsurge serve direct
     python benchmarks/ray_serve.py --parts routing       # 2 replicas: prefix-aware vs Serve's default router
+    python benchmarks/ray_serve.py --parts kill          # 2 replicas, one killed under load: nothing lost
 
 one: `vsurge serve` in a process of its own, then the Ray application with one replica, each loaded with
 `vsurge bench serve`'s random prompts (--concurrency at once, --num-prompts in all); output tok/s and the ratio.
@@ -12,6 +13,9 @@ first every group's opening request at once, then every follow-up at once (a cha
 engines count the prompt tokens they were given and, of them, found in their prefix caches: prefilled =
 given - found. The same load runs under the prefix-aware router and under Serve's default (power of two
 choices by queue length), each on freshly started replicas; TTFT is measured on the follow-ups (streamed).
+kill: --kill-requests non-streamed requests (--kill-in-flight at once) and --kill-streams streams on two replicas;
+when a fifth are answered the replica holding the most is killed: none may be lost (the ingress retries what the
+lost replica had not answered), and every stream it cut must end with an error event.
 """
 
 from __future__ import annotations
@@ -163,9 +167,67 @@ def routed_load(app: RayApp, model: str, args) -> dict:
     return {"given": given, "prefilled": given - found, "ttft_p50": statistics.median(ttfts), "spread": spread}
 
 
+async def stream_end(client: httpx.AsyncClient, base: str, model: str, text: str, tokens: int) -> str:
+    """One streamed chat request: "done" (whole, [DONE]), "error" (an error event then [DONE]) or the failure."""
+    body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": tokens,
+            "temperature": 0, "stream": True, "ignore_eos": True}
+    saw_error = False
+    try:
+        async with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                saw_error = saw_error or line.startswith('data: {"error"')
+                if line == "data: [DONE]":
+                    return "error" if saw_error else "done"
+    except httpx.HTTPError as exc:
+        return f"failed: {exc!r}"
+    return "cut without [DONE]"
+
+
+def kill_load(app: RayApp, model: str, args) -> dict:
+    """--kill-requests non-streamed requests, --kill-in-flight at a time, and --kill-streams streams; once a fifth
+    of the requests are answered, the replica holding the most in flight is killed."""
+    import ray
+
+    answered, results = [0], []
+
+    async def ask(i: int, gate: asyncio.Semaphore, client: httpx.AsyncClient):
+        async with gate:
+            body = {"model": model, "messages": [{"role": "user", "content": f"Tell story {i}."}],
+                    "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True}
+            try:
+                reply = await client.post(app.base + "/v1/chat/completions", json=body)
+                ok = reply.status_code == 200 and bool(reply.json()["choices"][0]["message"]["content"])
+            except (httpx.HTTPError, ValueError, KeyError):
+                ok = False
+            answered[0] += 1
+            results.append(ok)
+
+    async def killer():
+        while answered[0] < args.kill_requests // 5:
+            await asyncio.sleep(0.05)
+        stats = app.replica_stats()
+        victim = max(stats, key=lambda name: stats[name]["queue_len"])
+        held = stats[victim]["queue_len"]
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        return held
+
+    async def run():
+        gate = asyncio.Semaphore(args.kill_in_flight)
+        async with httpx.AsyncClient(timeout=600) as client:
+            streams = [stream_end(client, app.base, model, f"Describe river {i}.", 4 * args.output_len)
+                       for i in range(args.kill_streams)]
+            asks = [ask(i, gate, client) for i in range(args.kill_requests)]
+            *ends, held = await asyncio.wait_for(asyncio.gather(*streams, *asks, killer()), 900)
+            return ends[:args.kill_streams], held
+
+    ends, held = asyncio.run(run())
+    return {"lost": results.count(False), "answered": results.count(True), "victim_held": held,
+            "streams": {end: ends.count(end) for end in set(ends)}}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="one,routing")
+    p.add_argument("--parts", default="one,routing,kill")
     p.add_argument("--model", default="default")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--num-prompts", type=int, default=32)
@@ -174,6 +236,9 @@ def main() -> int:
     p.add_argument("--groups", type=int, default=8)
     p.add_argument("--group-size", type=int, default=3)
     p.add_argument("--preamble-len", type=int, default=300)
+    p.add_argument("--kill-requests", type=int, default=200)
+    p.add_argument("--kill-in-flight", type=int, default=40)
+    p.add_argument("--kill-streams", type=int, default=8)
     p.add_argument("--ray-cpus", type=int, default=2)
     p.add_argument("--cache", default=os.path.expanduser("~/.cache/vsurge-bench/ray-xla"))
     args = p.parse_args()
@@ -209,6 +274,16 @@ def main() -> int:
             rows.append(f"| same load: TTFT p50 of the follow-ups | {aware['ttft_p50']:.3f} vs "
                         f"{default['ttft_p50']:.3f} s | **{aware['ttft_p50'] / default['ttft_p50']:.2f}x** | <= 0.7x |")
             rows.append(f"| same load: requests per replica | {aware['spread']} vs {default['spread']} | - | - |")
+        if "kill" in parts:
+            model = app.deploy(2)
+            killed = kill_load(app, model, args)
+            print(f"  kill: {killed}", flush=True)
+            cut = sum(n for end, n in killed["streams"].items() if end != "done")
+            rows.append(f"| {args.kill_requests} non-streamed requests, {args.kill_in_flight} in flight, + "
+                        f"{args.kill_streams} streams; the replica holding the most ({killed['victim_held']}) killed | "
+                        f"{killed['answered']} answered, **{killed['lost']} lost** | - | 0 lost |")
+            rows.append(f"| same: streams | {killed['streams']} | {cut} cut, "
+                        f"{killed['streams'].get('error', 0)} with an error event | all cut end with an error event |")
     finally:
         app.close()
     print(f"\n`python benchmarks/ray_serve.py --parts {args.parts}`, {time.strftime('%Y-%m-%d')}, "

@@ -8,8 +8,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# compiled programs are not stored whole between tests (engine/program_store.py): a test that patches a module
-# would otherwise load another test's program; tests/test_program_store.py turns it on where it tests it
+# compiled programs are not stored whole between tests (engine/program_store.py, off by default too): a test
+# that patches a module would otherwise load another test's program; tests/test_program_store.py turns it on
 os.environ["VSURGE_PROGRAM_STORE"] = "0"
 
 from xla_flags import xla_flags  # noqa: E402

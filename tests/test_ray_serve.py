@@ -138,6 +138,11 @@ def test_requests_sharing_a_long_preamble_land_on_one_replica(ray_app):
     busy = max(served, key=served.get)
     assert hits[busy] == len(questions) - 1, hits  # every one after the first found its preamble there
 
+    # run-time adapters would reach one replica: refused by name
+    refused = httpx.post(ray_app["base"] + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp/x"},
+                         timeout=30)
+    assert refused.status_code == 403 and "reach one replica only" in refused.json()["error"]["message"]
+
     # the one scrape shows it: the router's choices and each replica's counters beside the engine's series
     text = httpx.get(ray_app["base"] + "/metrics", timeout=30).text
     assert "vsurge:num_requests_running" in text  # the answering replica's engine

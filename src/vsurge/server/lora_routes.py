@@ -67,6 +67,8 @@ async def _base(server, model: str | None):
 
 
 def _check_runtime_loading(server) -> None:
+    if server.runtime_lora_refusal:  # where run-time adapters cannot work (a Ray Serve replica)
+        raise APIError(403, server.runtime_lora_refusal, "lora_path")
     if not server.allow_runtime_lora:
         raise APIError(403, "runtime LoRA adapter loading is off: start the server with --allow-runtime-lora "
                             "(or --enable-lora), and --lora-dir DIR to keep adapters to one folder", "lora_path")

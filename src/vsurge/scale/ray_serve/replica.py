@@ -45,6 +45,10 @@ class VsurgeReplica:
         if isinstance(built, int):
             raise RuntimeError("a Ray Serve replica cannot be a multi-host follower")
         self.server, self.surge = built
+        # an adapter loaded at run time would reach the one replica Serve routed the call to
+        self.server.runtime_lora_refusal = (
+            "on Ray Serve a LoRA adapter loaded at run time would reach one replica only: give adapters at start "
+            "(vsurge serve --ray --lora NAME=PATH), so that every replica serves them")
         self.server.start_models()  # blocking: Serve sends no request before __init__ returns
         if self.server._startup_error is not None:
             raise RuntimeError(f"start-up failed: {self.server._startup_error!r}")
