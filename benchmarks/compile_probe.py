@@ -48,7 +48,7 @@ def main() -> int:
     keys = engine.buckets()
     from vsurge.engine.program_store import ProgramStore
 
-    store = ProgramStore.for_engine(engine, jax.eval_shape(engine._empty_state))
+    store = ProgramStore.for_engine(engine)
     print(f"mesh {engine.mesh}; program store {store and store.folder}", flush=True)
     from vsurge.engine.program_store import fingerprint_parts
     import hashlib
@@ -68,7 +68,7 @@ def main() -> int:
         with compile_counts.phases_of_this_thread() as phases:
             program = engine._lower_and_compile(key)
         seconds = time.perf_counter() - began
-        print(f"alone: {compile_counts._program_line(key, seconds, phases)}", flush=True)
+        print(f"alone: {compile_counts.program_line(key, seconds, phases)}", flush=True)
         try:
             blob, _, _ = serialize_executable.serialize(program)
             print(f"  serializes: {len(blob) / 1e6:.1f} MB", flush=True)

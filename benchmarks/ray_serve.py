@@ -31,22 +31,16 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).parent))
 
 import httpx  # noqa: E402
+from serve import free_port  # noqa: E402  (benchmarks/serve.py)
 
 from vsurge.cli import bench_serve  # noqa: E402
 from vsurge.cli.arguments import build_parser  # noqa: E402
 from vsurge.kernels import cpu_isa  # noqa: E402
 
 FLAGS = ["--max-concurrent-decodes", "8", "--max-length", "1024"]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_args(model: str, cache: str) -> list[str]:
@@ -108,14 +102,12 @@ class RayApp:
 
     @staticmethod
     def replica_stats() -> dict:
+        """{actor name: routing stats} of the live replicas."""
         import ray
 
-        out = {}
-        for actor in ray.util.list_named_actors(all_namespaces=True):
-            if "#VsurgeReplica#" in actor["name"]:
-                handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-                out[actor["name"]] = ray.get(handle.record_routing_stats.remote(), timeout=30)
-        return out
+        from vsurge.scale.ray_serve.cluster_metrics import replica_actors
+
+        return {name: ray.get(handle.record_routing_stats.remote(), timeout=30) for name, handle in replica_actors()}
 
     def close(self) -> None:
         import ray
@@ -205,11 +197,13 @@ def kill_load(app: RayApp, model: str, args) -> dict:
     async def killer():
         while answered[0] < args.kill_requests // 5:
             await asyncio.sleep(0.05)
+        from vsurge.scale.ray_serve.cluster_metrics import replica_actors
+
+        handles = dict(replica_actors())
         stats = app.replica_stats()
         victim = max(stats, key=lambda name: stats[name]["queue_len"])
-        held = stats[victim]["queue_len"]
-        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
-        return held
+        ray.kill(handles[victim], no_restart=True)
+        return stats[victim]["queue_len"]
 
     async def run():
         gate = asyncio.Semaphore(args.kill_in_flight)

@@ -68,14 +68,13 @@ def _client(ray_app, timeout=120.0):
 
 def _replicas() -> dict:
     """Each live replica actor's routing stats (what it reports to the router), by actor name."""
+    from vsurge.scale.ray_serve.cluster_metrics import replica_actors
+
     out = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if "#VsurgeReplica#" not in actor["name"]:
-            continue
+    for name, handle in replica_actors():
         try:
-            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-            out[actor["name"]] = (handle, ray.get(handle.record_routing_stats.remote(), timeout=10))
-        except (ValueError, ray.exceptions.RayError):
+            out[name] = (handle, ray.get(handle.record_routing_stats.remote(), timeout=10))
+        except ray.exceptions.RayError:
             continue  # gone, or not started yet
     return out
 

@@ -69,7 +69,7 @@ def phases_of_this_thread():
         _job.phases = None
 
 
-def _program_line(key: tuple, seconds: float, phases: dict) -> str:
+def program_line(key: tuple, seconds: float, phases: dict) -> str:
     parts = ", ".join(f"{name} {phases[name]:.1f}" for name in ("trace", "mlir", "xla", "cache read", "store read")
                       if phases.get(name, 0.0) >= 0.05)
     hit = " stored" if "store read" in phases else " cached" if phases.get("cache") else ""
@@ -84,7 +84,7 @@ def summary(seconds_by_program: dict, wall: float, before: dict[str, int], phase
     hits, misses = now["hit"] - before["hit"], now["miss"] - before["miss"]
     phases_by_program = phases_by_program or {}
     ranked = sorted(seconds_by_program.items(), key=lambda kv: -kv[1])[:slowest]
-    named = "; ".join(_program_line(key, s, phases_by_program.get(key, {})) for key, s in ranked)
+    named = "; ".join(program_line(key, s, phases_by_program.get(key, {})) for key, s in ranked)
     stored = sum("store read" in phases_by_program.get(key, {}) for key in seconds_by_program)
     cache = f"{hits} from the compilation cache, {misses} compiled" if hits or misses else "no compilation cache"
     if stored:

@@ -327,7 +327,7 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
             if self._store is False:
                 from .program_store import ProgramStore
 
-                self._store = ProgramStore.for_engine(self, jax.eval_shape(self._empty_state))
+                self._store = ProgramStore.for_engine(self)  # (the state's shapes traced only when on)
             return self._store
 
     def _lower_and_compile(self, key: tuple):

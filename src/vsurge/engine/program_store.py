@@ -113,13 +113,13 @@ class ProgramStore:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_engine(cls, engine, abstract_state) -> "ProgramStore | None":
+    def for_engine(cls, engine) -> "ProgramStore | None":
         folder = store_folder()
         # sharded programs (and multi-host ones) keep JAX's cache alone; a one-device mesh is what an
         # accelerator's weights are placed on
         if folder is None or jax.process_count() > 1 or (engine.mesh is not None and engine.mesh.size > 1):
             return None
-        return cls(folder, engine_fingerprint(engine, abstract_state))
+        return cls(folder, engine_fingerprint(engine, jax.eval_shape(engine._empty_state)))
 
     def _path(self, key: tuple) -> Path:
         return self.folder / (hashlib.sha256(repr(key).encode()).hexdigest()[:32] + ".bin")

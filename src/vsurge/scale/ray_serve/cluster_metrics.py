@@ -20,22 +20,32 @@ REPLICA_SERIES = {
 }
 
 
-async def replica_stats(timeout: float = 5.0) -> dict[str, dict]:
-    """Each live replica's routing stats (replica.py record_routing_stats), by its replica id."""
+def replica_actors() -> list[tuple[str, object]]:
+    """(actor name, actor handle) of every live vsurge replica in the cluster (a replica gone meanwhile is left
+    out). Its actor's `record_routing_stats` is Serve's call of the replica's own."""
     import ray
 
-    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if REPLICA_ACTOR_MARK in a["name"]]
+    found = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if REPLICA_ACTOR_MARK in actor["name"]:
+            try:
+                found.append((actor["name"], ray.get_actor(actor["name"], namespace=actor["namespace"])))
+            except ValueError:  # gone since it was listed
+                continue
+    return found
 
-    async def one(actor):
+
+async def replica_stats(timeout: float = 5.0) -> dict[str, dict]:
+    """Each live replica's routing stats (replica.py record_routing_stats), by its replica id."""
+
+    async def one(name, handle):
         try:
-            handle = ray.get_actor(actor["name"], namespace=actor["namespace"])
-            return actor["name"].rsplit("#", 1)[-1], await asyncio.wait_for(
-                handle.record_routing_stats.remote(), timeout)
+            return name.rsplit("#", 1)[-1], await asyncio.wait_for(handle.record_routing_stats.remote(), timeout)
         except Exception as exc:  # noqa: BLE001: a replica starting or gone is left out of this scrape
-            log.debug("no stats from %s: %r", actor["name"], exc)
+            log.debug("no stats from %s: %r", name, exc)
             return None
 
-    return dict(found for found in await asyncio.gather(*(one(a) for a in actors)) if found)
+    return dict(found for found in await asyncio.gather(*(one(*a) for a in replica_actors())) if found)
 
 
 def exposition(choices: dict, replicas: dict[str, dict]) -> bytes:
