@@ -69,7 +69,9 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited early:\n{self.output[-4000:]}")
             try:
-                if self.request("GET", "/readiness", timeout=2).status_code == 200:
+                # ready, and the serving line printed: it follows readiness (the start-up thread prints it)
+                if (self.request("GET", "/readiness", timeout=2).status_code == 200
+                        and "vsurge: serving " in self.output):
                     return self
             except httpx.HTTPError:
                 pass
