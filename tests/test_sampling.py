@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vsurge.ops.sampling import (SamplingArrays, _filter, _filter_sorted, apply_penalties, inverse_cdf, sample,
+from vsurge.ops.sampling import (SamplingArrays, _filter, _filter_exact, apply_penalties, inverse_cdf, sample,
                                  seed_key_data)
 from vsurge.sampling.params import SamplingParams
 
@@ -79,11 +79,11 @@ def test_penalties_match_formula_over_whole_history():
     ([0, 0, 0], [1.0, 1.0, 1.0], [0.1, 0.5, 0.9]),
     ([4, 6, 2], [0.7, 0.3, 1.0], [0.2, 0.0, 0.3]),
 ])
-@pytest.mark.parametrize("candidates", [None, 3, 6, V])  # full sort; partial sort with and without fallback
+@pytest.mark.parametrize("candidates", [None, 3, 6, V])  # whole vocabulary; partial sort with and without fallback
 def test_filters_keep_exactly_the_reference_set(top_k, top_p, min_p, candidates):
     scaled = fixed_logits() / 0.7
     p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
-    filtered = _filter_sorted(jnp.asarray(scaled), p) if candidates is None else \
+    filtered = _filter_exact(jnp.asarray(scaled), p) if candidates is None else \
         _filter(jnp.asarray(scaled), p, candidates=candidates)
     np.testing.assert_array_equal(np.isfinite(np.asarray(filtered)), np_keep_mask(scaled, top_k, top_p, min_p))
 
@@ -93,13 +93,13 @@ def test_exact_filter_keeps_ties_with_the_last_kept_token():
     scaled = np.full((3, V), -4.0, np.float32)
     scaled[:, :5] = [5.0, 3.0, 3.0, 1.0, 1.0]
     p = arrays(top_k=[2, 0, 0], top_p=[1.0, 0.8, 1.0], min_p=[0.0, 0.0, np.exp(-2.0) * 0.999])
-    kept = np.isfinite(np.asarray(_filter_sorted(jnp.asarray(scaled), p)))
+    kept = np.isfinite(np.asarray(_filter_exact(jnp.asarray(scaled), p)))
     # top-k 2 reaches the first 3; top-p 0.8 needs the first 3 (5 alone is ~0.79 of the mass);
     # min-p keeps logits >= 5 - 2
     assert [np.flatnonzero(row).tolist() for row in kept] == [[0, 1, 2], [0, 1, 2], [0, 1, 2]]
 
 
-@pytest.mark.parametrize("scale", [4.0, 0.05])  # peaked: decided on the candidates; flat: full-sort fallback
+@pytest.mark.parametrize("scale", [4.0, 0.05])  # peaked: decided on the candidates; flat: the whole-vocabulary fallback
 def test_partial_sort_filter_on_a_real_sized_vocabulary(scale):
     rng = np.random.default_rng(1)
     scaled = (rng.normal(0, scale, (3, 5000))).astype(np.float32)
@@ -107,6 +107,34 @@ def test_partial_sort_filter_on_a_real_sized_vocabulary(scale):
     p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
     got = np.isfinite(np.asarray(jax.jit(_filter)(jnp.asarray(scaled), p)))
     np.testing.assert_array_equal(got, np_keep_mask(scaled, top_k, top_p, min_p))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whole_vocabulary_filter_on_random_rows_with_masked_tokens(seed):
+    """The bisection filter against the sorted reference: random knobs (top_k beyond the candidates too), peaked
+    and flat rows, and tokens masked to -inf (logit bias, structured outputs)."""
+    rng = np.random.default_rng(seed)
+    rows, vocab = 3, 3000
+    scaled = (rng.normal(0, rng.choice([0.05, 1.0, 6.0]), (rows, vocab))).astype(np.float32)
+    scaled[rng.random((rows, vocab)) < 0.1] = -np.inf
+    top_k = rng.choice([0, 1, 7, 300, 2999, 5000], rows).tolist()
+    top_p = rng.choice([1.0, 0.95, 0.5, 0.01], rows).tolist()
+    min_p = rng.choice([0.0, 0.02, 0.5], rows).tolist()
+    p = arrays(top_k=top_k, top_p=top_p, min_p=min_p)
+    got = np.isfinite(np.asarray(jax.jit(_filter_exact)(jnp.asarray(scaled), p)))
+    want = np_keep_mask(np.where(np.isfinite(scaled), scaled, -1e30), top_k, top_p, min_p) & np.isfinite(scaled)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_no_program_sorts_the_whole_vocabulary():
+    """Sampling compiles without a sort of (B, V) (a TPU's XLA took 12 s of a step program's 33 s on it)."""
+    rows, vocab = 4, 1000
+    logits = jax.ShapeDtypeStruct((rows, vocab), jnp.float32)
+    steps = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    p = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), SamplingArrays.neutral(rows))
+    text = jax.jit(sample).lower(logits, jax.ShapeDtypeStruct((rows, vocab), jnp.int32),
+                                 jax.ShapeDtypeStruct((rows, vocab), jnp.bool_), p, steps).as_text()
+    assert "chlo.top_k" in text and "stablehlo.sort" not in text  # (the partial top-k stays)
 
 
 def test_greedy_is_exact_argmax_with_penalties():
