@@ -449,6 +449,9 @@ class CausalLM(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden: (..., D) -> (..., V) float32."""
+        # accumulated and kept in float32: bfloat16 logits (8 bits of mantissa: steps of 1/16 at 10-16) made
+        # near-ties of greedy decoding; a bfloat16 hidden state multiplies as bfloat16 still (ops/linear.py)
+        hidden = hidden.astype(jnp.float32)
         if hasattr(self, "lm_head"):
             scale = self.lm_head_scale[...] if hasattr(self, "lm_head_scale") else None
             out = linear(hidden, self.lm_head[...], scale)
