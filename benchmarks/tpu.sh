@@ -8,8 +8,10 @@
 #   roofline    benchmarks/roofline.py: the 8B shape with int8 weights at 1 / 64 streams; 1B and 3B prefill at
 #               2048 tokens; the default model at 1 / 16 / 64; the 1B shape at 1 / 16 / 64 / 256 and the 3B
 #               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
-#   (inprocess and server: serving's two halves alone; TRACE=1 in the environment: the default stage writes
-#   perfetto traces of its decode calls to $OUT/trace)
+#   (inprocess and server: serving's two halves alone, server with a third start from vsurge's program store;
+#   TRACE=1 in the environment: the default stage writes perfetto traces of its decode calls to $OUT/trace)
+#   probe       benchmarks/compile_probe.py: a mixed program of the default model compiled alone under the profiler
+#               (XLA's passes: benchmarks/host_trace_summary.py on the trace), and a decode program
 #   serving     benchmarks/tpu_serving.py: vSurge in-process (1B shape, default model; 1 and 64 concurrent
 #               512-token prompts, 128 greedy tokens) and `vsurge serve --uds` + `vsurge bench serve --uds` on the
 #               default model under the same load; the server's ready time cold and from the compilation cache
@@ -100,7 +102,14 @@ for stage in ${STAGES//,/ }; do
             --out "$OUT"
         ;;
     server)
-        step 95 "serve --uds" python3 benchmarks/tpu_serving.py --models "" --concurrency 1,64 --serve --out "$OUT"
+        step 95 "serve --uds" python3 benchmarks/tpu_serving.py --models "" --concurrency 1,64 --serve \
+            --program-store --out "$OUT"
+        ;;
+    probe)
+        step 50 "compile probe: a mixed program, traced" python3 benchmarks/compile_probe.py --skip-engine \
+            --only mixed --programs 1 --trace "$OUT/trace"
+        step 95 "compile probe: a decode program" python3 benchmarks/compile_probe.py --skip-engine \
+            --only decode --programs 1
         ;;
     agreement)
         step 60 "the real default model against the CPU's references" \

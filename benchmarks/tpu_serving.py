@@ -5,7 +5,9 @@ Every load sends N prompts at once (`vsurge bench serve`'s random words, the sam
 `--input-len` tokens each, `--output-len` greedy tokens with the end token banned. In-process, the prompts
 go to `vSurge.complete` in this process; through the server, `vsurge bench serve`'s client sends them
 over a unix socket (the TPU machine here has no TCP at all) to `vsurge serve --uds` started with the same
-engine flags. The server starts twice with one compilation cache folder, first empty: cold, then warm.
+engine flags. The server starts twice with one compilation cache folder, first empty: cold, then warm
+(`--program-store`: three times, the last loading vsurge's program store; each start answers one greedy probe,
+and the texts must agree).
 
     python benchmarks/tpu_serving.py --models 1b,default --concurrency 1,64            # in-process rows
     python benchmarks/tpu_serving.py --models default --concurrency 1,64 --serve       # and the server rows
@@ -106,12 +108,14 @@ def timestamped_log(stream, path: Path, start: float) -> None:
             log.flush()
 
 
-def start_server(socket: str, cache: str, args) -> tuple[subprocess.Popen, float]:
-    """`vsurge serve --uds` with the in-process engine's flags; (process, seconds until /readiness said 200)."""
+def start_server(socket: str, cache: str, args, store: bool = False) -> tuple[subprocess.Popen, float]:
+    """`vsurge serve --uds` with the in-process engine's flags; (process, seconds until /readiness said 200).
+    store: with vsurge's program store on (VSURGE_PROGRAM_STORE=1: programs saved whole, loaded at a restart)."""
     cmd = [sys.executable, "-c", "import sys, vsurge.cli; sys.exit(vsurge.cli.main())", "serve", "--uds", socket, "--compilation-cache", cache,
            "--max-concurrent-decodes", str(max(args.concurrency)), "--max-length", str(args.max_length)]
     start = time.perf_counter()
-    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    env = {**os.environ, "VSURGE_PROGRAM_STORE": "1" if store else "0"}
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
     threading.Thread(target=timestamped_log, args=(server.stdout, Path(args.out) / "serve.log", start),
                      daemon=True).start()
     try:
@@ -137,15 +141,38 @@ def print_compile_lines(out: str) -> None:
         print("  server:", line, flush=True)
 
 
+GREEDY_PROBE = {"prompt": "The three largest cities of France are", "max_tokens": 24, "temperature": 0}
+
+
+def greedy_text(socket: str) -> str:
+    """One greedy completion: programs loaded from a store must answer what freshly compiled ones did."""
+    model = bench_serve.first_model("http://localhost", None, uds=socket)
+    with bench_serve.http_client(socket, timeout=120) as client:
+        r = client.post("http://localhost/v1/completions", json={"model": model, **GREEDY_PROBE})
+        r.raise_for_status()
+        return r.json()["choices"][0]["text"]
+
+
 def through_server(args) -> tuple[dict[int, dict], float, float]:
+    """Starts: cold (empty cache; with --program-store its programs are stored too), from JAX's compilation
+    cache, and with --program-store from vsurge's program store; the load runs on the last one."""
     socket, cache = tempfile.mktemp(suffix=".sock"), tempfile.mkdtemp(prefix="vsurge-cache-")
-    server, cold = start_server(socket, cache, args)
-    print(f"vsurge serve --uds: ready in {cold:.1f} s cold (empty compilation cache)", flush=True)
-    print_compile_lines(args.out)
-    stop_server(server)
-    server, warm = start_server(socket, cache, args)
-    print(f"vsurge serve --uds: ready in {warm:.1f} s from the compilation cache", flush=True)
-    print_compile_lines(args.out)
+    starts = [("cold (empty compilation cache)", args.program_store), ("from the compilation cache", False)]
+    if args.program_store:
+        starts.append(("from vsurge's program store", True))
+    texts, times = [], []
+    for i, (what, store) in enumerate(starts):
+        server, seconds = start_server(socket, cache, args, store)
+        times.append(seconds)
+        texts.append(greedy_text(socket))
+        print(f"vsurge serve --uds: ready in {seconds:.1f} s {what}; greedy probe {texts[-1]!r}", flush=True)
+        print_compile_lines(args.out)
+        if i < len(starts) - 1:
+            stop_server(server)
+    if len(set(texts)) > 1:
+        print("GREEDY TEXT DIFFERS between the starts (programs loaded from a store or a cache answer otherwise)",
+              flush=True)
+    cold, warm = times[0], times[-1]
     out = {}
     try:
         model = bench_serve.first_model("http://localhost", None, uds=socket)
@@ -171,6 +198,8 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=1024)
     p.add_argument("--serve", action="store_true", help="also the default model through `vsurge serve --uds`")
     p.add_argument("--ready-timeout", type=float, default=300)
+    p.add_argument("--program-store", action="store_true",
+                   help="a third start, from vsurge's program store (VSURGE_PROGRAM_STORE=1)")
     p.add_argument("--eos-token-id", type=int, default=2, help="banned on the server side (the default model's)")
     p.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for serve.log")
     args = p.parse_args(argv)
@@ -192,7 +221,7 @@ def main(argv=None) -> int:
         print(ROW.format(where=where, model=which, n=n, note=note, **r))
     if args.serve:
         print(f"\n`vsurge serve --uds` ready (process start to /readiness 200): {cold:.1f} s cold, {warm:.1f} s "
-              f"from the compilation cache")
+              f"from {'the program store' if args.program_store else 'the compilation cache'}")
     return 0
 
 
