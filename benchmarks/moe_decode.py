@@ -69,6 +69,7 @@ def decoding_engine(model, processor, rows: int, **changes):
                                 ReturnChannel())
         scheduler.add(Sequence.of(request, processor, model.config.vocab_size))
     engine.compile(progress=False)
+    engine.deferred.wait()  # (an accelerator compiles some step programs after start-up)
 
     def run(plan):
         holder["state"], out = engine.step(holder["state"], plan)

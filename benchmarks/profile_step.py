@@ -163,6 +163,7 @@ def main(argv=None) -> int:
         scheduler.add(Sequence.of(request, processor))
     prompt_plan = scheduler.schedule()
     engine.compile(progress=False)
+    engine.deferred.wait()  # (an accelerator compiles some step programs after start-up)
     holder = {"state": state}
 
     def run(plan):

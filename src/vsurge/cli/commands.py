@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from .arguments import DEFAULT_MAX_TOKENS, build_parser
 from .serve_build import build_server, serving_line
@@ -183,6 +184,9 @@ def cmd_serve(args) -> int:
             summary = getattr(served.engine, "compile_summary", None)
             if summary:
                 print(f"{served.vsurge_name}: compiled {summary}", file=sys.stderr, flush=True)
+            deferred = getattr(served.engine, "deferred", None)
+            if deferred is not None and deferred.pending:
+                announce_deferred(served.vsurge_name, deferred)
         print(serving_line(name, scheme, args) + (f"; {memory}" if memory else ""), file=sys.stderr, flush=True)
 
     from ..scale import flags as scale_flags
@@ -193,6 +197,19 @@ def cmd_serve(args) -> int:
     finally:  # also when the engine's failure ends the server: a lost follower's leader must not tear down
         scale_flags.exit_after_serving(surge)  # the distributed runtime (it aborted there once: status -6, not 1)
     return 0
+
+
+def announce_deferred(name: str, deferred) -> None:
+    """Say that the rest of the step programs compile while serving, and when they are done."""
+    print(f"{name}: {deferred.pending} more step programs compile in the background (--compile-at-start all: "
+          f"before ready)", file=sys.stderr, flush=True)
+
+    def when_done():
+        deferred.wait()
+        print(f"{name}: the background programs are compiled ({deferred.seconds or 0:.1f} s): every row count "
+              f"and chunk shape is served", file=sys.stderr, flush=True)
+
+    threading.Thread(target=when_done, name="vsurge-deferred-announce", daemon=True).start()
 
 
 def cmd_bench(args) -> int:

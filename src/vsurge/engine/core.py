@@ -28,7 +28,7 @@ from flax import nnx
 from ..lora import serving as lora_serving
 from ..hardware.sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
-from . import compile_counts, encode, programs
+from . import compile_counts, deferred_programs, encode, programs
 from ..models.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
@@ -90,6 +90,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         self._background = None  # one thread compiling what `program_ready` asked for (made on first use)
         self._background_failed: set = set()  # keys whose background build raised: built (and raised) inline
         self.background_compiles: list = []  # keys compiled on that thread, in order
+        # step programs compiled after start-up (engine/deferred_programs.py: an accelerator's default)
+        self.deferred = deferred_programs.DeferredCompiles(self)
         self.compile_seconds = 0.0
         self.compile_summary: str | None = None  # the last compile() of start-up: programs, phases, cache
         self._store = False  # the ProgramStore (or None), made on the first build
@@ -105,7 +107,8 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
     def new_scheduler(self, pool=None) -> Scheduler:
         """A scheduler over the engine's page pool, or over `pool` (a run with its own engine state)."""
-        return Scheduler(self.pool if pool is None else pool, self.config, self.adapters, self.media)
+        return Scheduler(self.pool if pool is None else pool, self.config, self.adapters, self.media,
+                         shape_ready=self.chunk_shape_ready)
 
     # ------------------------------------------------------------ properties the drivers and vSurge read
     @property
@@ -163,7 +166,9 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
 
         from tqdm.auto import tqdm
 
-        jobs = [job for job in self.buckets() if job not in self._compiled]
+        defers = deferred_programs.defers(self)
+        jobs = [job for job in self.buckets() if job not in self._compiled
+                and (not defers or deferred_programs.at_start(self, job))]
         start, cache_before, seconds, phases = time.perf_counter(), compile_counts.cache_counts(), {}, {}
 
         def timed_build(job):
@@ -186,6 +191,17 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         if jobs:  # the start-up output shows it (vsurge serve): a slow start names its programs
             self.compile_summary = compile_counts.summary(seconds, time.perf_counter() - start, cache_before, phases)
             log.info("compiled %s", self.compile_summary)
+        if defers:
+            self.deferred.start([key for key in self.buckets() if key not in self._compiled])
+
+    def usable(self, key: tuple) -> bool:
+        """Whether a step may call `key`'s program now: compiled, or not left to the background compiles
+        (a failed one counts: the step builds it and meets the real error)."""
+        return not self.deferred.active or key in self._compiled or key in self._background_failed
+
+    def chunk_shape_ready(self, shape: tuple[int, int]) -> bool:
+        """Whether prompt steps of `shape` can run without waiting for a compile (the scheduler's filter)."""
+        return self.usable(MIXED.key(max(self.config.mixed_rows(shape)), shape))
 
     def _program(self, key: tuple):
         program = self._built(key)
@@ -389,12 +405,13 @@ class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
         if plan.chunks:
             if self.media is not None:
                 self.media.prepare(plan)  # the chunks' images encoded (or found cached) before the batch
-            rows = next(n for n in c.mixed_rows(plan.chunk_shape) if n >= len(plan.decode))
+            rows = next(n for n in c.mixed_rows(plan.chunk_shape)
+                        if n >= len(plan.decode) and self.usable(MIXED.key(n, plan.chunk_shape)))
             batch, key = self.batches.mixed(plan, rows, masks), MIXED.key(rows, plan.chunk_shape)
         else:
-            rows = next(n for n in c.decode_rows if n >= plan.decode_row_count)
             needed = self.batches.decode_window(plan)
             window = next(w for w in c.page_windows if w >= needed)
+            rows = next(n for n in c.decode_rows if n >= plan.decode_row_count and self.usable(DECODE.key(n, window)))
             batch = self.batches.decode(plan, rows, window, masks, needed if c.dynamic_window(window) else None)
             key = DECODE.key(rows, window)
         state = self.setup_slots(self.sync_tiers(state), setups)

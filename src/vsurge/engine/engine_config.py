@@ -19,6 +19,8 @@ from typing import Any, Callable, Sequence
 
 from ..kv import ATTENTION_BACKENDS, KV_CACHE_DTYPES, STATE_DTYPES
 
+COMPILE_AT_START = ("auto", "all", "serving")  # engine/deferred_programs.py
+
 SCHEDULING_POLICIES = ("fcfs", "priority")
 ROLES = ("both", "prefill", "decode")
 EOS_WIDTH = 32  # most end-of-sequence ids (eos + stop_token_ids) one request may have
@@ -158,6 +160,12 @@ class EngineConfig:
              "model's cache in half the memory); int8 or fp8 (float8_e4m3fn), each token's vector per KV head with "
              "a float16 scale: about twice the pages of a bfloat16 pool in the same memory (the start-up line "
              "prints them)")
+    # which step programs compile before the engine is ready (engine/deferred_programs.py)
+    compile_at_start: str = setting(
+        "auto", check=one_of(COMPILE_AT_START), flag="--compile-at-start",
+        help="all: every step program before the server is ready; serving: the programs every step can fall "
+             "back to (the most rows, two chunk shapes), the others on background threads after (a TPU's XLA "
+             "takes 15-40 s a program); auto (default): serving on an accelerator, all on a CPU")
     # the attention backend: its KV page layout, K/V writes and attention kernels (kv/backends)
     attention_backend: str = setting(
         "auto", check=one_of(ATTENTION_BACKENDS), flag="--attention-backend",

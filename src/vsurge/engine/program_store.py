@@ -64,7 +64,7 @@ def _avals(tree) -> str:
 # scheduler's policy, seeds drawn on the host); a byte count only says whether its tier exists. An accelerator's
 # default host tier is a quarter of the RAM free at start, different at every start.
 _HOST_SIDE = ("decode_call_ms", "hbm_utilization", "prefix_wait_steps", "kv_cache_dir", "seed",
-              "scheduling_policy", "step_timeout", "image_cache_mb", "async_scheduling")
+              "scheduling_policy", "step_timeout", "image_cache_mb", "async_scheduling", "compile_at_start")
 _TIER_BYTES = ("kv_host_cache_bytes", "kv_disk_cache_bytes", "kv_disk_prefetch_bytes")
 
 

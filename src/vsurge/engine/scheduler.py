@@ -55,13 +55,15 @@ class _NeedsResults(Exception):
 
 
 class Scheduler:
-    def __init__(self, pool, config: EngineConfig, adapters=None, media=None):
+    def __init__(self, pool, config: EngineConfig, adapters=None, media=None, shape_ready=None):
         """adapters: the engine's LoRA adapter slots (lora/slots.py), or None. media: a vision-language
-        engine's MediaEncoder (engine/image_encoder.py: which images are encoded already), or None."""
+        engine's MediaEncoder (engine/image_encoder.py: which images are encoded already), or None.
+        shape_ready: chunk shape -> whether its program is compiled (engine/deferred_programs.py), or None."""
         self.pool = pool
         self.config = config
         self.adapters = adapters
         self.media = media
+        self.shape_ready = shape_ready
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []  # admission order: the last one is preempted first
         self._free_slots = list(range(config.max_slots))  # a min-heap: lowest slot first
@@ -326,6 +328,8 @@ class Scheduler:
                 needs.append(len(seq.tokens) - self.pool.cached_tokens(seq.tokens, seq.pages.root))
         best, best_key = None, None
         for rows, length in self.config.chunk_shapes:
+            if self.shape_ready is not None and not self.shape_ready((rows, length)):
+                continue  # still compiling in the background
             tokens, left = 0, rows
             for need in needs:
                 if not left:

@@ -1,0 +1,120 @@
+"""Programs an engine compiles after it is ready: the step programs of other row counts and chunk shapes.
+
+A TPU's XLA takes 15-40 s a step program (docs/tpu.md, Ready time), and an engine has ~10 of them: one per
+decode row count (8, 32, 64) and per chunk shape of a prompt step with and without decode rows. Any step can
+run on fewer of them: a decode program of the most rows serves fewer rows (padding), and a chunk shape's
+program with the most decode rows serves fewer. So with `compile_at_start` "serving" (the default on an
+accelerator) start-up compiles only what every plan can fall back to:
+
+- decode at the most rows (each page window);
+- prompt steps of two chunk shapes at their most decode rows: the longest rows (one long prompt a step) and
+  the most rows (a burst of short prompts);
+- every other kind (init, set_slot, page copies).
+
+The rest compile on background threads once the engine is ready; until one is compiled the scheduler leaves
+its chunk shape out (`chunk_shape_ready`) and a step takes the smallest compiled row count that holds it
+(`usable`). On a CPU the default is "all": its programs compile in seconds, and a background compile would
+take the cores the steps run on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import Future
+
+import jax
+
+from .program_kinds import DECODE, MIXED
+
+log = logging.getLogger(__name__)
+
+
+def defers(engine) -> bool:
+    """Whether `engine` compiles part of its step programs after start-up (one process only: a multi-host
+    follower replays the leader's calls on programs it must already hold)."""
+    mode = engine.config.compile_at_start
+    if mode == "auto":
+        from .core import on_accelerator
+
+        mode = "serving" if on_accelerator() else "all"
+    return mode == "serving" and jax.process_count() == 1
+
+
+def start_shapes(config) -> set[tuple[int, int]]:
+    """Chunk shapes compiled at start: the longest rows and the most rows (config.chunk_shapes is sorted by
+    tokens per row)."""
+    shapes = config.chunk_shapes
+    return {shapes[-1], max(shapes, key=lambda shape: (shape[0], shape[1]))} if shapes else set()
+
+
+def at_start(engine, key: tuple) -> bool:
+    """Whether `key` is compiled before the engine is ready."""
+    c = engine.config
+    if key[0] == DECODE.name:
+        return key[1] == max(c.decode_rows)
+    if key[0] == MIXED.name:
+        return key[2] in start_shapes(c) and key[1] == max(c.mixed_rows(key[2]))
+    return True
+
+
+class DeferredCompiles:
+    """The background compiles of one engine: started by `start`, waited for by `wait`."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.active = False  # started: steps use only what is compiled (engine.usable)
+        self.futures: list[Future] = []
+        self.seconds: float | None = None  # wall time of the whole background compile, once done
+        self.done = threading.Event()
+
+    @property
+    def pending(self) -> int:
+        return sum(not f.done() for f in self.futures)
+
+    def start(self, keys: list[tuple]) -> None:
+        """Compile `keys` on background threads (half the cores: the engine's steps and the server run on the
+        rest); the engine's own `_building` map makes a step that needs one of them wait for it. The threads
+        are daemons: a server stopping while they compile does not wait for them."""
+        engine = self.engine
+        self.active = True
+        work: queue.SimpleQueue = queue.SimpleQueue()
+        with engine._compile_lock:
+            for key in keys:
+                if key in engine._compiled or key in engine._building:
+                    continue
+                engine._building[key] = future = Future()
+                work.put((key, future))
+                self.futures.append(future)
+        if not self.futures:
+            self.done.set()
+            return
+        began = time.perf_counter()
+
+        def compile_queued():
+            while True:
+                try:
+                    key, future = work.get_nowait()
+                except queue.Empty:
+                    return
+                engine._run_build(key, future, True)
+
+        for i in range(max(1, min(len(self.futures), (os.cpu_count() or 2) // 2))):
+            threading.Thread(target=compile_queued, name=f"vsurge-deferred-{i}", daemon=True).start()
+        log.info("compiling %d more programs in the background", len(self.futures))
+        threading.Thread(target=self._report, args=(began,), name="vsurge-deferred-report", daemon=True).start()
+
+    def _report(self, began: float) -> None:
+        for future in self.futures:
+            future.exception()  # (waits; a failure was logged by _run_build and surfaces when the step needs it)
+        self.seconds = time.perf_counter() - began
+        log.info("compiled the %d background programs in %.1f s: every row count and chunk shape is served",
+                 len(self.futures), self.seconds)
+        self.done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every background compile has finished (or failed), within `timeout` seconds."""
+        return not self.active or self.done.wait(timeout)
