@@ -77,6 +77,35 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
         surge.stop(5)
 
 
+def test_stopping_drops_the_queued_compiles_and_waits_for_the_running_one(tiny_checkpoints):
+    """A server stopping while programs compile: an XLA compile running at interpreter exit aborted the process
+    (a TPU, SIGTERM), so stop waits for the running compiles and fails the queued ones by name."""
+    surge, _, _ = surge_of(tiny_checkpoints, "serving")
+    engine, gate, running = surge.engine, threading.Event(), threading.Event()
+    build = engine._build
+
+    def held_build(key):
+        if threading.current_thread().name.startswith("vsurge-deferred"):
+            running.set()
+            gate.wait(120)
+        return build(key)
+
+    engine._build = held_build
+    surge.compile()
+    surge.start()
+    assert running.wait(60)
+    stopping = threading.Thread(target=surge.stop, args=(5,))
+    stopping.start()
+    stopping.join(1.0)
+    assert stopping.is_alive()  # waiting for the compile that runs
+    dropped = [f for f in engine.deferred.futures if f.done() and f.exception() is not None]
+    assert dropped and all("the engine stopped" in str(f.exception()) for f in dropped)
+    gate.set()
+    stopping.join(120)
+    assert not stopping.is_alive() and not any(t.is_alive() for t in engine.deferred._threads)
+    assert engine.deferred.wait(30) and engine.deferred.stopped
+
+
 def test_a_cpu_compiles_every_program_before_it_is_ready_by_default(tiny_checkpoints):
     surge, _, _ = surge_of(tiny_checkpoints, "auto")
     surge.compile()

@@ -206,6 +206,8 @@ def announce_deferred(name: str, deferred) -> None:
 
     def when_done():
         deferred.wait()
+        if deferred.stopped:  # (the server stopped first)
+            return
         print(f"{name}: the background programs are compiled ({deferred.seconds or 0:.1f} s): every row count "
               f"and chunk shape is served", file=sys.stderr, flush=True)
 

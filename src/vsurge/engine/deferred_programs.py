@@ -70,6 +70,9 @@ class DeferredCompiles:
         self.futures: list[Future] = []
         self.seconds: float | None = None  # wall time of the whole background compile, once done
         self.done = threading.Event()
+        self.stopped = False  # stop() dropped what had not started
+        self._work: queue.SimpleQueue = queue.SimpleQueue()  # (key, future) not yet taken by a thread
+        self._threads: list[threading.Thread] = []
 
     @property
     def pending(self) -> int:
@@ -78,10 +81,10 @@ class DeferredCompiles:
     def start(self, keys: list[tuple]) -> None:
         """Compile `keys` on background threads (half the cores: the engine's steps and the server run on the
         rest); the engine's own `_building` map makes a step that needs one of them wait for it. The threads
-        are daemons: a server stopping while they compile does not wait for them."""
+        are daemons, and `stop` ends them."""
         engine = self.engine
         self.active = True
-        work: queue.SimpleQueue = queue.SimpleQueue()
+        work = self._work
         with engine._compile_lock:
             for key in keys:
                 if key in engine._compiled or key in engine._building:
@@ -103,7 +106,8 @@ class DeferredCompiles:
                 engine._run_build(key, future, True)
 
         for i in range(max(1, min(len(self.futures), (os.cpu_count() or 2) // 2))):
-            threading.Thread(target=compile_queued, name=f"vsurge-deferred-{i}", daemon=True).start()
+            self._threads.append(threading.Thread(target=compile_queued, name=f"vsurge-deferred-{i}", daemon=True))
+            self._threads[-1].start()
         log.info("compiling %d more programs in the background", len(self.futures))
         threading.Thread(target=self._report, args=(began,), name="vsurge-deferred-report", daemon=True).start()
 
@@ -111,9 +115,27 @@ class DeferredCompiles:
         for future in self.futures:
             future.exception()  # (waits; a failure was logged by _run_build and surfaces when the step needs it)
         self.seconds = time.perf_counter() - began
-        log.info("compiled the %d background programs in %.1f s: every row count and chunk shape is served",
-                 len(self.futures), self.seconds)
+        if not self.stopped:
+            log.info("compiled the %d background programs in %.1f s: every row count and chunk shape is served",
+                     len(self.futures), self.seconds)
         self.done.set()
+
+    def stop(self, timeout: float = 300.0) -> None:
+        """Drop the compiles not started yet and wait for the running ones (an XLA compile cannot be interrupted,
+        and one still running when the interpreter exits aborts the process: seen on a TPU at SIGTERM)."""
+        engine = self.engine
+        self.stopped = True
+        while True:
+            try:
+                key, future = self._work.get_nowait()
+            except queue.Empty:
+                break
+            with engine._compile_lock:
+                engine._building.pop(key, None)
+            future.set_exception(RuntimeError(f"program {key} was not compiled: the engine stopped"))
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once every background compile has finished (or failed), within `timeout` seconds."""

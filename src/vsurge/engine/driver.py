@@ -269,6 +269,10 @@ class Driver(AbstractDriver):
         while self._live and self._error is None and time.monotonic() < deadline:
             time.sleep(0.02)
         self._shutdown(DriverNotReadyError("the driver stopped before this request finished"))
+        for engine in self.engines:  # an XLA compile still running at interpreter exit aborts the process
+            deferred = getattr(engine, "deferred", None)
+            if deferred is not None:
+                deferred.stop()
 
     def _least_loaded_prefill(self) -> Replica:
         return min((r for r in self.replicas if r.role != "decode"), key=lambda r: (r.load, r.index))
