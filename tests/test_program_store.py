@@ -114,7 +114,7 @@ def test_the_switch_and_no_cache_turn_it_off(tiny, store_on, monkeypatch):
     assert store_folder() == store_on
     monkeypatch.setenv(SWITCH_ENV, "0")
     assert store_folder() is None and vSurge.from_config(model, processor, CONFIG).engine._program_store() is None
-    monkeypatch.delenv(SWITCH_ENV)  # off unless asked for
+    monkeypatch.delenv(SWITCH_ENV)  # on a CPU off unless asked for (accelerators: on)
     assert store_folder() is None
     monkeypatch.setenv(SWITCH_ENV, "1")
     stop_using_compilation_cache()

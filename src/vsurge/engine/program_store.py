@@ -12,11 +12,13 @@ JAX's version, the devices, the environment's VSURGE_* / XLA / JAX variables, JA
 structure, weights' shapes, dtypes and shardings, the engine's config and its KV state's shapes. Anything
 else that could change a program (a module patched at run time) is not seen.
 
-Off unless VSURGE_PROGRAM_STORE=1: on a CPU, an executable XLA:CPU serialized in one process and loaded in
-another failed when run ("NOT_FOUND: Function wrapped_broadcast.6 not found": the default model's init program,
-two Ray replicas starting at once, one loading what the other had just stored), so a start could fail; on a
-TPU the loads were measured (11 programs in 7.9 s against 64.9 s compiled) but the loaded programs have not yet
-run there. A file that fails to load is compiled again and replaced; a program that cannot be serialized is
+On by default on an accelerator, off on a CPU (VSURGE_PROGRAM_STORE=1 / 0 turns it on / off anywhere): on a CPU,
+an executable XLA:CPU serialized in one process and loaded in another failed when run ("NOT_FOUND: Function
+wrapped_broadcast.6 not found": the default model's init program, two Ray replicas starting at once, one loading
+what the other had just stored), so a start could fail, and a CPU's programs compile in seconds anyway. On a TPU
+v5e `vsurge serve` of the default model was ready in 23.5 s from the store against 37.5 s from JAX's cache (63.3 s
+cold), its programs answering the same greedy text as freshly compiled ones (`bash benchmarks/tpu.sh server`).
+A file that fails to load is compiled again and replaced; a program that cannot be serialized is
 simply not stored.
 """
 
@@ -34,7 +36,7 @@ import jax
 
 log = logging.getLogger(__name__)
 
-SWITCH_ENV = "VSURGE_PROGRAM_STORE"  # "1": programs are stored and loaded (off by default: see above)
+SWITCH_ENV = "VSURGE_PROGRAM_STORE"  # "1" / "0": programs are / are not stored and loaded (default: accelerators)
 FOLDER = "vsurge-programs"
 KEEP = 4  # fingerprints kept (engines of several models or configs share one cache folder)
 _ENV_PREFIXES = ("VSURGE_", "XLA_", "JAX_", "LIBTPU_", "TPU_")
@@ -96,10 +98,13 @@ def engine_fingerprint(engine, abstract_state) -> str:
 
 
 def store_folder() -> Path | None:
-    """Where programs are stored: with VSURGE_PROGRAM_STORE=1, beside JAX's persistent cache when one is set
-    (vsurge serve's --compilation-cache, vInference's save)."""
+    """Where programs are stored: beside JAX's persistent cache when one is set (vsurge serve's --compilation-cache,
+    vInference's save), on an accelerator or with VSURGE_PROGRAM_STORE=1 (0: never)."""
+    from ..hardware.devices import platform
+
     cache = jax.config.jax_compilation_cache_dir
-    if not cache or os.environ.get(SWITCH_ENV, "0") != "1":
+    switch = os.environ.get(SWITCH_ENV, "")
+    if not cache or switch == "0" or (switch != "1" and platform() == "cpu"):
         return None
     return Path(cache).expanduser() / FOLDER
 
