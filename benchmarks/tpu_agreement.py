@@ -4,6 +4,7 @@ The accelerator machine has no PyTorch, so the references travel as a small file
 
     python benchmarks/tpu_agreement.py reference FILE.npz      # on a CPU with transformers + torch (the test venv)
     python benchmarks/tpu_agreement.py check FILE.npz          # on the accelerator, with the real model file
+    python benchmarks/tpu_agreement.py gaps FILE.npz           # on a CPU: how near a tie each reference token is
 
 `reference` stores (1) transformers' float32 logits for the default model (its own GGUF loader, as
 tests/test_default_model.py compares) on the chat prompt "What is the capital of France?" plus a tail with
@@ -64,6 +65,22 @@ def reference(path: str) -> None:
           f"CPU float32 greedy tokens")
 
 
+def gaps(path: str) -> None:
+    """Per prompt, the float32 model's smallest top-two logit gap over the 16 reference tokens: how near a tie
+    each greedy choice is (a bfloat16 run parts where it is smallest)."""
+    import jax.numpy as jnp
+
+    import vsurge
+
+    ref = np.load(path)
+    model, processor = vsurge.load("default", dtype=jnp.float32, progress=False)
+    for i, (prompt, tokens) in enumerate(zip(prompt_ids(processor), ref["tokens"].tolist())):
+        logits = np.asarray(model(jnp.asarray([prompt + tokens], jnp.int32))[0][0])[len(prompt) - 1:][:TOKENS]
+        top = np.sort(logits, axis=-1)[:, -2:]
+        gap = top[:, 1] - top[:, 0]
+        print(f"prompt {i}: smallest top-two gap {gap.min():.3f} at token {int(gap.argmin())}")
+
+
 def check(path: str) -> int:
     import jax
     import jax.numpy as jnp
@@ -103,6 +120,6 @@ def check(path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("reference", "check"):
+    if len(sys.argv) != 3 or sys.argv[1] not in ("reference", "check", "gaps"):
         raise SystemExit(__doc__)
-    sys.exit(reference(sys.argv[2]) if sys.argv[1] == "reference" else check(sys.argv[2]))
+    sys.exit({"reference": reference, "check": check, "gaps": gaps}[sys.argv[1]](sys.argv[2]))
