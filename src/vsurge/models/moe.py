@@ -112,6 +112,24 @@ def expert_weights(c: MoEConfig, *, hf_expert=None, hf_fused: tuple[str, str] | 
     return out
 
 
+def qwen_moe_weights(c: MoEConfig, hf: str, gguf: str, shared_gate: bool) -> dict[str, Weight]:
+    """A Qwen-style sparse MLP's weights (Qwen2-MoE, Qwen3-Next): the router, the experts, and the shared expert
+    with, where `shared_gate`, its sigmoid gate."""
+    from .blocks import mlp_weights
+
+    d = c.hidden_size
+    out = {**router_weights(c, f"{hf}.mlp.gate", f"{gguf}.ffn_gate_inp"),
+           **expert_weights(c, hf_expert=lambda e, kind: f"{hf}.mlp.experts.{e}.{kind}_proj.weight", gguf=gguf)}
+    if c.shared_intermediate_size:
+        shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{hf}.mlp.shared_expert", gguf=gguf,
+                             gguf_suffix="_shexp")
+        out.update({"shared_gate_up": shared["w_gate_up"], "shared_down": shared["w_down"]})
+        if shared_gate:
+            out["shared_gate"] = Weight((d, 1), ("embed", None), tensor(f"{hf}.mlp.shared_expert_gate.weight", (1, d)),
+                                        tensor(f"{gguf}.ffn_gate_inp_shexp.weight", (1, d)))
+    return out
+
+
 def routed(model, x, w: dict, routing: Routing | None = None, correction=None):
     """The routed experts of x (B, T, D) -> (B, T, D) (`model`: its config and weights' dtype)."""
     c = model.config

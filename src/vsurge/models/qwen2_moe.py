@@ -15,8 +15,7 @@ from ..ops.norm import rms_norm
 from .base import CausalLM
 from .blocks import attention, attention_weights, mlp, mlp_weights, norm
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
-from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
-from .spec import Weight, tensor
+from .moe import MoEConfig, qwen_moe_weights, routed_and_shared
 
 
 @dataclass(frozen=True)
@@ -76,16 +75,7 @@ class Qwen2Moe(CausalLM):
         }
         if not c.is_moe(i):
             return {**out, **mlp_weights(d, c.intermediate_size, hf=f"{hf}.mlp", gguf=gg)}
-        out.update(router_weights(c, f"{hf}.mlp.gate", f"{gg}.ffn_gate_inp"))
-        out.update(expert_weights(c, hf_expert=lambda e, kind: f"{hf}.mlp.experts.{e}.{kind}_proj.weight", gguf=gg))
-        if c.shared_intermediate_size:
-            shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{hf}.mlp.shared_expert", gguf=gg,
-                                 gguf_suffix="_shexp")
-            out.update({"shared_gate_up": shared["w_gate_up"], "shared_down": shared["w_down"]})
-            if c.shared_expert_gate:
-                out["shared_gate"] = Weight((d, 1), ("embed", None), tensor(f"{hf}.mlp.shared_expert_gate.weight", (1, d)),
-                                            tensor(f"{gg}.ffn_gate_inp_shexp.weight", (1, d)))
-        return out
+        return {**out, **qwen_moe_weights(c, hf, gg, shared_gate=c.shared_expert_gate)}
 
     def layer(self, i, x, w, cache, ctx):
         c = self.config

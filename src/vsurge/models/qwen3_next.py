@@ -45,7 +45,7 @@ from ..ops.rope import apply_rope
 from .base import CausalLM
 from .blocks import mlp, mlp_weights, norm, short_conv_op
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
-from .moe import MoEConfig, expert_weights, routed_and_shared, router_weights
+from .moe import MoEConfig, qwen_moe_weights, routed_and_shared
 from .qwen2_moe import moe_layer_flags
 from .spec import HeadRows, Mapped, Weight, tensor
 
@@ -186,16 +186,7 @@ class Qwen3Next(CausalLM):
                    else cls._attention_weights(c, f"{hf}.self_attn", gg))
         if not c.is_moe(i):
             return {**out, **mlp_weights(d, c.intermediate_size, hf=f"{hf}.mlp", gguf=gg)}
-        out.update(router_weights(c, f"{hf}.mlp.gate", f"{gg}.ffn_gate_inp"))
-        out.update(expert_weights(c, hf_expert=lambda e, kind: f"{hf}.mlp.experts.{e}.{kind}_proj.weight", gguf=gg))
-        if c.shared_intermediate_size:
-            shared = mlp_weights(d, c.shared_intermediate_size, hf=f"{hf}.mlp.shared_expert", gguf=gg,
-                                 gguf_suffix="_shexp")
-            out.update({"shared_gate_up": shared["w_gate_up"], "shared_down": shared["w_down"],
-                        "shared_gate": Weight((d, 1), ("embed", None),
-                                              tensor(f"{hf}.mlp.shared_expert_gate.weight", (1, d)),
-                                              tensor(f"{gg}.ffn_gate_inp_shexp.weight", (1, d)))})
-        return out
+        return {**out, **qwen_moe_weights(c, hf, gg, shared_gate=True)}
 
     @classmethod
     def _attention_weights(cls, c: Qwen3NextConfig, hf: str, gg: str) -> dict[str, Weight]:
