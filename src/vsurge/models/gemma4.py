@@ -52,7 +52,7 @@ from .blocks import attention_weights, mlp, mlp_weights, norm, project_qkv
 from .config_io import GGUFMeta, check_activation, gguf_fields, hf_fields, rope_from_hf
 from .fused import replicate_kv_groups
 from .gemma2 import GELU, Gemma2, GemmaConfig
-from .spec import FusedQKV, Weight, paired, tensor
+from .spec import FusedQKV, Weight, paired
 
 
 @dataclass(frozen=True)
