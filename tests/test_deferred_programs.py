@@ -26,7 +26,7 @@ def surge_of(tiny_checkpoints, compile_at_start: str):
 def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_checkpoints):
     from vsurge import SamplingParams
     from vsurge.engine import deferred_programs
-    from vsurge.engine.program_kinds import DECODE, MIXED
+    from vsurge.engine.program_kinds import DECODE, MIXED, kind_of
     from vsurge.generation import greedy_generate
 
     surge, model, processor = surge_of(tiny_checkpoints, "serving")
@@ -49,8 +49,8 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
     assert set(engine._compiled) == start  # nothing else yet: the rest is held
     assert engine.deferred.pending == len(engine.buckets()) - len(start) > 0
     c = engine.config
-    assert {key for key in start if key[0] == DECODE.name} == {DECODE.key(max(c.decode_rows), w) for w in c.page_windows}
-    assert {key[2] for key in start if key[0] == MIXED.name} == deferred_programs.start_shapes(c)
+    assert {key for key in start if kind_of(key) is DECODE} == {DECODE.key(max(c.decode_rows), w) for w in c.page_windows}
+    assert {key[2] for key in start if kind_of(key) is MIXED} == deferred_programs.start_shapes(c)
 
     surge.start()
     try:
@@ -60,9 +60,9 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
         assert got == want
         (alone,) = asyncio.run(surge.generate(PROMPTS[3], params))  # one row: would take the 2-row programs
         assert alone.token_ids == want[3]
-        stepped = [key for key, _ in requested if key[0] in (DECODE.name, MIXED.name)]
+        stepped = [key for key, _ in requested if kind_of(key) in (DECODE, MIXED)]
         assert stepped and all(key in start for key in stepped), stepped  # no step waited for a compile
-        assert all(ready for key, ready in requested if key[0] in (DECODE.name, MIXED.name))
+        assert all(ready for key, ready in requested if kind_of(key) in (DECODE, MIXED))
 
         gate.set()
         assert engine.deferred.wait(120) and engine.deferred.pending == 0

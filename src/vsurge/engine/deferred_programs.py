@@ -28,7 +28,8 @@ from concurrent.futures import Future
 
 import jax
 
-from .program_kinds import DECODE, MIXED
+from ..hardware.devices import platform
+from .program_kinds import DECODE, MIXED, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,7 @@ def defers(engine) -> bool:
     follower replays the leader's calls on programs it must already hold)."""
     mode = engine.config.compile_at_start
     if mode == "auto":
-        from .core import on_accelerator
-
-        mode = "serving" if on_accelerator() else "all"
+        mode = "serving" if platform() != "cpu" else "all"
     return mode == "serving" and jax.process_count() == 1
 
 
@@ -53,10 +52,10 @@ def start_shapes(config) -> set[tuple[int, int]]:
 
 def at_start(engine, key: tuple) -> bool:
     """Whether `key` is compiled before the engine is ready."""
-    c = engine.config
-    if key[0] == DECODE.name:
+    c, kind = engine.config, kind_of(key)
+    if kind is DECODE:
         return key[1] == max(c.decode_rows)
-    if key[0] == MIXED.name:
+    if kind is MIXED:
         return key[2] in start_shapes(c) and key[1] == max(c.mixed_rows(key[2]))
     return True
 
