@@ -26,14 +26,14 @@ $(TEST_STAMP): $(BASE_STAMP)
 	# AutoAWQ's packing code is the AWQ/GPTQ tests' reference; its declared dependencies (triton, datasets) are not needed
 	$(BIN)/python -m pip install --quiet --no-deps autoawq==0.2.9
 	# an older anthropic SDK (temperature/top_p/top_k as arguments, no output_config) that
-	# tests/test_conformance_schemas.py runs in its own process; its other dependencies are the venv's
+	# tests/server/test_conformance_schemas.py runs in its own process; its other dependencies are the venv's
 	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(VENV)/anthropic-old anthropic==0.49.0 distro==1.9.0
 	# the web page's browser tests drive Debian's chromium; where it cannot be installed they skip with the reason
 	@if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  { $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -q chromium chromium-driver; } >/dev/null 2>&1 \
-	    || echo "could not install chromium and chromium-driver: tests/test_web.py will be skipped"; \
+	    || echo "could not install chromium and chromium-driver: tests/server/test_web.py will be skipped"; \
 	fi
 	touch $@
 

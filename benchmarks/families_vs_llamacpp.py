@@ -16,7 +16,7 @@ converter's as ever).
 
 With --mmproj, the vision-language pairs instead (tests/tiny_vlm.py's SmolVLM, Gemma 3, Mistral 3, Qwen2.5-VL and Qwen3-VL): the converter's
 text GGUF and mmproj against the test writer's (tests/mmproj_files.py), and vsurge on the converter's pair
-against vsurge on the HF directory (logits over a prompt with an image; tests/test_images.py checks the
+against vsurge on the HF directory (logits over a prompt with an image; tests/multimodal/test_images.py checks the
 directory against transformers), and greedy tokens with an image: vsurge's engine on the pair against
 llama-server `--mmproj` on the converter's pair (the same prompt, the image as llama.cpp's media marker).
 """

@@ -76,10 +76,10 @@ echo "scale_accelerator exit $?"
 cat /tmp/vsurge-weights
 
 if grep -q "real default model" /tmp/vsurge-weights && [ "$(left)" -gt 100 ]; then
-    echo "== tests/test_default_model.py on the GPU, float32 against transformers ($(left) s left)"
+    echo "== tests/loading/test_default_model.py on the GPU, float32 against transformers ($(left) s left)"
     # JAX's default float32 matmul precision on GPU fails the logits test (0.083 > 2e-3); highest passes
     (cd "$CODE" && JAX_PLATFORMS=cuda JAX_DEFAULT_MATMUL_PRECISION=highest timeout $(($(left) - 10)) \
-        python3 -m pytest -q -p no:cacheprovider tests/test_default_model.py)
+        python3 -m pytest -q -p no:cacheprovider tests/loading/test_default_model.py)
     echo "tests exit $?"
 fi
 echo "== done in $(($(date +%s) - START)) s"

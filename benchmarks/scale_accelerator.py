@@ -3,8 +3,8 @@
     python benchmarks/scale_accelerator.py                    # checks, then serving at 1, 8, 16, 32 streams
     python benchmarks/scale_accelerator.py --skip-tests --concurrency 1,32
 
-1. model checks: the repository's model tests (tests/test_default_model.py and
-   tests/test_models_vs_transformers.py) on the accelerator, then the default model in
+1. model checks: the repository's model tests (tests/loading/test_default_model.py and
+   tests/models/test_models_vs_transformers.py) on the accelerator, then the default model in
    bfloat16 at tensor parallelism over the local devices against one device (logits and
    32 greedy tokens; bfloat16 sums in another order, so the table reports rather than asserts);
 2. vInference on one device, bfloat16: the greedy reply to "What is the capital of France?"
@@ -47,7 +47,7 @@ def run_model_tests(platform: str) -> int:
     # "highest" passes there
     env = {**os.environ, "JAX_PLATFORMS": platform, "HF_HUB_OFFLINE": "1",
            "JAX_DEFAULT_MATMUL_PRECISION": "highest"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "tests/test_default_model.py", "tests/test_models_vs_transformers.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "tests/loading/test_default_model.py", "tests/models/test_models_vs_transformers.py"]
     print("$", " ".join(cmd), flush=True)
     return subprocess.call(cmd, cwd=ROOT, env=env)
 

@@ -7,7 +7,7 @@ The accelerator machine has no PyTorch, so the references travel as a small file
     python benchmarks/tpu_agreement.py gaps FILE.npz           # on a CPU: how near a tie each reference token is
 
 `reference` stores (1) transformers' float32 logits for the default model (its own GGUF loader, as
-tests/test_default_model.py compares) on the chat prompt "What is the capital of France?" plus a tail with
+tests/loading/test_default_model.py compares) on the chat prompt "What is the capital of France?" plus a tail with
 an emoji and Japanese, and (2) vsurge's float32 greedy tokens on a CPU for 8 chat prompts, 16 tokens each.
 (The file keeps the last 16 positions' logits and every position's argmax.) `check` runs (1) in float32 at JAX's highest matmul precision (max |logit difference| <= 2e-3 and the same
 argmax everywhere, as the CPU test) and (2) in bfloat16, the accelerator's default dtype: how many prompts

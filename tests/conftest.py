@@ -8,9 +8,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# compiled programs are not stored whole between tests (engine/program_store.py, off by default too): a test
-# that patches a module would otherwise load another test's program; tests/test_program_store.py turns it on
+# compiled programs are not stored whole between tests (engine/program_store.py, off by default on a CPU): a test
+# that patches a module would otherwise load another test's program; tests/engine/test_program_store.py turns it on
 os.environ["VSURGE_PROGRAM_STORE"] = "0"
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+# tests/ mirrors the package (tests/engine/, tests/server/, ...), and a few test files share helpers with others
+# (`from test_images import png`): every folder of tests is importable by module name, as when they were flat
+for _folder in sorted(p for p in Path(__file__).parent.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 from xla_flags import xla_flags  # noqa: E402
 
@@ -19,7 +28,6 @@ os.environ["XLA_FLAGS"] = xla_flags(os.environ.get("XLA_FLAGS", ""))  # before J
 import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 import jax  # noqa: E402
 

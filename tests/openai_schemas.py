@@ -1,4 +1,4 @@
-"""OpenAI's OpenAPI spec (tests/openapi/openai_subset.json, cut by tests/tools/cut_openapi.py from
+"""OpenAI's OpenAPI spec (tests/data/openapi/openai_subset.json, cut by tests/tools/cut_openapi.py from
 github.com/openai/openai-openapi, MIT) as jsonschema validators of the server's bodies and events, and
 the deliberate deviations (docs/api_conformance.md, "Responses and deliberate deviations") that a
 check may let through where its request produces them."""
@@ -13,7 +13,7 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = json.loads((ROOT / "tests" / "openapi" / "openai_subset.json").read_text())
+SPEC = json.loads((ROOT / "tests" / "data" / "openapi" / "openai_subset.json").read_text())
 REGISTRY = Registry().with_resource("urn:openai", Resource.from_contents(SPEC, default_specification=DRAFT202012))
 
 # docs/api_conformance.md, "Responses and deliberate deviations": (schema, path) -> (why, the values

@@ -303,3 +303,15 @@ def test_default_context_length_is_written_once():
                for n in ast.walk(ast.parse(path.read_text()))):
             files.add(rel)
     assert files == {"engine/engine_config.py"}
+
+
+def test_tests_mirror_the_package_with_unique_file_names():
+    """tests/<package>/ holds the tests of vsurge/<package>/ (docs/testing.md); every folder is importable by
+    module name (tests/conftest.py), so no two test files may share a name."""
+    tests = ROOT / "tests"
+    files = sorted(tests.rglob("test_*.py"))
+    names = [path.name for path in files]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    strays = [str(path.relative_to(tests)) for path in files
+              if path.parent != tests and not (SRC / path.parent.relative_to(tests)).is_dir()]
+    assert strays == [], "test folders that name no package of vsurge"

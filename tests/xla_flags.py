@@ -1,11 +1,11 @@
 """The XLA flags of the processes the suite starts.
 
 Tests compile thousands of small programs and run most a few times, so LLVM's optimisation passes
-cost more than they save: at level 0 XLA:CPU compiles ~30% faster (tests/test_models_vs_transformers.py:
+cost more than they save: at level 0 XLA:CPU compiles ~30% faster (tests/models/test_models_vs_transformers.py:
 43 -> 30 s of compiling on a 2-core Xeon; level 1 saves nothing). The HLO passes (fusion, layout) are
 unchanged and the float arithmetic is the same (no fast-math at any level), so results do not move.
 XLA:CPU's older elemental emitters (--xla_cpu_use_fusion_emitters=false) compile the same fusions in
-about half the time again: two hybrid families' engine tests (tests/test_hybrid_families.py) 28-31 ->
+about half the time again: two hybrid families' engine tests (tests/models/test_hybrid_families.py) 28-31 ->
 12-15 s of compiling, 2026-12-06 on a 2-core AMD EPYC.
 The pytest workers and the check scripts (sharding, disaggregation, the family server) run at level 0.
 `vsurge serve` and the CLI run as users run them, at XLA's default level: they answer many requests

@@ -1,6 +1,6 @@
 """Cut OpenAI's OpenAPI spec (github.com/openai/openai-openapi, MIT) down to what vsurge serves:
-the operations below and every schema they reference, transitively -> tests/openapi/openai_subset.json
-(read by tests/test_conformance_schemas.py).
+the operations below and every schema they reference, transitively -> tests/data/openapi/openai_subset.json
+(read by tests/server/test_conformance_schemas.py).
 
     git clone https://github.com/openai/openai-openapi /tmp/openai-openapi
     python tests/tools/cut_openapi.py /tmp/openai-openapi            # openapi.json (or .yaml) of its HEAD
@@ -29,10 +29,10 @@ OPERATIONS = {  # path -> the methods vsurge serves
 EXTRA_SCHEMAS = ("ErrorResponse", "Error")  # every error body (the operations list only 429's)
 DROP_KEYS = ("description", "example", "examples", "x-oaiMeta", "x-stainless-naming", "title", "deprecated",
              "x-oaiExpandable", "x-oaiTypeLabel", "x-stainless-const", "x-oaiDocs")
-OUT = Path(__file__).resolve().parent.parent / "openapi" / "openai_subset.json"
+OUT = Path(__file__).resolve().parent.parent / "data" / "openapi" / "openai_subset.json"
 LICENSE = ("MIT License, Copyright (c) OpenAI (https://openai.com): the spec's schemas are copied from "
            "https://github.com/openai/openai-openapi under the MIT License; its full text is in "
-           "tests/openapi/LICENSE-openai-openapi.")
+           "tests/data/openapi/LICENSE-openai-openapi.")
 
 
 def load(repo: Path) -> dict:

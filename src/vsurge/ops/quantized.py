@@ -9,7 +9,7 @@ device_put like any array. Formats: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6
   `vsurge_qmatmul`: the weights are read in their bits, and x is quantized per 32-element block
   to int8 with a float32 scale, as llama.cpp quantizes activations (Q8); the integer dot products
   are exact, so the only difference from x @ dequantize(W)^T is x's rounding: on random data the
-  relative error of an output is ~0.3-0.5% (tests/test_quant_kernel.py measures it per format);
+  relative error of an output is ~0.3-0.5% (tests/ops/test_quant_kernel.py measures it per format);
 - elsewhere (GPU, TPU, or a CPU without the kernel): W is dequantized inside the jitted function
   and multiplied with a float dot (x's dtype: float32, or bfloat16 x with bfloat16 weights).
   On a CPU that is slow (~1 s per call for the default model's 135M weights,

@@ -2,7 +2,7 @@
 
 One real `vsurge` server process (tests/family_server.py) holds one tiny checkpoint of each family
 whose attention or cache differs from Llama's (the others' layers are checked against transformers
-in tests/test_models_vs_transformers.py; here each family costs its engine's compile) on its own oEngine; the prompts are longer than a chunk (prefilled in several steps),
+in tests/models/test_models_vs_transformers.py; here each family costs its engine's compile) on its own oEngine; the prompts are longer than a chunk (prefilled in several steps),
 every family is asked at once (batched steps), and each prompt is asked twice (the second
 time its full pages come from the prefix cache).
 """
@@ -24,7 +24,7 @@ import torch
 from server_process import ENV, free_port
 from xla_flags import xla_flags
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the helper scripts
 # one checkpoint (tests/tiny_models.py) per kind of attention and cache: plain GQA, biases, QK norms,
 # soft caps and windows, local/global rotary bases, fused tensors, no-rope layers, routed experts, sinks,
 # MLA's latent pages, chunked attention, per-layer KV shapes, Gated DeltaNet states beside the pages

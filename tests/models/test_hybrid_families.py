@@ -1,6 +1,6 @@
 """Hybrid families (recurrent layers beside attention: a state per sequence, kv/recurrent.py) through
 the engines. Greedy outputs equal the reference Generator's (dense cache, one sequence at a time),
-itself checked against transformers in tests/test_models_vs_transformers.py: prompts prefilled in
+itself checked against transformers in tests/models/test_models_vs_transformers.py: prompts prefilled in
 several chunks of one step and across steps, more prompts than slots (a slot's next sequence starts
 from a zero state), a one-token prompt (decoded straight away), preemption, whole-prompt passes."""
 

@@ -17,7 +17,7 @@ from server_process import ENV, ServerProcess, client_for, free_port
 from tiny_models import write_tiny_model
 
 TINY_NAME = "tiny-uds"
-# tests/test_server.py's tiny server's engine flags: the same programs, so they load from the compilation cache
+# tests/server/test_server.py's tiny server's engine flags: the same programs, so they load from the compilation cache
 TINY_ARGS = ("--max-concurrent-decodes", "16", "--max-length", "128", "--max-prefill-length", "64",
              "--prefill-lengths", "64", "--max-queue", "128")
 

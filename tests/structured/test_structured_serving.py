@@ -68,7 +68,7 @@ def test_json_object_regex_and_choice_outputs_validate(client):
 def test_constrained_and_free_rows_share_the_batch(client):
     """16 concurrent requests, every other one constrained: all constrained ones validate, the free
     ones are plain text (that free rows equal their unconstrained output is checked in float32, where
-    greedy decoding is batch-invariant: tests/test_structured_engine.py)."""
+    greedy decoding is batch-invariant: tests/structured/test_structured_engine.py)."""
     schema = Person.model_json_schema()
     questions = [f"Tell me about person number {i}." for i in range(16)]
 

@@ -17,11 +17,11 @@ pytest.importorskip("ray.serve")
 from vsurge.cli.arguments import build_parser  # noqa: E402
 from vsurge.scale.ray_serve.app import APP_NAME, BUILD_ARGS, build_app  # noqa: E402
 
-DEPLOY = Path(__file__).parents[1] / "deploy" / "ray"
+DEPLOY = Path(__file__).parents[2] / "deploy" / "ray"
 MANIFESTS = sorted(DEPLOY.glob("rayservice-*.yaml"))
 
 
-SCALING_DOC = Path(__file__).parents[1] / "docs" / "scaling.md"
+SCALING_DOC = Path(__file__).parents[2] / "docs" / "scaling.md"
 
 
 def serve_config(path: Path) -> dict:

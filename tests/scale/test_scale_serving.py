@@ -28,7 +28,7 @@ from server_process import free_port
 from tiny_models import write_tiny_model
 from xla_flags import xla_flags
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the helper scripts
 PROMPTS = [f"Tell me about {topic}" for topic in ("volcanoes", "the moon", "bees", "chess", "rivers", "robots",
                                                    "tea", "glaciers", "owls", "bridges", "jazz", "deserts",
                                                    "comets", "forests", "trains", "coral")]

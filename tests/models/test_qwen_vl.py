@@ -98,7 +98,7 @@ def test_logits_with_one_and_two_images_equal_transformers(qwen):
 
 
 # (Qwen2-VL's and Qwen3-VL-MoE's images reach the engine as Qwen2.5-VL's and Qwen3-VL's; Qwen3-VL-MoE's experts
-# run there as Qwen3-MoE's, which the families' engine tests run: tests/test_families_engines.py)
+# run there as Qwen3-MoE's, which the families' engine tests run: tests/models/test_families_engines.py)
 @pytest.mark.parametrize("qwen", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"], indirect=True)
 def test_engine_greedy_tokens_equal_transformers(qwen):
     """One image, two images of different sizes and a text-only prompt (token ids) at once, prefilled in 8-token chunks

@@ -1,4 +1,4 @@
-"""The engine paths beyond the paged server (tests/test_families_serving.py) on families whose layers
+"""The engine paths beyond the paged server (tests/server/test_families_serving.py) on families whose layers
 differ most from Llama's: the dense engine with speculation (MLA's latent cache; attention sinks
 and experts), vInference (soft-capped, alternating-window layers), preemption under page pressure
 (sliding windows and two rotary bases), grammar-constrained output (routed experts). Greedy

@@ -25,7 +25,7 @@ from server_process import ServerProcess, client_for
 from tiny_models import write_tiny_model
 from xla_flags import xla_flags
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the helper scripts
 DEVICES = {"XLA_FLAGS": xla_flags("--xla_force_host_platform_device_count=6"), "JAX_PLATFORMS": "cpu"}
 TP3 = dict(hidden_size=96, intermediate_size=192, num_attention_heads=6, num_key_value_heads=3)
 MAX_TOKENS = 8

@@ -1,6 +1,6 @@
 """Paged-attention kernels of the column layout against its XLA path (kv/paged.py) on CPU: JAX's Triton
 kernel (kv/kernels.py, the gpu backend) and vsurge's own C++ decode kernel (kv/cpu_attention.py,
-kernels/paged_attention.cc). The tpu backend's layout and kernel: tests/test_attention_backends.py.
+kernels/paged_attention.cc). The tpu backend's layout and kernel: tests/kv/test_attention_backends.py.
 
 Random pages, rows of ragged lengths (one page, a page boundary, several pages, a padding row),
 page tables with holes (pages scattered over the pool, zeros past each row's length), GQA ratios,

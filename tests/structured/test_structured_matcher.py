@@ -67,7 +67,7 @@ def test_masks_allow_every_token_of_canonical_documents():
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "benchmarks"))
     from structured_masks import CASES
 
     for case in CASES:

@@ -3,7 +3,7 @@
 A tiny random SmolVLM (Idefics3) and Gemma 3 checkpoint (tests/tiny_vlm.py) are written as the pair
 llama.cpp's converter writes (tests/mmproj_files.py, checked against the real converter by
 benchmarks/families_vs_llamacpp.py --mmproj). Loaded through vsurge.load(text, mmproj=...), the pair
-must be the model its HF directory loads as (which tests/test_images.py checks against transformers):
+must be the model its HF directory loads as (which tests/multimodal/test_images.py checks against transformers):
 the same config, prompt tokens and float32 logits with images; its greedy tokens through the engine
 equal transformers' own; the text GGUF alone still loads as the text model; wrong pairs are refused
 with what is wrong."""
@@ -135,7 +135,7 @@ def test_engine_greedy_tokens_equal_transformers(pair):
 
 
 # (Qwen3-VL-MoE's text half alone reads as the dense Qwen3-VL's does, through its text family's GGUF reading;
-# Qwen3.5's is the qwen35 GGUF that tests/test_hybrid_families.py runs through the engine)
+# Qwen3.5's is the qwen35 GGUF that tests/models/test_hybrid_families.py runs through the engine)
 @pytest.mark.parametrize("pair", sorted(set(WRITERS) - {"qwen3_vl_moe", "qwen3_5"}), indirect=True)
 def test_the_text_gguf_alone_is_the_text_model(pair):
     """Without its mmproj the text half loads as its text family (as llama.cpp's text-only use): same

@@ -1,6 +1,6 @@
 """The server's output against the APIs' own definitions, on the real `vsurge serve` (the shared
 default server): every OpenAI body and every streamed event's data validated with `jsonschema`
-against OpenAI's OpenAPI spec (tests/openapi/openai_subset.json, cut by tests/tools/cut_openapi.py
+against OpenAI's OpenAPI spec (tests/data/openapi/openai_subset.json, cut by tests/tools/cut_openapi.py
 from github.com/openai/openai-openapi), and every Anthropic body and stream event parsed by the
 anthropic SDK's pydantic types with no field they do not define. Requests cover the options vsurge
 serves. The only deviations let through are docs/api_conformance.md's list (openai_schemas.DEVIATIONS),

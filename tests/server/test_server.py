@@ -172,7 +172,7 @@ def test_bad_chat_requests_get_openai_errors(default_server, body, status, messa
 
 def test_lone_surrogates_are_refused_in_valid_json(default_server):
     """A client string with a lone UTF-16 surrogate (valid JSON text, not valid Unicode) is a 400 naming
-    the field, in any field, before it can reach a tokenizer (tests/test_conformance_requests.py)."""
+    the field, in any field, before it can reach a tokenizer (tests/server/test_conformance_requests.py)."""
     for body, param in (({"model": "\ud800bad", "messages": FRANCE}, "model"),
                         ({"messages": FRANCE, "response_format": {"type": "\udfff"}}, "response_format.type")):
         r = default_server.post("/v1/chat/completions", content=json.dumps(body).encode("ascii"),
@@ -321,11 +321,11 @@ def test_schemathesis_finds_no_server_errors(tiny_server):
 
 
 def test_openai_spec_fuzz_finds_no_server_errors_and_the_server_serves_on(tiny_server):
-    """OpenAI's own spec (the vendored subset, tests/openapi/openai_subset.json) through schemathesis, valid
+    """OpenAI's own spec (the vendored subset, tests/data/openapi/openai_subset.json) through schemathesis, valid
     and invalid bodies, bounded to 30 s: no 5xx, and the server is ready and answers afterwards (issue 63)."""
     from pathlib import Path
 
-    spec = Path(__file__).parent / "openapi" / "openai_subset.json"
+    spec = Path(__file__).parents[1] / "data" / "openapi" / "openai_subset.json"
     out = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "run", str(spec), "--url", tiny_server.base + "/v1",
          "--checks", "not_a_server_error", "--mode", "all", "--max-examples", "5", "--max-time", "30",

@@ -20,7 +20,7 @@ import pytest
 from tiny_models import write_tiny_model
 from xla_flags import xla_flags
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]  # tests/: the helper scripts
 LOGIT_RTOL = 1e-4  # relative to the largest logit; measured ~3e-7 in float32
 INT8_RTOL = 1e-3  # int8 activations are quantized per row: TP moves a sum across devices, ~4e-5 measured
 

@@ -101,7 +101,7 @@ def test_every_family_has_a_tiny_checkpoint():
     """A family added to the registry without a tiny checkpoint here would go untested."""
     from vsurge.models.registry import families
 
-    from tiny_vlm import VLM_MODEL_TYPES  # (the vision-language families' checkpoints: tests/test_images.py)
+    from tiny_vlm import VLM_MODEL_TYPES  # (the vision-language families' checkpoints: tests/multimodal/test_images.py)
 
     covered = {family_name(name) for name in TINY_CONFIGS} | set(VLM_MODEL_TYPES)
     for family in families():
