@@ -22,7 +22,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import vsurge  # noqa: E402
-from vsurge.generation import Generator, greedy_generate  # noqa: E402
+from vsurge.generation import greedy_generate  # noqa: E402
+from reference_generation import greedy_reference  # noqa: E402
 from vsurge.loading.hf import SafetensorsSource  # noqa: E402
 from vsurge.ops.quantized import is_quantized  # noqa: E402
 from vsurge.hardware.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
@@ -161,12 +162,6 @@ def _default_prompt(processor) -> list[int]:
     return processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
 
 
-def _greedy(model, ids, max_tokens: int) -> list[int]:
-    """greedy_generate in a 64-token context: the default's 8192 made each of its 30 layers' decode steps read
-    an 8192-row cache (~2 s of the 12 tokens on this CPU); the tokens are the same"""
-    return Generator(model, max_length=64).generate(ids, max_tokens)
-
-
 def _default_float32_tp3() -> dict:
     """Logits of one forward pass: the weights' split is what differs from one device (the KV cache's split at
     TP 3 is the blocks' greedy decoding below)."""
@@ -185,17 +180,17 @@ def _default_float32_tp3() -> dict:
 def _default_blocks_tp3() -> dict:
     model, processor = vsurge.load("default", progress=False)
     ids = _default_prompt(processor)
-    ref, one = forward(model, [ids]), _greedy(model, ids, 8)
+    ref, one = forward(model, [ids]), greedy_reference(model, ids, 8)
     from vsurge.scale.replicas import replica_models
 
     replicas = replica_models(model, tensor_parallel_size=1, data_parallel_size=3)  # each on its own device
     dp3 = {"devices": [sorted({d.id for w in r.named_weights().values() for leaf in jax.tree.leaves(w)
                                for d in leaf.devices()}) for r in replicas],
-           "tokens": _greedy(replicas[-1], ids, 8)}  # one replica off device 0 runs (each compiles anew)
+           "tokens": greedy_reference(replicas[-1], ids, 8)}  # one replica off device 0 runs (each compiles anew)
     del model, replicas
     tp3, _ = vsurge.load("default", progress=False, load_processor=False, tensor_parallel_size=3)
     blocks = {n: w for n, w in tp3.named_weights().items() if is_quantized(w)}
-    return {"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one, "tp3": _greedy(tp3, ids, 8),
+    return {"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one, "tp3": greedy_reference(tp3, ids, 8),
             "text": processor.decode(one), "blocks": len(blocks), "dp3": dp3,
             "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
                               for w in blocks.values())}
