@@ -23,6 +23,7 @@ from flax import nnx  # noqa: E402
 
 import vsurge  # noqa: E402
 from vsurge.generation import greedy_generate  # noqa: E402
+from reference_generation import greedy_reference  # noqa: E402
 from vsurge.loading.hf import SafetensorsSource  # noqa: E402
 from vsurge.ops.quantized import is_quantized  # noqa: E402
 from vsurge.hardware.sharding import make_mesh, mesh_of, per_device_bytes, place_model  # noqa: E402
@@ -151,39 +152,46 @@ def vinference_on_data_and_model(path, model, processor) -> dict:
 
 def check_default():
     """The embedded default model (9 query heads, 3 KV heads), in one process (it loads once per form, and
-    the process starts once): dequantized to float32 per shard, greedy text at TP 3 vs one device; and
-    kept in its GGUF blocks (replicated on every device) at TP 3, logits and greedy tokens vs one device,
-    the blocks' shardings, and 3 data-parallel replicas, each on its own device."""
+    the process starts once): dequantized to float32 per shard, logits at TP 3 vs one device; and kept in its
+    GGUF blocks (replicated on every device) at TP 3, logits and greedy tokens vs one device, the blocks'
+    shardings, and 3 data-parallel replicas, each on its own device."""
     return {"float32": _default_float32_tp3(), "blocks": _default_blocks_tp3()}
 
 
+def _default_prompt(processor) -> list[int]:
+    return processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+
+
 def _default_float32_tp3() -> dict:
+    """Logits of one forward pass: the weights' split is what differs from one device (the KV cache's split at
+    TP 3 is the blocks' greedy decoding below)."""
     model, processor = vsurge.load("default", dtype="float32", progress=False)
-    ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    one = greedy_generate(model, ids, 12)
+    ids = _default_prompt(processor)
+    ref = forward(model, [ids])  # (T, V)
     del model
     tp3, _ = vsurge.load("default", dtype="float32", progress=False, load_processor=False, tensor_parallel_size=3)
-    three = greedy_generate(tp3, ids, 12)
+    logits = forward(tp3, [ids])
     held = per_device_bytes(tp3.named_weights())
-    return {"tp1": processor.decode(one), "tp3": processor.decode(three), "kv_heads": tp3.config.num_kv_heads,
-            "devices": len(held), "max_device_bytes": max(held.values()), "total_bytes": tp3.weight_bytes}
+    return {"rel_err": rel_err(logits, ref), "argmax": bool((logits.argmax(-1) == ref.argmax(-1)).all()),
+            "kv_heads": tp3.config.num_kv_heads, "devices": len(held), "max_device_bytes": max(held.values()),
+            "total_bytes": tp3.weight_bytes}
 
 
 def _default_blocks_tp3() -> dict:
     model, processor = vsurge.load("default", progress=False)
-    ids = processor.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
-    ref, one = forward(model, [ids]), greedy_generate(model, ids, 8)
+    ids = _default_prompt(processor)
+    ref, one = forward(model, [ids]), greedy_reference(model, ids, 8)
     from vsurge.scale.replicas import replica_models
 
     replicas = replica_models(model, tensor_parallel_size=1, data_parallel_size=3)  # each on its own device
     dp3 = {"devices": [sorted({d.id for w in r.named_weights().values() for leaf in jax.tree.leaves(w)
                                for d in leaf.devices()}) for r in replicas],
-           "tokens": greedy_generate(replicas[-1], ids, 8)}  # one replica off device 0 runs (each compiles anew)
+           "tokens": greedy_reference(replicas[-1], ids, 8)}  # one replica off device 0 runs (each compiles anew)
     del model, replicas
     tp3, _ = vsurge.load("default", progress=False, load_processor=False, tensor_parallel_size=3)
     blocks = {n: w for n, w in tp3.named_weights().items() if is_quantized(w)}
-    return {"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one, "tp3": greedy_generate(tp3, ids, 8),
-            "blocks": len(blocks), "dp3": dp3,
+    return {"rel_err": rel_err(forward(tp3, [ids]), ref), "tp1": one, "tp3": greedy_reference(tp3, ids, 8),
+            "text": processor.decode(one), "blocks": len(blocks), "dp3": dp3,
             "replicated": all(len(w.sharding.device_set) == 3 and w.sharding.is_fully_replicated
                               for w in blocks.values())}
 

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from conftest import CHAT_PROMPT
-from vsurge.generation import greedy_generate
+from reference_generation import greedy_reference
 
 # Both sides dequantize the same Q4_1/Q8_0 blocks to float32, so the weights are
 # bit-identical; what differs is summation order across 30 layers (XLA vs
@@ -50,7 +50,7 @@ def test_32_greedy_tokens_identical_to_transformers(default_model, hf_reference)
     model, processor = default_model
     torch_model, _ = hf_reference
     prompt = processor.apply_chat_template(CHAT_PROMPT)
-    ours = greedy_generate(model, prompt, max_new_tokens=32)  # no stop: all 32 tokens
+    ours = greedy_reference(model, prompt, 32)  # no stop: all 32 tokens
     with torch.no_grad():
         out = torch_model.generate(torch.tensor([prompt]), max_new_tokens=32, min_new_tokens=32,
                                    do_sample=False, eos_token_id=None, pad_token_id=2)

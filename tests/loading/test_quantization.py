@@ -10,7 +10,7 @@ from flax import nnx
 import vsurge
 from conftest import CHAT_PROMPT
 from vsurge.config import ModelConfig
-from vsurge.generation import greedy_generate
+from reference_generation import greedy_reference
 from vsurge.ops.linear import linear, quantize_int8
 
 
@@ -50,7 +50,7 @@ def test_int8_default_model_agrees_with_float32(int8_model, default_model):
     got = np.asarray(model(jnp.asarray([ids]))[0][0])
     assert (got.argmax(-1) == ref.argmax(-1)).mean() >= 0.9
     prompt = processor.apply_chat_template(CHAT_PROMPT)
-    answer = greedy_generate(model, prompt, 16, stop_token_ids=processor.eos_token_ids)
+    answer = greedy_reference(model, prompt, 16, stop_token_ids=processor.eos_token_ids)
     assert processor.decode(answer, skip_special_tokens=True) == "The capital of France is Paris."
 
 

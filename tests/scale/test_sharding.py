@@ -112,11 +112,10 @@ def default_result():
     return run_check("default", devices=3)
 
 
-def test_default_model_answers_the_same_at_tp3(default_result):
+def test_default_model_dequantized_at_tp3_gives_the_logits_of_one_device(default_result):
     r = default_result["float32"]
     assert r["kv_heads"] == 3 and r["devices"] == 3  # 9 query heads, 3 KV heads: one KV head per device
-    assert r["tp3"] == r["tp1"]
-    assert r["tp1"].startswith("The capital of France is Paris."), r["tp1"]
+    assert r["rel_err"] <= LOGIT_RTOL and r["argmax"], r
     assert r["max_device_bytes"] < r["total_bytes"] / 2  # GGUF dequantized per shard, the vocabulary split
 
 
@@ -158,5 +157,6 @@ def test_default_gguf_blocks_replicated_at_tp3(default_result):
     assert r["blocks"] == 121 and r["replicated"]
     assert r["rel_err"] <= LOGIT_RTOL, r
     assert r["tp3"] == r["tp1"]
+    assert r["text"].startswith("The capital of France is Paris."), r["text"]  # the real model's answer, not noise
     # data parallel: each replica's weights (blocks included) on its own device, the same tokens
     assert r["dp3"]["devices"] == [[0], [1], [2]] and r["dp3"]["tokens"] == r["tp1"], r["dp3"]

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import CHAT_PROMPT
 from vsurge import PromptOutput, SamplingParams, vInference, vInferenceConfig, vInferencePreCompileConfig
-from vsurge.generation import greedy_generate
+from reference_generation import greedy_reference
 from conftest import link_session_cache_into, use_session_compilation_cache
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0)
@@ -38,7 +38,7 @@ def test_greedy_equals_foundation_path_and_transformers(vinf, default_model):
     params = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
     out = vinf.process_prompt(CHAT_PROMPT, params)
     tokens = list(vinf.generate([prompt], sampling_params=params))[-1].row_tokens(0)
-    foundation = greedy_generate(model, prompt, max_new_tokens=32)
+    foundation = greedy_reference(model, prompt, 32)
     assert tokens == foundation
     assert out.text == processor.decode(foundation, skip_special_tokens=True)
     assert out.generated_tokens == 32 and out.finish_reason == "length"
@@ -56,7 +56,7 @@ def test_generate_yields_sample_states_per_chunk(vinf, default_model):
     assert final.is_sequence_finished[:2].all() and final.generated_tokens == 10
     assert final.sequences.shape[1] == 64 + 64 and final.padded_length == 64  # prompt bucket + max_new_tokens
     np.testing.assert_array_equal(final.current_length[:2], final.prompt_lengths[:2] + 10)
-    alone = greedy_generate(default_model[0], processor.encode("What is the capital of France?"), 10)
+    alone = greedy_reference(default_model[0], processor.encode("What is the capital of France?"), 10)
     assert final.row_tokens(1) == alone
 
 
