@@ -3,7 +3,9 @@
 vEngine (dense: a fixed run of pages per slot) and oEngine (paged: pages on
 demand, prefix caching, preemption) are this class with different page pools.
 Every program is compiled by `compile()` (a progress bar; the persistent
-compilation cache makes restarts fast), so nothing compiles while serving.
+compilation cache and the program store make restarts fast), so no step waits for a compile: on an
+accelerator some step programs compile in the background after it (engine/deferred_programs.py), and
+steps use only what is compiled.
 The engine runs where the model's weights are: on their mesh (hardware/sharding.py),
 every program gets explicit shardings (KV cache split over KV heads, host
 inputs and outputs replicated) and XLA partitions it; otherwise on the default
