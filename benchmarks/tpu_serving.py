@@ -61,9 +61,10 @@ def load_model(which: str):
     return model, model.config.name
 
 
-async def one(surge, prompt: str, tokens: int) -> tuple[float, float, int]:
+async def one(surge, prompt: str, tokens: int, sampling: dict | None = None) -> tuple[float, float, int]:
     start, first, count = time.perf_counter(), None, 0
-    request = vsurge.vSurgeRequest(prompt=prompt, max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    request = vsurge.vSurgeRequest(prompt=prompt, max_tokens=tokens, ignore_eos=True,
+                                   **{**(sampling or {}), "temperature": 0.0})
     async for samples in surge.complete(request):
         count += len(samples[0].token_ids)
         first = first or time.perf_counter()
@@ -71,9 +72,9 @@ async def one(surge, prompt: str, tokens: int) -> tuple[float, float, int]:
     return first - start, (end - first) / max(count - 1, 1), count
 
 
-async def level(surge, texts: list[str], tokens: int) -> dict:
+async def level(surge, texts: list[str], tokens: int, sampling: dict | None = None) -> dict:
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(surge, t, tokens) for t in texts))
+    results = await asyncio.gather(*(one(surge, t, tokens, sampling) for t in texts))
     wall = time.perf_counter() - start
     return {"tok_s": sum(r[2] for r in results) / wall, "ttft": statistics.median(r[0] for r in results),
             "tpot": 1e3 * statistics.median(r[1] for r in results)}
@@ -82,6 +83,17 @@ async def level(surge, texts: list[str], tokens: int) -> dict:
 def in_process(which: str, processor, args) -> dict[int, dict]:
     model, name = load_model(which)
     config = EngineConfig(max_slots=max(args.concurrency), max_length=args.max_length)
+    sampling = None
+    if args.as_served:  # what `vsurge serve` adds: the host tier of the prefix cache, the model's sampling defaults
+        from vsurge.kv.memory import default_host_cache_bytes
+        from vsurge.loading import default_model_path
+        from vsurge.loading.generation_config import resolve_generation_defaults
+
+        config = config.replace(kv_host_cache_bytes=default_host_cache_bytes())
+        defaults = resolve_generation_defaults("auto", default_model_path() if which == "default" else None)
+        sampling = {k: v for k, v in defaults.as_dict().items() if k in ("repetition_penalty", "top_k", "top_p", "min_p")}
+        print(f"{name}: as `vsurge serve` runs it: host tier {config.kv_host_cache_bytes / 2**30:.1f} GiB, "
+              f"sampling {sampling}", flush=True)
     start = time.perf_counter()
     surge = vsurge.vSurge.from_config(model, processor, config)
     surge.compile()
@@ -96,7 +108,7 @@ def in_process(which: str, processor, args) -> dict[int, dict]:
     try:
         asyncio.run(level(surge, prompts(2, 16, seed=99), 4))  # warm-up
         for n in args.concurrency:
-            out[n] = asyncio.run(level(surge, prompts(n, args.input_len), args.output_len))
+            out[n] = asyncio.run(level(surge, prompts(n, args.input_len), args.output_len, sampling))
             print(ROW.format(where="in-process", model=name, n=n, note="", **out[n]), flush=True)
     finally:
         surge.stop()
@@ -223,6 +235,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-length", type=int, default=1024)
     p.add_argument("--serve", action="store_true", help="also the default model through `vsurge serve --uds`")
     p.add_argument("--ready-timeout", type=float, default=300)
+    p.add_argument("--as-served", action="store_true",
+                   help="in-process with what `vsurge serve` adds by default (the host tier, the model's sampling "
+                        "defaults): the server's rows then differ by HTTP alone")
     p.add_argument("--program-store", action="store_true",
                    help="a third start, from vsurge's program store (VSURGE_PROGRAM_STORE=1)")
     p.add_argument("--eos-token-id", type=int, default=2, help="banned on the server side (the default model's)")
