@@ -19,6 +19,8 @@
 #               and its bfloat16 greedy tokens against the CPU's (references made here, below)
 #   attention   benchmarks/tpu_attention.py: JAX's ragged kernel (what the tpu backend runs) and ejkernel's v3
 #               kernel on the same decode rows (needs the ejkernel wheels)
+#   asserved    benchmarks/tpu_serving.py in-process on the default model with what `vsurge serve` adds (the
+#               host tier, the model's sampling defaults), then without: the server's one-stream first token
 # SECONDS bounds the whole script (each stage gets what is left, the roofline's steps a share). Every DIR may
 # hold wheels (*.whl: installed into /tmp/site; the machine lacks fastapi, uvicorn, gguf, ...), parts of the
 # default model (*.bin: benchmarks/model_parts.py) and the agreement references (*.npz). The machine keeps
@@ -116,8 +118,15 @@ for stage in ${STAGES//,/ }; do
             python3 benchmarks/tpu_agreement.py check /tmp/vsurge-refs/agreement.npz
         ;;
     attention)
-        step 50 "JAX's ragged kernel" python3 benchmarks/tpu_attention.py --rows 64,256
-        step 95 "ejkernel's v3 kernel" python3 benchmarks/tpu_attention.py --rows 64,256 --kernel ejkernel-v3
+        step 30 "JAX's ragged kernel" python3 benchmarks/tpu_attention.py --shapes 1b,3b,default --rows 16,64,256
+        step 95 "ejkernel's v3 kernel" python3 benchmarks/tpu_attention.py --shapes 1b,3b,default --rows 16,64,256 \
+            --kernel ejkernel-v3
+        ;;
+    asserved)
+        step 50 "vSurge in-process as served (host tier, the model's sampling defaults)" \
+            python3 benchmarks/tpu_serving.py --models default --concurrency 1,8 --as-served --out "$OUT"
+        step 95 "vSurge in-process, plain" python3 benchmarks/tpu_serving.py --models default --concurrency 1,8 \
+            --out "$OUT"
         ;;
     *) echo "unknown stage $stage" ;;
     esac

@@ -28,7 +28,8 @@ from vsurge.config import AttentionSpec
 from vsurge.kv.backends import tpu
 from vsurge.kv.paged import StepLayout
 
-SHAPES = {"1b": (32, 8, 64), "3b": (24, 8, 128), "8b": (32, 8, 128)}  # query heads, KV heads, head_dim
+SHAPES = {"1b": (32, 8, 64), "3b": (24, 8, 128), "8b": (32, 8, 128),  # query heads, KV heads, head_dim
+          "default": (12, 4, 64)}  # SmolLM2-135M: 9 query / 3 KV heads, held as 12 / 4 (kv/backends/tpu.held_heads)
 BANDWIDTH = {"TPU v5": 819e9, "TPU v6": 1640e9, "TPU v4": 1200e9}
 
 
