@@ -107,6 +107,10 @@ for stage in ${STAGES//,/ }; do
         step 95 "serve --uds" python3 benchmarks/tpu_serving.py --models "" --concurrency 1,64 --serve \
             --program-store --out "$OUT"
         ;;
+    served)
+        step 95 "serve --uds, cold and from the cache" python3 benchmarks/tpu_serving.py --models "" \
+            --concurrency 1,8 --serve --out "$OUT"
+        ;;
     probe)
         step 50 "compile probe: a mixed program, traced" python3 benchmarks/compile_probe.py --skip-engine \
             --only mixed --programs 1 --trace "$OUT/trace"

@@ -1,9 +1,10 @@
 """The tpu backend's attention call alone (kv/backends/tpu.py: JAX's ragged paged-attention kernel over the
 folded layout), against the bytes it must read: each row's K/V up to its length / the chip's bandwidth.
 
-For each shape and row count it times the kernel at the tuned block sizes and at each (KV pages, queries)
-per block given, and prints the best. Decode rows (one query each) at the roofline benchmark's context;
-`--prefill` adds one prompt of that many tokens.
+For each shape and row count it times the kernel at JAX's tuned block sizes ("tuned"), at the ones the tpu
+backend asks for ("vsurge": kv/backends/tpu.block_sizes) and at each (KV pages, queries) per block given.
+Decode rows (one query each) at the roofline benchmark's context; `--prefill` adds one prompt of that many
+tokens.
 
     python benchmarks/tpu_attention.py --rows 64,256 --blocks 4x32,8x32,8x64,16x64      # on the TPU
     python benchmarks/tpu_attention.py --rows 64,256 --kernel ejkernel-v3   # ejkernel's v3 kernel, same rows
@@ -138,9 +139,12 @@ def main(argv=None) -> int:
             q = jnp.ones((rows + args.prefill, heads, dim), jnp.bfloat16)
             spec = AttentionSpec(scale=dim ** -0.5)
             need = (rows * args.context + args.prefill) * 2 * kv_heads * dim * 2  # every K/V read once
-            for blocks in [None, *(b for b in args.blocks.split(",") if b)]:
+            width = lay.decode_tables.shape[1]  # (with a prompt the backend keeps the tuned sizes)
+            for blocks in [None, "vsurge", *(b for b in args.blocks.split(",") if b)]:
                 options = {}
-                if blocks:
+                if blocks == "vsurge":  # what the tpu backend asks of the kernel for this step
+                    options = tpu.block_sizes(lay, width)
+                elif blocks:
                     kv, qs = (int(x) for x in blocks.split("x"))
                     options = dict(num_kv_pages_per_block=kv, num_queries_per_block=qs)
                 if args.vmem_mb:

@@ -214,13 +214,15 @@ def through_server(args) -> tuple[dict[int, dict], float, float]:
     try:
         model = bench_serve.first_model("http://localhost", None, uds=socket)
         for n in args.concurrency:
-            s = asyncio.run(bench_serve.run("http://localhost", model, n, args.input_len, args.output_len,
-                                            float("inf"), n, None, args.eos_token_id, uds=socket))
+            # one stream: four requests one after another (a single request's first token is one sample)
+            s = asyncio.run(bench_serve.run("http://localhost", model, n if n > 1 else 4, args.input_len,
+                                            args.output_len, float("inf"), n, None, args.eos_token_id, uds=socket))
             if s["failed"]:
                 print(f"serve @ {n}: {s['failed']} failed: {s['errors']}", flush=True)
             out[n] = {"tok_s": s["output_throughput"], "ttft": s["ttft"]["median"], "tpot": 1e3 * s["tpot"]["median"]}
             print(ROW.format(where="serve --uds", model="default model (SmolLM2-135M)", n=n, note="", **out[n]),
                   flush=True)
+            print(bench_serve.format_trace(s), flush=True)  # where the server's first token went
     finally:
         stop_server(server)
     return out, cold, warm

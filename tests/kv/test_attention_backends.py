@@ -201,6 +201,16 @@ def test_tpu_layout_write_copies_nothing_the_size_of_the_pool():
     assert [line for line in text.splitlines() if f"[{num_pages},8,8,128]" in line and "scatter" in line]
 
 
+def test_decode_only_steps_ask_the_kernel_for_whole_page_tables_and_small_query_blocks():
+    """The block sizes measured on a v5e (tpu.block_sizes): a decode-only step takes a row's whole table in one
+    block of pages (at most DECODE_KV_PAGES), 8 queries a block; a step with prompt chunks keeps JAX's tuned ones."""
+    decode_only = step(8, 4, 64, 8, [9, 30, 17], [], seed=2)[5]
+    mixed = step(8, 4, 64, 8, [9, 30], [(5, 7, 8)], seed=2)[5]
+    assert tpu.block_sizes(decode_only, 5) == {"num_kv_pages_per_block": 5, "num_queries_per_block": 8}
+    assert tpu.block_sizes(decode_only, 64)["num_kv_pages_per_block"] == tpu.DECODE_KV_PAGES
+    assert tpu.block_sizes(mixed, 5) == {}
+
+
 def test_the_tpu_kernel_does_not_run_in_interpret_mode_on_cpu_yet():
     """Pinned so that a jax whose TPU interpreter runs the kernel shows up (then test it in interpret mode)."""
     from jax.experimental.pallas import tpu as pltpu
