@@ -148,8 +148,8 @@ def block_sizes(layout, width: int) -> dict:
     """The kernel's block sizes for a step whose page tables are `width` pages wide: JAX's tuned ones ({}) where
     prompt chunks share the step; for decode rows only (one query each) a row's whole page table in one block of
     pages and few queries a block. Measured on a v5e (benchmarks/tpu_attention.py, 513-token rows, 128-token
-    pages, less ~0.55 ms of dispatch a call): the tuned sizes 0.89 / 2.45 ms of kernel at 256 rows of the 1B / 3B
-    shape, these 0.52 / 0.98 ms; the 3B decode step at 64 rows 26.1 -> 17.3 ms (roofline.py). A query block pads
+    pages, less ~0.55 ms of dispatch a call): the tuned sizes 0.88 / 2.49 ms of kernel at 256 rows of the 1B / 3B
+    shape, these 0.52 / 1.14 ms; the 3B decode step at 64 rows 26.1 -> 17.3 ms (roofline.py). A query block pads
     each decode row's one query to its size, and a row whose pages span several blocks waits for each in turn."""
     if layout.chunk_pos.shape[0]:
         return {}
