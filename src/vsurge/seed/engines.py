@@ -41,6 +41,7 @@ class GenerationState(abc.ABC):
 
 
 GenerationState.register(EngineState)
+ActiveSequenceBatch = EngineState  # the seed's name of oEngine's state
 
 
 @dataclasses.dataclass
@@ -440,4 +441,4 @@ class oEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
         return state
 
 
-__all__ = ["GenerationState", "ModelOutputBatch", "Prefix", "PrefixRow", "ResultTokens", "oEngine", "vEngine"]
+__all__ = ["ActiveSequenceBatch", "GenerationState", "ModelOutputBatch", "Prefix", "PrefixRow", "ResultTokens", "oEngine", "vEngine"]
