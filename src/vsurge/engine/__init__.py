@@ -14,8 +14,6 @@ _EXPORTS = {
     "StepPlan": ".plan",
     "NextIterationPlan": ".plan",
     "Sequence": ".sequence",
-    "AbstractDriver": ".interface",
-    "AbstractInferenceEngine": ".interface",
     "EngineState": ".programs",
     "StepOutput": ".programs",
     "ActiveRequest": ".request",
