@@ -40,7 +40,7 @@ LAYERS = [
     ["lora"],  # LoRA adapters: read, laid out on a model, their device slots
     ["engine"],  # the core step loop: scheduler, programs, engine core, driver
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
-    ["vsurge", "vinference", "seed"],  # the Python faces
+    ["vsurge", "seed"],  # the Python faces: vSurge, and the seed's classes (vInference in seed/vinference/)
     ["server"],  # HTTP
     ["cli", "scale.ray_serve", ""],  # the command line; Ray Serve replicas built from its flags; vsurge/__init__.py
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..hardware.compilation_cache import use_compilation_cache
+from ...hardware.compilation_cache import use_compilation_cache
 from .inference_config import vInferenceConfig, vInferenceMetaData, vInferencePreCompileConfig
 
 METADATA_FILE = "vinference_metadata.json"
