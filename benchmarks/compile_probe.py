@@ -48,7 +48,7 @@ def main() -> int:
     p.add_argument("--only", default=None, help="time only programs of this kind (decode, mixed, ...)")
     p.add_argument("--trace", default=None, help="a perfetto trace of the first program's compile (XLA's passes)")
     args = p.parse_args()
-    from vsurge.vinference.persistence import use_compilation_cache
+    from vsurge.hardware.compilation_cache import use_compilation_cache
 
     use_compilation_cache(Path("/tmp/probe-cache"))
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -42,7 +42,8 @@ def bench_vsurge(tokens: int, reps: int, dtype: str):
     import jax.numpy as jnp
 
     import vsurge
-    from vsurge.generation import Generator
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from dense_generator import Generator  # the reference path, a model alone (tests/dense_generator.py)
 
     model, processor = vsurge.load("default", dtype=getattr(jnp, dtype), progress=False)
     prompt = processor.apply_chat_template(PROMPT)

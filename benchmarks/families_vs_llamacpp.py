@@ -148,7 +148,7 @@ def _close(x, y) -> bool:
 def vsurge_greedy(model, ids: list[int], steps: int) -> tuple[list[int], np.ndarray]:
     import jax.numpy as jnp
 
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     logits = np.asarray(model(jnp.asarray([ids], jnp.int32))[0][0])
     return greedy_generate(model, ids, steps), logits

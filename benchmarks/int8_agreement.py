@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference Generator (tests/dense_generator.py)
 
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import vsurge  # noqa: E402
-from vsurge.generation import greedy_generate  # noqa: E402
+from dense_generator import greedy_generate  # noqa: E402
 
 PROMPTS = ["Write a short story about a robot who learns to paint.", "Explain how photosynthesis works in simple terms.",
            "List five tips for staying productive when working from home."]

@@ -59,7 +59,8 @@ def tensor_parallel_check(tp: int) -> None:
     from flax import nnx
 
     import vsurge
-    from vsurge.generation import greedy_generate
+    sys.path.insert(0, str(ROOT / "tests"))  # the reference Generator (tests/dense_generator.py)
+    from dense_generator import greedy_generate
 
     def forward(model, ids):
         graphdef, state = nnx.split(model)

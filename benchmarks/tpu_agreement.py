@@ -22,6 +22,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the reference Generator (tests/dense_generator.py)
 
 import numpy as np  # noqa: E402
 
@@ -49,7 +50,7 @@ def reference(path: str) -> None:
     from transformers import AutoModelForCausalLM
 
     import vsurge
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
     from vsurge.loading import default_model_path
 
     gguf = default_model_path()
@@ -86,7 +87,7 @@ def check(path: str) -> int:
     import jax.numpy as jnp
 
     import vsurge
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     ref = np.load(path)
     weights = Path("/tmp/vsurge-weights")  # benchmarks/model_parts.py's word on the file it put together

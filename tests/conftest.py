@@ -73,7 +73,7 @@ jax.config.update("jax_persistent_cache_enable_xla_caches", "none")
 
 def use_session_compilation_cache() -> None:
     """Point JAX at the run's cache (again: a test that tried another directory calls this after)."""
-    from vsurge.vinference.persistence import use_compilation_cache
+    from vsurge.hardware.compilation_cache import use_compilation_cache
 
     use_compilation_cache(Path(SESSION_CACHE_DIR))
 

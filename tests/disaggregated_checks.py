@@ -22,7 +22,7 @@ import jax  # noqa: E402
 
 import vsurge  # noqa: E402
 from vsurge import EngineConfig, SamplingParams, vSurge  # noqa: E402
-from vsurge.generation import greedy_generate  # noqa: E402
+from dense_generator import greedy_generate  # noqa: E402
 
 # small programs: 4 slots, 32-token prompt rows (two per step), 32-token pages, 128-token context
 CONFIG = EngineConfig(max_slots=4, max_length=128, prefill_tokens=64, chunk_lengths=(32,), row_buckets=(4,),

@@ -1,4 +1,4 @@
-"""The reference greedy tokens (vsurge.generation.Generator, the foundation path) in a 128-token context.
+"""The reference greedy tokens (dense_generator.Generator, the foundation path) in a 128-token context.
 
 greedy_generate's context is DEFAULT_MAX_LENGTH (2048), and its dense cache is read whole at every decode
 step: on the default model (30 layers) that is ~0.2 s a token on the suite's CPU, 32 tokens 6.3 s against
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from vsurge.generation import Generator
+from dense_generator import Generator
 
 CONTEXT = 128
 

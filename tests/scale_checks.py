@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import vsurge  # noqa: E402
-from vsurge.generation import greedy_generate  # noqa: E402
+from dense_generator import greedy_generate  # noqa: E402
 from reference_generation import greedy_reference  # noqa: E402
 from vsurge.loading.hf import SafetensorsSource  # noqa: E402
 from vsurge.ops.quantized import is_quantized  # noqa: E402

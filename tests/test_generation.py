@@ -8,7 +8,7 @@ import pytest
 
 import vsurge
 from vsurge.config import ModelConfig
-from vsurge.generation import Generator, bucket_length, greedy_generate
+from dense_generator import Generator, bucket_length, greedy_generate
 
 TINY = ModelConfig(architecture="llama", vocab_size=97, hidden_size=32, intermediate_size=64, num_layers=2,
                    num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=128)

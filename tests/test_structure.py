@@ -5,6 +5,8 @@
   calls, the lazy re-exports' way in);
 - no import that climbs back up the layers (LAYERS, lowest first; a module may import its own
   layer and those below), and docs/architecture.md's layer diagram lists LAYERS as they are;
+- the seed's fence: nothing outside seed/ imports it but the package root, its one door (and tests
+  and benchmarks outside tests/seed/ take its names from there);
 - no class name is defined in two modules (one name, one thing);
 - program kinds are spelled only in their table (engine/program_kinds.py);
 - the default context length is written in one file (engine/engine_config.py declares it, every CLI
@@ -38,7 +40,7 @@ LAYERS = [
     ["lora"],  # LoRA adapters: read, laid out on a model, their device slots
     ["engine"],  # the core step loop: scheduler, programs, engine core, driver
     ["scale"],  # scale-out: replicas, multi-host, disaggregated serving, remote engines
-    ["generation", "vsurge", "vinference", "seed"],  # the Python faces
+    ["vsurge", "seed"],  # the Python faces: vSurge, and the seed's classes (vInference in seed/vinference/)
     ["server"],  # HTTP
     ["cli", "scale.ray_serve", ""],  # the command line; Ray Serve replicas built from its flags; vsurge/__init__.py
 ]
@@ -141,13 +143,10 @@ def _imports(module: str, path: pathlib.Path, top_level_only: bool = False) -> s
 
 EVERY_IMPORT = {module: _imports(module, path) for module, path in MODULES.items()}
 
-# Lazy re-exports (import_module) that climb up or close a circle, left for issue 61's seed fence (the
-# seed's names are imported from these places): delete a line when its import goes (the test below
-# fails until then, so the list cannot go stale).
-KNOWN = {
-    ("engine", "seed.engines"): "engine/__init__.py re-exports the seed's vEngine, oEngine, GenerationState, ...",
-    ("engine", "seed.drivers"): "engine/__init__.py re-exports the seed's vDriver, oDriver",
-}
+# Imports (import_module included) that climb up or close a circle and must stay for now, each with why:
+# delete a line when its import goes (test_known_lazy_imports_are_still_there fails until then, so the
+# list cannot go stale). Empty: engine/__init__.py's re-export of the seed's classes is gone (issue 61).
+KNOWN: dict[tuple[str, str], str] = {}
 GRAPH = {module: {t for t in targets if (module, t) not in KNOWN} for module, targets in EVERY_IMPORT.items()}
 
 
@@ -206,6 +205,46 @@ def test_the_walk_follows_import_module():
 
 def test_known_lazy_imports_are_still_there():
     assert [edge for edge in KNOWN if edge[1] not in EVERY_IMPORT[edge[0]]] == []
+
+
+def _in_seed(module: str) -> bool:
+    return module == "seed" or module.startswith("seed.")
+
+
+# The seed's fence (issue 61): seed/ holds the seed's classes on top of vsurge's own API, and only the
+# package root (`from vsurge import vEngine`, the seed's documents' `easydel.inference.vsurge.vEngine`)
+# re-exports them. Other modules that still import seed/, each with why (delete a line when it goes):
+SEED_IMPORTERS_KNOWN = {
+    "vsurge": "vSurge inherits vSurgeSeedAPI (seed/vsurge_api.py: create_vdriver, create_odriver, ...), so "
+              "`vsurge.vSurge` keeps the seed's methods; issue 61 item 1 moves that mix-in to seed/",
+}
+
+
+def test_nothing_outside_seed_imports_it_but_the_package_root():
+    """import_module included: a lazy re-export of a seed name (engine/__init__.py had one) fails here."""
+    importers = {module for module, targets in EVERY_IMPORT.items()
+                 if not _in_seed(module) and any(_in_seed(t) for t in targets)}
+    assert importers - {""} - set(SEED_IMPORTERS_KNOWN) == set()
+    assert set(SEED_IMPORTERS_KNOWN) <= importers, "a known seed importer no longer imports it: delete its line"
+
+
+def test_tests_and_benchmarks_import_the_seed_through_its_door():
+    """Outside tests/seed/, the seed's names come from the package root (`from vsurge import vDriver`),
+    as users import them, never from vsurge.seed.* or as re-exports of another package."""
+    seed_names = {"vEngine", "oEngine", "vDriver", "oDriver", "GenerationState", "ModelOutputBatch",
+                  "ActiveSequenceBatch", "AbstractDriver", "AbstractInferenceEngine", "vInference"}
+    found = []
+    for folder in ("tests", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.is_relative_to(ROOT / "tests" / "seed"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                module = node.module or "" if isinstance(node, ast.ImportFrom) else None
+                if module is None or module == "vsurge" or not module.startswith("vsurge"):
+                    continue
+                if module.startswith("vsurge.seed") or seed_names & {a.name for a in node.names}:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} from {module} import ...")
+    assert found == []
 
 
 def test_no_import_cycles():

@@ -27,7 +27,7 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
     from vsurge import SamplingParams
     from vsurge.engine import deferred_programs
     from vsurge.engine.program_kinds import DECODE, MIXED, kind_of
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     surge, model, processor = surge_of(tiny_checkpoints, "serving")
     engine = surge.engine

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from mock_engine import TIMEOUT, MockEngine, drain, expected_tokens, make_request, tokens_of
-from vsurge.engine import oDriver, vDriver
+from vsurge import oDriver, vDriver
 from vsurge.kv.page_manager import HBMPageManager
 
 

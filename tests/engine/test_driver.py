@@ -8,7 +8,8 @@ import time
 import pytest
 
 from mock_engine import TIMEOUT, MockEngine, drain, expected_tokens, make_request, tokens_of
-from vsurge.engine import DriverNotReadyError, QueueFullError, vDriver
+from vsurge import vDriver
+from vsurge.engine import DriverNotReadyError, QueueFullError
 from vsurge.sampling.params import SamplingParams
 
 

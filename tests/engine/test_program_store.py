@@ -15,7 +15,7 @@ from vsurge import vSurge
 from vsurge.engine.engine_config import EngineConfig
 from vsurge.engine.program_store import FOLDER, SWITCH_ENV, store_folder
 from vsurge.sampling.params import SamplingParams
-from vsurge.vinference.persistence import stop_using_compilation_cache, use_compilation_cache
+from vsurge.hardware.compilation_cache import stop_using_compilation_cache, use_compilation_cache
 from tiny_models import write_tiny_model
 
 CONFIG = EngineConfig(max_slots=2, max_length=64, prefill_tokens=32)

@@ -232,7 +232,7 @@ def test_an_engine_on_the_tpu_layout_gives_the_reference_tokens(name, pages, tin
 
     import vsurge
     from vsurge import EngineConfig, SamplingParams, vSurge
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     prompts = ["one two three one two three one two", "The ducks of the river ran past the mill"]
     model, processor = vsurge.load(tiny_checkpoints[name][0], dtype=jnp.float32, progress=False)

@@ -14,7 +14,7 @@ import pytest
 
 import vsurge
 from vsurge import EngineConfig, SamplingParams, vSurge
-from vsurge.generation import greedy_generate
+from dense_generator import greedy_generate
 
 PROMPTS = ["one two three one two three one two", "The ducks of the river ran past the mill"]
 CONFIG = dict(max_slots=4, max_length=64, prefill_tokens=16, chunk_lengths=(16,), row_buckets=(4,),

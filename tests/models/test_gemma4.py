@@ -14,7 +14,7 @@ import pytest
 import vsurge
 from vsurge import EngineConfig, SamplingParams, vSurge
 from vsurge.errors import UnsupportedModelError
-from vsurge.generation import greedy_generate
+from dense_generator import greedy_generate
 from vsurge.models.registry import config_from_hf
 
 

@@ -16,7 +16,7 @@ from flax import nnx
 
 import vsurge
 from vsurge import EngineConfig, SamplingParams, vSurge
-from vsurge.generation import greedy_generate
+from dense_generator import greedy_generate
 
 PROMPTS = ["The ducks of the river ran past the old mill where the miller counted them every morning",
            "one two three one two three one two", "Hi", "A", "Seven bells rang over the town square at noon"]

@@ -96,7 +96,7 @@ def test_a_hybrid_models_states_travel_with_its_pages(tmp_path_factory, default_
 @pytest.fixture(scope="module")
 def reference(tiny_tp3):
     import vsurge
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     model, processor = vsurge.load(tiny_tp3, dtype="float32", progress=False)
     return {p: processor.decode(greedy_generate(model, processor.encode(p), MAX_TOKENS)) for p in PROMPTS}
@@ -231,7 +231,7 @@ def test_a_hybrid_models_states_cross_from_process_0_to_process_1(tmp_path_facto
     ones (from zero states the decode side would answer differently)."""
     import vsurge
     from server_process import free_port
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     folder = tmp_path_factory.mktemp("tiny_qwen3_next_2p")
     write_tiny_model("qwen3_next", folder, default_processor_dir)

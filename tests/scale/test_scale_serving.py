@@ -87,7 +87,7 @@ def tiny_llama(tmp_path_factory, default_processor_dir):
 def reference(tiny_llama):
     """Greedy continuations of every prompt on one device (the plain Generator)."""
     import vsurge
-    from vsurge.generation import greedy_generate
+    from dense_generator import greedy_generate
 
     model, processor = vsurge.load(tiny_llama, dtype="float32", progress=False)
     return {p: processor.decode(greedy_generate(model, processor.encode(p), MAX_TOKENS)) for p in PROMPTS}

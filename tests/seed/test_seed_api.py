@@ -13,7 +13,7 @@ import pytest
 import vsurge
 from vsurge import SamplingParams, oEngine, vEngine, vInference, vInferenceConfig, vSurge, vSurgeRequest
 from vsurge.seed.engines import ModelOutputBatch, Prefix, ResultTokens
-from vsurge.generation import greedy_generate
+from dense_generator import greedy_generate
 from vsurge.server.adapters.chat import ChatCompletionRequest
 from vsurge.server.protocol import CountTokenRequest
 from vsurge.vsurge import vSurgeMetadata

@@ -104,7 +104,7 @@ def test_the_server_gives_unset_fields_its_generation_defaults():
     from fastapi.testclient import TestClient
     from mock_engine import MockEngine
 
-    from vsurge.seed.drivers import vDriver
+    from vsurge import vDriver
     from vsurge.server import vSurgeApiServer
     from vsurge.vsurge import vSurge
 

@@ -242,6 +242,6 @@ def describe_model(model) -> str:
 def use_cache_dir(directory: str | None) -> None:
     """Turn on JAX's persistent compilation cache (None or "none": compile in memory only)."""
     if directory and directory.lower() != "none":
-        from ..vinference.persistence import use_compilation_cache
+        from ..hardware.compilation_cache import use_compilation_cache
 
         use_compilation_cache(Path(directory).expanduser())

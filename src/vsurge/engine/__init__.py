@@ -1,7 +1,8 @@
 """Continuous batching: engines (device work) and drivers (a scheduling thread per engine).
 
 Submodules load on first use, so the pure-Python ones (engine_config, scheduler,
-sequence) import no JAX.
+sequence) import no JAX. The seed's classes (vEngine, vDriver, ...) are built on top of these in
+seed/ and imported from the package root (`from vsurge import vEngine`), never from here.
 """
 
 from importlib import import_module
@@ -13,16 +14,6 @@ _EXPORTS = {
     "StepPlan": ".plan",
     "NextIterationPlan": ".plan",
     "Sequence": ".sequence",
-    # the seed's classes live in seed/ (on top of the engine); re-exported here, where users import them
-    "vEngine": "..seed.engines",
-    "oEngine": "..seed.engines",
-    "vDriver": "..seed.drivers",
-    "oDriver": "..seed.drivers",
-    "ActiveSequenceBatch": ".programs",
-    "GenerationState": "..seed.engines",  # the seed's: a Prefix or an EngineState
-    "AbstractDriver": ".interface",
-    "AbstractInferenceEngine": ".interface",
-    "ModelOutputBatch": "..seed.engines",
     "EngineState": ".programs",
     "StepOutput": ".programs",
     "ActiveRequest": ".request",

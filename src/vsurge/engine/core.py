@@ -40,7 +40,6 @@ from .programs import EngineState, StepOutput
 from .plan import StepPlan
 from .program_kinds import DECODE, INIT, MIXED, PROGRAMS, SET_SLOT, VISION, _abstract, kind_of
 from .scheduler import Scheduler
-from .interface import AbstractInferenceEngine
 from .transfer import PrefixTransferAPI
 
 log = logging.getLogger(__name__)
@@ -61,7 +60,7 @@ def on_accelerator() -> bool:
     return platform() != "cpu"
 
 
-class EngineCore(PrefixTransferAPI, AbstractInferenceEngine):
+class EngineCore(PrefixTransferAPI):
     """Owns the model's split state, the compiled programs and the page pool. Its config's `role`
     decides which programs it runs: both kinds of step, or (disaggregated serving) prompt steps and
     prefix exports, or decode steps and prefix imports (engine/transfer.py)."""

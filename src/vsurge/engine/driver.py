@@ -35,7 +35,6 @@ from .arrivals import gather_burst, prefill_started
 from .disaggregated import TRANSFER_BACKLOG, Handover, check_disaggregated
 from .encode import EncodeRequest
 from .faults import RequestFailed, SequenceFault
-from .interface import AbstractDriver
 from .request import ActiveRequest, DriverNotReadyError, QueueFullError
 from .plan import StepPlan
 from .sequence import Sequence, Status
@@ -65,7 +64,7 @@ class Replica:
         self.overlapped_steps = 0  # steps dispatched before the previous one's tokens were read
 
 
-class Driver(AbstractDriver):
+class Driver:
     def __init__(self, engines, max_queue: int | None = None, metrics: EngineMetrics | None = None,
                  decode_engines=None, transfer_backlog: int = TRANSFER_BACKLOG):
         """engines: the replicas (each prefills and decodes in its own steps); with `decode_engines`,

@@ -3,7 +3,7 @@
 The seed API spreads these over keyword arguments of vEngine/oEngine and
 vSurge.create_vdriver/create_odriver (`max_concurrent_decodes`,
 `max_prefill_length`, `prefill_lengths`, `max_concurrent_prefill`, ...);
-`from_seed_kwargs` maps them here once. The compiled shapes (buckets) are
+seed/engine_kwargs.py maps them here once. The compiled shapes (buckets) are
 derived from the config, so two engines with equal configs run the same programs.
 """
 
@@ -265,19 +265,6 @@ class EngineConfig:
         if values.get("max_slots") is None:
             values["max_slots"] = default_slots()
         return cls(max_length=length, **values)
-
-    @classmethod
-    def from_seed_kwargs(cls, *, max_concurrent_decodes=None, max_concurrent_prefill=None, prefill_lengths=None,
-                         max_prefill_length=None, max_length=None, seed=894, context: int | None = None,
-                         **rest) -> "EngineConfig":
-        """The seed's engine keyword arguments -> EngineConfig. `context` caps max_length (the model's)."""
-        if isinstance(prefill_lengths, int):
-            prefill_lengths = [prefill_lengths]
-        values = dict(max_slots=int(max_concurrent_decodes or 0) or None, max_length=max_length,
-                      seed=seed, max_prompt_length=max_prefill_length or None, chunk_lengths=prefill_lengths or None,
-                      max_prefill_rows=int(max_concurrent_prefill or 0) or None)
-        values.update(rest)
-        return cls.fitted(context, **{k: v for k, v in values.items() if v is not None})
 
     def replace(self, **changes) -> "EngineConfig":
         return dataclasses.replace(self, **changes)

@@ -7,14 +7,12 @@ tests/mock_engine.py implements it by hand-computable rules. A disaggregated
 driver (engine/disaggregated.py) also calls export_prefix / receive_prefix /
 insert_prefix (engine/transfer.py).
 
-The seed's base classes are here under their names: `AbstractInferenceEngine`
-(vEngine, oEngine) and `AbstractDriver` (vDriver, oDriver), abstract classes
-whose abstract methods are this contract and the seed's driver methods.
+The seed's abstract classes that spell this contract (`AbstractInferenceEngine`,
+`AbstractDriver`) are in seed/base_classes.py.
 """
 
 from __future__ import annotations
 
-import abc
 from typing import Any, Protocol, runtime_checkable
 
 from .plan import HostStepOutput, StepPlan
@@ -58,63 +56,3 @@ class Engine(Protocol):
     #     encode_step(pending: list[EncodeRequest]) -> list[(request, result)]
     # (one embed/score call over waiting requests; engine/encode.py). The driver calls it only
     # when such requests wait, so engines without it (tests/mock_engine.py) never see one.
-
-class AbstractInferenceEngine(abc.ABC):
-    """The seed's base class of vEngine and oEngine: the `Engine` contract as abstract methods."""
-
-    @abc.abstractmethod
-    def new_seed(self) -> int:
-        """A sampling seed for a request that gave none."""
-
-    @abc.abstractmethod
-    def new_scheduler(self) -> Scheduler:
-        """A scheduler over this engine's page pool and config."""
-
-    @abc.abstractmethod
-    def compile(self, progress: bool = True) -> None:
-        """Build every program the engine runs."""
-
-    @abc.abstractmethod
-    def init_state(self) -> Any:
-        """The empty device state."""
-
-    @abc.abstractmethod
-    def step(self, state: Any, plan: StepPlan, masks: dict | None = None) -> tuple[Any, StepResult]:
-        """Run one plan (the state is donated)."""
-
-
-class AbstractDriver(abc.ABC):
-    """The seed's base class of vDriver and oDriver: what vSurge and the server call."""
-
-    @abc.abstractmethod
-    def compile(self) -> None:
-        """Compile every engine's programs."""
-
-    @abc.abstractmethod
-    def start(self) -> None:
-        """Start the driver's threads."""
-
-    @abc.abstractmethod
-    def stop(self, timeout: float = 30.0) -> None:
-        """Drain in-flight requests, then stop the threads."""
-
-    @abc.abstractmethod
-    def submit_request(self, request) -> None:
-        """Take one ActiveRequest (raises QueueFullError / DriverNotReadyError when it cannot)."""
-
-    def place_request_on_prefill_queue(self, request) -> None:
-        self.submit_request(request)
-
-    @abc.abstractmethod
-    def get_total_concurrent_requests(self) -> int:
-        """Sequences the driver can generate at once."""
-
-    @property
-    @abc.abstractmethod
-    def processor(self) -> Any:
-        """The engines' tokenizer."""
-
-    @property
-    @abc.abstractmethod
-    def driver_name(self) -> str:
-        """A name for logs and metrics."""

@@ -378,4 +378,3 @@ def empty_state(model_config, dtype, num_pages: int, page_size: int, num_slots: 
                       jax.tree.map(jnp.asarray, SamplingArrays.neutral(rows)), jnp.zeros((rows,), bool),
                       jnp.zeros((rows,), jnp.int32), jnp.zeros((rows,), bool))
     return EngineState(kv, slots)
-ActiveSequenceBatch = EngineState  # the seed's name of the state (oEngine's); vEngine's GenerationState is seed/engines.py's

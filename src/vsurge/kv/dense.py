@@ -4,7 +4,8 @@ Rows are left-aligned: token t of a row sits at position t, so causality alone
 (key position <= query position) hides both the unwritten tail and stale
 entries of a reused row. Writes are scatters into the donated buffers: one
 step writes only its new tokens, never copies the cache. This is the cache of
-the plain reference path (`generation.Generator`); the engines use paged.py.
+the seed's `prefill` (a prompt's K/V apart, seed/engines.py) and of the tests' reference
+path (tests/dense_generator.py); the engines use paged.py.
 """
 
 from __future__ import annotations

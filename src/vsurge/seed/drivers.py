@@ -9,6 +9,7 @@ import warnings
 from ..engine.metrics import EngineMetrics
 from ..engine.disaggregated import TRANSFER_BACKLOG
 from ..engine.driver import Driver
+from .base_classes import AbstractDriver
 
 
 def _check_blocks(detokenizing_blocks) -> None:
@@ -24,7 +25,7 @@ def _check_blocks(detokenizing_blocks) -> None:
                       f"result themselves, so at most one waits (docs/seed_api.md)", stacklevel=3)
 
 
-class vDriver(Driver):  # noqa: N801 (the seed's name)
+class vDriver(Driver, AbstractDriver):  # noqa: N801 (the seed's name)
     """The seed's dense driver.
 
     * `prefill_engines` and `decode_engines` the same engines (or one of them None), or
@@ -45,7 +46,7 @@ class vDriver(Driver):  # noqa: N801 (the seed's name)
         self.detokenizing_blocks = detokenizing_blocks
 
 
-class oDriver(Driver):  # noqa: N801 (the seed's name)
+class oDriver(Driver, AbstractDriver):  # noqa: N801 (the seed's name)
     """The seed's paged driver: one oEngine (or a list: one per data-parallel replica), or separate
     `prefill_engines` and `decode_engines` for disaggregated serving, as vDriver takes them."""
 

@@ -11,9 +11,23 @@ import warnings
 
 from ..engine.engine_config import EngineConfig
 
-# the seed's keywords that size an engine (EngineConfig.from_seed_kwargs maps them)
+# the seed's keywords that size an engine (from_seed_kwargs maps them)
 SEED_ENGINE_KWARGS = ("max_concurrent_decodes", "max_concurrent_prefill", "prefill_lengths", "max_prefill_length",
                       "max_length", "seed")
+
+
+def from_seed_kwargs(*, max_concurrent_decodes=None, max_concurrent_prefill=None, prefill_lengths=None,
+                     max_prefill_length=None, max_length=None, seed=894, context: int | None = None,
+                     **rest) -> EngineConfig:
+    """The seed's engine keyword arguments (and any further EngineConfig fields in `rest`) -> EngineConfig.
+    `context` caps max_length (the model's)."""
+    if isinstance(prefill_lengths, int):
+        prefill_lengths = [prefill_lengths]
+    values = dict(max_slots=int(max_concurrent_decodes or 0) or None, max_length=max_length,
+                  seed=seed, max_prompt_length=max_prefill_length or None, chunk_lengths=prefill_lengths or None,
+                  max_prefill_rows=int(max_concurrent_prefill or 0) or None)
+    values.update(rest)
+    return EngineConfig.fitted(context, **{k: v for k, v in values.items() if v is not None})
 
 
 def engine_config(model, config: EngineConfig | None = None, *, batch_size: int | None = None, manager=None,
@@ -30,4 +44,4 @@ def engine_config(model, config: EngineConfig | None = None, *, batch_size: int 
         return config
     if manager is not None:
         kwargs.update(page_size=manager.page_size, num_pages=manager.num_pages)
-    return EngineConfig.from_seed_kwargs(context=model.config.max_position_embeddings, **kwargs)
+    return from_seed_kwargs(context=model.config.max_position_embeddings, **kwargs)

@@ -32,6 +32,7 @@ from ..engine.scheduler import StepPlan
 from ..engine.sequence import Sequence
 from ..kv.page_manager import HBMPageManager
 from ..kv.paged import PagedAttentionCache
+from .base_classes import AbstractInferenceEngine
 from .engine_kwargs import engine_config
 
 
@@ -41,6 +42,7 @@ class GenerationState(abc.ABC):
 
 
 GenerationState.register(EngineState)
+ActiveSequenceBatch = EngineState  # the seed's name of oEngine's state
 
 
 @dataclasses.dataclass
@@ -370,7 +372,7 @@ class SeedEngineAPI:
             return self._compiled[key]
 
 
-class vEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
+class vEngine(SeedEngineAPI, EngineCore, AbstractInferenceEngine):  # noqa: N801 (the seed's name)
     """The dense engine: each of `max_concurrent_decodes` slots owns a fixed run of pages for
     `max_length` tokens (engine/pools.py), so admission never waits for memory and nothing is
     preempted; prompts are prefilled in chunks inside the shared steps."""
@@ -393,7 +395,7 @@ class vEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
                                   rngs, max_new_tokens)
 
 
-class oEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
+class oEngine(SeedEngineAPI, EngineCore, AbstractInferenceEngine):  # noqa: N801 (the seed's name)
     """The paged engine: pages are handed out on demand by an HBMPageManager (prefix caching,
     recompute preemption when they run out); the pool is sized from the memory left after the
     weights unless `num_pages` says otherwise (engine/pools.py)."""
@@ -440,4 +442,4 @@ class oEngine(SeedEngineAPI, EngineCore):  # noqa: N801 (the seed's name)
         return state
 
 
-__all__ = ["GenerationState", "ModelOutputBatch", "Prefix", "PrefixRow", "ResultTokens", "oEngine", "vEngine"]
+__all__ = ["ActiveSequenceBatch", "GenerationState", "ModelOutputBatch", "Prefix", "PrefixRow", "ResultTokens", "oEngine", "vEngine"]

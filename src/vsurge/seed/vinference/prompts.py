@@ -11,8 +11,8 @@ import asyncio
 import time
 from typing import Any, AsyncGenerator, Callable, Iterator, Sequence
 
-from ..sampling.params import SamplingParams
-from ..tokenizer.compat import chat_prompt_ids, text_prompt_ids
+from ...sampling.params import SamplingParams
+from ...tokenizer.compat import chat_prompt_ids, text_prompt_ids
 from .inference_config import PromptOutput
 
 

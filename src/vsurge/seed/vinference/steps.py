@@ -134,9 +134,9 @@ class BatchRun:
         temperature, top_p, top_k, min_p, penalties and logit_bias at the next step, and its
         max_tokens (capped by max_new_tokens) when given. A row's seed, stop strings, structured
         output and n stay as the batch started (they are fixed when its rows are made)."""
-        from ..sampling.params import SamplingParams
+        from ...sampling.params import SamplingParams
 
-        from ..engine.validation import fit_vocabulary
+        from ...engine.validation import fit_vocabulary
 
         params = fit_vocabulary(SamplingParams.coerce(sampling_params), self.inference.model.config.vocab_size)
         cap = self.inference.generation_config.max_new_tokens

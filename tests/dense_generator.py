@@ -1,9 +1,9 @@
-"""Minimal single-prompt generation: prefill + cached one-token decode steps.
-
-The reference path: the engines' tests check their tokens against `greedy_generate`,
-benchmarks/decode.py times its decode step, and docs/python_api.md shows `Generator` as the smallest way
-to run a loaded model (the CLI and the server run the engines, engine/). Prompts are padded to power-of-two buckets and the cache has a fixed
-length, so a session compiles a handful of shapes once.
+"""The reference path: a model run alone, one prompt at a time, through a dense KV cache (prefill +
+cached one-token decode steps), none of the engines' scheduling, pages or buckets. The engines' tests
+check their tokens against `greedy_generate` (or reference_generation.greedy_reference, the same in a
+short context), benchmarks/decode.py times its decode step. It lives in tests/, not in the package:
+vsurge has one way in from Python (vSurge). Prompts are padded to power-of-two buckets and the cache
+has a fixed length, so a session compiles a handful of shapes once.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from .engine.engine_config import DEFAULT_MAX_LENGTH
-from .kv.dense import DenseKVCache
-from .ops.sampling import greedy_tokens
-from .kv.quant import storage_dtype
-from .hardware.sharding import create_state, mesh_of
+from vsurge.engine.engine_config import DEFAULT_MAX_LENGTH
+from vsurge.hardware.sharding import create_state, mesh_of
+from vsurge.kv.dense import DenseKVCache
+from vsurge.kv.quant import storage_dtype
+from vsurge.ops.sampling import greedy_tokens
 
 
 def bucket_length(n: int, minimum: int = 16) -> int:

@@ -7,7 +7,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..sampling.params import SamplingParams
+from ...sampling.params import SamplingParams
 
 
 class vInferenceConfig(BaseModel):  # noqa: N801 (the seed's name)

@@ -16,9 +16,9 @@ import threading
 import time
 from typing import Callable
 
-from ..engine.engine_config import EngineConfig
-from ..engine.core import EngineCore, multiplies_in_blocks
-from ..kv.slot_pages import SlotPages
+from ...engine.engine_config import EngineConfig
+from ...engine.core import EngineCore, multiplies_in_blocks
+from ...kv.slot_pages import SlotPages
 
 PAGE_SIZE = 128
 

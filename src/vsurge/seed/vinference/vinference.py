@@ -20,14 +20,14 @@ from typing import Generator, Sequence
 import numpy as np
 from flax import nnx
 
-from ..engine.request import ActiveRequest, ReturnChannel
-from ..engine.sequence import Sequence as EngineSequence
-from ..engine.validation import prepare_requests
-from ..kv.slot_pages import SlotPages
-from ..engine.metrics import EngineMetrics
-from ..sampling.params import SamplingParams
-from ..hardware.sharding import check_input_partition_spec, mesh_of
-from ..tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
+from ...engine.request import ActiveRequest, ReturnChannel
+from ...engine.sequence import Sequence as EngineSequence
+from ...engine.validation import prepare_requests
+from ...kv.slot_pages import SlotPages
+from ...engine.metrics import EngineMetrics
+from ...sampling.params import SamplingParams
+from ...hardware.sharding import check_input_partition_spec, mesh_of
+from ...tokenizer.compat import chat_prompt_ids, eos_token_ids, pad_token_id
 from .buckets import BucketEngines
 from .inference_config import vInferenceConfig, vInferencePreCompileConfig
 from .prompts import PromptMixin
@@ -123,7 +123,7 @@ class vInference(StepMixin, PromptMixin):  # noqa: N801 (the seed's name)
             raise TypeError(f"count_tokens takes a string or a list of chat messages, got {type(value).__name__}")
         if not oai_like:
             return len(chat_prompt_ids(self.processor, value))
-        from ..tokenizer.chat_template import normalize_messages
+        from ...tokenizer.chat_template import normalize_messages
 
         total = 3  # every reply is primed with <|start|>assistant<|message|>
         for message in normalize_messages(value):
