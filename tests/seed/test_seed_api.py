@@ -370,13 +370,16 @@ def test_api_server_max_workers_sizes_its_thread_pool(dense_surge):
         vSurgeApiServer({"smol": dense_surge}, oai_like_processor=False)
 
 
-def test_seed_layering_engine_and_vinference_import_nothing_from_seed():
+def test_seed_layering_the_engine_imports_nothing_from_seed():
+    """(vInference now lives in seed/; tests/test_structure.py checks every package outside seed/)"""
     import pathlib
     import re
 
     root = pathlib.Path(vsurge.__file__).parent
-    for package in ("engine", "vinference"):
-        for path in (root / package).glob("*.py"):
+    for package in ("engine",):
+        paths = list((root / package).glob("*.py"))
+        assert len(paths) > 10, package  # the folder is there: a loop over nothing checks nothing
+        for path in paths:
             text = path.read_text()
             imports = re.findall(r"^\s*(?:from|import)\s+(\S+)", text, re.M)
             assert not [m for m in imports if m.startswith("..seed") or m.startswith("vsurge.seed")], path
