@@ -47,7 +47,7 @@ def start_shapes(config) -> set[tuple[int, int]]:
     """Chunk shapes compiled at start: the longest rows and the most rows (config.chunk_shapes is sorted by
     tokens per row)."""
     shapes = config.chunk_shapes
-    return {shapes[-1], max(shapes, key=lambda shape: (shape[0], shape[1]))} if shapes else set()
+    return {shapes[-1], max(shapes)} if shapes else set()  # (rows, tokens): max() takes the most rows
 
 
 def at_start(engine, key: tuple) -> bool:
