@@ -142,10 +142,10 @@ def test_requests_sharing_a_long_preamble_land_on_one_replica(ray_app):
     busy = max(served, key=served.get)
     assert hits[busy] == len(questions) - 1, hits  # every one after the first found its preamble there
 
-    # run-time adapters would reach one replica: refused by name
+    # run-time adapters are off unless asked for, as on `vsurge serve`
     refused = httpx.post(ray_app["base"] + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp/x"},
                          timeout=30)
-    assert refused.status_code == 403 and "reach one replica only" in refused.json()["error"]["message"]
+    assert refused.status_code == 403 and "--allow-runtime-lora" in refused.json()["error"]["message"], refused.text
 
     # the one scrape shows it: the router's choices and each replica's counters beside the engine's series
     text = httpx.get(ray_app["base"] + "/metrics", timeout=30).text
@@ -223,17 +223,25 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     assert all("the replica serving this stream was lost" in end for end in cut), stream_ends
 
 
-def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(ray_app, tiny_checkpoints, cache_dir):
-    """Redeploys the module's application with two models (each replica loads the second on demand): the
-    requests for it go to the replica holding it (Serve's multiplexing through the prefix-aware router)."""
+@pytest.fixture(scope="module")
+def two_models(ray_app, tiny_checkpoints, cache_dir):
+    """The module's application redeployed with two models (each replica loads the second on demand) and
+    run-time LoRA adapters allowed, in float32 (adapters' text is compared with PEFT's own): the module's app."""
     from vsurge.cli.arguments import build_parser
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
 
     first, second = tiny_checkpoints["llama"][0], tiny_checkpoints["qwen2"][0]
     args = build_parser().parse_args(["serve", "--model", f"first={first}", "--model", f"second={second}",
-                                      "--compilation-cache", cache_dir, *SERVE_FLAGS])
+                                      "--enable-lora", "--dtype", "float32", "--compilation-cache", cache_dir,
+                                      *SERVE_FLAGS])
     serve.run(vsurge_application(args, replicas=2, stats_period_s=0.2), name=APP_NAME, route_prefix="/")
-    client = _client(ray_app)
+    return ray_app
+
+
+def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(two_models):
+    """The requests for the second model go to the replica holding it (Serve's multiplexing through the
+    prefix-aware router)."""
+    client = _client(two_models)
     assert {m.id for m in client.models.list().data} == {"first", "second"}
     assert all(set(stats["models"]) == {"first"} for _, stats in _replicas().values())
     assert _chat(client, "second", "Hello there.")  # loads it on one replica
@@ -246,6 +254,59 @@ def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(ray_app, 
     assert len(holding) == 1, replicas
     took = {actor: stats["requests"] - before[actor] for actor, (_, stats) in replicas.items()}
     assert took[holding[0]] == 6, took
+
+
+def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_wide(two_models, tmp_path,
+                                                                                     default_processor_dir):
+    """vLLM's load route through the ingress: the adapter's requests go to the replica holding it and answer
+    PEFT's greedy text; its holder killed, the other replica loads it on demand; unloaded, it is a 404 on
+    every replica. Bad loads get `vsurge serve`'s 4xx errors."""
+    from test_lora import peft_greedy, write_peft_adapter
+
+    base = two_models["base"]
+    peft_model = write_peft_adapter(tmp_path / "base", tmp_path / "adapter", default_processor_dir, 8, seed=30,
+                                    family="llama")  # over the same random Llama as `first` (seed 0)
+    prompt, steps = [5, 6, 7, 8, 9, 10], 8
+    expected = httpx.post(base + "/detokenize", json={"model": "first", "tokens": peft_greedy(peft_model, prompt, steps)},
+                          timeout=30).json()["prompt"]
+    client = _client(two_models)
+
+    def complete(model):
+        reply = client.completions.create(model=model, prompt=prompt, max_tokens=steps, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        return reply.choices[0].text
+
+    bad = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "ad", "lora_path": str(tmp_path / "none")},
+                     timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_path", bad.text
+    named = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "first", "lora_path": str(tmp_path)},
+                       timeout=30)
+    assert named.status_code == 400 and "a model's name" in named.json()["error"]["message"], named.text
+
+    loaded = httpx.post(base + "/v1/load_lora_adapter",
+                        json={"lora_name": "ad", "lora_path": str(tmp_path / "adapter"), "model": "first"}, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
+    time.sleep(0.5)  # Serve hears which replica holds it
+    assert [complete("ad") for _ in range(3)] == [expected] * 3
+    assert complete("first") != expected  # the adapter changes the text
+    replicas = _replicas()
+    holding = [actor for actor, (_, stats) in replicas.items() if "ad" in stats["adapters"]]
+    assert len(holding) == 1, replicas  # loaded by the load route's replica, and its requests went there
+    assert replicas[holding[0]][1]["requests"] - before[holding[0]] >= 3
+
+    ray.kill(replicas[holding[0]][0], no_restart=True)  # the record is the ingress's: the other one loads it
+    assert complete("ad") == expected
+    assert any("ad" in stats["adapters"] for actor, (_, stats) in _replicas().items() if actor != holding[0])
+
+    unloaded = httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "ad"}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    for _ in range(2):  # whichever replica takes it, it is gone there
+        with pytest.raises(openai.NotFoundError, match="ad"):
+            complete("ad")
+    again = httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "ad"}, timeout=60)
+    assert again.status_code == 404 and again.json()["error"]["param"] == "lora_name", again.text
+    assert complete("first")  # the replicas serve on
 
 
 def _ctx(replicas: int, **metrics):

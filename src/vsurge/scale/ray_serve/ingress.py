@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ...server.errors import ANTHROPIC_PATHS, anthropic_error_body, error_body, error_response
+from .adapters import UNLOAD_PATH, AdapterRecord, adapter_request
 from .asgi_call import is_event_stream, request_record
 from .cluster_metrics import exposition, replica_stats
 from .prefixes import requested_model, routing_text
@@ -39,6 +40,7 @@ class VsurgeIngress:
         self.replicas = replicas.options(stream=True)
         self.attempts = attempts
         self.multiplexed = multiplexed  # the replicas serve several models: route each request by its model
+        self.adapters = AdapterRecord()  # LoRA adapters loaded at run time, for the whole cluster (adapters.py)
 
     async def __call__(self, request: Request) -> Response:
         body = await request.body()
@@ -47,14 +49,15 @@ class VsurgeIngress:
                                 body, (request.client.host, request.client.port) if request.client else None)
         prefix_text = routing_text(body) if request.method == "POST" else ""
         replicas = self.replicas
-        model = requested_model(body) if self.multiplexed and request.method == "POST" else None
+        model = self._multiplexed_id(record["path"], body) if request.method == "POST" else None
         if model:
             replicas = replicas.options(multiplexed_model_id=model)
         last_error = None
         for attempt in range(self.attempts):
-            pieces = replicas.handle_http.remote(record, prefix_text=prefix_text)
+            pieces = replicas.handle_http.remote(record, prefix_text=prefix_text, adapters=self.adapters.snapshot())
             try:
                 head, held = await _head_and_first(pieces)
+                self.adapters.answered(record["path"], body, head["status"])
                 if not is_event_stream(head):
                     content = b"".join(held + [c async for c in pieces])
                     if record["path"] == "/metrics" and head["status"] == 200:  # + the router's and every replica's
@@ -69,6 +72,17 @@ class VsurgeIngress:
             return _with_headers(StreamingResponse(_relay(held, pieces, record["path"]), status_code=head["status"]),
                                  head)
         return error_response(503, f"no replica could answer: {last_error}", path=record["path"])
+
+
+    def _multiplexed_id(self, path: str, body: bytes) -> str | None:
+        """The id Serve routes a request by: the model it names when the replicas serve several, or the
+        run-time adapter it names (an unload: the adapter it unloads), so it goes to a replica holding it."""
+        if path == UNLOAD_PATH:
+            named = adapter_request(body)
+            if named is not None and self.adapters.recorded(named[0]):
+                return named[0]
+        model = requested_model(body)
+        return model if self.multiplexed or self.adapters.recorded(model) else None
 
 
 async def _head_and_first(pieces) -> tuple[dict, list[bytes]]:
