@@ -336,7 +336,7 @@ def test_the_load_policy_sizes_by_held_requests_against_slots_and_grows_on_a_ful
 
 @pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_app, cache_dir):
-    """Redeploys the module's application autoscaled between 1 and 2 replicas (this test runs last): 12 long
+    """Redeploys the module's application autoscaled between 1 and 2 replicas (it runs after the other redeploying tests): 12 long
     requests on one replica of 4 slots bring a second, none is lost, and idle it goes back to one."""
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
     from vsurge.scale.ray_serve.autoscale import autoscaling_config
@@ -378,3 +378,64 @@ def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_ap
     assert len(answers) >= 12 and all(answers)
     down = wait_for(1, 90)
     print(f"autoscaling: 1 -> 2 in {up:.1f} s under load, 2 -> 1 in {down:.1f} s idle")
+
+
+def test_sigterm_on_vsurge_serve_ray_refuses_new_requests_and_lets_streams_finish(ray_app, cache_dir):
+    """`vsurge serve --ray` joined to the module's cluster (this test runs last: its application replaces the
+    module's, on one replica of 4 slots): SIGTERM while 6 streams are in flight (2 of them waiting for a slot).
+    New requests get the API's 503 while streams are still running, every stream ends whole, and the process
+    deletes its application and exits 0."""
+    import signal
+    import subprocess
+    import tempfile
+
+    import vsurge
+
+    model, base, streams = ray_app["model"], ray_app["base"], 6
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(vsurge.__file__).parents[1]), *sys.path[1:]])}
+    # the module's ray.init turned on Ray's token authentication (its default for a local cluster, the token in
+    # ~/.ray/auth_token): a driver joining the cluster runs in that mode too
+    env.update({k: v for k, v in os.environ.items() if k == "RAY_AUTH_MODE"})
+    cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--ray", "--ray-address", ray.get_runtime_context().gcs_address,
+           "--port", base.rsplit(":", 1)[1], "--model", str(model), "--compilation-cache", cache_dir, *SERVE_FLAGS]
+    log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-ray-", suffix=".log")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        began = time.monotonic()
+        while "serving on Ray Serve" not in Path(log.name).read_text():
+            assert proc.poll() is None and time.monotonic() - began < 120, Path(log.name).read_text()[-3000:]
+            time.sleep(0.2)
+        client, name = _client(ray_app), ray_app["name"]
+        first_chunk, ends = threading.Event(), {}
+
+        def stream(i):
+            chunks = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": f"Describe river {i}."}], temperature=0,
+                max_tokens=200, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            for chunk in chunks:
+                first_chunk.set()
+                if chunk.usage is not None:
+                    ends[i] = (chunk.usage.completion_tokens, time.monotonic())
+
+        with ThreadPoolExecutor(streams) as pool:
+            running = [pool.submit(stream, i) for i in range(streams)]
+            assert first_chunk.wait(timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            while True:  # the ingress drains a moment after the signal: until then it answers as usual
+                refused = httpx.post(base + "/v1/chat/completions", timeout=60, json={
+                    "model": name, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1})
+                if refused.status_code != 200:
+                    break
+                assert time.monotonic() - began < 240, "the ingress never stopped taking requests"
+            refused_at = time.monotonic()
+            for f in running:
+                f.result(timeout=120)  # every stream ends whole, none is cut
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"], refused.text
+        assert sorted(ends) == list(range(streams)) and all(tokens == 200 for tokens, _ in ends.values()), ends
+        assert max(at for _, at in ends.values()) > refused_at  # streams ran on after new requests were refused
+        assert proc.wait(timeout=60) == 0, Path(log.name).read_text()[-3000:]
+        assert "vsurge" not in serve.status().applications  # deleted; the joined cluster's Serve runs on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()

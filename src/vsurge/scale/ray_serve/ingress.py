@@ -5,6 +5,9 @@ Faults: a replica lost before any of its answer reached the client (a non-stream
 whole; a stream is held until its first body chunk) is retried on another replica, up to `attempts` times.
 A stream cut after that ends with an error event in the API's shape and [DONE] (Anthropic's routes: an
 `error` event): the client sees a clean end, never a hang.
+
+Draining (`drain`, what `vsurge serve --ray` calls on SIGTERM): new requests get the API's 503, the ones in
+flight (streams until their last chunk) finish.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 from ray.exceptions import RayActorError
 from ray.serve.exceptions import ReplicaUnavailableError
@@ -41,8 +45,40 @@ class VsurgeIngress:
         self.attempts = attempts
         self.multiplexed = multiplexed  # the replicas serve several models: route each request by its model
         self.adapters = AdapterRecord()  # LoRA adapters loaded at run time, for the whole cluster (adapters.py)
+        self.draining = False
+        self.in_flight = 0  # requests taken and not yet answered whole (a stream: until its last chunk)
 
     async def __call__(self, request: Request) -> Response:
+        if self.draining:
+            return error_response(503, "the server is shutting down: it takes no new requests",
+                                  path=request.url.path)
+        self.in_flight += 1
+        relayed = False
+        try:
+            response = await self._forward(request)
+            if isinstance(response, StreamingResponse):  # counted until its generator ends
+                response.body_iterator, relayed = self._counted(response.body_iterator), True
+            return response
+        finally:
+            if not relayed:
+                self.in_flight -= 1
+
+    async def _counted(self, chunks):
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.in_flight -= 1
+
+    async def drain(self, timeout_s: float) -> int:
+        """Take no new requests (503) and wait, at most timeout_s, for those in flight; -> how many are left."""
+        self.draining = True
+        deadline = time.monotonic() + timeout_s
+        while self.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        return self.in_flight
+
+    async def _forward(self, request: Request) -> Response:
         body = await request.body()
         record = request_record(request.method, request.url.path, request.url.query.encode(),
                                 [(k.encode("latin-1"), v.encode("latin-1")) for k, v in request.headers.items()],
