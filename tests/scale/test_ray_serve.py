@@ -267,8 +267,8 @@ def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_w
     peft_model = write_peft_adapter(tmp_path / "base", tmp_path / "adapter", default_processor_dir, 8, seed=30,
                                     family="llama")  # over the same random Llama as `first` (seed 0)
     prompt, steps = [5, 6, 7, 8, 9, 10], 8
-    expected = httpx.post(base + "/detokenize", json={"model": "first", "tokens": peft_greedy(peft_model, prompt, steps)},
-                          timeout=30).json()["prompt"]
+    tokens = peft_greedy(peft_model, prompt, steps)
+    expected = httpx.post(base + "/detokenize", json={"model": "first", "tokens": tokens}, timeout=30).json()["prompt"]
     client = _client(two_models)
 
     def complete(model):
@@ -336,8 +336,9 @@ def test_the_load_policy_sizes_by_held_requests_against_slots_and_grows_on_a_ful
 
 @pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_app, cache_dir):
-    """Redeploys the module's application autoscaled between 1 and 2 replicas (it runs after the other redeploying tests): 12 long
-    requests on one replica of 4 slots bring a second, none is lost, and idle it goes back to one."""
+    """Redeploys the module's application autoscaled between 1 and 2 replicas (after the other tests but the
+    SIGTERM one): 12 long requests on one replica of 4 slots bring a second, none is lost, and idle it goes back
+    to one."""
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
     from vsurge.scale.ray_serve.autoscale import autoscaling_config
 
