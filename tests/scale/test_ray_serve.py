@@ -63,7 +63,7 @@ def ray_app(tiny_checkpoints, cache_dir):
               route_prefix="/")
     base = f"http://127.0.0.1:{port}"
     name = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
-    yield {"base": base, "model": model, "name": name}
+    yield {"base": base, "model": model, "name": name, "torch_model": tiny_checkpoints["llama"][1]}
     ray.shutdown()  # the cluster ends with its Serve controller and replicas (serve.shutdown's drain took ~5 s)
 
 
@@ -440,3 +440,40 @@ def test_sigterm_on_vsurge_serve_ray_refuses_new_requests_and_lets_streams_finis
         if proc.poll() is None:
             proc.kill()
         log.close()
+
+
+def test_a_replica_spans_two_processes_as_one_jax_distributed_mesh(ray_app, cache_dir):
+    """`--replica-hosts 2`: one replica of two processes, its placement group's two bundles of 1 CPU packed on this
+    machine (on a cluster: one per node). The replica's actor is process 0, its follower actor process 1; one
+    2-device mesh over jax.distributed (tensor parallel 2) answers the float32 greedy text of the torch model."""
+    from test_lora import peft_greedy
+
+    from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
+
+    from vsurge.cli.arguments import build_parser
+
+    if APP_NAME in serve.status().applications:
+        serve.delete(APP_NAME)  # its replicas' CPUs are the group's
+    args = build_parser().parse_args(["serve", "--model", str(ray_app["model"]), "--dtype", "float32",
+                                      "--compilation-cache", cache_dir, *SERVE_FLAGS])
+    serve.run(vsurge_application(args, replica_hosts=2, hosts_strategy="PACK", stats_period_s=0.2), name=APP_NAME,
+              route_prefix="/")
+    (_, stats), = _replicas().values()
+    assert stats["processes"] == 2  # its JAX runtime's
+    client, name = _client(ray_app), ray_app["name"]
+    prompt, steps = [5, 6, 7, 8, 9, 10], 8
+    reply = client.completions.create(model=name, prompt=prompt, max_tokens=steps, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    tokens = peft_greedy(ray_app["torch_model"], prompt, steps)
+    expected = httpx.post(ray_app["base"] + "/detokenize", json={"tokens": tokens}, timeout=30).json()["prompt"]
+    assert reply.choices[0].text == expected
+
+    # its follower lost, the replica fails Serve's health check and is replaced whole
+    (replica, (_, stats)), = _replicas().items()
+    follower = next(a for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith("VsurgeFollower#"))
+    ray.kill(ray.get_actor(follower["name"], namespace=follower["namespace"]), no_restart=True)
+    began = time.monotonic()
+    while replica in _replicas():
+        assert time.monotonic() - began < 30, "the replica with a lost follower stayed in rotation"
+        time.sleep(0.5)

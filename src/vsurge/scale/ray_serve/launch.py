@@ -17,8 +17,9 @@ log = logging.getLogger(__name__)
 
 def serve_on_ray(args) -> int:
     require_ray()
-    if args.replicas < 1:
-        raise SystemExit(f"vsurge: error: --replicas must be at least 1, got {args.replicas}")
+    if args.replicas < 1 or args.replica_hosts < 1:
+        raise SystemExit(f"vsurge: error: --replicas and --replica-hosts must be at least 1, got {args.replicas} "
+                         f"and {args.replica_hosts}")
     given = unsupported_flags(args)
     if given:
         raise SystemExit(f"vsurge: error: {', '.join(given)} cannot be used with --ray yet")
@@ -36,7 +37,8 @@ def serve_on_ray(args) -> int:
     except ValueError as e:
         raise SystemExit(f"vsurge: error: --min-replicas / --max-replicas: {e}") from None
     serve.run(vsurge_application(args, replicas=args.replicas, replica_cpus=args.replica_cpus,
-                                 replica_tpus=args.replica_tpus, autoscaling=autoscaling), name=APP_NAME,
+                                 replica_tpus=args.replica_tpus, replica_hosts=args.replica_hosts,
+                                 autoscaling=autoscaling), name=APP_NAME,
               route_prefix="/", blocking=False)
     count = (f"{autoscaling['min_replicas']}-{autoscaling['max_replicas']} replicas, autoscaled" if autoscaling
              else f"{args.replicas} replica(s)")

@@ -55,6 +55,12 @@ class VsurgeReplica:
     def __init__(self, args):
         from ...cli.serve_build import build_server
 
+        self.hosts = None  # a replica spanning hosts: its followers (hosts.py); this actor is process 0
+        if getattr(args, "replica_hosts", 1) > 1:
+            from .hosts import HostGroup
+
+            self.hosts = HostGroup(args, args.replica_hosts, args.replica_cpus, args.replica_tpus)
+            args = self.hosts.leader_args
         args.ray = False
         built = build_server(args)
         if isinstance(built, int):
@@ -151,7 +157,7 @@ class VsurgeReplica:
         loaded = sorted(name for name, e in router.entries.items() if e.state == "loaded") if router else []
         return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
                 "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), "models": loaded,
-                "adapters": sorted(self.adapters.loaded),
+                "adapters": sorted(self.adapters.loaded), "processes": _process_count(),
                 **self.token_counts()}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -175,6 +181,9 @@ class VsurgeReplica:
         rotation, and Serve starts a new one."""
         broken = [f"{n}: {s.driver.error}" for n, s in self.server.surges.items()
                   if getattr(s.driver, "error", None) is not None]
+        lost = self.hosts.lost() if self.hosts is not None else None
+        if lost:
+            broken.append(lost)
         if broken or self.server.draining:
             raise RuntimeError("engine failed: " + "; ".join(broken) if broken else "the server is draining")
 
@@ -182,3 +191,12 @@ class VsurgeReplica:
         server = getattr(self, "server", None)
         if server is not None:
             server.stop_models(timeout=5.0)
+        if getattr(self, "hosts", None) is not None:
+            self.hosts.stop()
+
+
+def _process_count() -> int:
+    """The processes of this replica's JAX runtime (more than 1: it spans hosts, hosts.py)."""
+    import jax
+
+    return jax.process_count()
