@@ -287,7 +287,7 @@ def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_w
                         json={"lora_name": "ad", "lora_path": str(tmp_path / "adapter"), "model": "first"}, timeout=60)
     assert loaded.status_code == 200, loaded.text
     before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
-    time.sleep(0.5)  # Serve hears which replica holds it
+    time.sleep(1.0)  # Serve hears which replica holds it (as for a second model)
     assert [complete("ad") for _ in range(3)] == [expected] * 3
     assert complete("first") != expected  # the adapter changes the text
     replicas = _replicas()

@@ -115,3 +115,15 @@ def test_an_adapter_that_cannot_be_read_on_demand_is_the_load_routes_400():
     with pytest.raises(APIError) as refused:
         asyncio.run(b.adapters.ensure("ad"))
     assert refused.value.status == 400 and refused.value.param == "lora_path"
+
+
+def test_a_request_overtaken_by_the_unload_of_its_adapter_is_a_404():
+    record, a, b = AdapterRecord(), Replica(), Replica()
+    _route(record, a, LOAD_PATH, _body("ad", "/adapters/ad"))
+    b.adapters.sync(record.snapshot())
+    assert b.adapters.recorded("ad")  # a request for it came with this snapshot ...
+    _route(record, a, UNLOAD_PATH, _body("ad"))
+    b.adapters.sync(record.snapshot())  # ... and another one's newer snapshot came before it loaded it
+    with pytest.raises(APIError) as gone:
+        asyncio.run(b.adapters.ensure("ad"))
+    assert gone.value.status == 404 and gone.value.param == "model" and b.serving == {}

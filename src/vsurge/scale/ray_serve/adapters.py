@@ -20,6 +20,8 @@ import asyncio
 import json
 import uuid
 
+from ...server.errors import APIError
+
 LOAD_PATH, UNLOAD_PATH = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 
 
@@ -100,6 +102,8 @@ class ReplicaAdapters:
             spec = self.snapshot["adapters"].get(name)
             if name in self.loaded and spec in (None, self.loaded[name]):  # (None: loaded here, not recorded yet)
                 return
+            if spec is None:  # unloaded by a request that overtook this one
+                raise APIError(404, f"The model `{name}` does not exist.", "model", code="model_not_found")
             await load_runtime_adapter(self.server, name, spec["lora_path"], spec["model"])
             self.loaded[name] = spec
 

@@ -109,7 +109,6 @@ class VsurgeIngress:
                                  head)
         return error_response(503, f"no replica could answer: {last_error}", path=record["path"])
 
-
     def _multiplexed_id(self, path: str, body: bytes) -> str | None:
         """The id Serve routes a request by: the model it names when the replicas serve several, or the
         run-time adapter it names (an unload: the adapter it unloads), so it goes to a replica holding it."""

@@ -112,7 +112,7 @@ class VsurgeReplica:
             self.adapters.sync(adapters)
         try:
             await self._hold_what_is_named(request)
-        except APIError as exc:  # a recorded adapter that cannot be read here (its folder is gone)
+        except APIError as exc:  # a recorded adapter unreadable here (its folder is gone) or unloaded meanwhile
             answer = error_response(exc.status, exc.message, exc.param, path=request["path"], code=exc.code)
             yield {"status": answer.status_code, "headers": answer.raw_headers}
             yield answer.body
