@@ -286,6 +286,8 @@ def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_w
     loaded = httpx.post(base + "/v1/load_lora_adapter",
                         json={"lora_name": "ad", "lora_path": str(tmp_path / "adapter"), "model": "first"}, timeout=60)
     assert loaded.status_code == 200, loaded.text
+    for _ in range(2):  # whichever replica answers lists it
+        assert {m.id: m.parent for m in client.models.list().data}["ad"] == "first"
     before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
     time.sleep(1.0)  # Serve hears which replica holds it (as for a second model)
     assert [complete("ad") for _ in range(3)] == [expected] * 3
@@ -304,6 +306,7 @@ def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_w
     for _ in range(2):  # whichever replica takes it, it is gone there
         with pytest.raises(openai.NotFoundError, match="ad"):
             complete("ad")
+    assert "ad" not in {m.id for m in client.models.list().data}
     again = httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "ad"}, timeout=60)
     assert again.status_code == 404 and again.json()["error"]["param"] == "lora_name", again.text
     assert complete("first")  # the replicas serve on

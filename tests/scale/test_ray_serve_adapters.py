@@ -127,3 +127,16 @@ def test_a_request_overtaken_by_the_unload_of_its_adapter_is_a_404():
     with pytest.raises(APIError) as gone:
         asyncio.run(b.adapters.ensure("ad"))
     assert gone.value.status == 404 and gone.value.param == "model" and b.serving == {}
+
+
+def test_a_replica_lists_the_recorded_adapters_it_has_not_loaded_as_its_own():
+    record, a, b = AdapterRecord(), Replica(), Replica()
+    _route(record, a, LOAD_PATH, _body("ad", "/adapters/ad"))
+    b.adapters.sync(record.snapshot())
+    base = {"id": "base", "object": "model", "created": 7, "owned_by": "vsurge", "root": "base", "parent": None,
+            "max_model_len": 256, "status": {"value": "loaded"}}
+    own = {**base, "id": "given", "root": "/given", "parent": "base"}
+    own.pop("status")
+    listed = json.loads(b.adapters.listed(json.dumps({"object": "list", "data": [base, own]}).encode()))
+    assert listed["data"] == [base, own, {**own, "id": "ad", "root": "/adapters/ad"}]
+    assert a.adapters.listed(b"not json") == b"not json"

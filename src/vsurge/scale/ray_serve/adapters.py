@@ -123,6 +123,23 @@ class ReplicaAdapters:
         self.snapshot = {**self.snapshot, "adapters": recorded}
         return name if path == LOAD_PATH else None
 
+    def listed(self, models: bytes) -> bytes:
+        """A GET /v1/models answer of this replica's server, with the recorded adapters it has not loaded (yet)
+        listed as it lists its own: the cluster serves them. Each copies its base model's entry."""
+        try:
+            answer = json.loads(models)
+            entries = {entry["id"]: entry for entry in answer["data"]}
+        except (ValueError, KeyError, TypeError):
+            return models
+        for name, spec in self.snapshot["adapters"].items():
+            base = entries.get(spec["model"]) or next(iter(entries.values()), None)
+            if name in entries or base is None:
+                continue
+            entry = {k: v for k, v in base.items() if k != "status"}
+            entries[name] = {**entry, "id": name, "root": spec["lora_path"], "parent": base["id"]}
+            answer["data"].append(entries[name])
+        return json.dumps(answer).encode()
+
     def forget(self, name: str) -> None:
         from ...server.lora_routes import forget_adapter
 

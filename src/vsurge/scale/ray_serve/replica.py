@@ -125,6 +125,11 @@ class VsurgeReplica:
         self.in_flight += 1
         streamed = False
         try:
+            if request["method"] == "GET" and request["path"] == "/v1/models":  # + the cluster's run-time adapters
+                head, *body = [piece async for piece in call_app(self.server.app, request)]
+                yield head
+                yield self.adapters.listed(b"".join(body)) if head["status"] == 200 else b"".join(body)
+                return
             async for piece in call_app(self.server.app, request):
                 if isinstance(piece, dict):
                     loaded = self.adapters.answered(request["path"], request["body"], piece["status"])
@@ -140,7 +145,8 @@ class VsurgeReplica:
 
     async def _hold_what_is_named(self, request: dict) -> None:
         """The model or adapter the request names (the ingress's multiplexed model id), loaded here; an unload
-        of a recorded adapter loads it first if it is not here, so the route answers as on its holder."""
+        of a recorded adapter, or a request for its card, loads it first if it is not here, so the route answers
+        as on its holder."""
         name = serve.get_multiplexed_model_id()
         if name and (self._knows_model(name) or self.adapters.recorded(name)):
             await self.hold_model(name)
@@ -150,6 +156,9 @@ class VsurgeReplica:
             named = adapter_request(request["body"])
             if named is not None and self.adapters.recorded(named[0]):
                 await self.adapters.ensure(named[0])
+        elif request["method"] == "GET" and request["path"].startswith("/v1/models/"):  # one model's card
+            if self.adapters.recorded(request["path"].removeprefix("/v1/models/")):
+                await self.adapters.ensure(request["path"].removeprefix("/v1/models/"))
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
