@@ -38,6 +38,8 @@ def serve_on_ray(args) -> int:
         raise SystemExit(f"vsurge: error: --min-replicas / --max-replicas: {e}") from None
     serve.run(vsurge_application(args, replicas=args.replicas, replica_cpus=args.replica_cpus,
                                  replica_tpus=args.replica_tpus, replica_hosts=args.replica_hosts,
+                                 # a local cluster is one machine: a replica's processes share it
+                                 hosts_strategy="STRICT_SPREAD" if args.ray_address else "PACK",
                                  autoscaling=autoscaling), name=APP_NAME,
               route_prefix="/", blocking=False)
     count = (f"{autoscaling['min_replicas']}-{autoscaling['max_replicas']} replicas, autoscaled" if autoscaling
