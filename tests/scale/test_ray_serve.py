@@ -472,11 +472,13 @@ def test_a_replica_spans_two_processes_as_one_jax_distributed_mesh(ray_app, cach
     assert reply.choices[0].text == expected
 
     # its follower lost, the replica fails Serve's health check and is replaced whole
-    (replica, (_, stats)), = _replicas().items()
+    from vsurge.scale.ray_serve.cluster_metrics import replica_actors
+
+    (replica, _), = replica_actors()
     follower = next(a for a in ray.util.list_named_actors(all_namespaces=True)
                     if a["name"].startswith("VsurgeFollower#"))
     ray.kill(ray.get_actor(follower["name"], namespace=follower["namespace"]), no_restart=True)
     began = time.monotonic()
-    while replica in _replicas():
+    while replica in dict(replica_actors()):
         assert time.monotonic() - began < 30, "the replica with a lost follower stayed in rotation"
         time.sleep(0.5)

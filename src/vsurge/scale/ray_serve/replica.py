@@ -197,11 +197,13 @@ class VsurgeReplica:
             raise RuntimeError("engine failed: " + "; ".join(broken) if broken else "the server is draining")
 
     def __del__(self):
+        hosts = getattr(self, "hosts", None)
         server = getattr(self, "server", None)
-        if server is not None:
+        # (a leader that lost a follower cannot finish its engines' collectives: its process just ends)
+        if server is not None and (hosts is None or not hosts.lost()):
             server.stop_models(timeout=5.0)
-        if getattr(self, "hosts", None) is not None:
-            self.hosts.stop()
+        if hosts is not None:
+            hosts.stop()
 
 
 def _process_count() -> int:
