@@ -79,3 +79,5 @@ def test_unknown_args_and_flags_a_replica_cannot_take_are_refused():
         build_app({"serve_args": "--no-such-flag 1"})
     with pytest.raises(ValueError, match="--uds cannot be used on Ray Serve"):
         build_app({"serve_args": "--model default --uds /tmp/x.sock"})
+    with pytest.raises(ValueError, match="replica_hosts must be at least 1, got 0"):
+        build_app({"serve_args": "--model default", "replica_hosts": 0})

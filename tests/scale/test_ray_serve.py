@@ -63,7 +63,7 @@ def ray_app(tiny_checkpoints, cache_dir):
               route_prefix="/")
     base = f"http://127.0.0.1:{port}"
     name = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
-    yield {"base": base, "model": model, "name": name}
+    yield {"base": base, "model": model, "name": name, "torch_model": tiny_checkpoints["llama"][1]}
     ray.shutdown()  # the cluster ends with its Serve controller and replicas (serve.shutdown's drain took ~5 s)
 
 
@@ -142,10 +142,10 @@ def test_requests_sharing_a_long_preamble_land_on_one_replica(ray_app):
     busy = max(served, key=served.get)
     assert hits[busy] == len(questions) - 1, hits  # every one after the first found its preamble there
 
-    # run-time adapters would reach one replica: refused by name
+    # run-time adapters are off unless asked for, as on `vsurge serve`
     refused = httpx.post(ray_app["base"] + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp/x"},
                          timeout=30)
-    assert refused.status_code == 403 and "reach one replica only" in refused.json()["error"]["message"]
+    assert refused.status_code == 403 and "--allow-runtime-lora" in refused.json()["error"]["message"], refused.text
 
     # the one scrape shows it: the router's choices and each replica's counters beside the engine's series
     text = httpx.get(ray_app["base"] + "/metrics", timeout=30).text
@@ -223,17 +223,25 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
     assert all("the replica serving this stream was lost" in end for end in cut), stream_ends
 
 
-def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(ray_app, tiny_checkpoints, cache_dir):
-    """Redeploys the module's application with two models (each replica loads the second on demand): the
-    requests for it go to the replica holding it (Serve's multiplexing through the prefix-aware router)."""
+@pytest.fixture(scope="module")
+def two_models(ray_app, tiny_checkpoints, cache_dir):
+    """The module's application redeployed with two models (each replica loads the second on demand) and
+    run-time LoRA adapters allowed, in float32 (adapters' text is compared with PEFT's own): the module's app."""
     from vsurge.cli.arguments import build_parser
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
 
     first, second = tiny_checkpoints["llama"][0], tiny_checkpoints["qwen2"][0]
     args = build_parser().parse_args(["serve", "--model", f"first={first}", "--model", f"second={second}",
-                                      "--compilation-cache", cache_dir, *SERVE_FLAGS])
+                                      "--enable-lora", "--dtype", "float32", "--compilation-cache", cache_dir,
+                                      *SERVE_FLAGS])
     serve.run(vsurge_application(args, replicas=2, stats_period_s=0.2), name=APP_NAME, route_prefix="/")
-    client = _client(ray_app)
+    return ray_app
+
+
+def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(two_models):
+    """The requests for the second model go to the replica holding it (Serve's multiplexing through the
+    prefix-aware router)."""
+    client = _client(two_models)
     assert {m.id for m in client.models.list().data} == {"first", "second"}
     assert all(set(stats["models"]) == {"first"} for _, stats in _replicas().values())
     assert _chat(client, "second", "Hello there.")  # loads it on one replica
@@ -246,6 +254,62 @@ def test_a_second_model_is_multiplexed_onto_the_replica_that_loaded_it(ray_app, 
     assert len(holding) == 1, replicas
     took = {actor: stats["requests"] - before[actor] for actor, (_, stats) in replicas.items()}
     assert took[holding[0]] == 6, took
+
+
+def test_a_lora_adapter_loaded_at_run_time_is_multiplexed_and_unloaded_cluster_wide(two_models, tmp_path,
+                                                                                     default_processor_dir):
+    """vLLM's load route through the ingress: the adapter's requests go to the replica holding it and answer
+    PEFT's greedy text; its holder killed, the other replica loads it on demand; unloaded, it is a 404 on
+    every replica. Bad loads get `vsurge serve`'s 4xx errors."""
+    from test_lora import peft_greedy, write_peft_adapter
+
+    base = two_models["base"]
+    peft_model = write_peft_adapter(tmp_path / "base", tmp_path / "adapter", default_processor_dir, 8, seed=30,
+                                    family="llama")  # over the same random Llama as `first` (seed 0)
+    prompt, steps = [5, 6, 7, 8, 9, 10], 8
+    tokens = peft_greedy(peft_model, prompt, steps)
+    expected = httpx.post(base + "/detokenize", json={"model": "first", "tokens": tokens}, timeout=30).json()["prompt"]
+    client = _client(two_models)
+
+    def complete(model):
+        reply = client.completions.create(model=model, prompt=prompt, max_tokens=steps, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        return reply.choices[0].text
+
+    bad = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "ad", "lora_path": str(tmp_path / "none")},
+                     timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_path", bad.text
+    named = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "first", "lora_path": str(tmp_path)},
+                       timeout=30)
+    assert named.status_code == 400 and "a model's name" in named.json()["error"]["message"], named.text
+
+    loaded = httpx.post(base + "/v1/load_lora_adapter",
+                        json={"lora_name": "ad", "lora_path": str(tmp_path / "adapter"), "model": "first"}, timeout=60)
+    assert loaded.status_code == 200, loaded.text
+    for _ in range(2):  # whichever replica answers lists it
+        assert {m.id: m.parent for m in client.models.list().data}["ad"] == "first"
+    before = {actor: stats["requests"] for actor, (_, stats) in _replicas().items()}
+    time.sleep(1.0)  # Serve hears which replica holds it (as for a second model)
+    assert [complete("ad") for _ in range(3)] == [expected] * 3
+    assert complete("first") != expected  # the adapter changes the text
+    replicas = _replicas()
+    holding = [actor for actor, (_, stats) in replicas.items() if "ad" in stats["adapters"]]
+    assert len(holding) == 1, replicas  # loaded by the load route's replica, and its requests went there
+    assert replicas[holding[0]][1]["requests"] - before[holding[0]] >= 3
+
+    ray.kill(replicas[holding[0]][0], no_restart=True)  # the record is the ingress's: the other one loads it
+    assert complete("ad") == expected
+    assert any("ad" in stats["adapters"] for actor, (_, stats) in _replicas().items() if actor != holding[0])
+
+    unloaded = httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "ad"}, timeout=60)
+    assert unloaded.status_code == 200, unloaded.text
+    for _ in range(2):  # whichever replica takes it, it is gone there
+        with pytest.raises(openai.NotFoundError, match="ad"):
+            complete("ad")
+    assert "ad" not in {m.id for m in client.models.list().data}
+    again = httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "ad"}, timeout=60)
+    assert again.status_code == 404 and again.json()["error"]["param"] == "lora_name", again.text
+    assert complete("first")  # the replicas serve on
 
 
 def _ctx(replicas: int, **metrics):
@@ -275,8 +339,9 @@ def test_the_load_policy_sizes_by_held_requests_against_slots_and_grows_on_a_ful
 
 @pytest.mark.filterwarnings("ignore:The `metrics_interval_s` field:DeprecationWarning")
 def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_app, cache_dir):
-    """Redeploys the module's application autoscaled between 1 and 2 replicas (this test runs last): 12 long
-    requests on one replica of 4 slots bring a second, none is lost, and idle it goes back to one."""
+    """Redeploys the module's application autoscaled between 1 and 2 replicas (after the other tests but the
+    SIGTERM one): 12 long requests on one replica of 4 slots bring a second, none is lost, and idle it goes back
+    to one."""
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
     from vsurge.scale.ray_serve.autoscale import autoscaling_config
 
@@ -317,3 +382,103 @@ def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_ap
     assert len(answers) >= 12 and all(answers)
     down = wait_for(1, 90)
     print(f"autoscaling: 1 -> 2 in {up:.1f} s under load, 2 -> 1 in {down:.1f} s idle")
+
+
+def test_sigterm_on_vsurge_serve_ray_refuses_new_requests_and_lets_streams_finish(ray_app, cache_dir):
+    """`vsurge serve --ray` joined to the module's cluster (this test runs last: its application replaces the
+    module's, on one replica of 4 slots): SIGTERM while 6 streams are in flight (2 of them waiting for a slot).
+    New requests get the API's 503 while streams are still running, every stream ends whole, and the process
+    deletes its application and exits 0."""
+    import signal
+    import subprocess
+    import tempfile
+
+    import vsurge
+
+    model, base, streams = ray_app["model"], ray_app["base"], 6
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(vsurge.__file__).parents[1]), *sys.path[1:]])}
+    # the module's ray.init turned on Ray's token authentication (its default for a local cluster, the token in
+    # ~/.ray/auth_token): a driver joining the cluster runs in that mode too
+    env.update({k: v for k, v in os.environ.items() if k == "RAY_AUTH_MODE"})
+    cmd = [sys.executable, "-m", "vsurge.cli", "serve", "--ray", "--ray-address", ray.get_runtime_context().gcs_address,
+           "--port", base.rsplit(":", 1)[1], "--model", str(model), "--compilation-cache", cache_dir, *SERVE_FLAGS]
+    log = tempfile.NamedTemporaryFile("w+", prefix="vsurge-serve-ray-", suffix=".log")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        began = time.monotonic()
+        while "serving on Ray Serve" not in Path(log.name).read_text():
+            assert proc.poll() is None and time.monotonic() - began < 120, Path(log.name).read_text()[-3000:]
+            time.sleep(0.2)
+        client, name = _client(ray_app), ray_app["name"]
+        first_chunk, ends = threading.Event(), {}
+
+        def stream(i):
+            chunks = client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": f"Describe river {i}."}], temperature=0,
+                max_tokens=200, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+            for chunk in chunks:
+                first_chunk.set()
+                if chunk.usage is not None:
+                    ends[i] = (chunk.usage.completion_tokens, time.monotonic())
+
+        with ThreadPoolExecutor(streams) as pool:
+            running = [pool.submit(stream, i) for i in range(streams)]
+            assert first_chunk.wait(timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            while True:  # the ingress drains a moment after the signal: until then it answers as usual
+                refused = httpx.post(base + "/v1/chat/completions", timeout=60, json={
+                    "model": name, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 1})
+                if refused.status_code != 200:
+                    break
+                assert time.monotonic() - began < 240, "the ingress never stopped taking requests"
+            refused_at = time.monotonic()
+            for f in running:
+                f.result(timeout=120)  # every stream ends whole, none is cut
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"], refused.text
+        assert sorted(ends) == list(range(streams)) and all(tokens == 200 for tokens, _ in ends.values()), ends
+        assert max(at for _, at in ends.values()) > refused_at  # streams ran on after new requests were refused
+        assert proc.wait(timeout=60) == 0, Path(log.name).read_text()[-3000:]
+        assert "vsurge" not in serve.status().applications  # deleted; the joined cluster's Serve runs on
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+
+
+def test_a_replica_spans_two_processes_as_one_jax_distributed_mesh(ray_app, cache_dir):
+    """`--replica-hosts 2`: one replica of two processes, its placement group's two bundles of 1 CPU packed on this
+    machine (on a cluster: one per node). The replica's actor is process 0, its follower actor process 1; one
+    2-device mesh over jax.distributed (tensor parallel 2) answers the float32 greedy text of the torch model."""
+    from test_lora import peft_greedy
+
+    from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
+
+    from vsurge.cli.arguments import build_parser
+
+    if APP_NAME in serve.status().applications:
+        serve.delete(APP_NAME)  # its replicas' CPUs are the group's
+    args = build_parser().parse_args(["serve", "--model", str(ray_app["model"]), "--dtype", "float32",
+                                      "--compilation-cache", cache_dir, *SERVE_FLAGS])
+    serve.run(vsurge_application(args, replica_hosts=2, hosts_strategy="PACK", stats_period_s=0.2), name=APP_NAME,
+              route_prefix="/")
+    (_, stats), = _replicas().values()
+    assert stats["processes"] == 2  # its JAX runtime's
+    client, name = _client(ray_app), ray_app["name"]
+    prompt, steps = [5, 6, 7, 8, 9, 10], 8
+    reply = client.completions.create(model=name, prompt=prompt, max_tokens=steps, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    tokens = peft_greedy(ray_app["torch_model"], prompt, steps)
+    expected = httpx.post(ray_app["base"] + "/detokenize", json={"tokens": tokens}, timeout=30).json()["prompt"]
+    assert reply.choices[0].text == expected
+
+    # its follower lost, the replica fails Serve's health check and is replaced whole
+    from vsurge.scale.ray_serve.cluster_metrics import replica_actors
+
+    (replica, _), = replica_actors()
+    follower = next(a for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith("VsurgeFollower#"))
+    ray.kill(ray.get_actor(follower["name"], namespace=follower["namespace"]), no_restart=True)
+    began = time.monotonic()
+    while replica in dict(replica_actors()):
+        assert time.monotonic() - began < 30, "the replica with a lost follower stayed in rotation"
+        time.sleep(0.5)

@@ -108,7 +108,6 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         self.admin_api_key = admin_api_key
         self.guard_metrics = guard_metrics
         self.allow_runtime_lora = allow_runtime_lora or lora_dir is not None  # a folder to load from asks for it
-        self.runtime_lora_refusal: str | None = None  # why run-time adapters are refused here (a Ray Serve replica)
         self.lora_dir = lora_dir
         self.draining = False
         self.started_at = int(time.time())

@@ -67,8 +67,6 @@ async def _base(server, model: str | None):
 
 
 def _check_runtime_loading(server) -> None:
-    if server.runtime_lora_refusal:  # where run-time adapters cannot work (a Ray Serve replica)
-        raise APIError(403, server.runtime_lora_refusal, "lora_path")
     if not server.allow_runtime_lora:
         raise APIError(403, "runtime LoRA adapter loading is off: start the server with --allow-runtime-lora "
                             "(or --enable-lora), and --lora-dir DIR to keep adapters to one folder", "lora_path")
@@ -88,20 +86,38 @@ def adapter_path(lora_path: str, lora_dir: str | None) -> str:
     return str(resolved)
 
 
+async def load_runtime_adapter(server, name: str, lora_path: str, model: str | None) -> None:
+    """Read adapter `name` from `lora_path` (under --lora-dir when set) and serve it over `model` (None: the
+    first model serving adapters), as POST /v1/load_lora_adapter does; raises APIError (4xx) naming what is
+    wrong. A Ray Serve replica calls it too: loading on demand an adapter the cluster was asked to load."""
+    if name in server.surges or (server.router is not None and server.router.knows(name)):
+        raise APIError(400, f"{name!r} is a model's name; give the adapter another", "lora_name")
+    path = adapter_path(lora_path, server.lora_dir)
+    surge = await _base(server, model)
+    try:
+        await asyncio.to_thread(surge.load_adapter, name, path)
+    except (AdapterError, ValueError, OSError) as exc:  # any unreadable adapter is the request's fault
+        raise APIError(400, str(exc), "lora_path") from None
+    if server.router is not None:
+        server.router.adapter_loaded(server.name_of(surge), name, path)
+
+
+def forget_adapter(server, name: str) -> bool:
+    """Stop serving adapter `name` on every loaded model and drop it from the router's record (requests in
+    flight with it finish); False when no model served it."""
+    dropped = [surge.unload_adapter(name) for surge in server.surges.values() if surge.serves_adapters]
+    recorded = False
+    if server.router is not None:
+        base = server.router.base_of(name)
+        recorded = base is not None and server.router.adapter_unloaded(base, name)
+    return any(dropped) or recorded
+
+
 def install_lora_routes(table, server) -> None:
     @table.post("/v1/load_lora_adapter", ADMIN)
     async def load_lora_adapter(body: LoadLoraRequest):
         _check_runtime_loading(server)
-        if body.lora_name in server.surges or (server.router is not None and server.router.knows(body.lora_name)):
-            raise APIError(400, f"{body.lora_name!r} is a model's name; give the adapter another", "lora_name")
-        path = adapter_path(body.lora_path, server.lora_dir)
-        surge = await _base(server, body.model)
-        try:
-            await asyncio.to_thread(surge.load_adapter, body.lora_name, path)
-        except (AdapterError, ValueError, OSError) as exc:  # any unreadable adapter is the request's fault
-            raise APIError(400, str(exc), "lora_path") from None
-        if server.router is not None:
-            server.router.adapter_loaded(server.name_of(surge), body.lora_name, path)
+        await load_runtime_adapter(server, body.lora_name, body.lora_path, body.model)
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @table.post("/v1/unload_lora_adapter", ADMIN)

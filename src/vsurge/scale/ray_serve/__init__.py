@@ -54,6 +54,10 @@ def add_ray_args(p) -> None:
                    help="with --ray: the cluster to join (default: start a local one)")
     g.add_argument("--replica-cpus", type=float, default=1.0,
                    help="with --ray: CPUs Ray reserves per replica (default 1)")
+    g.add_argument("--replica-hosts", type=int, default=1,
+                   help="with --ray: hosts each replica spans (default 1): one process per host, joined by "
+                        "jax.distributed into one mesh (the multi-host mode), each host reserving --replica-cpus "
+                        "and --replica-tpus, on distinct nodes")
     g.add_argument("--replica-tpus", type=int, default=0,
                    help="with --ray: TPU chips Ray reserves per replica (its \"TPU\" resource; default 0: none), "
                         "e.g. 4 for a v5e 2x2 host with --tensor-parallel-size 4")

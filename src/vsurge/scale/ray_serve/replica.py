@@ -9,6 +9,8 @@ import logging
 
 from ray import serve
 
+from ...server.errors import APIError, error_response
+from .adapters import UNLOAD_PATH, ReplicaAdapters, adapter_request
 from .asgi_call import call_app, is_event_stream
 from .prefixes import RecentPrefixes, block_chain
 
@@ -34,21 +36,37 @@ class HeldModel:
             log.info("model %s stays loaded: %r", self.name, exc)
 
 
+class HeldAdapter:
+    """What Serve's multiplexing keeps per run-time LoRA adapter a replica holds; dropped by its LRU (over
+    SERVE_MODEL_RECORD adapters and models), the adapter is dropped here (Serve calls __del__ in a thread)."""
+
+    def __init__(self, adapters: ReplicaAdapters, name: str):
+        self.adapters, self.name, self.live = adapters, name, True
+
+    def __del__(self):
+        if self.live:  # (not when the replica dropped it itself: replica.forget_in_serve)
+            self.live = False
+            self.adapters.forget(self.name)
+
+
 class VsurgeReplica:
     """The deployment's class (app.py wraps it with serve.deployment): args is `vsurge serve`'s Namespace."""
 
     def __init__(self, args):
         from ...cli.serve_build import build_server
 
+        self.hosts = None  # a replica spanning hosts: its followers (hosts.py); this actor is process 0
+        if getattr(args, "replica_hosts", 1) > 1:
+            from .hosts import HostGroup
+
+            self.hosts = HostGroup(args, args.replica_hosts, args.replica_cpus, args.replica_tpus)
+            args = self.hosts.leader_args
         args.ray = False
         built = build_server(args)
         if isinstance(built, int):
             raise RuntimeError("a Ray Serve replica cannot be a multi-host follower")
         self.server, self.surge = built
-        # an adapter loaded at run time would reach the one replica Serve routed the call to
-        self.server.runtime_lora_refusal = (
-            "on Ray Serve a LoRA adapter loaded at run time would reach one replica only: give adapters at start "
-            "(vsurge serve --ray --lora NAME=PATH), so that every replica serves them")
+        self.adapters = ReplicaAdapters(self.server, self.forget_in_serve)  # LoRA adapters loaded at run time
         self.server.start_models()  # blocking: Serve sends no request before __init__ returns
         if self.server._startup_error is not None:
             raise RuntimeError(f"start-up failed: {self.server._startup_error!r}")
@@ -60,22 +78,45 @@ class VsurgeReplica:
         self._loops_with_executor: set[int] = set()
 
     @serve.multiplexed(max_num_models_per_replica=SERVE_MODEL_RECORD)
-    async def hold_model(self, name: str) -> HeldModel:
-        """Load model `name` here (vsurge's router, as a request for it would) and tell Serve this replica holds
-        it, so its router sends the next requests for `name` here."""
-        await self.server.router.ensure_loaded(name)
-        return HeldModel(self.server.router, name)
+    async def hold_model(self, name: str) -> HeldModel | HeldAdapter:
+        """Load model or run-time LoRA adapter `name` here (a model through vsurge's router, as a request for it
+        would; an adapter from the ingress's record) and tell Serve this replica holds it, so its router sends
+        the next requests for `name` here."""
+        if self._knows_model(name):
+            await self.server.router.ensure_loaded(name)
+            return HeldModel(self.server.router, name)
+        await self.adapters.ensure(name)
+        return HeldAdapter(self.adapters, name)
 
-    async def handle_http(self, request: dict, prefix_text: str = ""):
+    def forget_in_serve(self, name: str) -> None:
+        """Serve no longer counts `name` among this replica's models (its multiplexing has no public call for
+        one id: its record is the wrapper serve.multiplexed keeps on this object)."""
+        wrapper = getattr(self, "__serve_multiplex_wrapper", None)
+        held = wrapper.models.pop(name, None) if wrapper is not None else None
+        if held is not None:
+            held.live = False
+            wrapper._push_multiplexed_replica_info = True
+
+    def _knows_model(self, name: str) -> bool:
+        return getattr(self.server, "router", None) is not None and self.server.router.knows(name)
+
+    async def handle_http(self, request: dict, prefix_text: str = "", adapters: dict | None = None):
         """Streams the response to one HTTP request (asgi_call.request_record): its head, then its body.
-        prefix_text: the request's prompt text (the router read it too): counted against recent prompts."""
+        prefix_text: the request's prompt text (the router read it too): counted against recent prompts.
+        adapters: the ingress's record of run-time LoRA adapters (adapters.AdapterRecord.snapshot)."""
         loop = asyncio.get_running_loop()
         if id(loop) not in self._loops_with_executor:  # what the server's startup hook does under uvicorn
             loop.set_default_executor(self.server.executor)
             self._loops_with_executor.add(id(loop))
-        model = serve.get_multiplexed_model_id()  # set by the ingress when the server has several models
-        if model and getattr(self.server, "router", None) is not None and self.server.router.knows(model):
-            await self.hold_model(model)
+        if adapters is not None:
+            self.adapters.sync(adapters)
+        try:
+            await self._hold_what_is_named(request)
+        except APIError as exc:  # a recorded adapter unreadable here (its folder is gone) or unloaded meanwhile
+            answer = error_response(exc.status, exc.message, exc.param, path=request["path"], code=exc.code)
+            yield {"status": answer.status_code, "headers": answer.raw_headers}
+            yield answer.body
+            return
         chain = block_chain(prefix_text)
         self.requests += 1
         if chain and self.recent.shared(chain) >= MIN_SHARED_BLOCKS:
@@ -84,14 +125,40 @@ class VsurgeReplica:
         self.in_flight += 1
         streamed = False
         try:
+            if request["method"] == "GET" and request["path"] == "/v1/models":  # + the cluster's run-time adapters
+                head, *body = [piece async for piece in call_app(self.server.app, request)]
+                yield head
+                yield self.adapters.listed(b"".join(body)) if head["status"] == 200 else b"".join(body)
+                return
             async for piece in call_app(self.server.app, request):
-                if isinstance(piece, dict) and is_event_stream(piece):
-                    streamed = True
-                    self.streaming += 1
+                if isinstance(piece, dict):
+                    loaded = self.adapters.answered(request["path"], request["body"], piece["status"])
+                    if loaded is not None:  # loaded here through the route: Serve sends its requests here
+                        await self.hold_model(loaded)
+                    if is_event_stream(piece):
+                        streamed = True
+                        self.streaming += 1
                 yield piece
         finally:
             self.in_flight -= 1
             self.streaming -= streamed
+
+    async def _hold_what_is_named(self, request: dict) -> None:
+        """The model or adapter the request names (the ingress's multiplexed model id), loaded here; an unload
+        of a recorded adapter, or a request for its card, loads it first if it is not here, so the route answers
+        as on its holder."""
+        name = serve.get_multiplexed_model_id()
+        if name and (self._knows_model(name) or self.adapters.recorded(name)):
+            await self.hold_model(name)
+            if not self._knows_model(name):
+                await self.adapters.ensure(name)  # (Serve may remember it from before a drop)
+        if request["path"] == UNLOAD_PATH:
+            named = adapter_request(request["body"])
+            if named is not None and self.adapters.recorded(named[0]):
+                await self.adapters.ensure(named[0])
+        elif request["method"] == "GET" and request["path"].startswith("/v1/models/"):  # one model's card
+            if self.adapters.recorded(request["path"].removeprefix("/v1/models/")):
+                await self.adapters.ensure(request["path"].removeprefix("/v1/models/"))
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
@@ -99,6 +166,7 @@ class VsurgeReplica:
         loaded = sorted(name for name, e in router.entries.items() if e.state == "loaded") if router else []
         return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
                 "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), "models": loaded,
+                "adapters": sorted(self.adapters.loaded), "processes": _process_count(),
                 **self.token_counts()}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -122,10 +190,24 @@ class VsurgeReplica:
         rotation, and Serve starts a new one."""
         broken = [f"{n}: {s.driver.error}" for n, s in self.server.surges.items()
                   if getattr(s.driver, "error", None) is not None]
+        lost = self.hosts.lost() if self.hosts is not None else None
+        if lost:
+            broken.append(lost)
         if broken or self.server.draining:
             raise RuntimeError("engine failed: " + "; ".join(broken) if broken else "the server is draining")
 
     def __del__(self):
+        hosts = getattr(self, "hosts", None)
         server = getattr(self, "server", None)
-        if server is not None:
+        # (a leader that lost a follower cannot finish its engines' collectives: its process just ends)
+        if server is not None and (hosts is None or not hosts.lost()):
             server.stop_models(timeout=5.0)
+        if hosts is not None:
+            hosts.stop()
+
+
+def _process_count() -> int:
+    """The processes of this replica's JAX runtime (more than 1: it spans hosts, hosts.py)."""
+    import jax
+
+    return jax.process_count()
