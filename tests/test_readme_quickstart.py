@@ -79,6 +79,21 @@ def test_the_readme_and_docs_count_the_registrys_families():
     assert not wrong, f"the registry has {len(families())} families: {wrong}"
 
 
+def test_the_models_table_lists_the_registrys_model_types():
+    """docs/models.md's "Supported models" table names every HF model_type a family declares and no other, and
+    every GGUF architecture one reads (a family added or renamed without its row fails here)."""
+    from vsurge.models.registry import gguf_architectures, hf_model_types
+
+    section = (ROOT / "docs" / "models.md").read_text(encoding="utf-8").split("## Supported models", 1)[1]
+    table = re.search(r"^\| family \|.*?\n(?=\n)", section, re.M | re.S).group(0)
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]  # (after the header and its rule)
+    assert len(rows) > 30, "the table was not found"
+    model_types = {name for row in rows for name in re.findall(r"`([^`]+)`", row[1])}
+    gguf_names = {name for row in rows for name in re.findall(r"`([^`]+)`", row[2])}
+    assert model_types == set(hf_model_types()), "docs/models.md's HF model_type column differs from the registry"
+    assert set(gguf_architectures()) <= gguf_names, "GGUF architectures missing from docs/models.md"
+
+
 def test_every_vsurge_line_in_the_readme_and_docs_parses():
     from vsurge.cli import build_parser
 
