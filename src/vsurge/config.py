@@ -92,7 +92,7 @@ class StateLayer:
 class ModelConfig:
     """Architecture hyper-parameters every decoder family has. Families subclass it."""
 
-    architecture: str  # the family's name in models/registry.py
+    architecture: str  # the family class's `name` (models/families/)
     vocab_size: int
     hidden_size: int
     intermediate_size: int
