@@ -41,10 +41,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from serve import Server, llama_server_binary  # noqa: E402
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
-            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
-            "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h",
-            "falcon_h1", "qwen3_5", "qwen3_5_moe", "llama4", "gemma4")
 GREEDY = 8
 # shapes llama.cpp needs beyond the tiny configs: its qwen3next and qwen35 take the value heads' width from the
 # key heads' (ssm.state_size), as every released Qwen3-Next has them; its lfm2 has no convolution biases
@@ -355,7 +351,7 @@ def main() -> None:
     import torch
 
     import vsurge
-    from gguf_families import AS_CONVERTED, write_family_gguf
+    from gguf_families import AS_CONVERTED, FAMILIES, write_family_gguf
     from tiny_models import write_tiny_model
     from vsurge.loading import default_model_path, load_processor
 

@@ -30,8 +30,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from vsurge.config import ModelConfig, Rope  # noqa: E402
-from vsurge.models.qwen3 import Qwen3  # noqa: E402
-from vsurge.models.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
+from vsurge.models.families.qwen3 import Qwen3  # noqa: E402
+from vsurge.models.families.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 from moe_decode import median_step_ms  # noqa: E402

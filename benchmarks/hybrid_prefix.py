@@ -32,7 +32,7 @@ from flax import nnx  # noqa: E402
 
 from vsurge import EngineConfig, SamplingParams, vSurge  # noqa: E402
 from vsurge.config import Rope  # noqa: E402
-from vsurge.models.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
+from vsurge.models.families.qwen3_next import Qwen3Next, Qwen3NextConfig  # noqa: E402
 
 
 def hybrid_model(hidden: int, layers: int) -> Qwen3Next:

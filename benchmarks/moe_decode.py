@@ -34,9 +34,9 @@ from vsurge.config import Rope  # noqa: E402
 from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
-from vsurge.models.qwen2_moe import Qwen2MoeConfig  # noqa: E402
-from vsurge.models.qwen3 import Qwen3  # noqa: E402
-from vsurge.models.qwen3_moe import Qwen3Moe  # noqa: E402
+from vsurge.models.families.qwen2_moe import Qwen2MoeConfig  # noqa: E402
+from vsurge.models.families.qwen3 import Qwen3  # noqa: E402
+from vsurge.models.families.qwen3_moe import Qwen3Moe  # noqa: E402
 from vsurge.config import ModelConfig  # noqa: E402
 from vsurge.sampling.params import SamplingParams  # noqa: E402
 

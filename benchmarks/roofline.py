@@ -41,7 +41,7 @@ from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.kernels import cpu_isa  # noqa: E402
-from vsurge.models.llama import Llama  # noqa: E402
+from vsurge.models.families.llama import Llama  # noqa: E402
 from vsurge.ops.linear import quantize_int8  # noqa: E402
 from vsurge.sampling.params import SamplingParams  # noqa: E402
 
@@ -87,7 +87,7 @@ def device_limits(args) -> tuple[float, float | None, str]:
 
 def random_llama(fields: dict, quantization: str | None = None):
     """Random bfloat16 weights at a Llama shape; with quantization="int8", its matrices and head as int8 with
-    per-channel scales (models/base.quantize's result), made one matrix at a time: the 8B shape's 16 GB of
+    per-channel scales (models/parts/base.quantize's result), made one matrix at a time: the 8B shape's 16 GB of
     bfloat16 never exists at once, so it fits one 16 GB chip."""
     config = ModelConfig(**fields)
     build = lambda: Llama(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, rngs=nnx.Rngs(0))  # noqa: E731

@@ -17,7 +17,14 @@ import gguf
 import numpy as np
 
 from gguf_files import copy_tokenizer_metadata, llama_cpp_permute
+from tiny_models import chosen
 
+# the tiny checkpoints written here as llama.cpp's converter writes them: tests/loading/test_gguf_families.py loads
+# each, benchmarks/families_vs_llamacpp.py checks each against the converter and llama.cpp
+FAMILIES = chosen("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
+                  "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2",
+                  "ministral3", "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1",
+                  "qwen3_5", "qwen3_5_moe", "llama4", "gemma4")
 # HF model_type -> GGUF architecture
 GGUF_ARCH = {"llama": "llama", "mistral": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
              "gemma2": "gemma2", "gemma3_text": "gemma3", "phi3": "phi3", "olmo2": "olmo2", "granite": "granite",

@@ -67,7 +67,7 @@ def test_the_readme_and_docs_count_the_registrys_families():
     """Every "N families" README.md or a docs/ page says in digits is the registry's count (issue 61: the README
     said twenty-six, thirty and nineteen in words, all stale); counts in words are kept for small subsets
     ("five families"), never for the whole."""
-    from vsurge.models.registry import FAMILIES
+    from vsurge.models.registry import families
 
     counts = {}
     for page in PAGES:
@@ -75,8 +75,23 @@ def test_the_readme_and_docs_count_the_registrys_families():
         counts[page.name] = [int(n) for n in re.findall(r"\b(\d+)(?: model)? families", text)]
         assert not re.search(r"\b(nineteen|twenty|thirty)[\w-]* (model )?families", text, re.IGNORECASE), page.name
     assert counts["README.md"], "the README no longer says how many families vsurge runs"
-    wrong = {name: c for name, c in counts.items() if set(c) - {len(FAMILIES)}}
-    assert not wrong, f"the registry has {len(FAMILIES)} families: {wrong}"
+    wrong = {name: c for name, c in counts.items() if set(c) - {len(families())}}
+    assert not wrong, f"the registry has {len(families())} families: {wrong}"
+
+
+def test_the_models_table_lists_the_registrys_model_types():
+    """docs/models.md's "Supported models" table names every HF model_type a family declares and no other, and
+    every GGUF architecture one reads (a family added or renamed without its row fails here)."""
+    from vsurge.models.registry import gguf_architectures, hf_model_types
+
+    section = (ROOT / "docs" / "models.md").read_text(encoding="utf-8").split("## Supported models", 1)[1]
+    table = re.search(r"^\| family \|.*?\n(?=\n)", section, re.M | re.S).group(0)
+    rows = [line.split("|")[1:-1] for line in table.splitlines()[2:]]  # (after the header and its rule)
+    assert len(rows) > 30, "the table was not found"
+    model_types = {name for row in rows for name in re.findall(r"`([^`]+)`", row[1])}
+    gguf_names = {name for row in rows for name in re.findall(r"`([^`]+)`", row[2])}
+    assert model_types == set(hf_model_types()), "docs/models.md's HF model_type column differs from the registry"
+    assert set(gguf_architectures()) <= gguf_names, "GGUF architectures missing from docs/models.md"
 
 
 def test_every_vsurge_line_in_the_readme_and_docs_parses():

@@ -35,7 +35,9 @@ LAYERS = [
     ["sampling", "hardware"],  # SamplingParams and the defaults of its fields; platform, dtypes, meshes
     ["ops"],  # JAX ops: attention, RoPE, MoE, sampling, matmuls
     ["kv"],  # the KV caches and page pools
-    ["models"],  # the model families
+    ["models.parts"],  # what the families share: the decoder contract, blocks, MoE, vision towers, config
+    ["models.families"],  # the model families, one module each (parts never import a family)
+    ["models"],  # the registry: every family module found in models/families/
     ["loading"],  # checkpoints -> models
     ["lora"],  # LoRA adapters: read, laid out on a model, their device slots
     ["engine"],  # the core step loop: scheduler, programs, engine core, driver
@@ -82,6 +84,23 @@ def _is_import_module(node) -> bool:
         isinstance(func, ast.Attribute) and func.attr == "import_module")
 
 
+def _package_walked(package: list[str], arg, tree) -> str | None:
+    """The package (relative to vsurge) whose every module `import_module(f"{pkg.__name__}.{name}")` may load,
+    where `pkg` is a package the file imported (`from . import families as pkg`; the registry's discovery)."""
+    first = arg.values[0] if isinstance(arg, ast.JoinedStr) and arg.values else None
+    value = first.value if isinstance(first, ast.FormattedValue) else None
+    if not (isinstance(value, ast.Attribute) and value.attr == "__name__" and isinstance(value.value, ast.Name)):
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == value.value.id:
+                    prefix = "." * node.level + (node.module or "")
+                    name = (_relative(package, prefix) if node.level else prefix.removeprefix("vsurge"))
+                    return ".".join(p for p in (name.strip("."), alias.name) if p)
+    return None
+
+
 def _dynamic_imports(module: str, is_package: bool, node, tree) -> list[str]:
     """The modules an `import_module(...)` call may load (relative to vsurge): a literal name, else
     (a lazy re-export table, a registry) every string constant of the file that names a module:
@@ -91,6 +110,9 @@ def _dynamic_imports(module: str, is_package: bool, node, tree) -> list[str]:
         return []
     package = (module.split(".") if module else []) if is_package else module.split(".")[:-1]
     arg = node.args[0]
+    walked = _package_walked(package, arg, tree)
+    if walked is not None:
+        return [name for name in MODULES if name.startswith(walked + ".")]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
         names = [arg.value]
     else:
@@ -200,7 +222,8 @@ def test_the_walk_sees_the_package():
 def test_the_walk_follows_import_module():
     """A lazy re-export's table and a registry's f"{__package__}.{name}" count as imports."""
     assert {"engine.core", "engine.scheduler"} <= EVERY_IMPORT["engine"]  # engine/__init__.py's _EXPORTS
-    assert {"models.llama", "models.qwen3_next"} <= EVERY_IMPORT["models.registry"]  # FAMILIES
+    # the registry's discovery: import_module(f"{family_modules.__name__}.{name}") over models/families/
+    assert {"models.families.llama", "models.families.qwen3_next"} <= EVERY_IMPORT["models.registry"]
 
 
 def test_known_lazy_imports_are_still_there():

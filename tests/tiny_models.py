@@ -200,6 +200,27 @@ def family_name(name: str) -> str:
     return getattr(transformers, cls_name).model_type
 
 
+def chosen(*names: str) -> tuple[str, ...]:
+    """Tiny checkpoints a test picks on purpose (a subset: `FAMILIES = chosen("llama", "qwen2")`): each must be one
+    here, of a family the registry runs, so a typo, or a family gone from the registry, fails at collection
+    instead of quietly testing less."""
+    unknown = [n for n in names if n not in TINY_CONFIGS]
+    chosen_model_types(*(family_name(n) for n in names if n in TINY_CONFIGS))
+    if unknown:
+        raise ValueError(f"{unknown}: no such tiny checkpoint (tests/tiny_models.py TINY_CONFIGS)")
+    return names
+
+
+def chosen_model_types(*model_types: str) -> tuple[str, ...]:
+    """HF model types a test picks on purpose; each must be one a family of the registry runs."""
+    from vsurge.models.registry import hf_model_types
+
+    unknown = [t for t in model_types if t not in hf_model_types()]
+    if unknown:
+        raise ValueError(f"{unknown}: no registered family (models/families/) runs these model types")
+    return model_types
+
+
 def add_special_tokens(folder: Path, tokens: list[str]) -> list[int]:
     """Add special tokens (e.g. fill-in-the-middle ones) to the tokenizer.json in `folder`; their new ids
     (from the end of the vocabulary: write the model with a vocab_size that covers them)."""

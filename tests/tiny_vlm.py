@@ -7,12 +7,12 @@ import json
 import shutil
 from pathlib import Path
 
-from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens
+from tiny_models import COMMON, TINY_CONFIGS, VOCAB, add_special_tokens, chosen_model_types
 
 # model types of the checkpoints written here (tests/multimodal/test_images.py, test_qwen_vl.py and test_mistral3_vl.py
 # compare them with transformers)
-VLM_MODEL_TYPES = ("idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe",
-                   "mistral3")
+VLM_MODEL_TYPES = chosen_model_types("idefics3", "gemma3", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5",
+                                     "qwen3_5_moe", "mistral3")
 
 # SmolVLM's chat template (its processor's chat_template.json): content is always a list of parts
 SMOLVLM_TEMPLATE = (

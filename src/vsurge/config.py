@@ -2,7 +2,7 @@
 
 A config is static under `jax.jit`, so every field must be hashable (tuples, not
 lists). `ModelConfig` holds what every decoder family has; a family adds its own
-fields in a subclass (models/<family>.py) and overrides the per-layer methods
+fields in a subclass (models/families/<family>.py) and overrides the per-layer methods
 below. Configs are built from an HF `config.json` or GGUF metadata by the
 family's `config_from_hf` / `config_from_gguf`.
 """
@@ -92,7 +92,7 @@ class StateLayer:
 class ModelConfig:
     """Architecture hyper-parameters every decoder family has. Families subclass it."""
 
-    architecture: str  # the family's name in models/registry.py
+    architecture: str  # the family class's `name` (models/families/)
     vocab_size: int
     hidden_size: int
     intermediate_size: int

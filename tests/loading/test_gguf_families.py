@@ -15,18 +15,14 @@ import torch
 import transformers
 
 import vsurge
-from gguf_families import AS_CONVERTED, GGUF_ARCH, write_family_gguf
+from gguf_families import AS_CONVERTED, FAMILIES, GGUF_ARCH, write_family_gguf
 from gguf_files import Q
 from test_models_vs_transformers import reference_logits
-from tiny_models import VOCAB, write_tiny_model
+from tiny_models import VOCAB, chosen, write_tiny_model
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "olmo2", "granite", "smollm3",
-            "mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3", "glm4", "cohere2", "ministral3",
-            "qwen3_next", "lfm2", "mamba2", "granitemoehybrid", "nemotron_h", "falcon_h1", "qwen3_5",
-            "qwen3_5_moe", "llama4", "gemma4")
 # where transformers' GGUF reader reads these tiny configs right (it misses e.g. a head_dim that is not
 # hidden / heads, experts' own intermediate size, Gemma's soft-caps and local rotary base, LongRoPE)
-TRANSFORMERS_READS = {"llama", "mistral", "qwen2"}
+TRANSFORMERS_READS = set(chosen("llama", "mistral", "qwen2"))
 TOL = 1e-4
 
 

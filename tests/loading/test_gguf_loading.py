@@ -16,7 +16,7 @@ import transformers
 import vsurge
 from gguf_files import Q, write_gguf
 from vsurge.errors import UnsupportedModelError
-from vsurge.models.fused import unfuse_qkv
+from vsurge.models.parts.fused import unfuse_qkv
 
 LLAMA_TYPES = {
     "token_embd.weight": Q.F16,

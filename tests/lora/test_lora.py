@@ -19,10 +19,10 @@ from vsurge.lora import stacks
 from vsurge.lora.adapter import AdapterError, load_peft
 from vsurge.ops.lora import lora_rows
 from lora_helpers import generate_with_adapters
-from tiny_models import write_tiny_model
+from tiny_models import chosen, write_tiny_model
 
 TOL = 1e-4
-FAMILIES = ("llama", "qwen2", "phi3", "glm4", "gemma2")  # plain, biases, fused HF qkv/gate_up, interleaved rotary, gemma
+FAMILIES = chosen("llama", "qwen2", "phi3", "glm4", "gemma2")  # plain, biases, fused HF qkv/gate_up, interleaved rotary, gemma
 SLOTS, RANK = 3, 8
 WITH_EMBED_AND_HEAD = r".*(_proj|lm_head|embed_tokens)"  # PEFT's target_modules as a regex: every projection too
 

@@ -1,10 +1,11 @@
-"""A new family is its own file plus one registry line: nothing else names a family's weights.
+"""A new family is its own file: nothing else names a family's weights, and no list names the family.
 
 The toy family below (a Llama variant with its own checkpoint names and a learned output scale)
-is written the way docs/adding_a_model.md says, registered with one line, and loaded through
-the real loaders from a checkpoint in its own layout, then sharded; the loaders, the sharding
-rules and quantization never hear of it. And a scan of those modules' source finds no weight
-or tensor name that any registered family declares.
+is written the way docs/adding_a_model.md says and dropped as one file where the registry looks for
+families (models/families/: here a folder on that package's search path, so the test writes nothing into
+the source tree); the registry finds it, and it loads through the real loaders from a checkpoint in its
+own layout, then shards; the loaders, the sharding rules and quantization never hear of it. And a scan of
+those modules' source finds no weight or tensor name that any registered family declares.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import types
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -25,10 +25,10 @@ from vsurge.models import registry
 
 TOY_FILE = '''
 """ToyLM: Llama's layers under other checkpoint names, and a learned scalar on the logits."""
-from vsurge.models.base import CausalLM
-from vsurge.models.blocks import attention_weights, mlp_weights, norm, pre_norm_layer
-from vsurge.models.config_io import hf_fields
-from vsurge.models.spec import Weight, tensor
+from vsurge.models.parts.base import CausalLM
+from vsurge.models.parts.blocks import attention_weights, mlp_weights, norm, pre_norm_layer
+from vsurge.models.parts.config_io import hf_fields
+from vsurge.models.parts.spec import Weight, tensor
 from vsurge.config import ModelConfig
 
 
@@ -86,18 +86,48 @@ def toy_checkpoint(llama_dir: Path, out: Path, scale: float) -> None:
         (out / f).write_bytes((llama_dir / f).read_bytes())
 
 
+def dropped_in(tmp_path, monkeypatch, name: str, source: str):
+    """`source` as models/families/<name>.py: a folder the families package searches (pkgutil and the import
+    system look there as in the package's own folder). Undo with forget(name)."""
+    folder = tmp_path / f"more_families_{name}"
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(source)
+    monkeypatch.setattr(registry.family_modules, "__path__", [*registry.family_modules.__path__, str(folder)])
+    registry.families.cache_clear()
+
+
+def forget(name: str) -> None:
+    sys.modules.pop(f"vsurge.models.families.{name}", None)
+    vars(registry.family_modules).pop(name, None)
+    registry.families.cache_clear()
+
+
 @pytest.fixture
 def toy_registered(tmp_path, monkeypatch):
-    module = types.ModuleType("vsurge.models.toy")
-    exec(compile(TOY_FILE, "toy.py", "exec"), module.__dict__)  # the family's one file
-    monkeypatch.setitem(sys.modules, "vsurge.models.toy", module)
-    monkeypatch.setitem(registry.FAMILIES, "toy", "Toy")  # its one registry line
-    registry.families.cache_clear()
-    yield module.Toy
-    registry.families.cache_clear()
+    """toy.py, the family's one file, where families are found; -> the class the registry found."""
+    before = registry.families()
+    assert "toy" not in registry.hf_model_types()
+    dropped_in(tmp_path, monkeypatch, "toy", TOY_FILE)
+    try:
+        found = [family for family in registry.families() if family not in before]
+        assert [family.__module__ for family in found] == ["vsurge.models.families.toy"]
+        yield found[0]
+    finally:
+        forget("toy")
 
 
-def test_a_new_family_needs_only_its_file_and_a_registry_line(toy_registered, tiny_checkpoints, tmp_path):
+def test_a_model_type_two_families_claim_is_an_error(tmp_path, monkeypatch):
+    """A new file cannot shadow a family: the registry names both claimants instead of picking one."""
+    dropped_in(tmp_path, monkeypatch, "toy_llama", TOY_FILE.replace('("toy",)', '("llama",)'))
+    try:
+        with pytest.raises(TypeError, match=r"'llama' is declared by both .*families\.llama\.Llama and "
+                                            r".*families\.toy_llama\.Toy"):
+            registry.families()
+    finally:
+        forget("toy_llama")
+
+
+def test_a_new_family_is_one_file(toy_registered, tiny_checkpoints, tmp_path):
     llama_dir, _ = tiny_checkpoints["llama"]
     toy_checkpoint(llama_dir, tmp_path / "toy", scale=0.5)
     toy, _ = vsurge.load(tmp_path / "toy", dtype=jnp.float32, progress=False)

@@ -17,6 +17,7 @@ from flax import nnx
 import vsurge
 from vsurge import EngineConfig, SamplingParams, vSurge
 from dense_generator import greedy_generate
+from tiny_models import chosen
 
 PROMPTS = ["The ducks of the river ran past the old mill where the miller counted them every morning",
            "one two three one two three one two", "Hi", "A", "Seven bells rang over the town square at noon"]
@@ -42,6 +43,7 @@ def hybrid(tiny_checkpoints):
 # only in how pages are handed out, so one family runs there
 ENGINE_RUNS = [("qwen3_next", True), ("qwen3_next", False), ("falcon_h1", True), ("lfm2", True),
                ("nemotron_h", True)]
+chosen(*(name for name, _ in ENGINE_RUNS))  # each a registered family's tiny checkpoint
 
 
 @pytest.fixture(scope="module")

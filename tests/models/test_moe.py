@@ -10,8 +10,9 @@ import torch
 
 import vsurge
 from vsurge.ops.moe import experts, route
+from tiny_models import chosen
 
-MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
+MOE = chosen("mixtral", "qwen2_moe", "qwen3_moe", "gpt_oss", "deepseek_v2", "deepseek_v3")
 
 
 def torch_router(torch_model, layer: int):

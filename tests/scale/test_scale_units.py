@@ -8,7 +8,7 @@ import pytest
 from vsurge.config import ModelConfig
 from vsurge.scale.multihost import decode, encode
 from vsurge.engine.metrics import EngineMetrics
-from vsurge.models.fused import fuse_qkv_rows, replicate_kv_groups, split_gate_up, unfuse_qkv
+from vsurge.models.parts.fused import fuse_qkv_rows, replicate_kv_groups, split_gate_up, unfuse_qkv
 from vsurge.server.stats import model_stats
 from vsurge.hardware.sharding import partition_spec, tensor_parallel_config
 

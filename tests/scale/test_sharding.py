@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_models import write_tiny_model
+from tiny_models import chosen, write_tiny_model
 from xla_flags import xla_flags
 
 HERE = Path(__file__).parents[1]  # tests/: the helper scripts
@@ -123,13 +123,13 @@ def test_default_model_dequantized_at_tp3_gives_the_logits_of_one_device(default
 # MLA's single latent KV head (replicated) with query heads split, experts split by units or whole (Llama 4's
 # fed their inputs times their scores, from fused gate-then-up tensors), Gemma 4's KV heads replicated layer by
 # layer (its global layers' one KV head copied to both devices, its sliding layers' two split)
-SHARDED_FAMILIES = ("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4", "qwen3_next", "nemotron_h", "falcon_h1",
-                    "lfm2", "gemma4")
+SHARDED_FAMILIES = chosen("gemma2", "phi3", "deepseek_v3", "qwen3_moe", "gpt_oss", "llama4", "qwen3_next", "nemotron_h", "falcon_h1",
+                           "lfm2", "gemma4")
 # of those, the paged engine at TP 2 where its caches differ: MLA's latent pages, sinks and experts, a Gated
 # DeltaNet's state rows beside the pages (Mamba-2's are replicated the same way), pages of per-layer KV heads and
 # sliding windows (Gemma 4). Each family's engine compile costs ~10 s; the others' sharded weights are the
 # logits check's
-PAGED_SHARDED = ("deepseek_v3", "gpt_oss", "qwen3_next", "gemma4")
+PAGED_SHARDED = chosen("deepseek_v3", "gpt_oss", "qwen3_next", "gemma4")
 
 
 @pytest.fixture(scope="session")

@@ -22,14 +22,15 @@ import pytest
 import torch
 
 from server_process import ENV, free_port
+from tiny_models import chosen
 from xla_flags import xla_flags
 
 HERE = Path(__file__).parents[1]  # tests/: the helper scripts
 # one checkpoint (tests/tiny_models.py) per kind of attention and cache: plain GQA, biases, QK norms,
 # soft caps and windows, local/global rotary bases, fused tensors, no-rope layers, routed experts, sinks,
 # MLA's latent pages, chunked attention, per-layer KV shapes, Gated DeltaNet states beside the pages
-SERVED = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "qwen3_moe", "gpt_oss", "deepseek_v3",
-          "llama4", "gemma4", "qwen3_next")
+SERVED = chosen("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3", "qwen3_moe", "gpt_oss", "deepseek_v3",
+                 "llama4", "gemma4", "qwen3_next")
 PROMPT = ("The river ran past the old mill, where the miller's daughter counted ducks "
           "every morning before the bells of the town began to ring")
 MAX_TOKENS = 6

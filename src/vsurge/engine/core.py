@@ -31,7 +31,7 @@ from ..lora import serving as lora_serving
 from ..hardware.sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
 from . import compile_counts, deferred_programs, encode, programs
-from ..models.vision_lm import accepts_images
+from ..models.parts.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
 from .image_encoder import MediaEncoder, tile_buckets

@@ -1,6 +1,6 @@
 """Meshes and logical axes: where every weight and KV-cache array lives.
 
-Arrays name their axes logically (each family's weight declarations, models/spec.py;
+Arrays name their axes logically (each family's weight declarations, models/parts/spec.py;
 the caches' `K_AXES`/`V_AXES` in kv/); `RULES` maps each name onto a mesh axis, every other
 name is replicated. The same model code then runs on one device, a
 tensor-parallel mesh or a (data, model) mesh: jit receives the shardings of its

@@ -1,6 +1,6 @@
 """Load a GGUF file (llama.cpp's format): our reader (gguf_file.py), the `gguf` package's dequantizers.
 
-Tensors keep their GGUF names; each family's GGUF recipes (models/<family>.py)
+Tensors keep their GGUF names; each family's GGUF recipes (models/families/<family>.py)
 say which of them build which weight, including where llama.cpp's converter
 permuted or offset them. Quantized blocks run along each row (HF's input
 dimension), so any range of rows (one device's shard of the output dimension,
@@ -16,8 +16,8 @@ import gguf
 import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
-from ..models.config_io import GGUFMeta
-from ..models.spec import Range
+from ..models.parts.config_io import GGUFMeta
+from ..models.parts.spec import Range
 from .gguf_file import GGUFFile
 
 # Types this loader promises; others still load if the `gguf` package can dequantize them.

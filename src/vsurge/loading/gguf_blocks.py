@@ -5,7 +5,7 @@ multiplies) or `lookup` (an (N, K) table whose rows are gathered: an embedding, 
 output head), is 2-D, and every stored tensor its recipe reads is in a format the kernel
 multiplies (ops/quant_layout.py). Its rows are then whole stored rows: quantized blocks run
 along each row (the input dimension), so fusing, interleaving, cutting or un-permuting rows
-(models/spec.py's recipes) moves whole rows of bytes.
+(models/parts/spec.py's recipes) moves whole rows of bytes.
 
 Which stored row becomes which row of the weight is found by running the weight's own recipe
 on `_RowIds`, a source whose "values" are row numbers: whatever the recipe does to rows, it

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from ..config import ModelConfig
 from ..errors import ModelLoadError
 from ..models.registry import family_for_hf
-from ..models.spec import Range
+from ..models.parts.spec import Range
 
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import ModelLoadError
-from ..models.mmproj_config import projector_type
+from ..models.parts.mmproj_config import projector_type
 from ..models.registry import family_for_mmproj
 from .gguf import GGUFSource, gguf_meta, open_gguf
 

@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 
 from ..errors import ModelLoadError, UnsupportedModelError
-from ..models.spec import Range
+from ..models.parts.spec import Range
 from ..ops.quant_layout import encode_gguf
 
 METHODS = ("awq", "gptq")

@@ -19,7 +19,7 @@ import jax
 from tqdm.auto import tqdm
 
 from ..config import ModelConfig
-from ..models.spec import TensorSource
+from ..models.parts.spec import TensorSource
 from ..hardware.sharding import named_sharding, replicated
 from .gguf_blocks import keep_blocks
 from .weights import WeightReader

@@ -1,8 +1,8 @@
 """Turn a checkpoint's tensors into the model's weights, by the family's declarations.
 
-Both the safetensors and the GGUF loaders expose a `TensorSource` (models/spec.py):
+Both the safetensors and the GGUF loaders expose a `TensorSource` (models/parts/spec.py):
 stored tensor names in, float numpy arrays out, whole or a range per axis. Each
-model weight declares a recipe per format (models/<family>.py); this module
+model weight declares a recipe per format (models/families/<family>.py); this module
 checks every stored tensor against the recipes, then `WeightReader` builds any
 slice of any weight from just the stored rows that slice needs. The
 single-device path reads whole weights; the sharded path (sharded.py) reads one
@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
-from ..models.spec import FusedQKV, Range, TensorSource
+from ..models.parts.spec import FusedQKV, Range, TensorSource
 from ..ops.quantized import is_quantized
 from .gguf_blocks import keep_blocks
 
@@ -83,7 +83,7 @@ class WeightReader:
     """Builds any slice of any model weight from a checkpoint, reading only the rows it needs.
 
     `checkpoint` is the config the file was written for; `config` the model's, which may have
-    its KV heads replicated for tensor parallelism (models/fused.py)."""
+    its KV heads replicated for tensor parallelism (models/parts/fused.py)."""
 
     def __init__(self, family, checkpoint: ModelConfig, source: TensorSource, dtype, fmt: str,
                  config: ModelConfig | None = None, stack_dtype=None):

@@ -3,7 +3,7 @@
 
 Each adapted projection keeps A (fan_in, r) and B (r, fan_out) float32 in the model's own layout: B's
 rows are those of the projection's rows in a fused checkpoint tensor (Phi-3's qkv_proj), put in the
-rotary order the model computes with where the checkpoint interleaves them (models/spec.py), and the
+rotary order the model computes with where the checkpoint interleaves them (models/parts/spec.py), and the
 adapter's scaling (lora_alpha / r, or / sqrt(r) with rsLoRA) is folded into B.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import UnsupportedModelError
-from ..models.spec import _unpermute
+from ..models.parts.spec import _unpermute
 from .layout import Projection, adapter_holders
 
 # PEFT's names: `<module>.lora_A.weight` of a linear projection, `<module>.lora_embedding_A` of an embedding

@@ -1,7 +1,7 @@
 """Where a model takes LoRA adapters: per layer, its adapter sites (projections that share an input)
 and, for each projection of a site, the checkpoint tensor it adapts (HF and GGUF names, the rows of a
 fused tensor, a rotary row permutation), read from the family's own weight declarations
-(models/spec.py), so a family needs nothing of its own.
+(models/parts/spec.py), so a family needs nothing of its own.
 
     site      weight       projections (ops/lora.py computes them together)
     qkv       wqkv         q, k, v        (input: the normed hidden state)
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..models.spec import FusedQKV, GateUp, Tensor
+from ..models.parts.spec import FusedQKV, GateUp, Tensor
 
 SITES: dict[str, tuple[str, tuple[str, ...]]] = {
     "qkv": ("wqkv", ("q", "k", "v")),

@@ -1,7 +1,8 @@
-"""Model families (flax.nnx), one file each, and the registry of what loads (registry.py)."""
+"""Model families (flax.nnx): one file each in families/, the pieces they share in parts/, and the registry of
+what loads (registry.py)."""
 
-from .base import CausalLM
-from .llama import Llama
+from .families.llama import Llama
+from .parts.base import CausalLM
 from .registry import config_from_hf, family_for_gguf, family_for_hf, supported_architectures
 
 LlamaForCausalLM = Llama  # the name earlier releases exported

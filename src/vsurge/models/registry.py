@@ -1,58 +1,48 @@
-"""Which families vsurge runs: one line per family (its module under models/).
+"""Which families vsurge runs: every family module in models/families/, found there.
 
-Each family class declares the HF `model_type`s and GGUF architectures it runs
-(models/base.py); this module indexes them. Adding a family is its file plus
-its line in FAMILIES.
+Each family class declares the HF `model_type`s and GGUF architectures it runs (models/parts/base.py); a
+class of a module in families/ that declares either is a family, so adding a family is its one file. This
+module indexes them.
 """
 
 from __future__ import annotations
 
+import pkgutil
 from functools import lru_cache
 from importlib import import_module
 
 from ..errors import UnsupportedModelError
+from . import families as family_modules
 
-# module name under vsurge.models -> the family class it defines
-FAMILIES = {
-    "llama": "Llama",
-    "mistral": "Mistral",
-    "qwen2": "Qwen2",
-    "qwen3": "Qwen3",
-    "gemma2": "Gemma2",
-    "gemma3": "Gemma3",
-    "gemma4": "Gemma4",
-    "phi3": "Phi3",
-    "olmo2": "Olmo2",
-    "granite": "Granite",
-    "smollm3": "SmolLM3",
-    "mixtral": "Mixtral",
-    "qwen2_moe": "Qwen2Moe",
-    "qwen3_moe": "Qwen3Moe",
-    "gpt_oss": "GptOss",
-    "deepseek": "DeepSeek",
-    "glm4": "Glm4",
-    "cohere2": "Cohere2",
-    "ministral3": "Ministral3",
-    "qwen3_next": "Qwen3Next",
-    "granitemoehybrid": "GraniteMoeHybrid",
-    "lfm2": "Lfm2",
-    "nemotron_h": "NemotronH",
-    "falcon_h1": "FalconH1",
-    "llama4": "Llama4",
-    "idefics3": "Idefics3",
-    "gemma3_vl": "Gemma3VL",
-    "qwen2_vl": "Qwen2VL",
-    "qwen2_5_vl": "Qwen25VL",
-    "qwen3_vl": "Qwen3VL",
-    "qwen3_vl_moe": "Qwen3VLMoe",
-    "qwen3_5_vl": "Qwen35VL",
-    "mistral3": "Mistral3",
-}
+
+def _declares_a_family(obj, module) -> bool:
+    """A class the module defines (not one it imports) that runs some HF model type or GGUF architecture."""
+    return (isinstance(obj, type) and obj.__module__ == module.__name__
+            and bool(getattr(obj, "hf_model_types", ()) or getattr(obj, "gguf_architectures", ())))
+
+
+def _claimed_once(found: list[type]) -> None:
+    """An HF model type or architecture names one family (a GGUF architecture may be shared: Llama and Mixtral
+    both read `llama` files and tell them apart with accepts_gguf)."""
+    for attribute in ("hf_model_types", "hf_architectures"):
+        owner: dict[str, type] = {}
+        for family in found:
+            for name in getattr(family, attribute):
+                if name in owner:
+                    raise TypeError(f"{attribute} {name!r} is declared by both {owner[name].__module__}."
+                                    f"{owner[name].__name__} and {family.__module__}.{family.__name__}")
+                owner[name] = family
 
 
 @lru_cache(maxsize=None)
 def families() -> tuple:
-    return tuple(getattr(import_module(f"{__package__}.{module}"), cls) for module, cls in FAMILIES.items())
+    """Every family class, by module name (then by definition order in its module)."""
+    found = []
+    for info in sorted(pkgutil.iter_modules(family_modules.__path__), key=lambda info: info.name):
+        module = import_module(f"{family_modules.__name__}.{info.name}")
+        found += [obj for obj in vars(module).values() if _declares_a_family(obj, module)]
+    _claimed_once(found)
+    return tuple(found)
 
 
 def hf_model_types() -> dict[str, type]:

@@ -1,5 +1,5 @@
 """Gated MLPs: activation(gate) * up, then down. Gate and up come interleaved in one matrix
-(models/fused.py), so any column shard holds matching pairs."""
+(models/parts/fused.py), so any column shard holds matching pairs."""
 
 from __future__ import annotations
 

@@ -99,7 +99,7 @@ def experts(x, ids, weights, w_gate_up, w_down, b_gate_up=None, b_down=None, *, 
     """Routed experts of N tokens. x (N, D); ids, weights (N, k); w_gate_up (E, D, 2F) gate/up
     interleaved; w_down (E, F, D); optional biases (E, 2F), (E, D). Returns (N, D) in x.dtype:
     sum_k weight_k * expert_k(x), or with `scale_inputs` sum_k expert_k(weight_k * x) (Llama 4).
-    Expert stacks may come as the raw uint16 bits of `weight_dtype` (models/spec.py `indexed`):
+    Expert stacks may come as the raw uint16 bits of `weight_dtype` (models/parts/spec.py `indexed`):
     each expert's slice is bit-cast back after it is taken."""
     auto, impl = impl is None, impl or ("ragged" if jax.default_backend() == "tpu" else "loop")
     bits = partial(_from_bits, dtype=weight_dtype)

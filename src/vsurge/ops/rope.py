@@ -4,7 +4,7 @@ A layer's `Rope` (config.py) gives its inverse frequencies and the factor its
 cos/sin are scaled by (yarn, longrope); partial rotary rotates only the first
 `rope.dim` dims of each head. Checkpoints whose rows are in another rotary
 layout (llama.cpp's interleaved pairs, DeepSeek's interleaved rope dims) are
-permuted at load time (models/spec.py), so one rotation serves every source.
+permuted at load time (models/parts/spec.py), so one rotation serves every source.
 """
 
 from __future__ import annotations
