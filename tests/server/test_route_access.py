@@ -159,3 +159,45 @@ def test_lora_dir_keeps_adapters_inside_it(tmp_path):
     for path in ("inner", str(root / "inner"), "inner/../inner"):  # inside: on to the model (which has no slots)
         r = client.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": path})
         assert r.status_code == 400 and "serves no LoRA adapters" in r.text, (path, r.text)
+
+
+TOY_ADAPTER = '''
+"""POST /v1/echo: a toy wire format, its route declared here and nowhere else."""
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from vsurge.server.routes import GUARDED, Route
+
+
+class EchoRequest(BaseModel):
+    text: str
+    times: int = 1
+
+
+async def respond(server, body: EchoRequest):
+    """Echo the text."""
+    return {"echo": body.text * body.times, "models": sorted(server.surges)}
+
+
+ROUTES = (Route("POST", "/v1/echo", GUARDED, respond, "echo"),)
+'''
+
+
+def test_a_new_endpoint_is_its_adapter_module(tmp_path, monkeypatch):
+    """An adapter module that declares ROUTES is served with nothing else edited: its access level guards it,
+    its body model validates (the API's 400 JSON), and its answer gets the server."""
+    from vsurge.server import adapters
+
+    (tmp_path / "toy_echo.py").write_text(TOY_ADAPTER)
+    monkeypatch.setattr(adapters, "__path__", [*adapters.__path__, str(tmp_path)])
+    client = client_of(api_key=KEY)
+    assert refused(client.post("/v1/echo", json={"text": "a"}), "/v1/echo")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    ok = client.post("/v1/echo", json={"text": "ab", "times": 2}, headers=auth)
+    assert ok.status_code == 200 and ok.json() == {"echo": "abab", "models": ["m"]}
+    bad = client.post("/v1/echo", json={"times": 2}, headers=auth)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "text"
+    assert "echo" in {r.name for r in client.app.routes}  # its OpenAPI operation's name
+    assert {r.path for r in client.app.routes} >= {"/v1/chat/completions", "/v1/responses/{response_id}",
+                                                    "/v1/messages/count_tokens", "/v1/embeddings"}

@@ -1,9 +1,10 @@
 """The FastAPI application: middleware (body size, API keys), error JSON (OpenAI's, Anthropic's on
 /v1/messages), and routes.
 
-Each route is declared once, in ROUTES, with who may call it (routes.py: PUBLIC, GUARDED, ADMIN, METRICS; the
-guard checks keys by it) and the server's method that answers it (handlers.py, as in the seed's
-vSurgeApiServer); the other files' routes are declared by their install_* functions on the same table.
+Each route is declared once, with who may call it (routes.py: PUBLIC, GUARDED, ADMIN, METRICS; the guard
+checks keys by it) and what answers it: the wire formats' in their adapter modules (adapters/*.py: ROUTES), the
+server's own in ROUTES below (its methods, handlers.py, as in the seed's vSurgeApiServer), the other files' by
+their install_* functions on the same table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .errors import APIError, error_response, validation_error
 from .guard import Guard
+from .adapters import adapter_routes
 from .routes import GUARDED, METRICS, PUBLIC, RouteTable
 from .cache_slots import install_cache_routes
 from .lora_routes import install_lora_routes
@@ -21,17 +23,10 @@ from .router import install_model_routes
 from .web import install_web_routes
 
 
-# The server's own routes: (method, path, who may call it, the server's handler method: handlers.py). The other
-# files' routes are declared by their install_* functions on the same table.
+# The server's own routes: (method, path, who may call it, the server's handler method: handlers.py). The wire
+# formats' routes are declared by their adapter modules (adapters/: ROUTES), the other files' by their install_*
+# functions on the same table.
 ROUTES = [
-    ("POST", "/v1/chat/completions", GUARDED, "chat_completions"),
-    ("POST", "/v1/completions", GUARDED, "completions"),
-    ("POST", "/v1/responses", GUARDED, "responses"),
-    ("GET", "/v1/responses/{response_id}", GUARDED, "get_response"),
-    ("DELETE", "/v1/responses/{response_id}", GUARDED, "delete_response"),
-    ("POST", "/v1/messages", GUARDED, "messages"),
-    ("POST", "/v1/messages/count_tokens", GUARDED, "messages_count_tokens"),
-    ("POST", "/v1/embeddings", GUARDED, "embeddings"),
     ("GET", "/v1/models", GUARDED, "available_inference"),
     ("GET", "/v1/models/{model:path}", GUARDED, "model_info"),
     ("POST", "/v1/count_tokens", GUARDED, "count_tokens"),
@@ -66,6 +61,8 @@ def build_app(server) -> FastAPI:
         return error_response(exc.status, exc.message, exc.param, exc.headers, path=request.url.path,
                               code=exc.code)
 
+    for route in adapter_routes():  # the wire formats' routes, each declared by its adapter module
+        table.route(route.method, route.path, route.access)(route.endpoint(server))
     for method, path, access, handler in ROUTES:  # FastAPI reads each handler's signature: body model, path params
         table.route(method, path, access)(getattr(server, handler))
     install_cache_routes(table, server)  # named prompt caches over the disk tier (cache_slots.py)

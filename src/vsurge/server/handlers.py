@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..tokenizer.chat_template import ChatTemplateError
 from ..tokenizer.compat import chat_prompt_ids
-from .adapters import chat, completions, embeddings, messages, responses
+from .adapters import chat, completions
 from .adapters.common import generation_failed
 from .errors import APIError, error_response
 from .formatting import Formatter
@@ -83,31 +83,6 @@ class OpenAIHandlers:
     async def completions(self, request: "completions.CompletionRequest"):
         """POST /v1/completions."""
         return await completions.respond(self, request)
-
-    # ------------------------------------------------------------ the other wire formats
-    async def responses(self, request: "responses.ResponsesRequest"):
-        """POST /v1/responses (OpenAI Responses)."""
-        return await responses.respond(self, request)
-
-    async def get_response(self, response_id: str):
-        """GET /v1/responses/{id}: a stored response."""
-        return await responses.retrieve(self, response_id)
-
-    async def delete_response(self, response_id: str):
-        """DELETE /v1/responses/{id}."""
-        return await responses.delete(self, response_id)
-
-    async def messages(self, request: "messages.MessagesRequest"):
-        """POST /v1/messages (Anthropic Messages)."""
-        return await messages.respond(self, request)
-
-    async def messages_count_tokens(self, request: "messages.MessagesCountTokensRequest"):
-        """POST /v1/messages/count_tokens."""
-        return await messages.count_tokens(self, request)
-
-    async def embeddings(self, request: "embeddings.EmbeddingRequest"):
-        """POST /v1/embeddings."""
-        return await embeddings.respond(self, request)
 
     async def available_inference(self):
         """GET /v1/models."""

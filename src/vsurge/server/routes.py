@@ -13,6 +13,11 @@ without this table (FastAPI's own /openapi.json and /docs) has no level and coun
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import typing
+from typing import Callable
+
 from starlette.routing import Match
 
 PUBLIC, GUARDED, ADMIN, METRICS = "public", "guarded", "admin", "metrics"
@@ -48,6 +53,33 @@ class RouteTable:
     def mount(self, path: str, asgi_app, access: str, name: str) -> None:
         self.app.mount(path, asgi_app, name=name)
         self.app.router.routes[-1].access = access
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """One route an adapter module declares in its ROUTES (server/adapters/): `answer(server, ...)` answers it;
+    `name` names its operation in the OpenAPI document."""
+
+    method: str
+    path: str
+    access: str
+    answer: Callable
+    name: str
+
+    def endpoint(self, server):
+        """`answer` with `server` bound, as FastAPI reads an endpoint: the other parameters' signature, with their
+        annotations resolved in the adapter's module (its body models)."""
+        hints = typing.get_type_hints(self.answer)
+        params = [p.replace(annotation=hints.get(p.name, p.annotation))
+                  for p in list(inspect.signature(self.answer).parameters.values())[1:]]
+        answer = self.answer
+
+        async def endpoint(**kwargs):
+            return await answer(server, **kwargs)
+
+        endpoint.__signature__ = inspect.Signature(params)
+        endpoint.__name__, endpoint.__doc__ = self.name, answer.__doc__
+        return endpoint
 
 
 def access_of(routes, scope) -> str:

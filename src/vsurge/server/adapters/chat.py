@@ -12,6 +12,7 @@ from ..errors import APIError
 from ..formatting import Formatter
 from ..generation import ChoiceStreams
 from ..protocol import ChatMessage, StreamOptions, WholeInt, messages_as_dicts
+from ..routes import GUARDED, Route
 from .common import (GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
@@ -87,3 +88,7 @@ async def respond(server, body: ChatCompletionRequest):
     streams = ChoiceStreams(surge, request.prompts, request.params, new_parser=new_parser)
     fmt = Formatter("chat", server.name_of(surge), surge.processor)
     return await server.respond(streams, fmt, body)
+
+
+# the routes this adapter answers (app.py installs every adapter module's ROUTES)
+ROUTES = (Route("POST", "/v1/chat/completions", GUARDED, respond, "chat_completions"),)

@@ -21,6 +21,7 @@ from ..errors import APIError
 from ..formatting import Formatter
 from ..generation import ChoiceStreams
 from ..protocol import StreamOptions, WholeInt
+from ..routes import GUARDED, Route
 from .chat import UNSUPPORTED_FIELDS as CHAT_UNSUPPORTED
 from .chat import StructuredFields, check_stream_options
 from .common import (LARGE_INPUT_CHARS, GenerationRequest, as_api_error, compile_constraint, first_set,
@@ -180,3 +181,7 @@ async def respond(server, body: CompletionRequest):
     streams = (PromptOnlyStreams if prompt_only else ChoiceStreams)(
         surge, request.prompts, params, echo, echo_logprobs=echo_logprobs, prompt_logprobs=prompt_logprobs)
     return await server.respond(streams, fmt, body)
+
+
+# the routes this adapter answers (app.py installs every adapter module's ROUTES)
+ROUTES = (Route("POST", "/v1/completions", GUARDED, respond, "completions"),)

@@ -24,6 +24,7 @@ from pydantic import StrictBool, StrictStr
 from ...structured.errors import ParamError
 from ..errors import APIError
 from ..protocol import WholeInt
+from ..routes import GUARDED, Route
 from .common import LARGE_INPUT_CHARS, WireModel, as_api_error, prompt_items
 
 MAX_INPUTS = 2048  # OpenAI's limit per request
@@ -114,3 +115,7 @@ async def respond(server, body: EmbeddingRequest):
     tokens = sum(len(p) for p in prompts)
     return JSONResponse({"object": "list", "data": data, "model": server.name_of(surge),
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+# the routes this adapter answers (app.py installs every adapter module's ROUTES)
+ROUTES = (Route("POST", "/v1/embeddings", GUARDED, respond, "embeddings"),)

@@ -34,6 +34,7 @@ from ..errors import APIError, anthropic_error_body
 from ..generation import ChoiceStreams
 from ..chat_images import anthropic_image_block, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
+from ..routes import GUARDED, Route
 from .common import (generation_failed, GenerationRequest, SamplingFields, WireModel, as_api_error, compile_constraint, output_parsers,
                      render_chat, sampling_params, template_variables)
 
@@ -393,3 +394,8 @@ async def count_tokens(server, body: MessagesCountTokensRequest):
     surge = await server.surge_for(body.model)
     _, ids, _ = await prompt(server, body, surge)
     return {"input_tokens": len(ids)}
+
+
+# the routes this adapter answers (app.py installs every adapter module's ROUTES)
+ROUTES = (Route("POST", "/v1/messages", GUARDED, respond, "messages"),
+          Route("POST", "/v1/messages/count_tokens", GUARDED, count_tokens, "messages_count_tokens"))

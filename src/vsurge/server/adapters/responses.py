@@ -32,6 +32,7 @@ from ..errors import APIError
 from ..generation import ChoiceStreams
 from ..chat_images import responses_image_part, text_or_parts
 from ..protocol import CONTENT_KINDS, WholeInt
+from ..routes import GUARDED, Route
 from .common import (generation_failed, GenerationRequest, SamplingFields, as_api_error, compile_constraint, first_set,
                      output_parsers, render_chat, sampling_params, template_variables, unsupported)
 
@@ -474,3 +475,9 @@ async def delete(server, response_id: str):
     if not server.response_store.delete(response_id):
         raise APIError(404, f"Response with id '{response_id}' not found.", "response_id")
     return {"id": response_id, "object": "response", "deleted": True}
+
+
+# the routes this adapter answers (app.py installs every adapter module's ROUTES)
+ROUTES = (Route("POST", "/v1/responses", GUARDED, respond, "responses"),
+          Route("GET", "/v1/responses/{response_id}", GUARDED, retrieve, "get_response"),
+          Route("DELETE", "/v1/responses/{response_id}", GUARDED, delete, "delete_response"))
