@@ -20,9 +20,12 @@ def is_event_stream(head: dict) -> bool:
     return any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in head["headers"])
 
 
+_NOTHING = object()
+
+
 async def call_app(app, request: dict) -> AsyncIterator[dict | bytes]:
     """Runs `request` (request_record) through `app`; yields the head {"status", "headers"}, then the
-    body's chunks as the app sends them. Closing the iterator early is a client disconnect: the app's
+    body's chunks as the app sends them (those sent while the last was being passed on, joined). Closing the iterator early is a client disconnect: the app's
     receive() reports it, so a stream stops generating."""
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": request["method"], "scheme": "http", "path": request["path"],
@@ -49,15 +52,26 @@ async def call_app(app, request: dict) -> AsyncIterator[dict | bytes]:
 
     task = asyncio.create_task(run())
     started = complete = False
+    held = _NOTHING  # a message taken from the queue while joining chunks, not yet handled
     try:
-        while (message := await messages.get()) is not None:
+        while (message := await messages.get() if held is _NOTHING else held) is not None:
+            held = _NOTHING
             if message["type"] == "http.response.start":
                 started = True
                 yield {"status": message["status"], "headers": list(message.get("headers", []))}
             elif message["type"] == "http.response.body":
-                if message.get("body"):
-                    yield message["body"]
-                if not message.get("more_body", False):
+                body, more = message.get("body", b""), message.get("more_body", False)
+                # the chunks the app sent meanwhile go as one piece: each piece is a Ray streaming item, whose
+                # round trip through the ingress cost more than the engine's step at 8 streams on 2 cores
+                while more and not messages.empty():
+                    following = messages.get_nowait()
+                    if following is None or following["type"] != "http.response.body":
+                        held = following
+                        break
+                    body, more = body + following.get("body", b""), following.get("more_body", False)
+                if body:
+                    yield body
+                if not more:
                     complete = True
                     break
         if not started:  # the app ended without answering
