@@ -9,8 +9,8 @@
 one: `vsurge serve` in a process of its own, then the Ray application with one replica, each loaded with
 `vsurge bench serve`'s random prompts (--concurrency at once, --num-prompts in all); output tok/s and the ratio.
 routing: two replicas; --groups conversations, each a ~300-token preamble of its own asked --group-size times:
-first every group's opening request at once, then every follow-up at once (a chat's next turns). The replicas'
-engines count the prompt tokens they were given and, of them, found in their prefix caches: prefilled =
+first every group's opening request at once, then every follow-up at once, shuffled (a chat's next turns). The
+replicas' engines count the prompt tokens they were given and, of them, found in their prefix caches: prefilled =
 given - found. The same load runs under the prefix-aware router and under Serve's default (power of two
 choices by queue length), each on freshly started replicas; TTFT is measured on the follow-ups (streamed).
 kill: --kill-requests non-streamed requests (--kill-in-flight at once) and --kill-streams streams on two replicas;
@@ -137,6 +137,9 @@ def conversations(args) -> tuple[list[str], list[str]]:
     openings = [p + f" Question 0 of group {g}?" for g, p in enumerate(preambles)]
     follow = [p + f" Question {i} of group {g}: {bench_serve.random_prompt(rng, 12)}?"
               for i in range(1, args.group_size) for g, p in enumerate(preambles)]
+    # the next turns come in no particular order: in the openings' order, a router that alternates between two
+    # replicas sends each follow-up where its opening went, by construction rather than by its prefix
+    rng.shuffle(follow)
     return openings, follow
 
 

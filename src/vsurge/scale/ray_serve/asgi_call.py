@@ -60,7 +60,7 @@ async def call_app(app, request: dict) -> AsyncIterator[dict | bytes]:
                 started = True
                 yield {"status": message["status"], "headers": list(message.get("headers", []))}
             elif message["type"] == "http.response.body":
-                body, more = message.get("body", b""), message.get("more_body", False)
+                pieces, more = [message.get("body", b"")], message.get("more_body", False)
                 # the chunks the app sent meanwhile go as one piece: each piece is a Ray streaming item, whose
                 # round trip through the ingress cost more than the engine's step at 8 streams on 2 cores
                 while more and not messages.empty():
@@ -68,7 +68,9 @@ async def call_app(app, request: dict) -> AsyncIterator[dict | bytes]:
                     if following is None or following["type"] != "http.response.body":
                         held = following
                         break
-                    body, more = body + following.get("body", b""), following.get("more_body", False)
+                    pieces.append(following.get("body", b""))
+                    more = following.get("more_body", False)
+                body = b"".join(pieces)
                 if body:
                     yield body
                 if not more:

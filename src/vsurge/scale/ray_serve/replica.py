@@ -157,16 +157,17 @@ class VsurgeReplica:
             if named is not None and self.adapters.recorded(named[0]):
                 await self.adapters.ensure(named[0])
         elif request["method"] == "GET" and request["path"].startswith("/v1/models/"):  # one model's card
-            if self.adapters.recorded(request["path"].removeprefix("/v1/models/")):
-                await self.adapters.ensure(request["path"].removeprefix("/v1/models/"))
+            card = request["path"].removeprefix("/v1/models/")
+            if self.adapters.recorded(card):
+                await self.adapters.ensure(card)
 
     def record_routing_stats(self) -> dict:
         """What the router sees of this replica (Ray Serve polls it: request_routing_stats_period_s)."""
         router = getattr(self.server, "router", None)
         loaded = sorted(name for name, e in router.entries.items() if e.state == "loaded") if router else []
-        return {"queue_len": self.in_flight, "streaming": self.streaming, "requests": self.requests,
-                "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(), "models": loaded,
-                "adapters": sorted(self.adapters.loaded), "processes": _process_count(),
+        return {"queue_len": self.in_flight, "slots": self._slots(), "streaming": self.streaming,
+                "requests": self.requests, "prefix_hits": self.prefix_hits, "prefix_blocks": self.recent.hashes(),
+                "models": loaded, "adapters": sorted(self.adapters.loaded), "processes": _process_count(),
                 **self.token_counts()}
 
     def record_autoscaling_stats(self) -> dict[str, float]:
@@ -175,8 +176,12 @@ class VsurgeReplica:
         surges = list(self.server.surges.values())
         return {"held": float(self.in_flight),
                 "waiting": float(sum(s.metrics.value("vsurge:num_requests_waiting") for s in surges)),
-                "slots": float(sum(e.max_concurrent_decodes for s in surges for e in s.driver.decode_engines)),
+                "slots": float(self._slots()),
                 "kv_usage": float(max((s.metrics.value("vsurge:kv_cache_usage_perc") for s in surges), default=0.0))}
+
+    def _slots(self) -> int:
+        """Decode slots over this replica's models: how many requests it runs at once."""
+        return sum(e.max_concurrent_decodes for s in self.server.surges.values() for e in s.driver.decode_engines)
 
     def token_counts(self) -> dict:
         """Prompt tokens this replica's engines were given and, of them, found in their prefix caches (summed

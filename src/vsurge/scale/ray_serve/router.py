@@ -1,8 +1,9 @@
 """Prefix-aware routing through Ray Serve's request-router API (`ray.serve.request_router.RequestRouter`).
 
 A request whose prompt shares at least `min_shared_blocks` leading blocks (prefixes.py) with prompts a
-replica served recently goes to the replica sharing the most, unless that replica is overloaded: its queue
-`imbalance` requests longer than the shortest one, or full (max_ongoing_requests). Otherwise every
+replica served recently goes to the replica sharing the most, unless that replica is overloaded (`overloaded`:
+every decode slot taken and its queue `imbalance` requests longer than the shortest one, or full:
+max_ongoing_requests). Otherwise every
 candidate is offered in one rank, and Ray Serve takes the one with the shortest queue (it probes them).
 A request for one of several models (Serve's multiplexed model id, set by the ingress) is first narrowed to
 the replicas that hold that model (MultiplexMixin).
@@ -90,9 +91,20 @@ class PrefixAwareRouter(MultiplexMixin, RequestRouter):
         return int((replica.routing_stats or {}).get("queue_len", 0))
 
     def _overloaded(self, replica: RunningReplica, candidates: List[RunningReplica]) -> bool:
-        queue = self._queue_len(replica)
-        shortest = min(self._queue_len(r) for r in candidates)
-        return queue >= replica.max_ongoing_requests or queue - shortest >= self.imbalance
+        slots = int((replica.routing_stats or {}).get("slots", 0))
+        return overloaded(self._queue_len(replica), min(self._queue_len(r) for r in candidates), slots,
+                          replica.max_ongoing_requests, self.imbalance)
+
+
+def overloaded(queue: int, shortest: int, slots: int, max_ongoing: int, imbalance: int) -> bool:
+    """Whether a replica holding `queue` requests should not take one more that shares its prefix. While it has a
+    free decode slot the request starts at once there, its prefix found: a gap to the shortest queue does not
+    count (a burst of one conversation's turns would otherwise spill its later turns onto a replica that
+    prefills them whole). With every slot taken it waits, so it goes elsewhere once the gap reaches
+    `imbalance`. `slots` 0: not reported yet, only the gap counts."""
+    if queue >= max_ongoing:
+        return True
+    return queue >= slots and queue - shortest >= imbalance
 
 
 def _prefix_text(pending_request: Optional[PendingRequest]) -> str:
