@@ -41,12 +41,14 @@ SHAPE = dict(vocab_size=32000, hidden_size=1024, num_layers=LAYERS, num_heads=8,
              qk_norm=True, max_position_embeddings=4096, eos_token_ids=(0,))
 
 
-def models():
+def models(dtype=jnp.float32):
+    """{name: model}: the hybrid and the dense model of its parameter count, bfloat16 weights computing in
+    `dtype` (float32 here, as the CPU serves; benchmarks/roofline.py --models hybrid runs them in bfloat16)."""
     hybrid_config = Qwen3NextConfig(
         architecture="qwen3_5_text", intermediate_size=3584, rope=Rope(theta=1e7, dim=64),
         linear_layers=tuple((i + 1) % 4 != 0 for i in range(LAYERS)), linear_key_heads=16, linear_value_heads=16,
         linear_key_dim=128, linear_value_dim=128, grouped_projections=False, **SHAPE)
-    make = lambda family, config: family(config, dtype=jnp.float32, param_dtype=jnp.bfloat16,  # noqa: E731
+    make = lambda family, config: family(config, dtype=dtype, param_dtype=jnp.bfloat16,  # noqa: E731
                                          rngs=nnx.Rngs(0)).prepare_mixed_dtypes()
     hybrid = make(Qwen3Next, hybrid_config)
     dense_config = ModelConfig(architecture="qwen3", intermediate_size=3584, rope=Rope(theta=1e7), **SHAPE)

@@ -117,9 +117,9 @@ async def chat(client: httpx.AsyncClient, messages: list, max_tokens: int) -> di
             "prompt_tokens": usage.get("prompt_tokens", 0), "text": "".join(text)}
 
 
-def client_for(base: str) -> httpx.AsyncClient:
+def client_for(server: Server) -> httpx.AsyncClient:
     """A connection per request: llama-server drops a kept-alive connection after a streamed answer."""
-    return httpx.AsyncClient(base_url=base, timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
+    return server.async_client(timeout=600, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 def user(url: str | None, question: str) -> dict:
@@ -127,8 +127,8 @@ def user(url: str | None, question: str) -> dict:
     return {"role": "user", "content": parts + [{"type": "text", "text": question}]}
 
 
-async def turns(base: str, images: int) -> dict:
-    async with client_for(base) as client:
+async def turns(server: Server, images: int) -> dict:
+    async with client_for(server) as client:
         first, second, again = [], [], []
         for k in range(images):
             url = image(2048, seed=k)
@@ -147,9 +147,9 @@ async def turns(base: str, images: int) -> dict:
     return {"first": first, "second": second, "again": again}
 
 
-async def concurrent(base: str, n: int, with_images: bool, words: int, output: int, seed: int) -> dict:
+async def concurrent(server: Server, n: int, with_images: bool, words: int, output: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    async with client_for(base) as client:
+    async with client_for(server) as client:
         jobs = []
         for k in range(n):
             text = " ".join(rng.choice(WORDS, words)) + " Describe it."
@@ -178,10 +178,10 @@ def convert_for_llamacpp(folder: Path) -> tuple[Path, Path]:
 
 
 def measure(server: Server, args) -> dict:
-    t = asyncio.run(turns(server.base, args.images))
-    with_images = asyncio.run(concurrent(server.base, args.concurrency, True, 8, args.output_len, 0))
+    t = asyncio.run(turns(server, args.images))
+    with_images = asyncio.run(concurrent(server, args.concurrency, True, 8, args.output_len, 0))
     words = 8 + int(with_images["prompt_tokens"]) - 80  # the image's tokens as words (~1 token each)
-    text_only = asyncio.run(concurrent(server.base, args.concurrency, False, words, args.output_len, 1))
+    text_only = asyncio.run(concurrent(server, args.concurrency, False, words, args.output_len, 1))
     return {"turns": t, "images": with_images, "text": text_only}
 
 
@@ -228,15 +228,21 @@ def main() -> int:
     p.add_argument("--llama", action="store_true", help="llama-server --mmproj on the same checkpoint, same loads")
     p.add_argument("--write-readme", action="store_true")
     p.add_argument("--tower", action="store_true", help="the tower's arithmetic and rate (what bounds the ratio)")
+    p.add_argument("--model", default=str(CACHE), help="the checkpoint (written here first when it is the cache's; "
+                                                       "benchmarks/model_skeleton.py carries it to another machine)")
+    p.add_argument("--uds", action="store_true", help="vsurge serve on a unix socket (a machine with no TCP)")
     args = p.parse_args()
     print(isa_line(), flush=True)
-    if not (CACHE / "model.safetensors").exists():
+    model = Path(args.model)
+    if model == CACHE and not (CACHE / "model.safetensors").exists():
         print(f"writing the random checkpoint to {CACHE} ...", flush=True)
         write_checkpoint(CACHE)
     if args.tower:
         tower_bound(args.concurrency)
         return 0
-    servers = [("vsurge", vsurge_cmd(f"--model {CACHE}"), "/readiness")]
+    servers = [("vsurge", vsurge_cmd(f"--model {model}", uds=args.uds), "/readiness")]
+    if args.llama and args.uds:
+        raise SystemExit("--llama: llama-server listens on TCP only; leave out --uds")
     if args.llama:
         from serve import llama_server_binary
 
@@ -246,7 +252,7 @@ def main() -> int:
                                          "-t", str(os.cpu_count()), "--no-webui"], "/health"))
     results = {}
     for name, cmd, ready_path in servers:
-        server = Server(name, cmd, ready_path)
+        server = Server(name, cmd, ready_path, uds=args.uds and name == "vsurge")
         try:
             print(f"{name} ready in {server.wait_ready():.1f} s", flush=True)
             results[name] = measure(server, args)
@@ -280,7 +286,8 @@ def table(results: dict, args) -> str:
     v = results["vsurge"]
     own = {"turn 2 / turn 1": med(v["turns"]["second"], "ttft") / med(v["turns"]["first"], "ttft"),
            "images / text tok/s": v["images"]["tok_s"] / v["text"]["tok_s"]}
-    lines = [f"`python benchmarks/images.py{' --llama' if args.llama else ''}`, a random-weight SmolVLM-256M-shaped "
+    command = "python benchmarks/images.py " + " ".join(sys.argv[1:])
+    lines = [f"`{command.strip()}`, a random-weight SmolVLM-256M-shaped "
              f"checkpoint (bfloat16; llama-server: the same converted by llama.cpp's converter), default flags; "
              f"{time.strftime('%Y-%m-%d')}, this {os.cpu_count()}-core machine ({isa_line()}), one run, medians of "
              f"{args.images} images.", "",

@@ -1,14 +1,17 @@
 """Decode step time against the memory roofline, and prefill MFU, on whatever device JAX has.
 
 Models: random bfloat16 weights at Llama-3.1-8B's shape (16 GB: 32 layers, 4096 wide, 32 query
-and 8 KV heads, 128k vocabulary) and the default model (SmolLM2-135M, bfloat16). For each
+and 8 KV heads, 128k vocabulary), the 3B and 1B shapes, the default model (SmolLM2-135M, bfloat16), and
+`hybrid`: benchmarks/hybrid_decode.py's ~0.5B Qwen3.5 shape (three Gated DeltaNet layers to one attention
+layer) beside the dense model of its parameter count, both computing in bfloat16. For each
 stream count (1/16/64/256), that many `--prompt-len`-token prompts are prefilled into the paged
 engine (one decode step per call), then the same decode step runs `--reps` times:
 
     step ms       median device time of one decode step (block_until_ready)
     roofline ms   bytes the step must read / the device's memory bandwidth: every weight once
                   (the output head included, the input embedding table not: rows are gathered)
-                  plus each row's K/V pages up to its position
+                  plus each row's K/V pages up to its position, plus each row's recurrent states read
+                  and written once (hybrids)
     % roofline    roofline / step
 
 and one prompt step of `--prefill-tokens` tokens gives prefill TFLOP/s (2 x weights x tokens +
@@ -41,6 +44,7 @@ from vsurge.engine.engine_config import EngineConfig  # noqa: E402
 from vsurge.engine.request import ActiveRequest, ReturnChannel  # noqa: E402
 from vsurge.engine.sequence import Sequence  # noqa: E402
 from vsurge.kernels import cpu_isa  # noqa: E402
+from vsurge.kv.recurrent import stored_row_bytes  # noqa: E402
 from vsurge.models.families.llama import Llama  # noqa: E402
 from vsurge.ops.linear import quantize_int8  # noqa: E402
 from vsurge.sampling.params import SamplingParams  # noqa: E402
@@ -188,8 +192,9 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
           flush=True)
     read, matmul_params = weight_bytes(engine.model)
     per_token = kv_bytes_per_token(engine.model)
+    state_row = stored_row_bytes(engine.model, config.state_dtype)  # read and written once a step (hybrids)
     rows, rng = [], np.random.default_rng(0)
-    layers, heads, hd = model.config.num_layers, model.config.num_heads, model.config.head_dim
+    layers, heads, hd = len(model.config.kv_layout), model.config.num_heads, model.config.head_dim
     for n in streams:
         scheduler, holder = engine.new_scheduler(), {"state": engine.init_state()}
         for _ in range(n):
@@ -218,7 +223,7 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
         if getattr(args, "trace", None) and n in (streams[0], streams[-1]):
             trace(f"{args.trace}/{name.split()[1 if name.startswith('random') else 0]}-{n}", lambda: run(plan))
         context = args.prompt_len + 1
-        kv_read = n * -(-context // page) * page * per_token
+        kv_read = n * -(-context // page) * page * per_token + 2 * n * state_row
         roofline = (read + kv_read) / bandwidth
         cells = [f"{name}", f"decode, {n} streams", f"{step * 1e3:.2f}", f"{roofline * 1e3:.3f}",
                  f"{100 * roofline / step:.0f}%", f"{n / step:.0f}"]
@@ -237,7 +242,8 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="8b,default", help="any of 8b, 3b, 1b (random Llama shapes) and default")
+    p.add_argument("--models", default="8b,default", help="any of 8b, 3b, 1b (random Llama shapes), default and "
+                                                  "hybrid (a ~0.5B Qwen3.5 shape and the dense model of its size)")
     p.add_argument("--quantization", default=None, help="int8: the random shapes' matrices and head as int8 with "
                                                        "per-channel scales (the 8B shape then fits a 16 GB chip)")
     p.add_argument("--attention-backend", default="auto", help="EngineConfig.attention_backend (kv/backends)")
@@ -247,6 +253,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--decode-steps", type=int, default=1,
                    help="decode steps per device call (the engine's multi-step decode; step ms = call / steps)")
+    p.add_argument("--decode-queries", type=int, default=None,
+                   help="the tpu backend's queries a kernel block on decode steps (kv/backends/tpu.DECODE_QUERIES)")
     p.add_argument("--trace", default=None, help="a folder: perfetto traces of the decode calls at the first "
                                                  "and last stream counts")
     p.add_argument("--bandwidth-gbs", type=float, default=None)
@@ -256,12 +264,23 @@ def main(argv=None) -> int:
     if args.smoke:
         args.streams, args.prompt_len, args.prefill_tokens, args.reps = "1,4", 64, 64, 3
     streams = [int(s) for s in args.streams.split(",")]
+    if args.decode_queries:
+        from vsurge.kv.backends import tpu
+
+        tpu.DECODE_QUERIES = args.decode_queries
     bandwidth, peak, kind = device_limits(args)
     print(f"device: {kind}; memory {bandwidth / 1e9:.0f} GB/s; peak "
           f"{peak / 1e12:.0f} TFLOP/s" if peak else f"device: {kind}; memory {bandwidth / 1e9:.0f} GB/s", flush=True)
     _, processor = vsurge.load("default", progress=False)
     rows = []
     for which in args.models.split(","):
+        if which == "hybrid":  # two models: the hybrid, then the dense one of its size
+            from hybrid_decode import models as hybrid_models
+
+            for name, model in hybrid_models(jnp.bfloat16).items():
+                rows += measure_what_fits(f"~0.5B {name}", model, processor, streams, args, bandwidth, peak)
+                del model
+            continue
         if which in SHAPES:
             model = random_llama(SMOKE_8B if args.smoke else SHAPES[which], args.quantization)
             name = model.config.name + (f", {args.quantization} weights" if args.quantization else "")

@@ -42,7 +42,7 @@ from pathlib import Path
 import httpx
 
 from vsurge import kernels
-from vsurge.cli.bench_serve import TABLE_HEADER, format_summary, format_trace, run
+from vsurge.cli.bench_serve import TABLE_HEADER, async_client, format_summary, format_trace, http_client, run
 from vsurge.hardware.devices import xla_cpu_isa_cap
 from vsurge.loading import default_model_path
 
@@ -81,34 +81,45 @@ def die_with_parent() -> None:
 
 
 class Server:
-    """A server process on loopback; its output goes to a file (an unread pipe would block it)."""
+    """A server process on loopback, or with uds=True on a unix socket (`{socket}` in cmd; the TPU machine here
+    has no TCP); its output goes to a file (an unread pipe would block it)."""
 
-    def __init__(self, name: str, cmd: list[str], ready_path: str):
+    def __init__(self, name: str, cmd: list[str], ready_path: str, uds: bool = False):
         self.name = name
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.uds = tempfile.mktemp(prefix="serve-bench-", suffix=".sock") if uds else None
+        self.port = None if uds else free_port()
+        self.base = "http://localhost" if uds else f"http://127.0.0.1:{self.port}"
         self.ready_url = self.base + ready_path
         self.log = tempfile.NamedTemporaryFile("w", prefix="serve-bench-", suffix=".log", delete=False)
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen([c.replace("{port}", str(self.port)) for c in cmd], env=ENV, stdout=self.log,
-                                     stderr=subprocess.STDOUT, text=True, preexec_fn=die_with_parent)
+        cmd = [c.replace("{port}", str(self.port)).replace("{socket}", str(self.uds)) for c in cmd]
+        self.proc = subprocess.Popen(cmd, env=ENV, stdout=self.log, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=die_with_parent)
+
+    def client(self, **kwargs) -> httpx.Client:
+        return http_client(self.uds, **kwargs)
+
+    def async_client(self, **kwargs) -> httpx.AsyncClient:
+        return async_client(self.uds, base_url=self.base, **kwargs)
 
     def wait_ready(self, timeout: float = 1200) -> float:
         """Seconds from start to ready."""
         deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(self.ready_url, timeout=2).status_code == 200:
-                    return time.perf_counter() - self.started
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+        with self.client(timeout=2) as client:
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited: {Path(self.log.name).read_text()[-3000:]}")
+                try:
+                    if client.get(self.ready_url).status_code == 200:
+                        return time.perf_counter() - self.started
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.25)
         raise TimeoutError(self.ready_url)
 
     def model(self) -> str:
-        return httpx.get(self.base + "/v1/models", timeout=30).json()["data"][0]["id"]
+        with self.client(timeout=30) as client:
+            return client.get(self.base + "/v1/models").json()["data"][0]["id"]
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -142,9 +153,10 @@ def measure(server: Server, args) -> dict:
     return results
 
 
-def vsurge_cmd(extra: str) -> list[str]:
-    return [sys.executable, "-m", "vsurge.cli", "serve", "--port", "{port}", "--metrics-port", "-1",
-            *shlex.split(extra)]
+def vsurge_cmd(extra: str, uds: bool = False) -> list[str]:
+    """`vsurge serve` on Server's port, or with uds on its unix socket."""
+    where = ["--uds", "{socket}"] if uds else ["--port", "{port}"]
+    return [sys.executable, "-m", "vsurge.cli", "serve", *where, "--metrics-port", "-1", *shlex.split(extra)]
 
 
 def table(vs: dict, peer: dict | None, start_s: float, command: str, loads=LOADS, model: str = "default model",

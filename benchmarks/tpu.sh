@@ -21,6 +21,13 @@
 #               kernel on the same decode rows (needs the ejkernel wheels)
 #   asserved    benchmarks/tpu_serving.py in-process on the default model with what `vsurge serve` adds (the
 #               host tier, the model's sampling defaults), then without: the server's one-stream first token
+#   wide        benchmarks/roofline.py: the 1B shape at 256 streams with 4 queries a kernel block on decode steps
+#               (8 is the default), a perfetto trace of its decode calls to $OUT
+#   hybrid      benchmarks/roofline.py --models hybrid: a ~0.5B Qwen3.5-shaped hybrid (Gated DeltaNet) against
+#               the dense model of its size, 1 and 32 streams, against the roofline (states read and written)
+#   images      benchmarks/images.py --uds: `vsurge serve` on a random SmolVLM-256M-shaped checkpoint, 8
+#               concurrent one-image requests against text of the same token count (needs a DIR holding the
+#               checkpoint's skeleton: benchmarks/model_skeleton.py describe)
 # SECONDS bounds the whole script (each stage gets what is left, the roofline's steps a share). Every DIR may
 # hold wheels (*.whl: installed into /tmp/site; the machine lacks fastapi, uvicorn, gguf, ...), parts of the
 # default model (*.bin: benchmarks/model_parts.py) and the agreement references (*.npz). The machine keeps
@@ -57,6 +64,9 @@ for dir in "$@"; do
             --target /tmp/site $wheels 2>&1 | grep -v "already exists" | tail -3
     fi
     cp "$dir"/*.npz /tmp/vsurge-refs/ 2>/dev/null
+    if [ -f "$dir/skeleton.json" ] && [ ! -d /tmp/vsurge-vlm ]; then
+        python3 benchmarks/model_skeleton.py fill "$dir" /tmp/vsurge-vlm
+    fi
 done
 if [ ! -d /tmp/site-flax ]; then  # the machine's own index has flax (not its default path)
     PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
@@ -131,6 +141,21 @@ for stage in ${STAGES//,/ }; do
             python3 benchmarks/tpu_serving.py --models default --concurrency 1,8 --as-served --out "$OUT"
         step 95 "vSurge in-process, plain" python3 benchmarks/tpu_serving.py --models default --concurrency 1,8 \
             --out "$OUT"
+        ;;
+    wide)
+        step 95 "1B shape, 256 streams, 4 queries a block" python3 benchmarks/roofline.py --decode-steps 8 \
+            --models 1b --streams 256 --decode-queries 4 --trace "$OUT/trace"
+        ;;
+    hybrid)
+        step 95 "hybrid against dense" python3 benchmarks/roofline.py --decode-steps 8 --models hybrid \
+            --streams 1,32 --prompt-len 512
+        ;;
+    images)
+        if [ -d /tmp/vsurge-vlm ]; then
+            step 95 "images against text" python3 benchmarks/images.py --uds --model /tmp/vsurge-vlm
+        else
+            echo "== skipped: images (no DIR held the checkpoint's skeleton)"
+        fi
         ;;
     *) echo "unknown stage $stage" ;;
     esac

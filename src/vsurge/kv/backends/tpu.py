@@ -142,6 +142,7 @@ def ragged_attention(q, pool, layout, spec, kv_heads: int, call=None):
 
 
 DECODE_KV_PAGES = 16  # a block's pages at most (16 x 128 tokens): VMEM holds two such blocks of the 8B shape's pages
+DECODE_QUERIES = 8  # queries a block on decode-only steps (benchmarks/roofline.py --decode-queries sets it)
 
 
 def block_sizes(layout, width: int) -> dict:
@@ -153,7 +154,7 @@ def block_sizes(layout, width: int) -> dict:
     each decode row's one query to its size, and a row whose pages span several blocks waits for each in turn."""
     if layout.chunk_pos.shape[0]:
         return {}
-    return {"num_kv_pages_per_block": max(1, min(width, DECODE_KV_PAGES)), "num_queries_per_block": 8}
+    return {"num_kv_pages_per_block": max(1, min(width, DECODE_KV_PAGES)), "num_queries_per_block": DECODE_QUERIES}
 
 
 @dataclasses.dataclass(frozen=True)
