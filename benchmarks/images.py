@@ -179,6 +179,12 @@ def convert_for_llamacpp(folder: Path) -> tuple[Path, Path]:
 
 def measure(server: Server, args) -> dict:
     t = asyncio.run(turns(server, args.images))
+    if args.warm:  # a first pass of both loads (other images, other words): programs first met here compile now
+        first = asyncio.run(concurrent(server, args.concurrency, True, 8, args.output_len, 100))
+        words = 8 + int(first["prompt_tokens"]) - 80
+        first_text = asyncio.run(concurrent(server, args.concurrency, False, words, args.output_len, 101))
+        print(f"first pass: with images {first['tok_s']:.1f} tok/s (TTFT p50 {first['ttft']:.2f} s), text "
+              f"{first_text['tok_s']:.1f} tok/s (TTFT p50 {first_text['ttft']:.2f} s)", flush=True)
     with_images = asyncio.run(concurrent(server, args.concurrency, True, 8, args.output_len, 0))
     words = 8 + int(with_images["prompt_tokens"]) - 80  # the image's tokens as words (~1 token each)
     text_only = asyncio.run(concurrent(server, args.concurrency, False, words, args.output_len, 1))
@@ -231,6 +237,7 @@ def main() -> int:
     p.add_argument("--model", default=str(CACHE), help="the checkpoint (written here first when it is the cache's; "
                                                        "benchmarks/model_skeleton.py carries it to another machine)")
     p.add_argument("--uds", action="store_true", help="vsurge serve on a unix socket (a machine with no TCP)")
+    p.add_argument("--warm", action="store_true", help="run the concurrent loads once before the measured pass")
     args = p.parse_args()
     print(isa_line(), flush=True)
     model = Path(args.model)

@@ -152,7 +152,8 @@ for stage in ${STAGES//,/ }; do
         ;;
     images)
         if [ -d /tmp/vsurge-vlm ]; then
-            step 95 "images against text" python3 benchmarks/images.py --uds --model /tmp/vsurge-vlm
+            step 95 "images against text" python3 benchmarks/images.py --uds --warm --model /tmp/vsurge-vlm
+            cp /tmp/serve-bench-*.log "$OUT/" 2>/dev/null
         else
             echo "== skipped: images (no DIR held the checkpoint's skeleton)"
         fi

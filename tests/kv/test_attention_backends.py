@@ -67,6 +67,12 @@ def test_the_kernel_is_asked_only_for_head_counts_it_tiles():
     assert tpu.tileable(6, jnp.float32) is False and tpu.tileable(8, jnp.float32)
 
 
+def test_the_kernel_is_asked_only_for_heads_of_128_lanes():
+    # 64-lane heads fold to 128; 256 (Gemma, Qwen3.5) failed to compile on a v5e: XLA's loop serves them
+    assert tpu.kernel_lanes(128) and not tpu.kernel_lanes(256) and not tpu.kernel_lanes(64)
+    assert tpu.fold_of(8, 64, 64) == 2 and tpu.fold_of(2, 256, 256) == 1
+
+
 # ------------------------------------------------------------------ one step on both layouts
 def step(kv_heads, group, dim, page, decode_pos, chunk_rows, seed=0, v_dim=None):
     """A pool with history, then one step: decode rows at `decode_pos` (-1 padding) and chunk rows

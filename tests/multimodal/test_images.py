@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+from types import SimpleNamespace
 
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +177,33 @@ def test_engine_greedy_tokens_equal_transformers_with_the_caches(vlm):
     assert again == want
     assert all(c >= 16 for c in cached)  # whole pages through the images are cached
     assert different == hf_greedy(torch_model, hf_processor, PROMPT_ONE, images[2:], steps)
+
+
+def test_an_engine_that_compiles_after_ready_compiles_the_towers_buckets_in_the_background(vlm):
+    """compile_at_start "serving" (an accelerator's default): the tower's tile buckets are not in start-up's
+    programs but compile after ready (a v5e took ~25 s each, which the first image request had waited for),
+    and an image request gives transformers' tokens."""
+    from vsurge import EngineConfig
+    from vsurge.engine import deferred_programs
+    from vsurge.engine.image_encoder import tile_buckets
+    from vsurge.engine.program_kinds import VISION, kind_of
+
+    _, torch_model, hf_processor, model, processor = vlm
+    config = EngineConfig(max_slots=2, max_length=256, prefill_tokens=64, chunk_lengths=(64,), page_size=16,
+                          decode_steps=2, compile_at_start="serving")
+    image = png(50, 90, 1)
+    with serving(model, processor, config, 4) as (surge, run):
+        engine = surge.engine
+        towers = [key for key in engine.buckets() if kind_of(key) is VISION]
+        assert towers == [VISION.key(b) for b in tile_buckets()]
+        assert not any(deferred_programs.at_start(engine, key) for key in towers)
+        got = run([processor.images.prompt(PROMPT_ONE, [image])])
+        assert engine.deferred.wait(120) and all(key in engine._compiled for key in towers)
+    assert got == [hf_greedy(torch_model, hf_processor, PROMPT_ONE, [image], 4)]
+    # compiling everything at start (a CPU's default) leaves each bucket to its first use
+    all_at_start = SimpleNamespace(model=engine.model, media=engine.media,
+                                   config=engine.config.replace(compile_at_start="all"))
+    assert VISION.keys(all_at_start) == []
 
 
 def test_bad_images_are_refused_with_their_problem(vlm):

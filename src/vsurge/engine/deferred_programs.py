@@ -9,7 +9,7 @@ accelerator) start-up compiles only what every plan can fall back to:
 - decode at the most rows (each page window);
 - prompt steps of two chunk shapes at their most decode rows: the longest rows (one long prompt a step) and
   the most rows (a burst of short prompts);
-- every other kind (init, set_slot, page copies).
+- every other kind (init, set_slot, page copies) but a vision tower's tile buckets.
 
 The rest compile on background threads once the engine is ready; until one is compiled the scheduler leaves
 its chunk shape out (`chunk_shape_ready`) and a step takes the smallest compiled row count that holds it
@@ -29,7 +29,7 @@ from concurrent.futures import Future
 import jax
 
 from ..hardware.devices import platform
-from .program_kinds import DECODE, MIXED, kind_of
+from .program_kinds import DECODE, MIXED, VISION, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def at_start(engine, key: tuple) -> bool:
         return key[1] == max(c.decode_rows)
     if kind is MIXED:
         return key[2] in start_shapes(c) and key[1] == max(c.mixed_rows(key[2]))
-    return True
+    return kind is not VISION  # (a text request never waits for the tower; an image one waits for its bucket)
 
 
 class DeferredCompiles:

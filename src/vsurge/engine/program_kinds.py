@@ -154,9 +154,23 @@ EMBED = ProgramKind("embed", 2, _encode_builder(programs.embed), replayed=False,
                     results=lambda batch, places, requests, out: encode.embed_results(*out, len(requests)))
 SCORE = ProgramKind("score", 2, _encode_builder(programs.score), replayed=False,
                     results=lambda batch, places, requests, out: encode.score_results(batch, places, requests, *out))
-# a vision-language model's tower over a bucket of image tiles (media.py), compiled on first use; the
-# embeddings go to the host (multi-host followers get them in the step's inputs)
-VISION = ProgramKind("vision", 2, _build_vision, replayed=False)
+def _vision_keys(engine) -> list[tuple]:
+    """The tower's tile buckets, for an engine that compiles after it is ready (an accelerator: a bucket took
+    ~25 s of XLA on a v5e, which the first image request waited for); elsewhere each compiles on first use
+    (seconds on a CPU; a test's tiny tower needs one or two). Towers of images' own sizes always compile per
+    size on first use (engine.program_ready)."""
+    from .deferred_programs import defers
+    from .image_encoder import tile_buckets
+
+    config = engine.model.config
+    if engine.media is None or getattr(config, "variable_images", False) or not defers(engine):
+        return []
+    return [VISION.key(b) for b in tile_buckets()]
+
+
+# a vision-language model's tower over a bucket of image tiles (image_encoder.py): the embeddings go to the
+# host (multi-host followers get them in the step's inputs)
+VISION = ProgramKind("vision", 2, _build_vision, keys=_vision_keys, replayed=False)
 
 PROGRAMS: dict[str, ProgramKind] = {kind.name: kind for kind in (
     INIT, SET_SLOT, DECODE, MIXED, EXPORT, IMPORT, COPY, STATE_EXPORT, STATE_IMPORT, EMBED, SCORE, VISION)}

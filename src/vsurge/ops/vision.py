@@ -58,11 +58,17 @@ ACTIVATIONS = {
 }
 
 
-def _attention_blocks(q, k, v, scale: float, keys=None):
-    """Softmax attention of every (group, query block) against its group's keys, one block at a time:
-    q (G, B, h, Q, d), k/v (G, h, T, d) -> (G, B, h, Q, d) float32; keys: (G, T) bool, the keys each
-    group's queries see (None: all). A block's scores (h x Q x T) stay in the CPU's caches; all of a
-    tile's at once (12 x 1024 x 1024) went to memory and back several times (3x slower on a 2-core machine)."""
+def _attention_blocks(q, k, v, scale: float, keys=None, one_at_a_time: bool | None = None):
+    """Softmax attention of every (group, query block) against its group's keys: q (G, B, h, Q, d), k/v
+    (G, h, T, d) -> (G, B, h, Q, d) float32; keys: (G, T) bool, the keys each group's queries see (None: all).
+    On a CPU one block at a time: a block's scores (h x Q x T) stay in the caches; all of a tile's at once
+    (12 x 1024 x 1024) went to memory and back several times (3x slower on a 2-core machine). Elsewhere
+    (one_at_a_time False) every block in one batched product: a loop of 16 tiles x 6 groups x 2 blocks of
+    small products a layer leaves an accelerator idle between them."""
+    if one_at_a_time is None:
+        one_at_a_time = jax.default_backend() == "cpu"
+    each = jax.lax.map if one_at_a_time else (lambda fn, xs: jax.vmap(fn)(xs))
+
     def group(args):
         qg, kg, vg, *seen = args
 
@@ -74,9 +80,9 @@ def _attention_blocks(q, k, v, scale: float, keys=None):
             p = p / jnp.sum(p, -1, keepdims=True)
             return jnp.einsum("hqk,hkd->hqd", p.astype(vg.dtype), vg, preferred_element_type=jnp.float32)
 
-        return jax.lax.map(block, qg)
+        return each(block, qg)
 
-    return jax.lax.map(group, (q, k, v) if keys is None else (q, k, v, keys))
+    return each(group, (q, k, v) if keys is None else (q, k, v, keys))
 
 
 def encoder_attention(x: jax.Array, w: dict, heads: int, query_block: int = 512, heads_per_group: int = 2) -> jax.Array:

@@ -16,7 +16,7 @@ sized by the held count (kv/paged.pool_page_bytes).
 Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] into the donated pool, in place, so a step
 copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
 rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
-do (sinks, local chunks, image rows that see their whole image, dk != dv, lanes not a multiple of 128, pages
+do (sinks, local chunks, image rows that see their whole image, dk != dv, heads not 128 lanes wide, pages
 of another dtype than the queries), XLA's page-column loop over the same layout (columns.column_attention),
 which reads only the rows' pages.
 """
@@ -232,9 +232,16 @@ def _large_vmem() -> bool:
 
 
 def _kernel_serves(q, pool, spec, sinks, layout) -> bool:
-    return (jax.default_backend() == "tpu" and q.dtype == pool.dtype and pool.shape[-1] % LANES == 0
+    return (jax.default_backend() == "tpu" and q.dtype == pool.dtype and kernel_lanes(pool.shape[-1])
             and tileable(pool.shape[2], pool.dtype) and sinks is None and spec.chunk is None
             and layout.chunk_limit is None)
+
+
+def kernel_lanes(width: int) -> bool:
+    """Whether the kernel loads combined heads this wide: exactly 128 lanes. jax 0.10.2's kernel fails to compile
+    256 (Gemma's and Qwen3.5's head_dim: Mosaic's strided load says "the last dim size is not 128", measured on a
+    v5e), so such layers take XLA's page-column loop."""
+    return width == LANES
 
 
 def tileable(combined_heads: int, dtype) -> bool:
