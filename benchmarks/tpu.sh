@@ -25,6 +25,9 @@
 #               (8 is the default), a perfetto trace of its decode calls to $OUT
 #   hybrid      benchmarks/roofline.py --models hybrid: a ~0.5B Qwen3.5-shaped hybrid (Gated DeltaNet) against
 #               the dense model of its size, 1 and 32 streams, against the roofline (states read and written)
+#   esurge      benchmarks/esurge_side_by_side.py: EasyDeL's eSurge on the 1B shape, 1 and 64 concurrent 512-token
+#               prompts, 128 tokens (needs a DIR holding its wheels: benchmarks/esurge_install.sh installs them
+#               and the machine's index's into /tmp/site-esurge, which only this stage reads)
 #   images      benchmarks/images.py --uds: `vsurge serve` on a random SmolVLM-256M-shaped checkpoint, 8
 #               concurrent one-image requests against text of the same token count (needs a DIR holding the
 #               checkpoint's skeleton: benchmarks/model_skeleton.py describe)
@@ -72,6 +75,7 @@ if [ ! -d /tmp/site-flax ]; then  # the machine's own index has flax (not its de
     PIP_CONFIG_FILE=/dev/null python3 -m pip install --isolated -q --only-binary=:all: \
         --index-url file:///opt/pypi/simple --target /tmp/site-flax flax 2>&1 | tail -3
 fi
+MACHINE_PYTHONPATH=${PYTHONPATH:-}  # the machine's own (its JAX): eSurge's set goes after it, vsurge's apart
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$CODE/src:$CODE/benchmarks:/tmp/model-site:/tmp/site:/tmp/site-flax
 
 echo "== the default model's file"
@@ -149,6 +153,17 @@ for stage in ${STAGES//,/ }; do
     hybrid)
         step 95 "hybrid against dense" python3 benchmarks/roofline.py --decode-steps 8 --models hybrid \
             --streams 1,32 --prompt-len 512
+        ;;
+    esurge)
+        EDL=$(for dir in "$@"; do ls "$dir"/easydel-*.whl >/dev/null 2>&1 && echo "$dir"; done | head -1)
+        if [ -n "$EDL" ]; then
+            bash benchmarks/esurge_install.sh "$EDL" /tmp/site-esurge
+            ESURGE_PATH=${MACHINE_PYTHONPATH:+$MACHINE_PYTHONPATH:}/tmp/site-esurge
+            step 95 "EasyDeL eSurge, 1B shape" env PYTHONPATH="$ESURGE_PATH" \
+                python3 benchmarks/esurge_side_by_side.py --shape 1b --streams 1,64
+        else
+            echo "== skipped: esurge (no DIR held easydel's wheels)"
+        fi
         ;;
     images)
         if [ -d /tmp/vsurge-vlm ]; then
