@@ -30,7 +30,7 @@ from flax import nnx
 from ..lora import serving as lora_serving
 from ..hardware.sharding import mesh_of, replicated, row_shardings, state_shardings
 from ..tokenizer.compat import eos_token_ids, pad_token_id
-from . import compile_counts, deferred_programs, encode, programs
+from . import compile_counts, compile_mode, deferred_programs, encode, programs
 from ..models.parts.vision_lm import accepts_images
 from .batch import BatchBuilder
 from .faults import blame
@@ -167,7 +167,7 @@ class EngineCore(PrefixTransferAPI):
 
         from tqdm.auto import tqdm
 
-        defers = deferred_programs.defers(self)
+        defers = compile_mode.defers(self)
         jobs = [job for job in self.buckets() if job not in self._compiled
                 and (not defers or deferred_programs.at_start(self, job))]
         start, cache_before, seconds, phases = time.perf_counter(), compile_counts.cache_counts(), {}, {}

@@ -26,21 +26,9 @@ import threading
 import time
 from concurrent.futures import Future
 
-import jax
-
-from ..hardware.devices import platform
 from .program_kinds import DECODE, MIXED, VISION, kind_of
 
 log = logging.getLogger(__name__)
-
-
-def defers(engine) -> bool:
-    """Whether `engine` compiles part of its step programs after start-up (one process only: a multi-host
-    follower replays the leader's calls on programs it must already hold)."""
-    mode = engine.config.compile_at_start
-    if mode == "auto":
-        mode = "serving" if platform() != "cpu" else "all"
-    return mode == "serving" and jax.process_count() == 1
 
 
 def start_shapes(config) -> set[tuple[int, int]]:

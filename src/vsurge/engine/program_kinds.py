@@ -23,6 +23,8 @@ import jax
 import numpy as np
 
 from . import encode, programs, state_rows
+from .compile_mode import defers
+from .image_encoder import tile_buckets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,9 +161,6 @@ def _vision_keys(engine) -> list[tuple]:
     ~25 s of XLA on a v5e, which the first image request waited for); elsewhere each compiles on first use
     (seconds on a CPU; a test's tiny tower needs one or two). Towers of images' own sizes always compile per
     size on first use (engine.program_ready)."""
-    from .deferred_programs import defers
-    from .image_encoder import tile_buckets
-
     config = engine.model.config
     if engine.media is None or getattr(config, "variable_images", False) or not defers(engine):
         return []
