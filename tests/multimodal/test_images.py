@@ -181,7 +181,7 @@ def test_engine_greedy_tokens_equal_transformers_with_the_caches(vlm):
 
 def test_an_engine_that_compiles_after_ready_compiles_the_towers_buckets_in_the_background(vlm):
     """compile_at_start "serving" (an accelerator's default): the tower's tile buckets are not in start-up's
-    programs but compile after ready (a v5e took ~25 s each, which the first image request had waited for),
+    programs but compile after ready (the first image request on a v5e had waited 50 s for them),
     and an image request gives transformers' tokens."""
     from vsurge import EngineConfig
     from vsurge.engine import deferred_programs

@@ -156,9 +156,11 @@ EMBED = ProgramKind("embed", 2, _encode_builder(programs.embed), replayed=False,
                     results=lambda batch, places, requests, out: encode.embed_results(*out, len(requests)))
 SCORE = ProgramKind("score", 2, _encode_builder(programs.score), replayed=False,
                     results=lambda batch, places, requests, out: encode.score_results(batch, places, requests, *out))
+
+
 def _vision_keys(engine) -> list[tuple]:
-    """The tower's tile buckets, for an engine that compiles after it is ready (an accelerator: a bucket took
-    ~25 s of XLA on a v5e, which the first image request waited for); elsewhere each compiles on first use
+    """The tower's tile buckets, for an engine that compiles after it is ready (an accelerator: the first image
+    request on a v5e waited 50 s for the two buckets its 17 tiles take); elsewhere each compiles on first use
     (seconds on a CPU; a test's tiny tower needs one or two). Towers of images' own sizes always compile per
     size on first use (engine.program_ready)."""
     config = engine.model.config
