@@ -28,3 +28,18 @@ def test_a_full_replica_is_overloaded_even_when_every_other_is_as_full():
 def test_slots_not_yet_reported_leave_the_gap_alone_to_decide():
     assert not overloaded(queue=3, shortest=0, slots=0, max_ongoing=64, imbalance=4)
     assert overloaded(queue=4, shortest=0, slots=0, max_ongoing=64, imbalance=4)
+
+
+def test_recent_choices_count_what_was_given_in_the_window():
+    from vsurge.scale.ray_serve.router import RecentChoices
+
+    now = [100.0]
+    recent = RecentChoices(window=0.5, clock=lambda: now[0])
+    for _ in range(3):
+        recent.add("a")
+    recent.add("b")
+    assert (recent.count("a"), recent.count("b"), recent.count("c")) == (3, 1, 0)
+    now[0] += 0.4
+    recent.add("a")
+    now[0] += 0.2  # the first three are older than the window
+    assert (recent.count("a"), recent.count("b")) == (1, 0)

@@ -3,8 +3,9 @@
 A request whose prompt shares at least `min_shared_blocks` leading blocks (prefixes.py) with prompts a
 replica served recently goes to the replica sharing the most, unless that replica is overloaded (`overloaded`:
 every decode slot taken and its queue `imbalance` requests longer than the shortest one, or full:
-max_ongoing_requests). Otherwise every
-candidate is offered in one rank, and Ray Serve takes the one with the shortest queue (it probes them).
+max_ongoing_requests). Otherwise the candidates are ranked by their queues, counting the requests this router
+gave each in the last half second (`RecentChoices`): a burst's routing tasks run at once and would all read the
+same cached queue lengths (eight openings at once went 2 / 6 on two replicas).
 A request for one of several models (Serve's multiplexed model id, set by the ingress) is first narrowed to
 the replicas that hold that model (MultiplexMixin).
 
@@ -15,8 +16,9 @@ request_routing_stats_period_s) and, for the requests sent since its last report
 from __future__ import annotations
 
 import importlib
+import time
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from typing import List, Optional
 
 from ray.serve.request_router import MultiplexMixin, PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -42,6 +44,7 @@ class PrefixAwareRouter(MultiplexMixin, RequestRouter):
         self.imbalance = imbalance
         self.sent: dict[ReplicaID, RecentPrefixes] = {}  # prompts routed here since the replicas' last report
         self.choices: Counter = Counter()  # "prefix" / "least_loaded": how requests were routed
+        self.recent = RecentChoices()
         # Serve may unpickle this class by value, with its own copy of this module's globals: register in the
         # module as imported in this process, where the ingress reads it
         importlib.import_module(__name__)._ROUTERS.add(self)
@@ -63,10 +66,14 @@ class PrefixAwareRouter(MultiplexMixin, RequestRouter):
                 best, best_shared = replica, shared
         if best is not None and best_shared >= self.min_shared_blocks and not self._overloaded(best, candidate_replicas):
             self.choices["prefix"] += 1
+            self.recent.add(best.replica_id)
             others = [r for r in candidate_replicas if r is not best]
             return [[best], others] if others else [[best]]
         self.choices["least_loaded"] += 1
-        return [list(candidate_replicas)]
+        ordered = sorted(candidate_replicas, key=lambda r: self._queue_len(r) + self.recent.count(r.replica_id))
+        if ordered:
+            self.recent.add(ordered[0].replica_id)
+        return [[r] for r in ordered]  # the first that is not full
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
         chain = block_chain(_prefix_text(pending_request))
@@ -105,6 +112,25 @@ def overloaded(queue: int, shortest: int, slots: int, max_ongoing: int, imbalanc
     if queue >= max_ongoing:
         return True
     return queue >= slots and queue - shortest >= imbalance
+
+
+class RecentChoices:
+    """The requests this router gave each replica in the last `window` seconds."""
+
+    def __init__(self, window: float = 0.5, clock=time.monotonic):
+        self.window, self.clock = window, clock
+        self._times: dict = {}  # replica id -> deque of monotonic times
+
+    def add(self, replica_id) -> None:
+        self._times.setdefault(replica_id, deque()).append(self.clock())
+
+    def count(self, replica_id) -> int:
+        times = self._times.get(replica_id)
+        if not times:
+            return 0
+        while times and times[0] < self.clock() - self.window:
+            times.popleft()
+        return len(times)
 
 
 def _prefix_text(pending_request: Optional[PendingRequest]) -> str:
