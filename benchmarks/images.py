@@ -177,17 +177,20 @@ def convert_for_llamacpp(folder: Path) -> tuple[Path, Path]:
     return text, mmproj
 
 
+def words_like(with_images: dict) -> int:
+    """Words for a text-only prompt as long as the image requests' (the image's tokens as words, ~1 token each)."""
+    return 8 + int(with_images["prompt_tokens"]) - 80
+
+
 def measure(server: Server, args) -> dict:
     t = asyncio.run(turns(server, args.images))
     if args.warm:  # a first pass of both loads (other images, other words): programs first met here compile now
         first = asyncio.run(concurrent(server, args.concurrency, True, 8, args.output_len, 100))
-        words = 8 + int(first["prompt_tokens"]) - 80
-        first_text = asyncio.run(concurrent(server, args.concurrency, False, words, args.output_len, 101))
+        first_text = asyncio.run(concurrent(server, args.concurrency, False, words_like(first), args.output_len, 101))
         print(f"first pass: with images {first['tok_s']:.1f} tok/s (TTFT p50 {first['ttft']:.2f} s), text "
               f"{first_text['tok_s']:.1f} tok/s (TTFT p50 {first_text['ttft']:.2f} s)", flush=True)
     with_images = asyncio.run(concurrent(server, args.concurrency, True, 8, args.output_len, 0))
-    words = 8 + int(with_images["prompt_tokens"]) - 80  # the image's tokens as words (~1 token each)
-    text_only = asyncio.run(concurrent(server, args.concurrency, False, words, args.output_len, 1))
+    text_only = asyncio.run(concurrent(server, args.concurrency, False, words_like(with_images), args.output_len, 1))
     return {"turns": t, "images": with_images, "text": text_only}
 
 

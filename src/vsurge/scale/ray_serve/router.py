@@ -82,6 +82,7 @@ class PrefixAwareRouter(MultiplexMixin, RequestRouter):
 
     def on_replica_actor_died(self, replica_id: ReplicaID):
         self.sent.pop(replica_id, None)
+        self.recent.forget(replica_id)
         super().on_replica_actor_died(replica_id)
 
     def _shared(self, replica: RunningReplica, chain: list[str]) -> int:
@@ -128,9 +129,13 @@ class RecentChoices:
         times = self._times.get(replica_id)
         if not times:
             return 0
-        while times and times[0] < self.clock() - self.window:
+        cutoff = self.clock() - self.window
+        while times and times[0] < cutoff:
             times.popleft()
         return len(times)
+
+    def forget(self, replica_id) -> None:
+        self._times.pop(replica_id, None)
 
 
 def _prefix_text(pending_request: Optional[PendingRequest]) -> str:
