@@ -197,6 +197,7 @@ def test_an_engine_that_compiles_after_ready_compiles_the_towers_buckets_in_the_
         towers = [key for key in engine.buckets() if kind_of(key) is VISION]
         assert towers == [VISION.key(b) for b in tile_buckets()]
         assert not any(deferred_programs.at_start(engine, key) for key in towers)
+        assert engine.deferred.keys[:len(towers)] == towers  # queued first: only an image request waits for them
         got = run([processor.images.prompt(PROMPT_ONE, [image])])
         assert engine.deferred.wait(120) and all(key in engine._compiled for key in towers)
     assert got == [hf_greedy(torch_model, hf_processor, PROMPT_ONE, [image], 4)]

@@ -48,6 +48,13 @@ def at_start(engine, key: tuple) -> bool:
     return kind is not VISION  # (a text request never waits for the tower; an image one waits for its bucket)
 
 
+def queue_order(keys: list[tuple]) -> list[tuple]:
+    """The background compiles in the order they are taken: the tower's tile buckets first. A text step always
+    has a start-up program to fall back to, an image request has none: queued last, the first image request
+    on a v5e waited 84 s behind 17 step programs (2026-12-07)."""
+    return sorted(keys, key=lambda key: kind_of(key) is not VISION)  # (stable: the rest keep their order)
+
+
 class DeferredCompiles:
     """The background compiles of one engine: started by `start`, waited for by `wait`."""
 
@@ -55,6 +62,7 @@ class DeferredCompiles:
         self.engine = engine
         self.active = False  # started: steps use only what is compiled (engine.usable)
         self.futures: list[Future] = []
+        self.keys: list[tuple] = []  # what was queued, in the order it is taken (queue_order)
         self.seconds: float | None = None  # wall time of the whole background compile, once done
         self.done = threading.Event()
         self.stopped = False  # stop() dropped what had not started
@@ -73,12 +81,13 @@ class DeferredCompiles:
         self.active = True
         work = self._work
         with engine._compile_lock:
-            for key in keys:
+            for key in queue_order(keys):
                 if key in engine._compiled or key in engine._building:
                     continue
                 engine._building[key] = future = Future()
                 work.put((key, future))
                 self.futures.append(future)
+                self.keys.append(key)
         if not self.futures:
             self.done.set()
             return
