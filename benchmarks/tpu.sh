@@ -25,8 +25,9 @@
 #               (8 is the default), a perfetto trace of its decode calls to $OUT
 #   hybrid      benchmarks/roofline.py --models hybrid: a ~0.5B Qwen3.5-shaped hybrid (Gated DeltaNet) against
 #               the dense model of its size, 1 and 32 streams, against the roofline (states read and written)
-#   esurge      benchmarks/esurge_side_by_side.py: EasyDeL's eSurge on the 1B shape, 1 and 64 concurrent 512-token
-#               prompts, 128 tokens (needs a DIR holding its wheels: benchmarks/esurge_install.sh installs them
+#   esurge      benchmarks/esurge_side_by_side.py: EasyDeL's eSurge on the 1B shape, 64 concurrent 512-token
+#               prompts, 128 tokens, 64 tokens a step (at its default 768 its 7 buckets compile for longer than
+#               a call's 10 minutes) (needs a DIR holding its wheels: benchmarks/esurge_install.sh installs them
 #               and the machine's index's into /tmp/site-esurge, which only this stage reads)
 #   images      benchmarks/images.py --uds: `vsurge serve` on a random SmolVLM-256M-shaped checkpoint, 8
 #               concurrent one-image requests against text of the same token count (needs a DIR holding the
@@ -160,7 +161,7 @@ for stage in ${STAGES//,/ }; do
             bash benchmarks/esurge_install.sh "$EDL" /tmp/site-esurge
             ESURGE_PATH=${MACHINE_PYTHONPATH:+$MACHINE_PYTHONPATH:}/tmp/site-esurge
             step 95 "EasyDeL eSurge, 1B shape" env PYTHONPATH="$ESURGE_PATH" \
-                python3 benchmarks/esurge_side_by_side.py --shape 1b --streams 1,64
+                python3 benchmarks/esurge_side_by_side.py --shape 1b --streams 64 --max-batched-tokens 64 --no-warmup
         else
             echo "== skipped: esurge (no DIR held easydel's wheels)"
         fi
