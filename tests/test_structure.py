@@ -29,7 +29,7 @@ SRC = ROOT / "src" / "vsurge"
 # Lowest first. A module's layer is that of its longest prefix listed here (names relative to vsurge).
 LAYERS = [
     # plain data and leaves: no vsurge imports beyond this layer
-    ["errors", "config", "kernels", "structured"],
+    ["errors", "config", "kernels", "structured", "lazy_exports"],
     ["tokenizer"],  # chat templates, detokenizing (no JAX)
     ["multimodal"],  # images: decoded, tiled, their placeholders in the chat prompt (no JAX)
     ["sampling", "hardware"],  # SamplingParams and the defaults of its fields; platform, dtypes, meshes
@@ -80,8 +80,9 @@ def _relative(package: list[str], name: str) -> str:
 
 def _is_import_module(node) -> bool:
     func = node.func if isinstance(node, ast.Call) else None
-    return (isinstance(func, ast.Name) and func.id == "import_module") or (
-        isinstance(func, ast.Attribute) and func.attr == "import_module")
+    names = ("import_module", "lazy_getattr")  # (lazy_exports.lazy_getattr imports its table's modules)
+    return (isinstance(func, ast.Name) and func.id in names) or (
+        isinstance(func, ast.Attribute) and func.attr in names)
 
 
 def _package_walked(package: list[str], arg, tree) -> str | None:

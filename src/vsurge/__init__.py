@@ -4,7 +4,7 @@ Names are imported on first use (PEP 562), so `import vsurge` is instant and the
 pure-Python parts (scheduler, page manager, CLI argument parsing) never load JAX.
 """
 
-from importlib import import_module
+from .lazy_exports import lazy_getattr
 
 __version__ = "0.1.0"
 
@@ -50,13 +50,8 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'vsurge' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+del lazy_getattr  # (not a name of the package)
 
 
 def __dir__():

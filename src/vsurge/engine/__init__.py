@@ -5,7 +5,7 @@ sequence) import no JAX. The seed's classes (vEngine, vDriver, ...) are built on
 seed/ and imported from the package root (`from vsurge import vEngine`), never from here.
 """
 
-from importlib import import_module
+from ..lazy_exports import lazy_getattr
 
 _EXPORTS = {
     "EngineConfig": ".engine_config",
@@ -25,10 +25,5 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'vsurge.engine' has no attribute {name!r}")
-    value = getattr(import_module(_EXPORTS[name], __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _EXPORTS)
+del lazy_getattr  # (not a name of the package)

@@ -32,7 +32,6 @@ class Cohere2Config(ModelConfig):
 class Cohere2(CausalLM):
     supports_lora = True  # (models/parts/base.py)
     name = "cohere2"
-    hf_model_types = ("cohere2",)
     hf_architectures = ("Cohere2ForCausalLM",)
     gguf_architectures = ("cohere2",)
     config_class = Cohere2Config

@@ -57,7 +57,6 @@ class FalconH1Config(Mamba2Config):
 
 class FalconH1(CausalLM):
     name = "falcon_h1"
-    hf_model_types = ("falcon_h1",)
     hf_architectures = ("FalconH1ForCausalLM",)
     config_class = FalconH1Config
     gguf_architectures = ("falcon-h1",)

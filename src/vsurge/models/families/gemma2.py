@@ -57,7 +57,6 @@ def gguf_query_scalar(meta: GGUFMeta, fields: dict, big_model_layers: int) -> fl
 class Gemma2(CausalLM):
     supports_lora = True  # (models/parts/base.py)
     name = "gemma2"
-    hf_model_types = ("gemma2",)
     hf_architectures = ("Gemma2ForCausalLM",)
     gguf_architectures = ("gemma2",)
     config_class = GemmaConfig

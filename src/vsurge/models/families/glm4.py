@@ -17,7 +17,6 @@ from ..parts.config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 class Glm4(CausalLM):
     supports_lora = True  # (models/parts/base.py)
     name = "glm4"
-    hf_model_types = ("glm4",)
     hf_architectures = ("Glm4ForCausalLM",)
     gguf_architectures = ("glm4",)
 

@@ -37,7 +37,6 @@ class GptOssConfig(MoEConfig):
 
 class GptOss(CausalLM):
     name = "gpt_oss"
-    hf_model_types = ("gpt_oss",)
     hf_architectures = ("GptOssForCausalLM",)
     gguf_architectures = ("gpt-oss",)
     config_class = GptOssConfig

@@ -31,7 +31,6 @@ class GraniteConfig(ModelConfig):
 
 class Granite(Llama):
     name = "granite"
-    hf_model_types = ("granite",)
     hf_architectures = ("GraniteForCausalLM",)
     gguf_architectures = ("granite",)
     config_class = GraniteConfig

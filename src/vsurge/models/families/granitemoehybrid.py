@@ -71,7 +71,6 @@ class GraniteMoeHybridConfig(Mamba2Config, MoEConfig):
 
 class GraniteMoeHybrid(CausalLM):
     name = "granitemoehybrid"
-    hf_model_types = ("granitemoehybrid",)
     hf_architectures = ("GraniteMoeHybridForCausalLM",)
     config_class = GraniteMoeHybridConfig
     gguf_architectures = ("granitehybrid",)

@@ -62,7 +62,6 @@ def ffn_width(cfg: dict) -> int:
 
 class Lfm2(CausalLM):
     name = "lfm2"
-    hf_model_types = ("lfm2",)
     hf_architectures = ("Lfm2ForCausalLM",)
     config_class = Lfm2Config
     gguf_architectures = ("lfm2",)

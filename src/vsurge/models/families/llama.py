@@ -17,7 +17,6 @@ from ..parts.config_io import GGUFMeta, check_activation, gguf_fields, hf_fields
 class Llama(CausalLM):
     supports_lora = True  # (models/parts/base.py)
     name = "llama"
-    hf_model_types = ("llama",)
     hf_architectures = ("LlamaForCausalLM",)
     gguf_architectures = ("llama",)
     gguf_config_tensors = ("rope_freqs.weight",)

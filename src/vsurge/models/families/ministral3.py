@@ -25,7 +25,6 @@ class Ministral3Config(ModelConfig):
 
 class Ministral3(Llama):
     name = "ministral3"
-    hf_model_types = ("ministral3",)
     hf_architectures = ("Ministral3ForCausalLM",)
     gguf_architectures = ("mistral3",)
     config_class = Ministral3Config

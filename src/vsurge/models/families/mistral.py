@@ -11,7 +11,6 @@ from .llama import Llama
 
 class Mistral(Llama):
     name = "mistral"
-    hf_model_types = ("mistral",)
     hf_architectures = ("MistralForCausalLM",)
     gguf_architectures = ("mistral",)
 

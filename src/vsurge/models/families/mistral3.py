@@ -63,7 +63,6 @@ class Mistral3VLConfig(VisionConfig, Ministral3Config):
 class Mistral3(VisionLM, Ministral3):
     supports_lora = False  # (adapters name model.language_model's projections: not laid out yet)
     name = "mistral3"
-    hf_model_types = ("mistral3",)
     hf_architectures = ("Mistral3ForConditionalGeneration",)
     gguf_architectures = ()  # (`mistral3` GGUFs are Ministral 3's text model: ministral3.py)
     mmproj_projector = "pixtral"

@@ -23,7 +23,6 @@ class MixtralConfig(MoEConfig):
 
 class Mixtral(Llama):
     name = "mixtral"
-    hf_model_types = ("mixtral",)
     hf_architectures = ("MixtralForCausalLM",)
     gguf_architectures = ("llama",)
     config_class = MixtralConfig

@@ -22,7 +22,6 @@ LONG, SHORT = "rope_factors_long.weight", "rope_factors_short.weight"
 class Phi3(CausalLM):
     supports_lora = True  # (models/parts/base.py)
     name = "phi3"
-    hf_model_types = ("phi3",)
     hf_architectures = ("Phi3ForCausalLM",)
     gguf_architectures = ("phi3",)
     gguf_config_tensors = (LONG, SHORT)

@@ -12,7 +12,6 @@ from .llama import Llama
 
 class Qwen2(Llama):
     name = "qwen2"
-    hf_model_types = ("qwen2",)
     hf_architectures = ("Qwen2ForCausalLM",)
     gguf_architectures = ("qwen2", "qwen2vl")  # (Qwen2.5-VL's text half alone: M-RoPE on text is 1-D rotary)
     gguf_permuted_qk = False

@@ -38,7 +38,6 @@ class Qwen25VLConfig(QwenVLConfig):
 class Qwen25VL(QwenVisionLM, Qwen2):
     supports_lora = False  # (adapters name model.language_model's projections: not laid out yet)
     name = "qwen2_5_vl"
-    hf_model_types = ("qwen2_5_vl",)
     hf_architectures = ("Qwen2_5_VLForConditionalGeneration",)
     gguf_architectures = ()  # (a text GGUF alone is a Qwen2's; with its mmproj: config_from_mmproj)
     mmproj_projector = "qwen2.5vl_merger"

@@ -32,7 +32,6 @@ def moe_layer_flags(cfg: dict, n: int) -> tuple[bool, ...]:
 
 class Qwen2Moe(CausalLM):
     name = "qwen2_moe"
-    hf_model_types = ("qwen2_moe",)
     hf_architectures = ("Qwen2MoeForCausalLM",)
     gguf_architectures = ("qwen2moe",)
     config_class = Qwen2MoeConfig

@@ -28,7 +28,6 @@ class Qwen2VLConfig(QwenVLConfig):
 class Qwen2VL(QwenVisionLM, Qwen2):
     supports_lora = False  # (adapters name model.language_model's projections: not laid out yet)
     name = "qwen2_vl"
-    hf_model_types = ("qwen2_vl",)
     hf_architectures = ("Qwen2VLForConditionalGeneration",)
     gguf_architectures = ()
     config_class = Qwen2VLConfig

@@ -10,7 +10,6 @@ from .llama import Llama
 
 class Qwen3(Llama):
     name = "qwen3"
-    hf_model_types = ("qwen3",)
     hf_architectures = ("Qwen3ForCausalLM",)
     gguf_architectures = ("qwen3", "qwen3vl")  # (Qwen3-VL's text half alone: M-RoPE on text is 1-D rotary)
     gguf_permuted_qk = False

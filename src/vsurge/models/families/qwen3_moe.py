@@ -11,7 +11,6 @@ from .qwen2_moe import Qwen2Moe
 
 class Qwen3Moe(Qwen2Moe):
     name = "qwen3_moe"
-    hf_model_types = ("qwen3_moe",)
     hf_architectures = ("Qwen3MoeForCausalLM",)
     gguf_architectures = ("qwen3moe", "qwen3vlmoe")  # (Qwen3-VL-MoE's text half alone: M-RoPE on text is 1-D)
     qk_norm = True

@@ -120,7 +120,6 @@ class Qwen3VisionTower(QwenVisionLM):
 
 class Qwen3VL(Qwen3VisionTower, Qwen3):
     name = "qwen3_vl"
-    hf_model_types = ("qwen3_vl",)
     hf_architectures = ("Qwen3VLForConditionalGeneration",)
     gguf_architectures = ()  # (a text GGUF alone is a Qwen3's; with its mmproj: config_from_mmproj)
     mmproj_text_architecture = "qwen3vl"

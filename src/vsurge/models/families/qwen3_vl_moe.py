@@ -29,7 +29,6 @@ class Qwen3VLMoeConfig(Qwen3VLConfig, Qwen2MoeConfig):
 
 class Qwen3VLMoe(Qwen3VisionTower, Qwen3Moe):
     name = "qwen3_vl_moe"
-    hf_model_types = ("qwen3_vl_moe",)
     hf_architectures = ("Qwen3VLMoeForConditionalGeneration",)
     gguf_architectures = ()  # (a text GGUF alone is a Qwen3-MoE's; with its mmproj: config_from_mmproj)
     mmproj_text_architecture = "qwen3vlmoe"

@@ -26,7 +26,6 @@ class SmolLM3Config(ModelConfig):
 
 class SmolLM3(Llama):
     name = "smollm3"
-    hf_model_types = ("smollm3",)
     hf_architectures = ("SmolLM3ForCausalLM",)
     gguf_architectures = ("smollm3",)
     config_class = SmolLM3Config

@@ -3,7 +3,7 @@
 A family is one file, models/families/<family>.py, with a subclass of `CausalLM` that declares:
 
     config_class                 its ModelConfig subclass (config.py): the family's own fields
-    hf_model_types               HF `model_type`s it runs (and `hf_architectures`, informative)
+    hf_model_types               HF `model_type`s it runs (default: its `name`; `hf_architectures` is informative)
     gguf_architectures           GGUF `general.architecture`s it runs
     config_from_hf(cfg, where)   HF config.json dict -> config
     config_from_gguf(meta, where)  GGUF metadata (models/parts/config_io.GGUFMeta) -> config
@@ -93,11 +93,16 @@ class CausalLM(nnx.Module):
     """Embedding -> decoder layers -> final norm -> output head. Families subclass it."""
 
     config_class: ClassVar[type] = ModelConfig
-    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    hf_model_types: ClassVar[tuple[str, ...]] = ()  # a family's own `name` unless it declares them
     hf_architectures: ClassVar[tuple[str, ...]] = ()
     gguf_architectures: ClassVar[tuple[str, ...]] = ()
     # GGUF tensors the config is read from (not weights), e.g. rope frequency factors
     gguf_config_tensors: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls) and "hf_model_types" not in vars(cls):
+            cls.hf_model_types = (cls.name,)
 
     # ---------------------------------------------------------------- declarations
     @classmethod
