@@ -238,10 +238,7 @@ def _in_seed(module: str) -> bool:
 # The seed's fence (issue 61): seed/ holds the seed's classes on top of vsurge's own API, and only the
 # package root (`from vsurge import vEngine`, the seed's documents' `easydel.inference.vsurge.vEngine`)
 # re-exports them. Other modules that still import seed/, each with why (delete a line when it goes):
-SEED_IMPORTERS_KNOWN = {
-    "vsurge": "vSurge inherits vSurgeSeedAPI (seed/vsurge_api.py: create_vdriver, create_odriver, ...), so "
-              "`vsurge.vSurge` keeps the seed's methods; issue 61 item 1 moves that mix-in to seed/",
-}
+SEED_IMPORTERS_KNOWN: dict[str, str] = {}
 
 
 def test_nothing_outside_seed_imports_it_but_the_package_root():

@@ -18,7 +18,7 @@ _EXPORTS = {
     "SamplingParams": ".sampling.params",
     "StructuredOutput": ".structured.spec",
     "EngineConfig": ".engine.engine_config",
-    "vSurge": ".vsurge",
+    "vSurge": ".seed.vsurge_api",
     "vSurgeRequest": ".vsurge",
     "vSurgeApiServer": ".server",
     # the seed's classes (EasyDeL's names): this package root is their one door

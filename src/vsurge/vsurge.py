@@ -1,4 +1,4 @@
-"""vSurge: the asyncio face of a driver. Tokenizes, validates, submits, streams results back.
+"""Surge (users' `vsurge.vSurge`): the asyncio face of a driver. Tokenizes, validates, submits, streams results back.
 
 One caller request becomes `n` ActiveRequests (one per sample) sharing a
 ReturnChannel; closing or cancelling the consumer cancels them, which frees
@@ -16,7 +16,6 @@ from .engine.request import ActiveRequest, ReturnChannel, ReturnSample
 from .engine.validation import prepare_requests
 from .lora.api import AdapterAPI
 from .sampling.params import FIELD_NAMES, FIELDS, SamplingParams
-from .seed.vsurge_api import vSurgeSeedAPI
 from .engine.streams import merged_updates
 from .tokenizer.compat import chat_prompt_ids
 
@@ -88,7 +87,10 @@ vSurgeRequest = dataclasses.make_dataclass(  # noqa: N816 (the seed's name)
                "__doc__": "A completion request: the seed's fields plus every SamplingParams field."})
 
 
-class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
+class Surge(AdapterAPI):
+    """vsurge's own Python API over engines and their driver: what the CLI, the server and Ray replicas build.
+    Users get it as `vsurge.vSurge`, the seed's name (seed/vsurge_api.py adds the seed's constructors)."""
+
     def __init__(self, driver, vsurge_name: str | None = None):
         self._driver = driver
         self._name = vsurge_name or getattr(driver, "driver_name", "vsurge")
@@ -104,7 +106,7 @@ class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
                     vsurge_name: str | None = None, max_queue: int | None = None, interleaved_mode: bool = False,
                     tensor_parallel_size: int | None = None, data_parallel_size: int | None = None, mesh=None,
                     prefill_devices=None, decode_devices=None, prefill_tensor_parallel_size: int | None = None,
-                    transfer_backlog: int = 4, make_engine=None, make_driver=None) -> "vSurge":
+                    transfer_backlog: int = 4, make_engine=None, make_driver=None) -> "Surge":
         """A vSurge over engines built from `config`: paged (pages on demand, prefix caching,
         preemption; the pool is `num_pages`, else `hbm_utilization` of the memory free after the
         weights) or dense (a fixed run of KV pages per slot).
@@ -149,7 +151,7 @@ class vSurge(AdapterAPI, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
 
     @classmethod
     def _across_processes(cls, model, processor, make_engine, config, make_driver, name, prefill_devices,
-                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size) -> "vSurge":
+                          decode_devices, prefill_tensor_parallel_size, tensor_parallel_size) -> "Surge":
         """Disaggregated serving in a multi-process job: process 0 gets the prefill engines and a view
         of every decode engine; the others the decode engines on their devices (scale/remote.py)."""
         from .scale.remote import disaggregated_engines, store_name

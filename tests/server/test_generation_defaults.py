@@ -106,7 +106,7 @@ def test_the_server_gives_unset_fields_its_generation_defaults():
 
     from vsurge import vDriver
     from vsurge.server import vSurgeApiServer
-    from vsurge.vsurge import vSurge
+    from vsurge import vSurge
 
     seen = []
 

@@ -105,7 +105,7 @@ class LocalEngine:
         the one-user sizing above; the rest are EngineConfig's defaults (its one default context length too)."""
         from ..errors import ModelLoadError
         from ..loading import DEFAULT_MODEL_NAME, load, resolve_model_path
-        from ..vsurge import vSurge
+        from ..vsurge import Surge
 
         use_cache_dir(compilation_cache)
         status(f"Loading {model} ...")
@@ -122,7 +122,7 @@ class LocalEngine:
                           page_size=CLI_PAGE_SIZE, decode_steps=CLI_DECODE_STEPS, prefill_first=True,
                           **({"max_loras": 1, "max_lora_rank": CLI_LORA_RANK} if lora else {}))
             config = EngineConfig.fitted(loaded.config.max_position_embeddings, **(sizing | dict(settings or {})))
-            surge = vSurge.from_config(loaded, processor, config, paged=True,
+            surge = Surge.from_config(loaded, processor, config, paged=True,
                                        vsurge_name=DEFAULT_MODEL_NAME if model == "default" else None)
             if lora:
                 adapter = surge.load_adapter("lora", lora)

@@ -23,7 +23,7 @@ def build_server(args):
 
     from .local_engine import describe_kv_pool, describe_model, status, use_cache_dir
     from ..server import vSurgeApiServer
-    from ..vsurge import vSurge
+    from ..vsurge import Surge
 
     settings = engine_flags(args)
     loras = _lora_flags(args)
@@ -85,7 +85,7 @@ def build_server(args):
                                               if model_args.model != "default" else "SmolLM2-135M-Instruct")
         try:
             config = EngineConfig.fitted(model.config.max_position_embeddings, **model_settings)
-            surge = vSurge.from_config(model, processor, config, paged=paged, vsurge_name=name,
+            surge = Surge.from_config(model, processor, config, paged=paged, vsurge_name=name,
                                        max_queue=args.max_queue, **(parallel or {}))
         except ValueError as e:
             raise fail(str(e)) from None

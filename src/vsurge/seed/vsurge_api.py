@@ -1,4 +1,4 @@
-"""vSurge's seed methods: the constructors `create_vdriver` / `create_odriver` and the helpers
+"""The seed's `vSurge`: vsurge's own API (`vsurge.vsurge.Surge`) with the seed's methods, the constructors `create_vdriver` / `create_odriver` and the helpers
 for callers that buffer and merge streamed samples themselves.
 
 Called by: code written against the seed's `vSurge` (EasyDeL). The constructors map the seed's
@@ -12,6 +12,8 @@ own streams never need that: `ReturnSample.text` only ever holds whole character
 from __future__ import annotations
 
 import re
+
+from ..vsurge import Surge
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>$")
 
@@ -122,3 +124,8 @@ class vSurgeSeedAPI:  # noqa: N801
             out.append(("".join(p.text for p in parts), [t for p in parts for t in p.token_ids],
                         sample.tokens_per_second, sample.num_generated_tokens))
         return out
+
+
+class vSurge(Surge, vSurgeSeedAPI):  # noqa: N801 (the seed's name)
+    """What `from vsurge import vSurge` gives: every method of vsurge's own API (Surge: from_config, generate,
+    complete, chat, ...) and the seed's (create_vdriver, create_odriver and the response helpers)."""

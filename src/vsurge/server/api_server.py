@@ -22,7 +22,7 @@ from ..structured.reasoning import get_reasoning_parser
 from ..structured.tool_parsers import get_tool_parser
 from ..lora.view import AdaptedSurge
 from ..multimodal import MediaPolicy
-from ..vsurge import vSurge
+from ..vsurge import Surge
 from .adapters.response_store import ResponseStore
 from .app import build_app
 from .handlers import OpenAIHandlers
@@ -76,18 +76,18 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
     takes api_key too (docs/security.md). allow_runtime_lora: POST /v1/load_lora_adapter and
     /v1/unload_lora_adapter answer (else 403); lora_dir: the folder runtime adapters must lie in."""
 
-    def __init__(self, vsurge_map: dict[str, vSurge] | vSurge | None = None, max_workers: int = 10,
+    def __init__(self, vsurge_map: dict[str, Surge] | Surge | None = None, max_workers: int = 10,
                  oai_like_processor: bool = True, api_key: str | None = None, tool_call_parser: str = "auto",
                  reasoning_parser: str | None = None, response_store: ResponseStore | None = None,
                  media_policy: MediaPolicy | None = None, admin_api_key: str | None = None,
                  guard_metrics: bool = False, allow_runtime_lora: bool = False, lora_dir: str | None = None):
         if vsurge_map is None:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
-        if isinstance(vsurge_map, vSurge):
+        if isinstance(vsurge_map, Surge):
             vsurge_map = {vsurge_map.vsurge_name: vsurge_map}
         if not vsurge_map:
             raise ValueError("vSurgeApiServer needs at least one vSurge")
-        self.surges: dict[str, vSurge] = dict(vsurge_map)
+        self.surges: dict[str, Surge] = dict(vsurge_map)
         for name, surge in self.surges.items():
             surge.metrics.rename(name)  # series carry the served name, as /v1/models shows it
         if not isinstance(max_workers, int) or max_workers < 1:
@@ -126,7 +126,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
         asyncio.get_running_loop().set_default_executor(self.executor)
 
     # ------------------------------------------------------------ models
-    def get(self, model: str | None) -> vSurge | None:
+    def get(self, model: str | None) -> Surge | None:
         """The vSurge serving `model`: a model's name, or a LoRA adapter's (its base, generating with it)."""
         if not model:
             return next(iter(self.surges.values()))
@@ -138,7 +138,7 @@ class vSurgeApiServer(OpenAIHandlers):  # noqa: N801 (the seed's name)
                 return AdaptedSurge(base, model)
         return None
 
-    def adopt(self, name: str, surge: vSurge) -> None:
+    def adopt(self, name: str, surge: Surge) -> None:
         """A model the router loaded (started already) joins the served ones."""
         surge.metrics.rename(name)
         self.surges[name] = surge
