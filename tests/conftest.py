@@ -179,9 +179,10 @@ class CompileCounter:
 # alone at the end. The first four stagger the shared default server's two starts: one process runs
 # test_sharding (~2.5 min), the other test_families_serving then test_server (the first start); the next
 # file, test_conformance_requests, starts it again after test_sharding and loads its programs from the
-# run's cache (xdist gives a process another file once its current one has <= 2 tests left).
+# run's cache (xdist gives a process another file once its current one has <= 2 tests left). test_ray_serve
+# (~3 min, its Ray cluster's starts) was missing from the list, so it ran among the last files.
 SLOW_FIRST = ("test_sharding.py", "test_families_serving.py", "test_server.py", "test_conformance_requests.py",
-              "test_vinference.py", "test_disaggregated.py", "test_web.py", "test_hybrid_families.py", "test_paged.py",
+              "test_ray_serve.py", "test_vinference.py", "test_disaggregated.py", "test_web.py", "test_hybrid_families.py", "test_paged.py",
               "test_cli.py", "test_lora_server.py", "test_conformance_schemas.py", "test_readme_quickstart.py",
               "test_seed_api.py", "test_vsurge.py", "test_gguf_families.py", "test_mmproj.py", "test_kv_int8.py",
               "test_models_vs_transformers.py", "test_models_router.py", "test_attention_backends.py",
