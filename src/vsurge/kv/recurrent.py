@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from ..config import StateLayer
+from ..hardware.devices import platform
 from . import STATE_DTYPES
 
 
@@ -142,6 +143,15 @@ def _as_bits(update, rows, values):
 ROW_BY_ROW_BYTES = 1 << 16
 
 
+def one_row_at_a_time(op, row_bytes: int) -> bool:
+    """Whether decode rows' states of `op` (row_bytes each) are updated one row after another in place, not
+    gathered, run together and scattered back: on XLA:CPU only (above). An accelerator's XLA scatters into the
+    donated states in place, and a row loop there runs 32 small updates a layer one after another: the v5e ran
+    the ~0.5B Qwen3.5-shaped hybrid's 32-row decode at 33% of its roofline with it, its dense twin at 54%
+    (docs/tpu.md, 2026-12-07)."""
+    return getattr(op, "row_by_row", False) and row_bytes >= ROW_BY_ROW_BYTES and platform() == "cpu"
+
+
 def _one_by_one(op, inputs, states, slots, positions, snaps=None, restore=None):
     """`_at_slots` for the rows one at a time (a scan): the same results, each state read and
     written where it lives (a dynamic slice and a dynamic update, in place; a gather, a select and
@@ -201,8 +211,7 @@ def run_packed(op, inputs, states, layout, snaps=None, drafts=None):
     if d:
         rows = tuple(a[0, :d, None] for a in inputs)  # (D, 1, ...)
         row_bytes = math.prod(states.shape[1:]) * states.dtype.itemsize
-        in_place = getattr(op, "row_by_row", False) and row_bytes >= ROW_BY_ROW_BYTES
-        at_slots = _one_by_one if in_place else _at_slots
+        at_slots = _one_by_one if one_row_at_a_time(op, row_bytes) else _at_slots
         restore = None if drafts is None else layout.decode_restore
         fused = None
         if restore is None and getattr(op, "in_place", None) is not None:
