@@ -9,7 +9,8 @@
 #               2048 tokens; the default model at 1 / 16 / 64; the 1B shape at 1 / 16 / 64 / 256 and the 3B
 #               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
 #   (inprocess and server: serving's two halves alone, server with a third start from vsurge's program store;
-#   TRACE=1 in the environment: the default stage writes perfetto traces of its decode calls to $OUT/trace)
+#   TRACE=1 in the environment: the default and hybrid stages write perfetto traces of their decode calls to
+#   $OUT/trace and $OUT/trace-hybrid)
 #   probe       benchmarks/compile_probe.py: a mixed program of the default model compiled alone under the profiler
 #               (XLA's passes: benchmarks/host_trace_summary.py on the trace), and a decode program
 #   serving     benchmarks/tpu_serving.py: vSurge in-process (1B shape, default model; 1 and 64 concurrent
@@ -153,7 +154,7 @@ for stage in ${STAGES//,/ }; do
         ;;
     hybrid)
         step 95 "hybrid against dense" python3 benchmarks/roofline.py --decode-steps 8 --models hybrid \
-            --streams 1,32 --prompt-len 512
+            --streams 1,32 --prompt-len 512 ${TRACE:+--trace "$OUT/trace-hybrid"}
         ;;
     esurge)
         EDL=$(for dir in "$@"; do ls "$dir"/easydel-*.whl >/dev/null 2>&1 && echo "$dir"; done | head -1)
