@@ -1,5 +1,6 @@
-"""The seed's `vSurge`: vsurge's own API (`vsurge.vsurge.Surge`) with the seed's methods, the constructors `create_vdriver` / `create_odriver` and the helpers
-for callers that buffer and merge streamed samples themselves.
+"""The seed's `vSurge`: vsurge's own API (`vsurge.vsurge.Surge`) with the seed's methods, the constructors
+`create_vdriver` / `create_odriver` and the helpers for callers that buffer and merge streamed samples
+themselves.
 
 Called by: code written against the seed's `vSurge` (EasyDeL). The constructors map the seed's
 keywords onto an EngineConfig (seed/engine_kwargs.py) and build the seed's engines and drivers
