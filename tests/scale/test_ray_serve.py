@@ -23,12 +23,15 @@ import openai  # noqa: E402
 
 from server_process import ENV, free_port  # noqa: E402
 
-SERVE_FLAGS = ("--max-concurrent-decodes", "4", "--max-length", "256", "--prefill-lengths", "64,128",
+SERVE_FLAGS = ("--max-concurrent-decodes", "4", "--max-length", "1024", "--prefill-lengths", "64,128",
                "--max-queue", "64")
 # streams in the kill test: half a replica's 4 slots, so the preamble's replica is not overloaded by them alone and
 # takes non-streamed requests too (with 4 the router sent those elsewhere, and the kill found no replica holding
 # both kinds: a CI run)
 STREAMS = 2
+# their length: long enough that the replica is still generating them when the test reads its stats, however fast
+# the machine (at 100 tokens a CI run found both already finished: no replica to kill holding streams)
+STREAM_TOKENS = 800
 PREAMBLE = ("You are the assistant of a small bakery. The bakery opens at seven, sells rye and wheat bread, "
             "croissants on weekends, and closes at six. Answer in one short sentence, politely, and never "
             "invent prices. Orders above ten loaves need a day's notice, and gifts go out on Fridays. ")
@@ -42,8 +45,9 @@ def _args(model: Path, cache: str):
 
 
 @pytest.fixture(scope="module")
-def ray_app(tiny_checkpoints, cache_dir):
+def ray_app(tmp_path_factory, default_processor_dir, cache_dir):
     """The application on a 2-CPU local cluster: base URL; the module's one cluster, shut down after."""
+    from tiny_models import write_tiny_model
     from vsurge.scale.ray_serve.app import APP_NAME, vsurge_application
 
     import vsurge
@@ -58,12 +62,14 @@ def ray_app(tiny_checkpoints, cache_dir):
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": env}, logging_level="WARNING")
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    model = tiny_checkpoints["llama"][0]
+    # the tiny llama with a context of 1024 (not 256): the kill test's streams outlast the test's reading of stats
+    model = tmp_path_factory.mktemp("tiny_llama_1024")
+    torch_model = write_tiny_model("llama", model, default_processor_dir, max_position_embeddings=1024)
     serve.run(vsurge_application(_args(model, cache_dir), replicas=2, stats_period_s=0.2), name=APP_NAME,
               route_prefix="/")
     base = f"http://127.0.0.1:{port}"
     name = httpx.get(base + "/v1/models", timeout=30).json()["data"][0]["id"]
-    yield {"base": base, "model": model, "name": name, "torch_model": tiny_checkpoints["llama"][1]}
+    yield {"base": base, "model": model, "name": name, "torch_model": torch_model}
     ray.shutdown()  # the cluster ends with its Serve controller and replicas (serve.shutdown's drain took ~5 s)
 
 
@@ -179,7 +185,7 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
         try:
             chunks = client.chat.completions.create(
                 model=name, messages=[{"role": "user", "content": PREAMBLE + f"Describe river {i}."}], temperature=0,
-                max_tokens=100, stream=True, extra_body={"ignore_eos": True})
+                max_tokens=STREAM_TOKENS, stream=True, extra_body={"ignore_eos": True})
             for n, _ in enumerate(chunks):
                 if n == 1:
                     first_began.set()
@@ -190,13 +196,12 @@ def test_a_killed_replica_loses_no_non_streamed_request(ray_app):
 
     with ThreadPoolExecutor(16) as pool:
         streams = [pool.submit(stream, 0)]
-        assert first_began.wait(timeout=120)  # the preamble is on a replica: the next one follows it there
+        assert first_began.wait(timeout=120), stream_ends  # the preamble is on a replica: the next one follows it there
         streams += [pool.submit(stream, i) for i in range(1, STREAMS)]
         streams_began.wait(timeout=120)
         asks = [pool.submit(ask, i) for i in range(12)]
-        # the replica holding the most streams, best while it also holds asks; the streams are short (100 tokens)
-        # and the replicas' stats lag, so after a few seconds it is killed holding its streams alone (CI runs
-        # found no moment with both twice)
+        # the replica holding the most streams, best while it also holds asks; after a few seconds it is killed
+        # holding its streams alone (CI runs found no moment with both twice)
         began = time.monotonic()
         while time.monotonic() - began < 60:
             replicas = _replicas()
