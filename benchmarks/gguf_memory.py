@@ -90,6 +90,10 @@ def make_gguf(binary: str, kind: str = "Q4_K_M", size: str = "1b") -> Path:
         print("writing the random checkpoint ...", flush=True)
         write_checkpoint(hf, SHAPES[size])
     if not f16.exists():
+        import importlib.util
+
+        if importlib.util.find_spec("sentencepiece") is None:  # its vocabulary path imports it (the error is hidden)
+            sys.exit("llama.cpp's convert_hf_to_gguf.py needs the sentencepiece package: pip install sentencepiece")
         print("converting with convert_hf_to_gguf.py ...", flush=True)
         env = {**os.environ, "PYTHONPATH": str(llama_cpp / "gguf-py")}
         subprocess.run([sys.executable, str(llama_cpp / "convert_hf_to_gguf.py"), str(hf), "--outfile", str(f16),
