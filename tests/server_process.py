@@ -29,8 +29,39 @@ def client_for(server, api_key="unused", **kw):
     return openai.OpenAI(base_url=server.base + "/v1", api_key=api_key, max_retries=0, **kw)
 
 
+# Ports for the tests' servers come from below the kernel's ephemeral range (and above Ray's worker ports,
+# 10002-19999): a port the OS hands out for bind(0) is free only until the server binds it, seconds later
+# after compiling, and meanwhile any outgoing connection (gloo, gRPC, Ray) may take it as its local port;
+# a CI run lost the two-process server's metrics port that way ("Address already in use").
+_PORTS = (20000, 32767)
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, outside the range outgoing connections draw from, not handed out before by
+    this process."""
+    import random
+
+    high = min(_PORTS[1], _ephemeral_low() - 1)
+    for _ in range(200 if high > _PORTS[0] else 0):
+        port = random.randint(_PORTS[0], high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    with socket.socket() as s:  # (a machine whose ephemeral range starts low: the OS's choice)
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
