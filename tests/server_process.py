@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 
@@ -39,7 +41,7 @@ _handed_out: set[int] = set()
 
 def _ephemeral_low() -> int:
     try:
-        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
 
@@ -47,8 +49,6 @@ def _ephemeral_low() -> int:
 def free_port() -> int:
     """A loopback port free now, outside the range outgoing connections draw from, not handed out before by
     this process."""
-    import random
-
     high = min(_PORTS[1], _ephemeral_low() - 1)
     for _ in range(200 if high > _PORTS[0] else 0):
         port = random.randint(_PORTS[0], high)
