@@ -361,7 +361,8 @@ def test_autoscaling_goes_to_two_replicas_under_load_and_back_to_one_idle(ray_ap
             time.sleep(0.5)
         return time.monotonic() - began
 
-    config = autoscaling_config(1, 2, upscale_delay_s=1.0, downscale_delay_s=3.0, look_back_period_s=2.0)
+    # downscale after 1 s idle, not 3: the 2 -> 1 wait is idle time (~5 s with 3)
+    config = autoscaling_config(1, 2, upscale_delay_s=1.0, downscale_delay_s=1.0, look_back_period_s=2.0)
     # Ray 2.60's replicas push their stats to the controller every metrics_interval_s of this config (10 s by
     # default; the RAY_SERVE_..._PUSH_INTERVAL_S variable set above is its announced replacement, not read yet):
     # 10 s stale stats made each of 1 -> 2 and 2 -> 1 wait up to 10 s longer
