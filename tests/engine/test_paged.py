@@ -169,7 +169,7 @@ def test_cancelled_and_stopped_sequences_free_their_pages(paged, default_model):
 
     async def consume(prompt, cancel_after, stop):
         seen = 0
-        # 16 tokens: 10 sequences over 4 slots still overlap, cancelled ones leave at 3 (40 cost ~5 s more)
+        # 16 tokens: 10 sequences over 4 slots still overlap, cancelled ones leave at 3 (40 cost ~3 s more)
         request = vSurgeRequest(prompt=prompt, max_tokens=16, temperature=0.0, ignore_eos=True, stop=stop)
         async for samples in paged.complete(request):
             seen += len(samples[0].token_ids)
