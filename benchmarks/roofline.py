@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -221,7 +222,8 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
             plan = scheduler.schedule()
         step = timed(lambda: run(plan), args.reps) / plan.num_steps  # a call runs num_steps decode steps
         if getattr(args, "trace", None) and n in (streams[0], streams[-1]):
-            trace(f"{args.trace}/{name.split()[1 if name.startswith('random') else 0]}-{n}", lambda: run(plan))
+            slug = re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-")  # the device tool brings back plain names only
+            trace(f"{args.trace}/{slug}-{n}", lambda: run(plan))
         context = args.prompt_len + 1
         kv_read = n * -(-context // page) * page * per_token + 2 * n * state_row
         roofline = (read + kv_read) / bandwidth
@@ -243,7 +245,8 @@ def measure(name, model, processor, streams: list[int], args, bandwidth, peak) -
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="8b,default", help="any of 8b, 3b, 1b (random Llama shapes), default and "
-                                                  "hybrid (a ~0.5B Qwen3.5 shape and the dense model of its size)")
+                                                  "hybrid (a ~0.5B Qwen3.5 shape and the dense model of its size; "
+                                                  "hybrid-alone: without the dense one)")
     p.add_argument("--quantization", default=None, help="int8: the random shapes' matrices and head as int8 with "
                                                        "per-channel scales (the 8B shape then fits a 16 GB chip)")
     p.add_argument("--attention-backend", default="auto", help="EngineConfig.attention_backend (kv/backends)")
@@ -274,10 +277,10 @@ def main(argv=None) -> int:
     _, processor = vsurge.load("default", progress=False)
     rows = []
     for which in args.models.split(","):
-        if which == "hybrid":  # two models: the hybrid, then the dense one of its size
+        if which in ("hybrid", "hybrid-alone"):  # the hybrid, then (not alone) the dense model of its size
             from hybrid_decode import models as hybrid_models
 
-            for name, model in hybrid_models(jnp.bfloat16).items():
+            for name, model in list(hybrid_models(jnp.bfloat16).items())[:1 if which == "hybrid-alone" else 2]:
                 rows += measure_what_fits(f"~0.5B {name}", model, processor, streams, args, bandwidth, peak)
                 del model
             continue

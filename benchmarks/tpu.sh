@@ -10,7 +10,7 @@
 #               shape at 1 / 64 / 256 (random bfloat16 weights, 512-token prompts, 8 decode steps a call)
 #   (inprocess and server: serving's two halves alone, server with a third start from vsurge's program store;
 #   TRACE=1 in the environment: the default and hybrid stages write perfetto traces of their decode calls to
-#   $OUT/trace and $OUT/trace-hybrid)
+#   $OUT/trace, flattened to $OUT/trace-NAME.json.gz)
 #   probe       benchmarks/compile_probe.py: a mixed program of the default model compiled alone under the profiler
 #               (XLA's passes: benchmarks/host_trace_summary.py on the trace), and a decode program
 #   serving     benchmarks/tpu_serving.py: vSurge in-process (1B shape, default model; 1 and 64 concurrent
@@ -25,7 +25,9 @@
 #   wide        benchmarks/roofline.py: the 1B shape at 256 streams with 4 queries a kernel block on decode steps
 #               (8 is the default), a perfetto trace of its decode calls to $OUT
 #   hybrid      benchmarks/roofline.py --models hybrid: a ~0.5B Qwen3.5-shaped hybrid (Gated DeltaNet) against
-#               the dense model of its size, 1 and 32 streams, against the roofline (states read and written)
+#               the dense model of its size, 1 and 32 streams, against the roofline (states read and written);
+#               HYBRID=hybrid-alone and HYBRID_STREAMS=32 in the environment: the hybrid alone, those streams;
+#               first benchmarks/tpu_gated_delta.py: the Pallas delta kernel against XLA's gather/step/scatter
 #   esurge      benchmarks/esurge_side_by_side.py: EasyDeL's eSurge on the 1B shape, 64 concurrent 512-token
 #               prompts, 128 tokens, 64 tokens a step (at its default 768 its 7 buckets compile for longer than
 #               a call's 10 minutes) (needs a DIR holding its wheels: benchmarks/esurge_install.sh installs them
@@ -153,8 +155,9 @@ for stage in ${STAGES//,/ }; do
             --models 1b --streams 256 --decode-queries 4 --trace "$OUT/trace"
         ;;
     hybrid)
-        step 95 "hybrid against dense" python3 benchmarks/roofline.py --decode-steps 8 --models hybrid \
-            --streams 1,32 --prompt-len 512 ${TRACE:+--trace "$OUT/trace-hybrid"}
+        step 15 "the gated delta decode kernel against XLA's form" python3 benchmarks/tpu_gated_delta.py
+        step 95 "hybrid against dense" python3 benchmarks/roofline.py --decode-steps 8 --models "${HYBRID:-hybrid}" \
+            --streams "${HYBRID_STREAMS:-1,32}" --prompt-len 512 ${TRACE:+--trace "$OUT/trace"}
         ;;
     esurge)
         EDL=$(for dir in "$@"; do ls "$dir"/easydel-*.whl >/dev/null 2>&1 && echo "$dir"; done | head -1)

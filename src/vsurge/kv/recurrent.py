@@ -125,11 +125,13 @@ def put_row(rows, value, index):
 
 
 def _as_bits(update, rows, values):
-    """update(rows, values) with values cast to rows' dtype; a 2-byte float array is updated as its
-    uint16 bits: XLA:CPU widens a bfloat16 scatter or dynamic-update-slice to float32 over the whole
-    array (convert, update, convert back) rather than writing the rows."""
+    """update(rows, values) with values cast to rows' dtype; on a CPU a 2-byte float array is updated as
+    its uint16 bits: XLA:CPU widens a bfloat16 scatter or dynamic-update-slice to float32 over the whole
+    array (convert, update, convert back) rather than writing the rows. Not elsewhere: a v5e copied the
+    whole state array into its bits and back every layer and step (1.9 ms of a ~0.5B Qwen3.5-shaped hybrid's
+    7.6 ms 32-row decode step, benchmarks/roofline.py --models hybrid --trace, 2026-12-07)."""
     values = values.astype(rows.dtype)
-    if rows.dtype.itemsize != 2 or not jnp.issubdtype(rows.dtype, jnp.floating):
+    if rows.dtype.itemsize != 2 or not jnp.issubdtype(rows.dtype, jnp.floating) or platform() != "cpu":
         return update(rows, values)
     bits = update(jax.lax.bitcast_convert_type(rows, jnp.uint16), jax.lax.bitcast_convert_type(values, jnp.uint16))
     return jax.lax.bitcast_convert_type(bits, rows.dtype)
