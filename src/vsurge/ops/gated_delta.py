@@ -79,10 +79,14 @@ def gated_delta_in_place(inputs, states, slots, fresh, valid):
     dk, dv) (float32 or bfloat16) at `slots` (R,), by the C++ kernel (kernels/recurrent_decode.cc), which
     reads and writes each row's state where it is, once each way: inputs (q, k, v, g, beta) of R rows
     as `gated_delta_step` takes them; fresh (R,) bool: start from a zero state; valid (R,) bool.
-    Returns (out (R, Hv, dv) in v.dtype, states), or None where the kernel cannot run (not a CPU, no
-    kernels, another dtype, or a mesh of several devices: the states are split over heads)."""
+    Returns (out (R, Hv, dv) in v.dtype, states), or None where no kernel can run (another dtype, a mesh of
+    several devices: the states are split over heads; a CPU without the kernels). On a TPU the Pallas kernel
+    of ops/gated_delta_tpu.py does the same."""
     from .. import kernels
+    from . import gated_delta_tpu
 
+    if gated_delta_tpu.usable(states, inputs[1].shape[-1], inputs[2].shape[-1]):
+        return gated_delta_tpu.gated_delta_pallas(inputs, states, slots, fresh, valid)
     if not kernels.in_place_usable(states):
         return None
     q, k, v, g, beta = inputs
