@@ -117,6 +117,18 @@ class Server:
                 time.sleep(0.25)
         raise TimeoutError(self.ready_url)
 
+    def wait_compiled(self, timeout: float = 600) -> float:
+        """Seconds waited until no program compiles in the background (vsurge's /v1/stats
+        `programs_compiling`; a server without it, llama-server, is taken as compiled)."""
+        began, deadline = time.perf_counter(), time.time() + timeout
+        with self.client(timeout=10) as client:
+            while time.time() < deadline:
+                r = client.get(self.base + "/v1/stats")
+                if r.status_code != 200 or not any(m.get("programs_compiling") for m in r.json().get("models", [])):
+                    return time.perf_counter() - began
+                time.sleep(1.0)
+        raise TimeoutError(f"{self.name}: programs still compiling after {timeout} s")
+
     def model(self) -> str:
         with self.client(timeout=30) as client:
             return client.get(self.base + "/v1/models").json()["data"][0]["id"]

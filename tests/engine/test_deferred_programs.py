@@ -27,6 +27,7 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
     from vsurge import SamplingParams
     from vsurge.engine import deferred_programs
     from vsurge.engine.program_kinds import DECODE, MIXED, kind_of
+    from vsurge.server.stats import programs_compiling
     from dense_generator import greedy_generate
 
     surge, model, processor = surge_of(tiny_checkpoints, "serving")
@@ -48,6 +49,7 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
     start = {key for key in engine.buckets() if deferred_programs.at_start(engine, key)}
     assert set(engine._compiled) == start  # nothing else yet: the rest is held
     assert engine.deferred.pending == len(engine.buckets()) - len(start) > 0
+    assert programs_compiling(surge) == engine.deferred.pending  # what /v1/stats says
     c = engine.config
     assert {key for key in start if kind_of(key) is DECODE} == {DECODE.key(max(c.decode_rows), w) for w in c.page_windows}
     assert {key[2] for key in start if kind_of(key) is MIXED} == deferred_programs.start_shapes(c)
@@ -65,7 +67,7 @@ def test_steps_use_only_compiled_programs_until_the_background_is_done(tiny_chec
         assert all(ready for key, ready in requested if kind_of(key) in (DECODE, MIXED))
 
         gate.set()
-        assert engine.deferred.wait(120) and engine.deferred.pending == 0
+        assert engine.deferred.wait(120) and engine.deferred.pending == 0 == programs_compiling(surge)
         assert set(engine._compiled) == set(engine.buckets())
         requested.clear()
         (alone,) = asyncio.run(surge.generate(PROMPTS[3], params))

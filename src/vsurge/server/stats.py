@@ -100,6 +100,9 @@ class _ReplicaIdentity(BaseModel):
 class _ModelIdentity(BaseModel):
     name: str = Field(description="the name clients send as `model`")
     ready: bool = Field(description="compiled and running")
+    programs_compiling: int = Field(default=0, description=(
+        "programs still compiling in the background after ready (an accelerator's other row counts, chunk "
+        "shapes and image-tile buckets: a step or image that needs one waits for it); 0 once all are"))
     max_model_len: int = Field(description="context length (prompt + output tokens)")
     weight_bytes: int = Field(description="bytes of the weights held in memory by this process (all its engines, each model once)")
     kv_cache_bytes: int = Field(description="bytes of the KV cache pools (all engines)")
@@ -281,10 +284,17 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
     total = raws[0]
     for raw in raws[1:]:
         total = total.add(raw)
-    return ModelStats(name=name, ready=bool(surge.ready), max_model_len=surge.max_length, **memory_fields(surge),
+    return ModelStats(name=name, ready=bool(surge.ready), programs_compiling=programs_compiling(surge),
+                      max_model_len=surge.max_length, **memory_fields(surge),
                       replicas=[ReplicaStats(id=i, role=getattr(r.metrics, "role", "both"), **raw.fields())
                                 for i, (r, raw) in enumerate(zip(replicas, raws))],
                       **total.fields())
+
+
+def programs_compiling(surge) -> int:
+    """Background compiles not finished in a vSurge's engines (engine/deferred_programs.py)."""
+    engines = dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", []))
+    return sum(e.deferred.pending for e in engines if getattr(e, "deferred", None) is not None)
 
 
 class _Replica:
