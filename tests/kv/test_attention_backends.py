@@ -57,8 +57,17 @@ def test_tpu_pools_keep_the_bytes_of_their_keys_and_values(heads, k_dim, v_dim, 
     assert page_bytes((layer,), 16, jnp.bfloat16, backends.get("tpu").held_heads) * 5 == \
         (k[0].size + v[0].size) * 2
     assert tpu.fold_of(held, k_dim, v_dim) == fold
-    if k_dim == v_dim:
+    if tpu.kernel_layout(heads, k_dim, v_dim, jnp.bfloat16):
         assert k[0].shape == (5, 16, 2 * held // fold, fold * k_dim) and v[0].shape == (5, 0)
+    else:  # pages only XLA's loop reads: heads-major, keys and values apart
+        assert k[0].shape == (5, heads, 16, k_dim) and v[0].shape == (5, heads, 16, v_dim)
+
+
+def test_only_layers_the_kernel_serves_take_its_combined_layout():
+    combined = [(8, 64, 64), (3, 64, 64), (2, 128, 128), (4, 32, 32), (3, 128, 128)]
+    heads_major = [(2, 96, 64), (1, 256, 256), (4, 256, 256), (3, 80, 80)]  # dk != dv, 256 lanes, never 128 lanes
+    assert all(tpu.kernel_layout(*shape, jnp.bfloat16) for shape in combined)
+    assert not any(tpu.kernel_layout(*shape, jnp.bfloat16) for shape in heads_major)
 
 
 def test_the_kernel_is_asked_only_for_head_counts_it_tiles():
@@ -158,6 +167,7 @@ CASES = [  # kv_heads, group, dim, page, decode positions, chunk rows (start, re
     (8, 4, 64, 8, [0, 9, 30, -1, 17], [(5, 7, 8), (0, 3, 8)]),  # head_dim 64 folded in pairs, a window below
     (3, 3, 64, 16, [40, -1, 2], [(16, 16, 16)]),  # the default model's heads: odd KVH, held as four, folded
     (2, 1, 128, 8, [23, 7], [(9, 4, 4)]),  # MHA, full lanes
+    (2, 2, 256, 8, [12, -1, 5], [(8, 6, 8)]),  # 256-lane heads (Gemma, Qwen3.5): heads-major pages, XLA's loop
 ]
 
 
@@ -184,16 +194,18 @@ def test_tpu_layout_with_sinks_and_keys_wider_than_values():
     sinks = jnp.asarray(np.random.default_rng(1).normal(size=(4,)), jnp.float32)
     want, _ = run("xla", layers, num_pages, 8, q, k, v, layout, history, spec, sinks)
     got, cache = run("tpu", layers, num_pages, 8, q, k, v, layout, history, spec, sinks)
-    assert cache.k[0].shape == (num_pages, 8, 2, 96) and cache.v[0].shape == (num_pages, 8, 2, 64)
+    assert cache.k[0].shape == (num_pages, 2, 8, 96) and cache.v[0].shape == (num_pages, 2, 8, 64)  # heads-major
     rows = real_rows(layout)
     np.testing.assert_allclose(got[rows], want[rows], atol=2e-5, rtol=2e-5)
 
 
-def test_tpu_layout_write_copies_nothing_the_size_of_the_pool():
+@pytest.mark.parametrize("kv_heads,group,dim,pool", [(8, 4, 64, "8,8,128"), (2, 2, 256, "2,8,256")])
+def test_tpu_layout_write_copies_nothing_the_size_of_the_pool(kv_heads, group, dim, pool):
     """The compiled step over a donated pool scatters rows in place: no copy, convert or transpose of an
-    array the size of the layer's pool (the column layout's TPU path re-laid every page every step). float32
-    pages: XLA:CPU has no 16-bit scatter and converts around one (a TPU scatters bfloat16 natively)."""
-    layers, num_pages, q, k, v, layout, _ = step(8, 4, 64, 8, [9, 30, 17], [], seed=2)
+    array the size of the layer's pool (the column layout's TPU path re-laid every page every step), for the
+    kernel's combined pages and the heads-major ones of 256-lane heads. float32 pages: XLA:CPU has no 16-bit
+    scatter and converts around one (a TPU scatters bfloat16 natively)."""
+    layers, num_pages, q, k, v, layout, _ = step(kv_heads, group, dim, 8, [9, 30, 17], [], seed=2)
     cache = PagedAttentionCache.init(layers, num_pages, 8, jnp.float32, backend="tpu")
     spec = AttentionSpec(scale=0.125)
 
@@ -202,9 +214,9 @@ def test_tpu_layout_write_copies_nothing_the_size_of_the_pool():
         return out, cache.storage_only()
 
     text = jax.jit(one, donate_argnums=(0,)).lower(cache, q, k, v, layout).compile().as_text()
-    pool = re.compile(rf"= \w+\[{num_pages},8,8,128\]\S* (copy|convert|transpose)\(")
-    assert not [line for line in text.splitlines() if pool.search(line)]
-    assert [line for line in text.splitlines() if f"[{num_pages},8,8,128]" in line and "scatter" in line]
+    relaid = re.compile(rf"= \w+\[{num_pages},{pool}\]\S* (copy|convert|transpose)\(")
+    assert not [line for line in text.splitlines() if relaid.search(line)]
+    assert [line for line in text.splitlines() if f"[{num_pages},{pool}]" in line and "scatter" in line]
 
 
 def test_decode_only_steps_ask_the_kernel_for_whole_page_tables_and_small_query_blocks():
@@ -232,21 +244,32 @@ def test_the_tpu_kernel_does_not_run_in_interpret_mode_on_cpu_yet():
 
 
 # ------------------------------------------------------------------ an engine on the tpu layout (CPU)
-@pytest.mark.parametrize("name,pages", [("llama", 16), ("gemma3", 5)])  # gemma3: windows, preemption (5 pages)
-def test_an_engine_on_the_tpu_layout_gives_the_reference_tokens(name, pages, tiny_checkpoints):
+# gemma3: windows, preemption (5 pages); both tiny models' 16-lane heads are kept heads-major, 64-lane ones
+# take the kernel's combined pages (folded in pairs)
+@pytest.mark.parametrize("name,pages", [("llama", 16), ("gemma3", 5), ("llama-64-lane-heads", 16)])
+def test_an_engine_on_the_tpu_layout_gives_the_reference_tokens(name, pages, tiny_checkpoints, default_processor_dir,
+                                                                 tmp_path):
     import asyncio
 
     import vsurge
     from vsurge import EngineConfig, SamplingParams, vSurge
     from dense_generator import greedy_generate
+    from tiny_models import write_tiny_model
 
     prompts = ["one two three one two three one two", "The ducks of the river ran past the mill"]
-    model, processor = vsurge.load(tiny_checkpoints[name][0], dtype=jnp.float32, progress=False)
+    if name == "llama-64-lane-heads":
+        write_tiny_model("llama", tmp_path, default_processor_dir, head_dim=64)
+        folder = tmp_path
+    else:
+        folder = tiny_checkpoints[name][0]
+    model, processor = vsurge.load(folder, dtype=jnp.float32, progress=False)
     config = EngineConfig(max_slots=4, max_length=64, prefill_tokens=16, chunk_lengths=(16,), row_buckets=(4,),
                           window_buckets=(4,), prefill_first=True, page_size=16, decode_steps=4, num_pages=pages,
                           attention_backend="tpu")
     surge = vSurge.create_odriver(model, processor, config=config)
     assert surge.engine.attention_backend == "tpu"
+    combined = name == "llama-64-lane-heads"
+    assert all(tpu.kernel_layout(l.heads, l.k_dim, l.v_dim, jnp.float32) == combined for l in model.config.kv_layout)
     surge.compile()
     surge.start()
     try:

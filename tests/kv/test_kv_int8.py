@@ -204,21 +204,22 @@ def test_prefix_hits_preemption_host_tier_and_speculation_keep_the_int8_tokens(t
 
 def test_disk_tier_fingerprint_and_prefix_signature_name_the_kv_dtype(tiny_checkpoints, tmp_path):
     from vsurge.engine.tier_mover import fingerprint, make_host_tier
-    from vsurge.kv.backends.tpu import fold_of as tpu_fold
+    from vsurge.kv.backends.tpu import kernel_layout
 
     model, _ = load_tiny(tiny_checkpoints, "llama")
     base = EngineConfig(page_size=16, kv_cache_dir=str(tmp_path))
     int8 = base.replace(kv_cache_dtype="int8")
     assert fingerprint(model, base) != fingerprint(model, int8) != fingerprint(model, base.replace(kv_cache_dtype="fp8"))
-    # pages of another backend's layout never match either (kv/backends: the tpu layout is (P, ps, 2 KVH / f, f d))
+    # pages of another backend's layout never match either (kv/backends)
     assert fingerprint(model, base.replace(attention_backend="tpu")) != fingerprint(model, base)
     tier = make_host_tier(model, int8)
     layer = model.config.kv_layout[0]
     assert tier.disk.spec[0] == ((layer.heads, layer.k_dim + 2, 16), "int8")
     tier.disk.close()
     tpu = make_host_tier(model, base.replace(attention_backend="tpu", kv_cache_dir=str(tmp_path / "tpu")))
-    combined = 2 * layer.heads // tpu_fold(layer.heads, layer.k_dim, layer.v_dim)
-    assert tpu.disk.spec[0][0] == (16, combined, layer.k_dim * 2 * layer.heads // combined)  # the tpu layout's page
+    # the tiny model's 16-lane heads never make the kernel's 128: the tpu layout keeps its pages heads-major
+    assert not kernel_layout(layer.heads, layer.k_dim, layer.v_dim, model.dtype)
+    assert tpu.disk.spec[0][0] == (layer.heads, 16, layer.k_dim)
     tpu.disk.close()
 
 

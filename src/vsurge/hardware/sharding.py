@@ -189,9 +189,10 @@ def state_shardings(state, mesh: Mesh):
     keys and values split over their KV heads, every other leaf replicated."""
     def one(x):
         if _is_cache(x):
-            k_axes, v_axes = getattr(x, "k_axes", type(x).K_AXES), getattr(x, "v_axes", type(x).V_AXES)
-            k = [named_sharding(mesh, k_axes, a.shape) for a in x.k]
-            v = [named_sharding(mesh, v_axes, a.shape) for a in x.v]
+            axes = [x.layer_axes(i) if hasattr(x, "layer_axes") else (type(x).K_AXES, type(x).V_AXES)
+                    for i in range(len(x.k))]
+            k = [named_sharding(mesh, a[0], pool.shape) for a, pool in zip(axes, x.k)]
+            v = [named_sharding(mesh, a[1], pool.shape) for a, pool in zip(axes, x.v)]
             rest = jax.tree.map(lambda _: replicated(mesh), dataclasses.replace(x, k=[], v=[]))
             return dataclasses.replace(rest, k=k, v=v)
         return replicated(mesh)

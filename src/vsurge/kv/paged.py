@@ -134,14 +134,13 @@ class PagedAttentionCache:
                    drafts=init_states(state_layout, draft_rows + 1, state_dtype) if draft_rows else [],
                    pages=num_pages, size=page_size, backend=backend)
 
-    @property
-    def k_axes(self) -> tuple[str, ...]:
-        """The logical axes of this backend's key pools (hardware/sharding.py)."""
-        return get_backend(self.backend).K_AXES
-
-    @property
-    def v_axes(self) -> tuple[str, ...]:
-        return get_backend(self.backend).V_AXES
+    def layer_axes(self, layer: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The logical axes (hardware/sharding.py) of one attention layer's key and value pools, in the layout
+        of the pages' backend (the tpu backend's differ by layer)."""
+        backend = get_backend(self.backend)
+        if hasattr(backend, "pool_axes"):
+            return backend.pool_axes(self.k[layer], self.v[layer])
+        return backend.K_AXES, backend.V_AXES
 
     @property
     def num_pages(self) -> int:

@@ -1,7 +1,9 @@
 """The TPU backend: pages in the ragged-paged-attention layout, written in place, one kernel call a layer.
 
-Per attention layer one array (P, ps, 2 KVH / f, f dk): keys and values interleaved on the third axis (keys
-even, values odd), as JAX's Pallas `ragged_paged_attention` reads them. f (the fold) packs f consecutive KV
+Per attention layer the kernel serves one array (P, ps, 2 KVH / f, f dk): keys and values interleaved on the
+third axis (keys even, values odd), as JAX's Pallas `ragged_paged_attention` reads them. A layer it never
+serves (dk != dv, 256-lane heads, head counts it does not tile) keeps keys (P, KVH, ps, dk) and values (P, KVH,
+ps, dv) apart, heads-major: the order XLA's page-column loop reads, so XLA does not re-lay the pool for it. f (the fold) packs f consecutive KV
 heads into the 128 lanes of a TPU vector register where dk < 128: with dk 64 and an even KVH, KV heads 2g and
 2g+1 take lanes 0-63 and 64-127 of combined head g. The kernel then sees KVH / 2 heads of 128 lanes; each
 query is zero-padded to 128 lanes with its values in its own KV head's half, so q.k is its own head's dot
@@ -13,8 +15,8 @@ combined heads' packed rows) is padded with zero heads to the fewest that it doe
 no real query reads a padded head (queries are padded to match, their outputs dropped), and the pool is
 sized by the held count (kv/paged.pool_page_bytes).
 
-Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] into the donated pool, in place, so a step
-copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
+Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] (heads-major: (KVH, d) at [page, :,
+offset]) into the donated pool, in place, so a step copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
 rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
 do (sinks, local chunks, image rows that see their whole image, dk != dv, heads not 128 lanes wide, pages
 of another dtype than the queries), XLA's page-column loop over the same layout (columns.column_attention),
@@ -44,15 +46,26 @@ def fold_of(heads: int, k_dim: int, v_dim: int) -> int:
 
 def held_heads(heads: int, k_dim: int, v_dim: int, dtype) -> int:
     """KV heads a layer's pool holds: `heads`, or the fewest more, up to twice as many, that the kernel tiles
-    (three KV heads of 64 lanes: four). Layers the kernel cannot serve anyway (dk != dv, lanes that never
-    fill 128) keep their count."""
+    (three KV heads of 64 lanes: four). Layers the kernel cannot serve anyway (dk != dv, heads that never
+    make 128 lanes, 256-lane heads) keep their count."""
     if k_dim != v_dim:
         return heads
     for held in range(heads, 2 * heads + 1):
         f = fold_of(held, k_dim, v_dim)
-        if (f * k_dim) % LANES == 0 and tileable(2 * held // f, dtype):
+        if kernel_lanes(f * k_dim) and tileable(2 * held // f, dtype):
             return held
     return heads
+
+
+def kernel_layout(heads: int, k_dim: int, v_dim: int, dtype) -> bool:
+    """Whether a layer's pages take the kernel's combined layout (P, ps, 2 KVH / f, f dk). The others, which
+    only XLA's page-column loop reads, are kept heads-major, keys (P, KVH, ps, dk) and values (P, KVH, ps, dv):
+    in the combined layout a v5e copied each such layer's whole pool into that order every step (the ~0.5B
+    dense twin of benchmarks/hybrid_decode.py, head_dim 256: 1.62 ms of its 4.3 ms 32-row decode step,
+    `bf16[192,128,4,256]` re-laid after the K/V write; roofline.py --trace, 2026-12-07)."""
+    held = held_heads(heads, k_dim, v_dim, dtype)
+    f = fold_of(held, k_dim, v_dim)
+    return k_dim == v_dim and kernel_lanes(f * k_dim) and tileable(2 * held // f, dtype)
 
 
 def pad_heads(x, held: int):
@@ -161,26 +174,33 @@ def block_sizes(layout, width: int) -> dict:
 class TpuPages:
     name: str = "tpu"
 
-    K_AXES = ("pages", "page_offset", "kv_heads", "head_dim")
-    V_AXES = ("pages", "page_offset", "kv_heads", "head_dim")
+    K_AXES = ("pages", "page_offset", "kv_heads", "head_dim")  # the combined pools'
+    V_AXES = ("pages", "head_dim")  # (their empty value arrays)
+    HEADS_MAJOR_AXES = ("pages", "kv_heads", "page_offset", "head_dim")
 
     def init_pools(self, layers, num_pages: int, page_size: int, dtype) -> tuple[list, list]:
-        """Per layer a combined pool (P, ps, 2 KVH / f, f dk) and an empty (P, 0) value array; a layer whose
-        keys and values differ in width keeps them apart, (P, ps, KVH, dk) and (P, ps, KVH, dv)."""
+        """Per layer the kernel serves a combined pool (P, ps, 2 KVH / f, f dk) and an empty (P, 0) value array;
+        per other layer (kernel_layout) keys (P, KVH, ps, dk) and values (P, KVH, ps, dv) apart, heads-major."""
         if jnp.dtype(dtype) in (jnp.dtype(jnp.int8), jnp.dtype(jnp.float8_e4m3fn)):
             raise ValueError(f"the tpu attention backend stores float pages; kv_cache_dtype {jnp.dtype(dtype).name} "
                              "needs --attention-backend xla")
         k, v = [], []
         for l in layers:
-            if l.k_dim == l.v_dim:
+            if kernel_layout(l.heads, l.k_dim, l.v_dim, dtype):
                 held = self.held_heads(l, dtype)
                 f = fold_of(held, l.k_dim, l.v_dim)
                 k.append(jnp.zeros((num_pages, page_size, 2 * held // f, f * l.k_dim), dtype))
                 v.append(jnp.zeros((num_pages, 0), dtype))
             else:
-                k.append(jnp.zeros((num_pages, page_size, l.heads, l.k_dim), dtype))
-                v.append(jnp.zeros((num_pages, page_size, l.heads, l.v_dim), dtype))
+                k.append(jnp.zeros((num_pages, l.heads, page_size, l.k_dim), dtype))
+                v.append(jnp.zeros((num_pages, l.heads, page_size, l.v_dim), dtype))
         return k, v
+
+    def pool_axes(self, k, v) -> tuple[tuple, tuple]:
+        """The logical axes (hardware/sharding.py) of one layer's key and value arrays."""
+        if v.ndim == 2:
+            return self.K_AXES, self.V_AXES
+        return self.HEADS_MAJOR_AXES, self.HEADS_MAJOR_AXES
 
     @staticmethod
     def held_heads(layer, dtype) -> int:
@@ -200,11 +220,11 @@ class TpuPages:
             rows = interleave(pad_heads(k[0], held), pad_heads(v[0], held), fold)
             pool = pool.at[page, offset].set(rows.astype(pool.dtype), mode="drop")
             read = lambda ids: tuple(x[:, :kv_heads] for x in split_pages(pool[ids], held, q.dtype))  # noqa: E731
-        else:
-            pool = pool.at[page, offset].set(k[0].astype(pool.dtype), mode="drop")
-            values = values.at[page, offset].set(v[0].astype(values.dtype), mode="drop")
-            read = lambda ids: (pool[ids].transpose(0, 2, 3, 1).astype(q.dtype),  # noqa: E731
-                                values[ids].transpose(0, 2, 1, 3).astype(q.dtype))
+        else:  # heads-major (P, KVH, ps, d): each token's (KVH, d) rows at [page, :, offset]
+            pool = pool.at[page, :, offset].set(k[0].astype(pool.dtype), mode="drop")
+            values = values.at[page, :, offset].set(v[0].astype(values.dtype), mode="drop")
+            read = lambda ids: (pool[ids].transpose(0, 1, 3, 2).astype(q.dtype),  # noqa: E731
+                                values[ids].astype(q.dtype))
         cache = with_layer(cache, layer, pool, values)
         if combined and _kernel_serves(q, pool, spec, sinks, lay):
             return ragged_attention(q[0], pool, lay, spec, kv_heads)[None], cache
