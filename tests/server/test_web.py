@@ -537,9 +537,10 @@ def test_stats_schema_and_agreement_with_metrics(server):
     assert [(r["id"], r["role"]) for r in model["replicas"]] == [(0, "both")]
     replica = dict(model["replicas"][0])
     del replica["id"], replica["role"]
-    model_only = ("name", "ready", "max_model_len", "replicas", "weight_bytes", "kv_cache_bytes", "kv_cache_pages",
-                  "state_cache_bytes")
+    model_only = ("name", "ready", "programs_compiling", "max_model_len", "replicas", "weight_bytes", "kv_cache_bytes",
+                  "kv_cache_pages", "state_cache_bytes")
     assert replica == {k: v for k, v in model.items() if k not in model_only}  # memory: per model, not replica
+    assert model["programs_compiling"] == 0  # a CPU compiles every program before ready
     assert model["weight_bytes"] > 0 and model["kv_cache_bytes"] > 0 and model["kv_cache_pages"] > 0
     assert model["state_cache_bytes"] == 0  # no recurrent layers in the default model
 

@@ -62,13 +62,12 @@ def gated_delta_pallas(inputs, states, slots, fresh, valid, interpret: bool = Fa
     states). Rows' slots are distinct but for padding rows, which all take the spare last slot."""
     from jax.experimental.pallas import tpu as pltpu
 
-    from .gated_delta import _mask_invalid
-
     q, k, v, g, beta = inputs
     r, heads, dv = v.shape
     dk = k.shape[-1]
     groups = heads // k.shape[1]
-    g, beta = _mask_invalid(g, beta, valid)  # (R, Hv): 0 where invalid: the identity update
+    keep = valid[:, None]  # g = beta = 0 where invalid: the identity update (R, Hv)
+    g, beta = jnp.where(keep, g.astype(jnp.float32), 0.0), jnp.where(keep, beta.astype(jnp.float32), 0.0)
     q = jnp.repeat(q.astype(jnp.float32), groups, axis=1) * (dk ** -0.5)  # (R, Hv, dk)
     k = jnp.repeat(k.astype(jnp.float32), groups, axis=1)
     kq = jnp.zeros((r, heads, _ROWS, dk), jnp.float32).at[:, :, 0].set(k).at[:, :, 1].set(q)  # (R, Hv, 8, dk)
