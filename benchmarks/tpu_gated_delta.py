@@ -84,8 +84,8 @@ def main() -> int:
     out_x, new_x = jax.jit(xla_form)(inputs, states, slots, fresh, valid)
     out_err = float(jnp.max(jnp.abs(out_k - out_x)))
     state_err = float(jnp.max(jnp.abs(new_k.astype(jnp.float32) - new_x.astype(jnp.float32))))
-    print(f"{jax.devices()[0].device_kind}: {r} rows, {h} heads of {d} x {d}, bfloat16 states in {args.slots + 1} slots; "
-          f"kernel vs XLA: outputs differ by {out_err:.2e}, states by {state_err:.2e}", flush=True)
+    print(f"{jax.devices()[0].device_kind}: {r} rows, {h} heads of {d} x {d}, bfloat16 states in {args.slots + 1} "
+          f"slots; kernel vs XLA: outputs differ by {out_err:.2e}, states by {state_err:.2e}", flush=True)
     layer_bytes = 2 * r * h * d * d * 2  # each row's state read and written once
     for name, fn in (("Pallas kernel, in place", kernel), ("XLA gather, step, scatter", xla_form)):
         seconds = timed(fn, (inputs, states.copy(), slots, fresh, valid))

@@ -1,26 +1,26 @@
 """The TPU backend: pages in the ragged-paged-attention layout, written in place, one kernel call a layer.
 
-Per attention layer the kernel serves one array (P, ps, 2 KVH / f, f dk): keys and values interleaved on the
-third axis (keys even, values odd), as JAX's Pallas `ragged_paged_attention` reads them. A layer it never
-serves (dk != dv, 256-lane heads, head counts it does not tile) keeps keys (P, KVH, ps, dk) and values (P, KVH,
-ps, dv) apart, heads-major: the order XLA's page-column loop reads, so XLA does not re-lay the pool for it. f (the fold) packs f consecutive KV
-heads into the 128 lanes of a TPU vector register where dk < 128: with dk 64 and an even KVH, KV heads 2g and
-2g+1 take lanes 0-63 and 64-127 of combined head g. The kernel then sees KVH / 2 heads of 128 lanes; each
-query is zero-padded to 128 lanes with its values in its own KV head's half, so q.k is its own head's dot
-product, and the output keeps that half. The pages hold the same bytes as unfolded ones (the peers pad dk 64
-to 128: twice the KV bytes); only the queries' small arithmetic doubles.
+Per attention layer the kernel serves one array (P, ps, 2 KVH / f, f dk): keys and values interleaved on the third
+axis (keys even, values odd), as JAX's Pallas `ragged_paged_attention` reads them. A layer it never serves (dk !=
+dv, 256-lane heads, head counts it does not tile) keeps keys (P, KVH, ps, dk) and values (P, KVH, ps, dv) apart,
+heads-major: the order XLA's page-column loop reads, so XLA does not re-lay the pool for it. f (the fold) packs f
+consecutive KV heads into the 128 lanes of a TPU vector register where dk < 128: with dk 64 and an even KVH, KV
+heads 2g and 2g+1 take lanes 0-63 and 64-127 of combined head g. The kernel then sees KVH / 2 heads of 128 lanes;
+each query is zero-padded to 128 lanes with its values in its own KV head's half, so q.k is its own head's dot
+product, and the output keeps that half. The pages hold the same bytes as unfolded ones (the peers pad dk 64 to
+128: twice the KV bytes); only the queries' small arithmetic doubles.
 
 Held heads: a KV head count the kernel does not tile (the default model's three KV heads of 64 lanes: 1.5
 combined heads' packed rows) is padded with zero heads to the fewest that it does (four: two combined heads);
 no real query reads a padded head (queries are padded to match, their outputs dropped), and the pool is
 sized by the held count (kv/paged.pool_page_bytes).
 
-Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] (heads-major: (KVH, d) at [page, :,
-offset]) into the donated pool, in place, so a step copies nothing the size of the pool. Attention: every row of the step (D decode tokens, then P prompt-chunk
-rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and for what that kernel does not
-do (sinks, local chunks, image rows that see their whole image, dk != dv, heads not 128 lanes wide, pages
-of another dtype than the queries), XLA's page-column loop over the same layout (columns.column_attention),
-which reads only the rows' pages.
+Writes: one scatter of whole (2 KVH / f, f dk) rows at [page, offset] (heads-major: (KVH, d) at [page, :, offset])
+into the donated pool, in place, so a step copies nothing the size of the pool. Attention: every row of the step (D
+decode tokens, then P prompt-chunk rows of C tokens) in one ragged call on a TPU. Elsewhere (a CPU, the tests), and
+for what that kernel does not do (sinks, local chunks, image rows that see their whole image, dk != dv, heads not
+128 lanes wide, pages of another dtype than the queries), XLA's page-column loop over the layer's pages
+(columns.column_attention), which reads only the rows' pages.
 """
 
 from __future__ import annotations
