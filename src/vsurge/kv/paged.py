@@ -137,10 +137,7 @@ class PagedAttentionCache:
     def layer_axes(self, layer: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The logical axes (hardware/sharding.py) of one attention layer's key and value pools, in the layout
         of the pages' backend (the tpu backend's differ by layer)."""
-        backend = get_backend(self.backend)
-        if hasattr(backend, "pool_axes"):
-            return backend.pool_axes(self.k[layer], self.v[layer])
-        return backend.K_AXES, backend.V_AXES
+        return get_backend(self.backend).pool_axes(self.k[layer], self.v[layer])
 
     @property
     def num_pages(self) -> int:

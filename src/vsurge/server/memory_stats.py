@@ -88,7 +88,7 @@ def memory_fields(surge) -> dict:
     from ..engine.pools import state_cache_bytes
     from ..kv.paged import pool_page_bytes
 
-    engines = list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
+    engines = surge_engines(surge)
     # a remote (other-process) decode engine holds no model here: its pool is of the same model
     models = {id(e.model): e.model for e in engines if hasattr(e, "model")}
     same = next(iter(models.values()), None)
@@ -98,6 +98,11 @@ def memory_fields(surge) -> dict:
                 kv_cache_pages=sum(p.num_pages for p, _, _ in pools.values()),
                 state_cache_bytes=sum(state_cache_bytes(m, config, _snapshot_rows(p))
                                       for p, m, config in pools.values()))
+
+
+def surge_engines(surge) -> list:
+    """A vSurge's engines, each once (a disaggregated model's prefill and decode engines; none before it runs)."""
+    return list(dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", [])))
 
 
 def _snapshot_rows(pool) -> int:

@@ -23,7 +23,7 @@ from typing import Optional
 
 from pydantic import BaseModel, Field
 
-from .memory_stats import MemoryStats, memory_fields, memory_stats
+from .memory_stats import MemoryStats, memory_fields, memory_stats, surge_engines
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -293,8 +293,7 @@ def model_stats(name: str, surge, replicas: list) -> ModelStats:
 
 def programs_compiling(surge) -> int:
     """Background compiles not finished in a vSurge's engines (engine/deferred_programs.py)."""
-    engines = dict.fromkeys(getattr(getattr(surge, "driver", None), "engines", []))
-    return sum(e.deferred.pending for e in engines if getattr(e, "deferred", None) is not None)
+    return sum(e.deferred.pending for e in surge_engines(surge) if getattr(e, "deferred", None) is not None)
 
 
 class _Replica:

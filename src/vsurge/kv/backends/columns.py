@@ -76,6 +76,10 @@ class ColumnPages:
     K_AXES = ("pages", "kv_heads", "head_dim", "page_offset")
     V_AXES = ("pages", "kv_heads", "page_offset", "head_dim")
 
+    def pool_axes(self, k, v) -> tuple[tuple, tuple]:
+        """The logical axes (hardware/sharding.py) of one layer's key and value arrays: every layer's alike."""
+        return self.K_AXES, self.V_AXES
+
     @staticmethod
     def held_heads(layer, dtype) -> int:
         """KV heads the pool holds for `layer`: its own."""
